@@ -1,0 +1,22 @@
+//! The vocabulary of configurations: domains, search spaces (Rust builder and
+//! TOML), seeded sampling, and the searchers that suggest trial configs.
+//!
+//! Also home to the small types every other nestor crate shares: [`Mode`],
+//! [`Metrics`] and [`TrialResult`].
+#![warn(missing_docs)]
+
+mod basic;
+mod domain;
+mod error;
+mod limiter;
+mod searcher;
+mod space;
+mod types;
+
+pub use basic::BasicVariantGenerator;
+pub use domain::Domain;
+pub use error::{SearchError, SpaceError};
+pub use limiter::ConcurrencyLimiter;
+pub use searcher::{Searcher, Suggestion};
+pub use space::{Node, Space, SpaceBuilder};
+pub use types::{metrics_serde, Config, Metrics, Mode, TrialResult};
