@@ -1,1 +1,30 @@
-//! placeholder
+//! One training run of a trial: launching its workers (in-process Rust
+//! functions or external processes), the gRPC report channel (tonic) between
+//! workers and the driver, and the persistence of checkpoints.
+//!
+//! The driver side is the [`Backend`] seam: `launch` starts a trial and
+//! returns a [`TrialHandle`]; everything the trial does afterwards arrives as
+//! [`Event`]s on one channel. The worker side is [`Context`]: the same calls
+//! (`config`, `report`, `checkpoint`) whether the worker is a closure on a
+//! thread or a process reached over gRPC.
+#![warn(missing_docs)]
+
+mod backend;
+mod checkpoint;
+mod context;
+mod function;
+mod process;
+mod service;
+
+/// The report-channel protocol, generated from `proto/nestor.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("nestor.v1");
+}
+
+pub use backend::{Backend, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Report, StopLevel, TrialHandle};
+pub use checkpoint::{checkpoint_dir_name, persist_checkpoint, CheckpointError};
+pub use context::{Context, ReportError};
+pub use function::{FunctionBackend, TrainFn, TrainResult};
+pub use process::{ProcessBackend, ProcessConfig};
+pub use service::ReportServer;

@@ -1,0 +1,119 @@
+//! The `Scheduler` trait and the read-only views it decides over.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use search::{Config, TrialResult};
+
+/// What happens to a trial after one of its results.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    /// Keep training.
+    Continue,
+    /// Stop now, keep the trial resumable from its latest checkpoint.
+    Pause,
+    /// Stop for good: the trial ends TERMINATED.
+    Stop,
+}
+
+/// A trial's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TrialStatus {
+    /// Created, waiting for resources.
+    Pending,
+    /// Its workers are running.
+    Running,
+    /// Stopped by a scheduler, resumable from its checkpoint.
+    Paused,
+    /// Finished: ran to completion or was stopped.
+    Terminated,
+    /// Failed.
+    Error,
+}
+
+impl TrialStatus {
+    /// True for TERMINATED and ERROR: the trial will not run again.
+    pub fn is_finished(self) -> bool {
+        matches!(self, TrialStatus::Terminated | TrialStatus::Error)
+    }
+    /// The upper-case name, as shown in tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrialStatus::Pending => "PENDING",
+            TrialStatus::Running => "RUNNING",
+            TrialStatus::Paused => "PAUSED",
+            TrialStatus::Terminated => "TERMINATED",
+            TrialStatus::Error => "ERROR",
+        }
+    }
+}
+
+impl std::fmt::Display for TrialStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A read-only view of one trial, handed to scheduler hooks.
+#[derive(Debug, Clone, Copy)]
+pub struct TrialView<'a> {
+    /// The trial's id.
+    pub id: &'a str,
+    /// Its config.
+    pub config: &'a Config,
+    /// Its state when the hook is called.
+    pub status: TrialStatus,
+    /// How many results it has stored.
+    pub num_results: u64,
+}
+
+/// Errors of schedulers.
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    /// Saved state could not be restored.
+    #[error("cannot restore scheduler state: {0}")]
+    State(String),
+}
+
+/// Decides, after each stored result, whether a trial continues. One
+/// required method; every other hook defaults to nothing.
+///
+/// Hooks run in the Tuner's event loop: `on_trial_add` when a trial is
+/// created (PENDING), `on_trial_result` after each of its results is durable
+/// (RUNNING), `on_trial_complete` or `on_trial_error` once when it ends.
+pub trait Scheduler: Send {
+    /// Called for every stored result of a RUNNING trial.
+    fn on_trial_result(&mut self, trial: &TrialView<'_>, result: &TrialResult) -> Decision;
+
+    /// Called when a trial is created (PENDING).
+    fn on_trial_add(&mut self, _trial: &TrialView<'_>) {}
+
+    /// Called once when a trial ends TERMINATED; `result` is its last.
+    fn on_trial_complete(&mut self, _trial: &TrialView<'_>, _result: Option<&TrialResult>) {}
+
+    /// Called once when a trial ends ERROR.
+    fn on_trial_error(&mut self, _trial: &TrialView<'_>) {}
+
+    /// Picks which of the startable trials (PENDING or PAUSED) gets the next
+    /// free slot; returns its index in `candidates`, or `None` to start none.
+    /// By default the first (oldest) one.
+    fn choose_trial_to_run(&mut self, candidates: &[TrialView<'_>]) -> Option<usize> {
+        if candidates.is_empty() {
+            None
+        } else {
+            Some(0)
+        }
+    }
+
+    /// State to persist for resume; must carry a `version` field.
+    fn save(&self) -> Value {
+        serde_json::json!({ "version": 1 })
+    }
+
+    /// Restores state written by [`Scheduler::save`].
+    fn restore(&mut self, _state: &Value) -> Result<(), SchedulerError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,148 @@
+//! The seam between the experiment loop and whatever runs a trial.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// The driver's answer to a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Directive {
+    /// Keep training.
+    Continue,
+    /// Stop training and exit cleanly.
+    Stop,
+}
+
+/// Everything needed to start one run of a trial.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// The trial's id.
+    pub trial_id: String,
+    /// The config to train with (a JSON object).
+    pub config: Value,
+    /// `<experiment>/trials/<id>`: logs and checkpoints go below it.
+    pub trial_dir: PathBuf,
+    /// Rank 0's shard of the checkpoint to resume from, if any.
+    pub checkpoint: Option<PathBuf>,
+    /// Iterations already done (the resumed checkpoint's iteration); the first
+    /// report of this run is iteration `start_iteration + 1`.
+    pub start_iteration: u64,
+}
+
+/// One report from a trial's worker, after its checkpoint (if any) has been
+/// persisted under the trial directory.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The reporting rank.
+    pub rank: u32,
+    /// 1-based iteration, assigned by the trainer.
+    pub training_iteration: u64,
+    /// The worker's metrics.
+    pub metrics: BTreeMap<String, f64>,
+    /// `<trial_dir>/checkpoint_NNNNNN` when this report carried a checkpoint.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// How a trial's run ended, once every one of its processes or threads is gone.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExitOutcome {
+    /// The training code returned (or was told to stop and did).
+    Completed,
+    /// The run was stopped from outside (a stop request, a signal).
+    Stopped,
+    /// The run failed; the message says why (with the failing rank's log tail).
+    Failed(String),
+}
+
+/// What a running trial tells the driver.
+#[derive(Debug)]
+pub enum EventKind {
+    /// A report; the worker waits for `reply`.
+    Report {
+        /// The report.
+        report: Report,
+        /// Where the driver's decision goes.
+        reply: oneshot::Sender<Directive>,
+    },
+    /// The run has ended and holds no resources any more.
+    Exited(ExitOutcome),
+}
+
+/// An event from one trial.
+#[derive(Debug)]
+pub struct Event {
+    /// The trial it concerns.
+    pub trial_id: String,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// How hard to stop a trial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StopLevel {
+    /// Keep running.
+    Run,
+    /// Finish gracefully: SIGTERM to processes; a function's next report
+    /// returns [`crate::ReportError::Stopped`].
+    Graceful,
+    /// SIGKILL to every process of the trial.
+    Kill,
+}
+
+/// The driver's handle on a launched trial.
+#[derive(Debug)]
+pub struct TrialHandle {
+    stop: watch::Sender<StopLevel>,
+}
+
+impl TrialHandle {
+    pub(crate) fn new() -> (Self, watch::Receiver<StopLevel>) {
+        let (tx, rx) = watch::channel(StopLevel::Run);
+        (Self { stop: tx }, rx)
+    }
+
+    /// Asks the trial to stop at `level` (never lowers an earlier request).
+    /// An [`EventKind::Exited`] follows once it is gone.
+    pub fn stop(&self, level: StopLevel) {
+        self.stop.send_if_modified(|cur| {
+            if level > *cur {
+                *cur = level;
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// Errors starting a trial.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The worker process could not be started.
+    #[error("failed to start `{program}`: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The trial directory or its log files could not be created.
+    #[error("failed to prepare {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Starts trials. Implementations: [`crate::FunctionBackend`] (a Rust closure on
+/// a thread) and [`crate::ProcessBackend`] (an external command).
+pub trait Backend: Send + Sync {
+    /// Starts one run of a trial. Its reports and its exit arrive on `events`.
+    fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError>;
+}

@@ -1,0 +1,97 @@
+//! Persisting a worker's checkpoint directory under the trial directory.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Why a checkpoint could not be persisted.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The reported path does not exist or is not a directory.
+    #[error("checkpoint {0} is not a directory")]
+    NotADirectory(PathBuf),
+    /// Copying failed.
+    #[error("failed to persist checkpoint {path}: {source}")]
+    Io {
+        /// The path being written or read.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// `checkpoint_000007` for iteration 7.
+pub fn checkpoint_dir_name(iteration: u64) -> String {
+    format!("checkpoint_{iteration:06}")
+}
+
+/// Copies `src` to `<trial_dir>/checkpoint_NNNNNN/rank-<rank>/`, synced to
+/// disk, and returns the `checkpoint_NNNNNN` directory. The copy is written
+/// under a temporary name and renamed into place, so a crash never leaves a
+/// partial shard under the final name.
+pub fn persist_checkpoint(src: &Path, trial_dir: &Path, iteration: u64, rank: u32) -> Result<PathBuf, CheckpointError> {
+    if !src.is_dir() {
+        return Err(CheckpointError::NotADirectory(src.to_path_buf()));
+    }
+    let ckpt = trial_dir.join(checkpoint_dir_name(iteration));
+    let tmp = ckpt.join(format!(".rank-{rank}.tmp"));
+    let dst = ckpt.join(format!("rank-{rank}"));
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CheckpointError::Io { path, source }
+    };
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
+    }
+    fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
+    copy_tree(src, &tmp)?;
+    if dst.exists() {
+        fs::remove_dir_all(&dst).map_err(io_err(&dst))?;
+    }
+    fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
+    fs::File::open(&ckpt).and_then(|d| d.sync_all()).map_err(io_err(&ckpt))?;
+    Ok(ckpt)
+}
+
+fn copy_tree(src: &Path, dst: &Path) -> Result<(), CheckpointError> {
+    let entries = fs::read_dir(src).map_err(|source| CheckpointError::Io { path: src.to_path_buf(), source })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| CheckpointError::Io { path: src.to_path_buf(), source })?;
+        let from = entry.path();
+        let to = dst.join(entry.file_name());
+        let err = |source| CheckpointError::Io { path: from.clone(), source };
+        let ty = entry.file_type().map_err(err)?;
+        if ty.is_dir() {
+            fs::create_dir_all(&to).map_err(|source| CheckpointError::Io { path: to.clone(), source })?;
+            copy_tree(&from, &to)?;
+        } else {
+            fs::copy(&from, &to).map_err(|source| CheckpointError::Io { path: from.clone(), source })?;
+            fs::File::open(&to).and_then(|f| f.sync_all()).map_err(|source| CheckpointError::Io { path: to.clone(), source })?;
+        }
+    }
+    fs::File::open(dst).and_then(|d| d.sync_all()).map_err(|source| CheckpointError::Io { path: dst.to_path_buf(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn persists_a_tree_and_refuses_non_directories() {
+        let src = tempfile::tempdir().unwrap();
+        fs::create_dir_all(src.path().join("sub")).unwrap();
+        fs::write(src.path().join("model.bin"), b"weights").unwrap();
+        fs::write(src.path().join("sub/opt.bin"), b"state").unwrap();
+        let trial = tempfile::tempdir().unwrap();
+        let ckpt = persist_checkpoint(src.path(), trial.path(), 7, 0).unwrap();
+        assert_eq!(ckpt, trial.path().join("checkpoint_000007"));
+        assert_eq!(fs::read(ckpt.join("rank-0/model.bin")).unwrap(), b"weights");
+        assert_eq!(fs::read(ckpt.join("rank-0/sub/opt.bin")).unwrap(), b"state");
+        assert!(!ckpt.join(".rank-0.tmp").exists());
+        let missing = src.path().join("nope");
+        assert!(matches!(persist_checkpoint(&missing, trial.path(), 8, 0), Err(CheckpointError::NotADirectory(_))));
+        assert!(matches!(persist_checkpoint(&src.path().join("model.bin"), trial.path(), 8, 0), Err(CheckpointError::NotADirectory(_))));
+        assert!(!trial.path().join("checkpoint_000008").exists());
+    }
+}

@@ -1,0 +1,226 @@
+//! The worker side: what training code sees of its trial, and `report`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::backend::{Directive, Event, EventKind, Report, StopLevel};
+use crate::checkpoint::{persist_checkpoint, CheckpointError};
+use crate::proto;
+
+/// Why `report` did not return `Ok`.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// The driver decided this trial must stop. Not a failure: return it with
+    /// `?` and the trial ends TERMINATED.
+    #[error("the trial was told to stop")]
+    Stopped,
+    /// The checkpoint passed to `report` could not be persisted.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The driver refused the report (wrong token, unknown trial, bad input).
+    #[error("report refused: {0}")]
+    Refused(String),
+    /// The driver could not be reached.
+    #[error("report channel failed: {0}")]
+    Transport(String),
+    /// The worker environment is missing or malformed (`Context::from_env`).
+    #[error("bad worker environment: {0}")]
+    Environment(String),
+    /// A config value is missing or has the wrong type (`Context::param`).
+    #[error("config `{key}`: {message}")]
+    Config {
+        /// Dotted key.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+enum Transport {
+    InProcess { events: mpsc::UnboundedSender<Event>, stop: watch::Receiver<StopLevel>, next_iteration: u64 },
+    Grpc { rt: tokio::runtime::Runtime, client: proto::reporter_client::ReporterClient<tonic::transport::Channel>, token: String },
+}
+
+/// A worker's view of its trial: config, rank, checkpoint to resume from,
+/// and `report`. The same API for in-process Rust functions and for worker
+/// processes (which build it with [`Context::from_env`]).
+pub struct Context {
+    trial_id: String,
+    config: Value,
+    trial_dir: PathBuf,
+    checkpoint: Option<PathBuf>,
+    rank: u32,
+    world_size: u32,
+    transport: Transport,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("trial_id", &self.trial_id).field("rank", &self.rank).finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    pub(crate) fn in_process(
+        spec: &crate::LaunchSpec,
+        events: mpsc::UnboundedSender<Event>,
+        stop: watch::Receiver<StopLevel>,
+    ) -> Self {
+        Self {
+            trial_id: spec.trial_id.clone(),
+            config: spec.config.clone(),
+            trial_dir: spec.trial_dir.clone(),
+            checkpoint: spec.checkpoint.clone(),
+            rank: 0,
+            world_size: 1,
+            transport: Transport::InProcess { events, stop, next_iteration: spec.start_iteration + 1 },
+        }
+    }
+
+    /// Builds the context of a worker process from the variables nestor sets
+    /// (`NESTOR_ADDR`, `NESTOR_TOKEN`, `NESTOR_TRIAL_ID`, `NESTOR_CONFIG`, ...).
+    pub fn from_env() -> Result<Self, ReportError> {
+        let var = |k: &str| std::env::var(k).map_err(|_| ReportError::Environment(format!("{k} is not set; run this program through nestor")));
+        let addr = var("NESTOR_ADDR")?;
+        let token = var("NESTOR_TOKEN")?;
+        let trial_id = var("NESTOR_TRIAL_ID")?;
+        let config_text = var("NESTOR_CONFIG")?;
+        let config: Value = serde_json::from_str(&config_text).map_err(|e| ReportError::Environment(format!("NESTOR_CONFIG is not JSON: {e}")))?;
+        let trial_dir = PathBuf::from(std::env::var("NESTOR_TRIAL_DIR").unwrap_or_default());
+        let checkpoint = std::env::var("NESTOR_CHECKPOINT").ok().filter(|s| !s.is_empty()).map(PathBuf::from);
+        let num = |k: &str, default: u32| -> Result<u32, ReportError> {
+            match std::env::var(k) {
+                Ok(v) => v.parse().map_err(|_| ReportError::Environment(format!("{k}={v:?} is not a number"))),
+                Err(_) => Ok(default),
+            }
+        };
+        let rank = num("RANK", 0)?;
+        let world_size = num("WORLD_SIZE", 1)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ReportError::Transport(e.to_string()))?;
+        let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
+            .map_err(|e| ReportError::Environment(format!("NESTOR_ADDR={addr:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(10));
+        let channel = {
+            let _guard = rt.enter();
+            endpoint.connect_lazy()
+        };
+        Ok(Self {
+            trial_id,
+            config,
+            trial_dir,
+            checkpoint,
+            rank,
+            world_size,
+            transport: Transport::Grpc { rt, client: proto::reporter_client::ReporterClient::new(channel), token },
+        })
+    }
+
+    /// The trial's id.
+    pub fn trial_id(&self) -> &str {
+        &self.trial_id
+    }
+
+    /// The trial's config (a JSON object).
+    pub fn config(&self) -> &Value {
+        &self.config
+    }
+
+    /// One config value by dotted key (`"lr"`, `"model.width"`), deserialized.
+    pub fn param<T: DeserializeOwned>(&self, key: &str) -> Result<T, ReportError> {
+        let mut v = &self.config;
+        for part in key.split('.') {
+            v = v.get(part).ok_or_else(|| ReportError::Config { key: key.to_string(), message: "not in the config".into() })?;
+        }
+        serde_json::from_value(v.clone()).map_err(|e| ReportError::Config { key: key.to_string(), message: e.to_string() })
+    }
+
+    /// This worker's rank (0 for a single-worker trial).
+    pub fn world_rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of workers in the trial.
+    pub fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    /// The trial's directory (`<experiment>/trials/<id>`).
+    pub fn trial_dir(&self) -> &Path {
+        &self.trial_dir
+    }
+
+    /// The checkpoint to resume from (this rank's shard), when the trial is
+    /// restarted or resumed from one.
+    pub fn checkpoint(&self) -> Option<&Path> {
+        self.checkpoint.as_deref()
+    }
+
+    /// Reports one training step: metrics, and optionally a directory holding
+    /// this step's checkpoint (copied by nestor before this returns, so the
+    /// directory may be reused afterwards).
+    ///
+    /// Blocks until the result is durable and the scheduler has decided.
+    /// Returns [`ReportError::Stopped`] when the trial must stop: end training
+    /// with `?`.
+    pub fn report<I, K>(&mut self, metrics: I, checkpoint: Option<&Path>) -> Result<(), ReportError>
+    where
+        I: IntoIterator<Item = (K, f64)>,
+        K: Into<String>,
+    {
+        let metrics: BTreeMap<String, f64> = metrics.into_iter().map(|(k, v)| (k.into(), v)).collect();
+        let directive = match &mut self.transport {
+            Transport::InProcess { events, stop, next_iteration } => {
+                let iteration = *next_iteration;
+                let checkpoint = match checkpoint {
+                    Some(dir) => Some(persist_checkpoint(dir, &self.trial_dir, iteration, self.rank)?),
+                    None => None,
+                };
+                let (tx, rx) = oneshot::channel();
+                let report = Report { rank: self.rank, training_iteration: iteration, metrics, checkpoint };
+                let event = Event { trial_id: self.trial_id.clone(), kind: EventKind::Report { report, reply: tx } };
+                if events.send(event).is_err() {
+                    return Err(ReportError::Stopped);
+                }
+                *next_iteration += 1;
+                let directive = rx.blocking_recv().unwrap_or(Directive::Stop);
+                if *stop.borrow() > StopLevel::Run {
+                    Directive::Stop
+                } else {
+                    directive
+                }
+            }
+            Transport::Grpc { rt, client, token } => {
+                let request = proto::ReportRequest {
+                    version: 1,
+                    trial_id: self.trial_id.clone(),
+                    token: token.clone(),
+                    rank: self.rank,
+                    metrics: metrics.into_iter().collect(),
+                    checkpoint_dir: checkpoint.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
+                };
+                let reply = rt.block_on(client.report(request)).map_err(|s| match s.code() {
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled => {
+                        ReportError::Transport(s.message().to_string())
+                    }
+                    _ => ReportError::Refused(s.message().to_string()),
+                })?;
+                match proto::Directive::try_from(reply.into_inner().directive) {
+                    Ok(proto::Directive::Continue) => Directive::Continue,
+                    _ => Directive::Stop,
+                }
+            }
+        };
+        match directive {
+            Directive::Continue => Ok(()),
+            Directive::Stop => Err(ReportError::Stopped),
+        }
+    }
+}

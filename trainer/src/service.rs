@@ -1,0 +1,177 @@
+//! The driver's gRPC report service: routes each worker's report to its
+//! trial, after checking the trial's token and persisting the checkpoint.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status};
+
+use crate::backend::{Directive, Event, EventKind, Report};
+use crate::checkpoint::{persist_checkpoint, CheckpointError};
+use crate::proto::reporter_server::{Reporter, ReporterServer};
+use crate::proto::{self, ReportReply, ReportRequest};
+
+/// Largest report accepted, in bytes.
+pub const MAX_REPORT_BYTES: usize = 1 << 20;
+
+struct Registration {
+    token: String,
+    world_size: u32,
+    trial_dir: PathBuf,
+    events: mpsc::UnboundedSender<Event>,
+    next_iteration: u64,
+}
+
+#[derive(Default)]
+struct Registry {
+    trials: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Registration>>>>,
+}
+
+/// The report service, listening on loopback; one per driver, shared by all
+/// process trials. Dropping it stops the server.
+pub struct ReportServer {
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl std::fmt::Debug for ReportServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReportServer").field("addr", &self.addr).finish()
+    }
+}
+
+impl ReportServer {
+    /// Binds `bind` (use port 0 for a free port) and serves until dropped.
+    pub async fn start(bind: SocketAddr) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(bind).await?;
+        let addr = listener.local_addr()?;
+        let registry = Arc::new(Registry::default());
+        let service = ReporterServer::new(Service { registry: Arc::clone(&registry) })
+            .max_decoding_message_size(MAX_REPORT_BYTES);
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let result = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "report server failed");
+            }
+        });
+        Ok(Self { addr, registry, shutdown: Some(tx) })
+    }
+
+    /// The address workers report to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The URL workers get in `NESTOR_ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub(crate) fn register(
+        &self,
+        trial_id: &str,
+        token: String,
+        world_size: u32,
+        trial_dir: PathBuf,
+        start_iteration: u64,
+        events: mpsc::UnboundedSender<Event>,
+    ) {
+        let reg = Registration { token, world_size, trial_dir, events, next_iteration: start_iteration + 1 };
+        if let Ok(mut map) = self.registry.trials.write() {
+            map.insert(trial_id.to_string(), Arc::new(tokio::sync::Mutex::new(reg)));
+        }
+    }
+
+    pub(crate) fn unregister(&self, trial_id: &str) {
+        if let Ok(mut map) = self.registry.trials.write() {
+            map.remove(trial_id);
+        }
+    }
+}
+
+impl Drop for ReportServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+struct Service {
+    registry: Arc<Registry>,
+}
+
+fn tokens_equal(a: &str, b: &str) -> bool {
+    // Length leaks nothing useful (tokens have a fixed length); compare every byte.
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[tonic::async_trait]
+impl Reporter for Service {
+    async fn report(&self, request: Request<ReportRequest>) -> Result<Response<ReportReply>, Status> {
+        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        let r = request.into_inner();
+        let refuse = |status: Status| {
+            tracing::warn!(%peer, trial = %r.trial_id, rank = r.rank, reason = %status.message(), "report refused");
+            Err(status)
+        };
+        if r.version != 1 {
+            return refuse(Status::invalid_argument(format!("unsupported protocol version {} (this driver speaks 1)", r.version)));
+        }
+        let reg = self.registry.trials.read().ok().and_then(|m| m.get(&r.trial_id).cloned());
+        let Some(reg) = reg else {
+            return refuse(Status::not_found(format!("unknown trial `{}`", r.trial_id)));
+        };
+        let mut reg = reg.lock().await;
+        if !tokens_equal(&reg.token, &r.token) {
+            return refuse(Status::unauthenticated(format!("wrong token for trial `{}`", r.trial_id)));
+        }
+        if r.rank >= reg.world_size {
+            return refuse(Status::invalid_argument(format!("rank {} out of range: trial `{}` has {} workers", r.rank, r.trial_id, reg.world_size)));
+        }
+        if let Some(bad) = r.metrics.keys().find(|k| k.is_empty() || k.len() > 256) {
+            return refuse(Status::invalid_argument(format!("invalid metric name {bad:?}")));
+        }
+        let iteration = reg.next_iteration;
+        let checkpoint = if r.checkpoint_dir.is_empty() {
+            None
+        } else {
+            let src = PathBuf::from(&r.checkpoint_dir);
+            let trial_dir = reg.trial_dir.clone();
+            let rank = r.rank;
+            let persisted = tokio::task::spawn_blocking(move || persist_checkpoint(&src, &trial_dir, iteration, rank))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+            match persisted {
+                Ok(dir) => Some(dir),
+                Err(e @ CheckpointError::NotADirectory(_)) => return refuse(Status::invalid_argument(e.to_string())),
+                Err(e) => return refuse(Status::internal(e.to_string())),
+            }
+        };
+        let (tx, rx) = oneshot::channel();
+        let report = Report { rank: r.rank, training_iteration: iteration, metrics: r.metrics.into_iter().collect(), checkpoint };
+        let event = Event { trial_id: r.trial_id.clone(), kind: EventKind::Report { report, reply: tx } };
+        if reg.events.send(event).is_err() {
+            return Err(Status::unavailable("the driver is shutting down"));
+        }
+        reg.next_iteration += 1;
+        drop(reg);
+        let directive = rx.await.unwrap_or(Directive::Stop);
+        let directive = match directive {
+            Directive::Continue => proto::Directive::Continue,
+            Directive::Stop => proto::Directive::Stop,
+        };
+        Ok(Response::new(ReportReply { directive: directive as i32, training_iteration: iteration }))
+    }
+}
