@@ -18,5 +18,5 @@ pub use domain::Domain;
 pub use error::{SearchError, SpaceError};
 pub use limiter::ConcurrencyLimiter;
 pub use searcher::{Searcher, Suggestion};
-pub use space::{Node, Space, SpaceBuilder};
+pub use space::{json_to_toml, toml_to_json, Node, Space, SpaceBuilder, DOMAIN_KINDS};
 pub use types::{metrics_serde, Config, Metrics, Mode, TrialResult};

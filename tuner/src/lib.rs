@@ -1,1 +1,65 @@
-//! placeholder
+//! nestor's experiment layer: the `Tuner` loop, the sled result store,
+//! result queries, TOML experiment files and the `nestor` command line.
+#![warn(missing_docs)]
+
+pub mod cli;
+mod config;
+mod experiment;
+mod files;
+mod progress;
+mod result_grid;
+mod runner;
+pub mod store;
+mod tuner;
+
+use std::path::PathBuf;
+
+pub use config::{Algorithm, ProgressMode, RunConfig, SchedulerKind, Stop, Trainable, TuneConfig};
+pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, SchedulerSection, SearchSection, TrainerSection};
+pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
+pub use tuner::Tuner;
+
+/// Re-exports for writing trainables without naming the other crates.
+pub use search::{Domain, Mode, Space};
+pub use trainer::{Context, ReportError, TrainResult};
+
+/// Errors of running or restoring a sweep.
+#[derive(Debug, thiserror::Error)]
+pub enum TuneError {
+    /// The experiment file or config is invalid.
+    #[error(transparent)]
+    Experiment(#[from] ExperimentError),
+    /// The space, points or searcher state are invalid.
+    #[error(transparent)]
+    Search(#[from] search::SearchError),
+    /// The result store failed.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// A result query failed.
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    /// A fresh run would overwrite an experiment.
+    #[error("experiment directory {0} already exists; resume it with `nestor resume {0}` or pick another experiment.name")]
+    Exists(PathBuf),
+    /// Nothing to run.
+    #[error("no trainer: give a [trainer] command in the experiment file, or a Rust trainable to Tuner::restore")]
+    NoTrainer,
+    /// The stored experiment is unusable.
+    #[error("experiment {0}: {1}")]
+    Corrupt(PathBuf, String),
+    /// A file could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A trial failed and fail_fast is set.
+    #[error("fail_fast: {0}")]
+    FailFast(String),
+    /// Ctrl-C: the sweep stopped early; resume it later.
+    #[error("interrupted; resume with `nestor resume {}`", .0.display())]
+    Interrupted(PathBuf),
+}

@@ -1,1 +1,5 @@
-fn main(){}
+//! The `nestor` binary: see `tuner::cli`.
+
+fn main() -> std::process::ExitCode {
+    tuner::cli::main()
+}

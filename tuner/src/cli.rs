@@ -1,0 +1,368 @@
+//! The `nestor` command line: parses arguments and calls the library.
+//!
+//! Exit codes: 0 success; 1 the sweep or a query failed; 2 bad input
+//! (experiment file, flags, missing experiment); 130 interrupted.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{json, Map, Value};
+
+use search::{BasicVariantGenerator, Metrics, Mode, Searcher, Suggestion};
+
+use crate::experiment::ExperimentFile;
+use crate::progress::{config_summary, fmt_num};
+use crate::result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
+use crate::{ProgressMode, TuneError, Tuner};
+
+/// nestor: hyperparameter tuning where every trial is a training run.
+#[derive(Debug, Parser)]
+#[command(name = "nestor", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Format {
+    Csv,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the sweep an experiment file describes, then print the best result.
+    Run {
+        /// The experiment file (TOML).
+        file: PathBuf,
+        /// Override a key of the file, e.g. --set experiment.num_samples=8
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Where experiments go (overrides experiment.storage).
+        #[arg(long)]
+        storage: Option<PathBuf>,
+        /// Print plain progress lines even on a terminal.
+        #[arg(long)]
+        plain: bool,
+    },
+    /// Continue an interrupted or crashed experiment.
+    Resume {
+        /// The experiment directory (<storage>/<name>).
+        dir: PathBuf,
+        /// Print plain progress lines even on a terminal.
+        #[arg(long)]
+        plain: bool,
+    },
+    /// Show every trial: state, iteration, restarts, latest metrics.
+    Status {
+        /// The experiment directory.
+        dir: PathBuf,
+    },
+    /// Print the best trial: config, metrics, checkpoint.
+    Best {
+        /// The experiment directory.
+        dir: PathBuf,
+        /// Metric to rank by (default: the experiment's).
+        #[arg(long)]
+        metric: Option<String>,
+        /// min or max (default: the experiment's).
+        #[arg(long)]
+        mode: Option<Mode>,
+        /// last, avg, all, or last-N-avg (e.g. last-5-avg).
+        #[arg(long, default_value = "last")]
+        scope: Scope,
+        /// One JSON object: trial_id, config, metrics, checkpoint.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print every result, one row per result.
+    Export {
+        /// The experiment directory.
+        dir: PathBuf,
+        /// csv, or json (JSON lines).
+        #[arg(long, value_enum)]
+        format: Format,
+    },
+    /// Show the configs a file would run first, running nothing.
+    Sample {
+        /// The experiment file.
+        file: PathBuf,
+        /// How many.
+        #[arg(short = 'n', default_value_t = 5)]
+        n: u64,
+        /// Override a key of the file.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+    },
+}
+
+/// A failure with its exit code.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl From<TuneError> for Failure {
+    fn from(e: TuneError) -> Self {
+        let code = match &e {
+            TuneError::Experiment(_) | TuneError::Search(_) | TuneError::Exists(_) | TuneError::NoTrainer => 2,
+            TuneError::Store(crate::store::StoreError::Missing(_)) => 2,
+            TuneError::Interrupted(_) => 130,
+            _ => 1,
+        };
+        Failure { code, message: e.to_string() }
+    }
+}
+
+impl From<QueryError> for Failure {
+    fn from(e: QueryError) -> Self {
+        let code = match &e {
+            QueryError::Store(crate::store::StoreError::Missing(_)) | QueryError::Missing(_) => 2,
+            _ => 1,
+        };
+        Failure { code, message: e.to_string() }
+    }
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NESTOR_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")))
+        .try_init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Run { file, sets, storage, plain } => {
+            let mut sets = sets;
+            if let Some(s) = storage {
+                sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
+            }
+            let resolved = ExperimentFile::load(&file, &sets).map_err(TuneError::from)?;
+            let tuner = Tuner::from_file(resolved, None).progress(progress(plain));
+            let dir = tuner.experiment_dir();
+            let grid = tuner.fit()?;
+            print_summary(&grid, &dir)
+        }
+        Command::Resume { dir, plain } => {
+            let tuner = Tuner::restore(&dir, None)?.progress(progress(plain));
+            let grid = tuner.fit()?;
+            print_summary(&grid, &dir)
+        }
+        Command::Status { dir } => status(&dir),
+        Command::Best { dir, metric, mode, scope, json } => best(&dir, metric.as_deref(), mode, scope, json),
+        Command::Export { dir, format } => export(&dir, format),
+        Command::Sample { file, n, sets } => sample(&file, n, &sets),
+    }
+}
+
+fn progress(plain: bool) -> ProgressMode {
+    if plain {
+        ProgressMode::Plain
+    } else {
+        ProgressMode::Auto
+    }
+}
+
+fn out_err(e: std::io::Error) -> Failure {
+    Failure { code: 1, message: format!("cannot write output: {e}") }
+}
+
+/// Metrics as JSON; non-finite values as the strings "NaN", "Infinity", "-Infinity".
+pub fn metrics_json(m: &Metrics) -> Value {
+    serde_json::to_value(MetricsRef(m)).unwrap_or(Value::Null)
+}
+
+struct MetricsRef<'a>(&'a Metrics);
+impl serde::Serialize for MetricsRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        search::metrics_serde::serialize(self.0, s)
+    }
+}
+
+fn abs(p: &Path) -> String {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
+}
+
+fn print_summary(grid: &ResultGrid, dir: &Path) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    let counts: Vec<String> = grid.counts().iter().map(|(s, n)| format!("{n} {s}")).collect();
+    writeln!(out, "Experiment {}: {} trials ({})", abs(dir), grid.len(), counts.join(", ")).map_err(out_err)?;
+    if grid.metric.is_some() {
+        match grid.best_result(None, None, Scope::Last) {
+            Ok(best) => {
+                let metric = grid.metric.clone().unwrap_or_default();
+                let value = best.metrics.as_ref().and_then(|m| m.get(&metric)).copied().unwrap_or(f64::NAN);
+                let iter = best.history.last().map_or(0, |r| r.training_iteration);
+                writeln!(out, "Best trial {}: {metric}={} at iteration {iter}", best.trial_id, fmt_num(value)).map_err(out_err)?;
+                writeln!(out, "  config: {}", config_summary(&best.config)).map_err(out_err)?;
+                let ck = best.checkpoint().map_or_else(|| "none".to_string(), abs);
+                writeln!(out, "  checkpoint: {ck}").map_err(out_err)?;
+            }
+            Err(e) => writeln!(out, "No best trial: {e}").map_err(out_err)?,
+        }
+    }
+    for t in grid.errors() {
+        writeln!(out, "  {} ERROR: {}", t.trial_id, t.error.as_deref().unwrap_or("").lines().next().unwrap_or("")).map_err(out_err)?;
+    }
+    Ok(())
+}
+
+fn status(dir: &Path) -> Result<(), Failure> {
+    let grid = ResultGrid::load(dir)?;
+    let mut out = std::io::stdout().lock();
+    let counts: Vec<String> = grid.counts().iter().map(|(s, n)| format!("{n} {s}")).collect();
+    writeln!(out, "Experiment {}: {} trials ({})", abs(dir), grid.len(), counts.join(", ")).map_err(out_err)?;
+    let metric = grid.metric.clone();
+    writeln!(out, "{:<12} {:<10} {:>5} {:>8} {:<14} config", "trial", "status", "iter", "restarts", metric.as_deref().unwrap_or("metrics")).map_err(out_err)?;
+    for t in grid.iter() {
+        let iter = t.history.last().map_or(0, |r| r.training_iteration);
+        let m = match (&metric, &t.metrics) {
+            (Some(name), Some(ms)) => ms.get(name).map(|v| fmt_num(*v)).unwrap_or_default(),
+            (None, Some(ms)) => ms.iter().filter(|(k, _)| !is_auto(k)).map(|(k, v)| format!("{k}={}", fmt_num(*v))).collect::<Vec<_>>().join(" "),
+            _ => String::new(),
+        };
+        writeln!(out, "{:<12} {:<10} {:>5} {:>8} {:<14} {}", t.trial_id, t.status.as_str(), iter, t.restarts, m, config_summary(&t.config)).map_err(out_err)?;
+        if let Some(e) = &t.error {
+            writeln!(out, "    error: {}", e.lines().next().unwrap_or("")).map_err(out_err)?;
+        }
+    }
+    Ok(())
+}
+
+fn is_auto(k: &str) -> bool {
+    matches!(k, "training_iteration" | "time_this_iter_s" | "time_total_s" | "timestamp")
+}
+
+fn best(dir: &Path, metric: Option<&str>, mode: Option<Mode>, scope: Scope, as_json: bool) -> Result<(), Failure> {
+    let grid = ResultGrid::load(dir)?;
+    let best: &TrialOutcome = grid.best_result(metric, mode, scope)?;
+    let metric = metric.map(String::from).or(grid.metric.clone()).unwrap_or_default();
+    let metrics = best.metrics.as_ref().map(metrics_json).unwrap_or(Value::Null);
+    let checkpoint = best.checkpoint().map(abs);
+    let mut out = std::io::stdout().lock();
+    if as_json {
+        let v = json!({
+            "trial_id": best.trial_id,
+            "config": best.config,
+            "metrics": metrics,
+            "checkpoint": checkpoint,
+        });
+        writeln!(out, "{v}").map_err(out_err)?;
+    } else {
+        let mode = mode.or(grid.mode).unwrap_or_default();
+        let value = best.value(&metric, mode, scope).unwrap_or(f64::NAN);
+        writeln!(out, "Best trial {}: {metric}={}", best.trial_id, fmt_num(value)).map_err(out_err)?;
+        writeln!(out, "  config: {}", config_summary(&best.config)).map_err(out_err)?;
+        writeln!(out, "  checkpoint: {}", checkpoint.unwrap_or_else(|| "none".into())).map_err(out_err)?;
+    }
+    Ok(())
+}
+
+fn flatten(prefix: &str, v: &Value, out: &mut Map<String, Value>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                flatten(&format!("{prefix}{k}."), v, out);
+            }
+        }
+        other => {
+            out.insert(prefix.trim_end_matches('.').to_string(), other.clone());
+        }
+    }
+}
+
+fn csv_cell(v: &Value) -> String {
+    let s = match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s
+    }
+}
+
+fn export(dir: &Path, format: Format) -> Result<(), Failure> {
+    let grid = ResultGrid::load(dir)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    match format {
+        Format::Json => {
+            for t in grid.iter() {
+                for r in &t.history {
+                    let mut row = Map::new();
+                    row.insert("trial_id".into(), json!(t.trial_id));
+                    if let Value::Object(m) = metrics_json(&r.metrics) {
+                        row.extend(m);
+                    }
+                    row.insert("training_iteration".into(), json!(r.training_iteration));
+                    row.insert("config".into(), t.config.clone());
+                    writeln!(out, "{}", Value::Object(row)).map_err(out_err)?;
+                }
+            }
+        }
+        Format::Csv => {
+            let mut metric_cols = BTreeSet::new();
+            let mut config_cols = BTreeSet::new();
+            for t in grid.iter() {
+                let mut flat = Map::new();
+                flatten("", &t.config, &mut flat);
+                config_cols.extend(flat.keys().cloned());
+                for r in &t.history {
+                    metric_cols.extend(r.metrics.keys().filter(|k| *k != "training_iteration").cloned());
+                }
+            }
+            let mut header = vec!["trial_id".to_string(), "training_iteration".to_string()];
+            header.extend(metric_cols.iter().cloned());
+            header.extend(config_cols.iter().map(|c| format!("config/{c}")));
+            writeln!(out, "{}", header.iter().map(|h| csv_cell(&json!(h))).collect::<Vec<_>>().join(",")).map_err(out_err)?;
+            for t in grid.iter() {
+                let mut flat = Map::new();
+                flatten("", &t.config, &mut flat);
+                for r in &t.history {
+                    let mut row = vec![csv_cell(&json!(t.trial_id)), r.training_iteration.to_string()];
+                    row.extend(metric_cols.iter().map(|c| r.metrics.get(c).map(|v| v.to_string()).unwrap_or_default()));
+                    row.extend(config_cols.iter().map(|c| flat.get(c).map(csv_cell).unwrap_or_default()));
+                    writeln!(out, "{}", row.join(",")).map_err(out_err)?;
+                }
+            }
+        }
+    }
+    out.flush().map_err(out_err)
+}
+
+fn sample(file: &Path, n: u64, sets: &[String]) -> Result<(), Failure> {
+    let resolved = ExperimentFile::load(file, sets).map_err(TuneError::from)?;
+    let seed = match resolved.file.experiment.seed {
+        Some(s) => s,
+        None => {
+            eprintln!("note: the file sets no experiment.seed; showing seed 0 (a run picks and records a random seed)");
+            0
+        }
+    };
+    let mut g = BasicVariantGenerator::new(resolved.space, resolved.file.experiment.num_samples, seed)
+        .with_points(resolved.points)
+        .map_err(TuneError::from)?;
+    let mut out = std::io::stdout().lock();
+    for i in 0..n {
+        match g.suggest(&crate::runner::trial_id(i)) {
+            Suggestion::Config(c) => writeln!(out, "{c}").map_err(out_err)?,
+            _ => break,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! The Rust face of an experiment: `TuneConfig`, `RunConfig`, stop criteria
+//! and trainables, as in Ray Tune.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use schedulers::Stopper;
+use search::{Config, Mode};
+use trainer::{Context, FunctionBackend, ProcessConfig, TrainResult};
+
+pub use crate::experiment::{Algorithm, SchedulerKind};
+
+/// What to tune and how: Ray Tune's `TuneConfig`.
+#[derive(Debug, Clone)]
+pub struct TuneConfig {
+    /// The metric to optimise; `best_result` and schedulers use it.
+    pub metric: Option<String>,
+    /// Whether `metric` is minimised or maximised.
+    pub mode: Option<Mode>,
+    /// Samples from the space (each expanded over the grid axes).
+    pub num_samples: u64,
+    /// Trials running at once (default: the number of CPUs).
+    pub max_concurrent_trials: Option<usize>,
+    /// Stop the sweep after this many seconds.
+    pub time_budget_s: Option<f64>,
+    /// Sampling seed (random and recorded when `None`).
+    pub seed: Option<u64>,
+    /// The search algorithm.
+    pub search: Algorithm,
+    /// Configs (possibly partial) to run first.
+    pub points_to_evaluate: Vec<Config>,
+    /// Cap on the searcher's live trials.
+    pub max_concurrent_search: Option<usize>,
+    /// The trial scheduler.
+    pub scheduler: SchedulerKind,
+}
+
+impl Default for TuneConfig {
+    fn default() -> Self {
+        Self {
+            metric: None,
+            mode: None,
+            num_samples: 1,
+            max_concurrent_trials: None,
+            time_budget_s: None,
+            seed: None,
+            search: Algorithm::Random,
+            points_to_evaluate: Vec::new(),
+            max_concurrent_search: None,
+            scheduler: SchedulerKind::Fifo,
+        }
+    }
+}
+
+/// When trials stop: Ray's dict form (`metric >= threshold`, with
+/// `training_iteration` for a fixed length) and, optionally, a closure.
+#[derive(Default)]
+pub struct Stop {
+    /// Metric -> threshold; a trial stops once any is reached (`>=`).
+    pub thresholds: BTreeMap<String, f64>,
+    /// A custom stopper.
+    pub custom: Option<Box<dyn Stopper>>,
+}
+
+impl std::fmt::Debug for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stop").field("thresholds", &self.thresholds).field("custom", &self.custom.is_some()).finish()
+    }
+}
+
+impl Stop {
+    /// No criteria: trials run until their trainable returns.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Stop each trial after `n` iterations.
+    pub fn iterations(self, n: u64) -> Self {
+        self.at_least("training_iteration", n as f64)
+    }
+    /// Stop a trial once `metric >= threshold`.
+    pub fn at_least(mut self, metric: impl Into<String>, threshold: f64) -> Self {
+        self.thresholds.insert(metric.into(), threshold);
+        self
+    }
+    /// Stop a trial when `f(trial_id, result)` returns true.
+    pub fn when<F>(mut self, f: F) -> Self
+    where
+        F: FnMut(&str, &search::TrialResult) -> bool + Send + 'static,
+    {
+        self.custom = Some(Box::new(schedulers::FnStopper(f)));
+        self
+    }
+}
+
+/// How the progress of a sweep is shown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// A live table on a terminal, plain lines otherwise.
+    #[default]
+    Auto,
+    /// Plain lines.
+    Plain,
+    /// Nothing.
+    Quiet,
+}
+
+/// Where and how the sweep runs: Ray's `RunConfig`.
+#[derive(Debug)]
+pub struct RunConfig {
+    /// The experiment's name; its directory is `<storage>/<name>`.
+    pub name: String,
+    /// Where experiments go.
+    pub storage: PathBuf,
+    /// Stop criteria.
+    pub stop: Stop,
+    /// End the sweep at the first trial error.
+    pub fail_fast: bool,
+    /// Progress display.
+    pub progress: ProgressMode,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self { name: "experiment".into(), storage: PathBuf::from("nestor-runs"), stop: Stop::new(), fail_fast: false, progress: ProgressMode::Auto }
+    }
+}
+
+/// What each trial runs.
+#[derive(Clone, Debug)]
+pub enum Trainable {
+    /// A Rust function, on its own thread per trial.
+    Function(FunctionBackend),
+    /// An external command per trial, reporting over gRPC.
+    Command(ProcessConfig),
+}
+
+impl Trainable {
+    /// A Rust training function.
+    pub fn function<F>(f: F) -> Self
+    where
+        F: Fn(&mut Context) -> TrainResult + Send + Sync + 'static,
+    {
+        Trainable::Function(FunctionBackend::new(f))
+    }
+    /// A worker command, e.g. `["python", "train.py"]`.
+    pub fn command<I, S>(command: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Trainable::Command(ProcessConfig::new(command.into_iter().map(Into::into).collect()))
+    }
+}

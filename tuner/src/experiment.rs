@@ -1,0 +1,379 @@
+//! Experiment files: the TOML form of a sweep, `--set` overrides, and the
+//! checks that refuse a bad file before anything is written.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use search::{Config, Mode, Space};
+
+/// Errors in an experiment file or its overrides. Each names the file and the
+/// key (with line and column where the TOML parser gives them).
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown keys or wrong types.
+    #[error("{file}: {message}")]
+    Parse {
+        /// The file (or `--set`).
+        file: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A key's value breaks a rule.
+    #[error("{file}: {key}: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// Dotted key.
+        key: String,
+        /// The rule.
+        message: String,
+    },
+    /// A `--set` argument is malformed.
+    #[error("--set {arg}: {message}")]
+    Set {
+        /// The argument.
+        arg: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A whole experiment file. Unknown sections and keys are refused.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentFile {
+    /// `[experiment]`.
+    pub experiment: ExperimentSection,
+    /// `[space]`: the search space.
+    #[serde(default)]
+    pub space: toml::Table,
+    /// `[search]`.
+    #[serde(default)]
+    pub search: SearchSection,
+    /// `[scheduler]`.
+    #[serde(default)]
+    pub scheduler: SchedulerSection,
+    /// `[stop]`: Ray's dict form, metric -> threshold (stop when `>=`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stop: BTreeMap<String, f64>,
+    /// `[trainer]`: how trials run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer: Option<TrainerSection>,
+}
+
+/// `[experiment]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentSection {
+    /// The experiment's name: its directory under the storage path.
+    pub name: String,
+    /// The metric to optimise (required by `best` unless given there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// `min` or `max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// Samples from the space (each expanded over the grid axes).
+    #[serde(default = "one")]
+    pub num_samples: u64,
+    /// Trials running at once (default: the number of CPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_trials: Option<usize>,
+    /// Stop the sweep after this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_budget_s: Option<f64>,
+    /// Sampling seed; chosen at random (and recorded) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Where experiments go (default `./nestor-runs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<String>,
+    /// Stop the whole sweep at the first trial error.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fail_fast: bool,
+}
+
+impl Default for ExperimentSection {
+    fn default() -> Self {
+        Self {
+            name: "experiment".into(),
+            metric: None,
+            mode: None,
+            num_samples: 1,
+            max_concurrent_trials: None,
+            time_budget_s: None,
+            seed: None,
+            storage: None,
+            fail_fast: false,
+        }
+    }
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The search algorithm.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// Random search (grid axes expanded).
+    #[default]
+    Random,
+    /// Grid search (random axes still sampled, as in Ray).
+    Grid,
+}
+
+/// `[search]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchSection {
+    /// `random` or `grid`.
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// Configs (possibly partial) to run first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub points_to_evaluate: Vec<toml::Table>,
+    /// Cap on the searcher's live trials (a concurrency limiter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<usize>,
+}
+
+/// The scheduler type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchedulerKind {
+    /// First in, first out; never stops a trial early.
+    #[default]
+    Fifo,
+}
+
+/// `[scheduler]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// The scheduler.
+    #[serde(rename = "type", default)]
+    pub kind: SchedulerKind,
+}
+
+/// `[trainer]`: a worker command per trial.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerSection {
+    /// Program and arguments, e.g. `["python", "train.py"]`.
+    pub command: Vec<String>,
+    /// Extra environment variables for the workers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of the workers (default: where nestor runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<PathBuf>,
+    /// Seconds between SIGTERM and SIGKILL when a trial is stopped.
+    #[serde(default = "default_grace")]
+    pub grace_period_s: f64,
+}
+
+fn default_grace() -> f64 {
+    5.0
+}
+
+/// An experiment file whose every part has been checked.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The file, with overrides applied.
+    pub file: ExperimentFile,
+    /// Its space.
+    pub space: Space,
+    /// Its points to evaluate, as JSON.
+    pub points: Vec<Config>,
+}
+
+impl ExperimentFile {
+    /// Reads, overrides (`--set key=value`) and checks an experiment file.
+    pub fn load(path: &Path, sets: &[String]) -> Result<Resolved, ExperimentError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text, &path.display().to_string(), sets)
+    }
+
+    /// Parses TOML text (`origin` names it in errors), applies overrides, checks.
+    pub fn parse(text: &str, origin: &str, sets: &[String]) -> Result<Resolved, ExperimentError> {
+        let parse_err = |file: &str, e: toml::de::Error| ExperimentError::Parse { file: file.to_string(), message: e.to_string().trim_end().replace('\n', "\n  ") };
+        let file: ExperimentFile = toml::from_str(text).map_err(|e| parse_err(origin, e))?;
+        let file = if sets.is_empty() {
+            file
+        } else {
+            let mut table: toml::Table = text.parse().map_err(|e| parse_err(origin, e))?;
+            for arg in sets {
+                apply_set(&mut table, arg)?;
+            }
+            let joined = sets.iter().map(|s| format!("--set {s}")).collect::<Vec<_>>().join(" ");
+            ExperimentFile::deserialize(table).map_err(|e| parse_err(&joined, e))?
+        };
+        file.resolve(origin)
+    }
+
+    /// Checks every part; the error names the key and the rule.
+    pub fn resolve(self, origin: &str) -> Result<Resolved, ExperimentError> {
+        let invalid = |key: &str, message: String| ExperimentError::Invalid { file: origin.to_string(), key: key.to_string(), message };
+        let e = &self.experiment;
+        if e.name.is_empty() || e.name.contains('/') || e.name == "." || e.name == ".." {
+            return Err(invalid("experiment.name", format!("{:?} is not a valid directory name", e.name)));
+        }
+        match (&e.metric, e.mode) {
+            (Some(_), None) => return Err(invalid("experiment.mode", "required when experiment.metric is set (\"min\" or \"max\")".into())),
+            (None, Some(_)) => return Err(invalid("experiment.metric", "required when experiment.mode is set".into())),
+            _ => {}
+        }
+        if e.num_samples == 0 {
+            return Err(invalid("experiment.num_samples", "must be at least 1".into()));
+        }
+        if e.max_concurrent_trials == Some(0) {
+            return Err(invalid("experiment.max_concurrent_trials", "must be at least 1".into()));
+        }
+        if let Some(t) = e.time_budget_s {
+            if !(t > 0.0 && t.is_finite()) {
+                return Err(invalid("experiment.time_budget_s", format!("must be a positive number of seconds, got {t}")));
+            }
+        }
+        if self.search.max_concurrent == Some(0) {
+            return Err(invalid("search.max_concurrent", "must be at least 1".into()));
+        }
+        if let Some(t) = &self.trainer {
+            if t.command.is_empty() || t.command[0].is_empty() {
+                return Err(invalid("trainer.command", "must name a program, e.g. [\"python\", \"train.py\"]".into()));
+            }
+            if !(t.grace_period_s >= 0.0 && t.grace_period_s.is_finite()) {
+                return Err(invalid("trainer.grace_period_s", format!("must be >= 0, got {}", t.grace_period_s)));
+            }
+        }
+        for (k, v) in &self.stop {
+            if v.is_nan() {
+                return Err(invalid(&format!("stop.{k}"), "threshold must be a number".into()));
+            }
+        }
+        let space = Space::from_toml(&self.space).map_err(|err| invalid(&format!("space.{}", err.path), err.message))?;
+        let points: Vec<Config> = self.search.points_to_evaluate.iter().map(|t| search::toml_to_json(&toml::Value::Table(t.clone()))).collect();
+        for (i, p) in points.iter().enumerate() {
+            space.check_point(p, &format!("search.points_to_evaluate[{i}]")).map_err(|err| invalid(&err.path, err.message))?;
+        }
+        Ok(Resolved { file: self, space, points })
+    }
+
+    /// The file as TOML text (what `experiment.toml` and the store keep).
+    pub fn to_toml_string(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+}
+
+/// Applies one `key=value` override: the value is read as TOML (`8`,
+/// `"adam"`, `[1, 2]`, `{ uniform = [0, 1] }`), or as a string if it is not TOML.
+fn apply_set(table: &mut toml::Table, arg: &str) -> Result<(), ExperimentError> {
+    let set_err = |message: &str| ExperimentError::Set { arg: arg.to_string(), message: message.to_string() };
+    let (key, raw) = arg.split_once('=').ok_or_else(|| set_err("expected key=value, e.g. experiment.num_samples=8"))?;
+    let key = key.trim();
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.len() < 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(set_err("the key must name a section and a field, e.g. experiment.num_samples"));
+    }
+    let value = match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let mut cur = table;
+    for p in &parts[..parts.len() - 1] {
+        let entry = cur.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = match entry {
+            toml::Value::Table(t) => t,
+            _ => return Err(set_err(&format!("`{p}` is not a table"))),
+        };
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[experiment]
+name = "demo"
+metric = "loss"
+mode = "min"
+num_samples = 4
+
+[space]
+lr = { loguniform = [1e-4, 1e-1] }
+[space.model]
+width = { choice = [16, 32] }
+
+[stop]
+training_iteration = 5
+
+[trainer]
+command = ["worker"]
+"#;
+
+    fn err(text: &str, sets: &[&str]) -> String {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        ExperimentFile::parse(text, "sweep.toml", &sets).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_good_file_resolves_and_round_trips() {
+        let r = ExperimentFile::parse(GOOD, "sweep.toml", &[]).unwrap();
+        assert_eq!(r.file.experiment.num_samples, 4);
+        assert_eq!(r.space.len(), 2);
+        let again = ExperimentFile::parse(&r.file.to_toml_string(), "stored", &[]).unwrap();
+        assert_eq!(again.file, r.file);
+    }
+
+    #[test]
+    fn bad_files_name_the_problem() {
+        let unknown_key = err(&GOOD.replace("num_samples = 4", "num_sample = 4"), &[]);
+        assert!(unknown_key.starts_with("sweep.toml: TOML parse error at line 6, column 1"), "{unknown_key}");
+        assert!(unknown_key.contains("unknown field `num_sample`"), "{unknown_key}");
+        let wrong_type = err(&GOOD.replace("num_samples = 4", "num_samples = \"four\""), &[]);
+        assert!(wrong_type.contains("line 6") && wrong_type.contains("invalid type: string \"four\", expected u64"), "{wrong_type}");
+        let section = err(&format!("{GOOD}\n[bogus]\nx = 1\n"), &[]);
+        assert!(section.contains("unknown field `bogus`"), "{section}");
+        assert_eq!(
+            err(&GOOD.replace("1e-4, 1e-1", "0.0, 1e-1"), &[]),
+            "sweep.toml: space.lr: loguniform low must be > 0, got 0"
+        );
+        assert_eq!(err(&GOOD.replace("[16, 32]", "[]"), &[]), "sweep.toml: space.model.width: choice needs at least one value");
+        assert_eq!(err(&GOOD.replace("mode = \"min\"\n", ""), &[]), "sweep.toml: experiment.mode: required when experiment.metric is set (\"min\" or \"max\")");
+        let bad_mode = err(&GOOD.replace("\"min\"", "\"up\""), &[]);
+        assert!(bad_mode.contains("unknown variant `up`, expected `min` or `max`"), "{bad_mode}");
+    }
+
+    #[test]
+    fn set_overrides_with_the_same_checks() {
+        let sets = vec!["experiment.num_samples=9".to_string(), "space.lr={ uniform = [0.1, 0.2] }".into(), "experiment.name=other".into()];
+        let r = ExperimentFile::parse(GOOD, "sweep.toml", &sets).unwrap();
+        assert_eq!(r.file.experiment.num_samples, 9);
+        assert_eq!(r.file.experiment.name, "other");
+        assert_eq!(r.space.entries().next().map(|(k, _)| k), Some("lr"));
+        let e = err(GOOD, &["experiment.num_samples=many"]);
+        assert!(e.starts_with("--set experiment.num_samples=many: ") && e.contains("expected u64"), "{e}");
+        assert!(err(GOOD, &["experiment.nope=1"]).contains("unknown field `nope`"));
+        assert_eq!(err(GOOD, &["nonsense"]), "--set nonsense: expected key=value, e.g. experiment.num_samples=8");
+        assert_eq!(err(GOOD, &["space.lr={ uniform = [1, 0] }"]), "sweep.toml: space.lr: uniform low 1.0 > high 0.0");
+    }
+}

@@ -1,0 +1,377 @@
+//! The experiment loop: one task owns all mutable experiment state and is
+//! fed by one channel of trial events. It admits trials, stores every result
+//! before the scheduler sees it, and answers workers once their result is
+//! durable.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use schedulers::{Decision, Scheduler, Stopper, TrialStatus, TrialView};
+use search::{Metrics, Searcher, Suggestion, TrialResult};
+use trainer::{Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Report, StopLevel, TrialHandle};
+
+use crate::files::{FileWrite, Flusher};
+use crate::progress::Progress;
+use crate::store::{CheckpointRecord, Store, TrialRecord, RECORD_VERSION};
+use crate::TuneError;
+
+/// Seconds since the Unix epoch.
+pub(crate) fn now_unix() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// The trial id of the trial with creation index `index`.
+pub(crate) fn trial_id(index: u64) -> String {
+    format!("trial_{index:05}")
+}
+
+struct Running {
+    record: TrialRecord,
+    handle: TrialHandle,
+    started: Instant,
+    last_report: Instant,
+    /// Set when this run must end; the reason decides the final state.
+    ending: Option<Ending>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Ending {
+    /// A stopper, the scheduler or the time budget ended it: TERMINATED.
+    Stopped,
+    /// Ctrl-C: back to PENDING, resumed later.
+    Interrupted,
+    /// The trial broke a rule (e.g. no metric): ERROR with this message.
+    Failed(String),
+}
+
+/// Everything the loop needs, built by the Tuner.
+pub(crate) struct Runner {
+    pub exp_dir: PathBuf,
+    pub store: Store,
+    pub backend: Arc<dyn Backend>,
+    pub searcher: Box<dyn Searcher>,
+    pub scheduler: Box<dyn Scheduler>,
+    pub stopper: Box<dyn Stopper>,
+    pub metric: Option<String>,
+    pub max_concurrent: usize,
+    pub max_trials: u64,
+    pub time_budget: Option<Duration>,
+    pub fail_fast: bool,
+    /// Trials to (re)start before asking the searcher, oldest first.
+    pub pending: VecDeque<TrialRecord>,
+    /// Index of the next trial to create.
+    pub next_index: u64,
+    pub progress: Progress,
+}
+
+/// How the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// Every trial ran (or the budget or fail_fast ended the sweep).
+    Done,
+    /// Ctrl-C.
+    Interrupted,
+}
+
+impl Runner {
+    pub(crate) async fn run(mut self) -> Result<Finish, TuneError> {
+        let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
+        let flusher = Flusher::spawn(self.store.clone());
+        let mut running: HashMap<String, Running> = HashMap::new();
+        let mut searcher_done = false;
+        let mut stopping = false;
+        let mut interrupts = 0u32;
+        let deadline = self.time_budget.map(|b| tokio::time::Instant::now() + b);
+        let mut acks: Vec<(oneshot::Sender<Directive>, Directive)> = Vec::new();
+        let mut files: Vec<FileWrite> = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut first_error: Option<String> = None;
+        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source })?;
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source })?;
+
+        loop {
+            // Admit trials while there are free slots.
+            while !stopping && running.len() < self.max_concurrent {
+                let record = if let Some(r) = self.pending.pop_front() {
+                    r
+                } else if !searcher_done && self.next_index < self.max_trials {
+                    let id = trial_id(self.next_index);
+                    match self.searcher.suggest(&id) {
+                        Suggestion::Config(config) => {
+                            let record = TrialRecord {
+                                version: RECORD_VERSION,
+                                id,
+                                index: self.next_index,
+                                config,
+                                status: TrialStatus::Pending,
+                                created_at: now_unix(),
+                                started_at: None,
+                                ended_at: None,
+                                error: None,
+                                restarts: 0,
+                                num_results: 0,
+                                time_total_s: 0.0,
+                                last_result: None,
+                                latest_checkpoint: None,
+                            };
+                            self.next_index += 1;
+                            self.store.create_trial(&record, &self.searcher.save())?;
+                            let view = view(&record);
+                            self.scheduler.on_trial_add(&view);
+                            files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: record.config.clone() });
+                            record
+                        }
+                        Suggestion::Wait => break,
+                        Suggestion::Finished => {
+                            searcher_done = true;
+                            break;
+                        }
+                    }
+                } else {
+                    searcher_done = true;
+                    break;
+                };
+                self.launch(record, &events_tx, &mut running)?;
+            }
+            if !acks.is_empty() || !files.is_empty() {
+                flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files));
+            }
+            if running.is_empty() && (stopping || (searcher_done && self.pending.is_empty())) {
+                break;
+            }
+            if running.is_empty() && self.pending.is_empty() && !searcher_done {
+                // The searcher waits on trials, yet none runs: it can never proceed.
+                if matches!(self.searcher.suggest(&trial_id(self.next_index)), Suggestion::Wait) {
+                    tracing::warn!("the searcher is waiting but no trial is running; ending the sweep");
+                    break;
+                }
+                continue;
+            }
+
+            tokio::select! {
+                biased;
+                _ = async { tokio::select! { _ = sigint.recv() => {}, _ = sigterm.recv() => {} } } => {
+                    interrupts += 1;
+                    if interrupts == 1 {
+                        self.progress.note("Interrupted: stopping running trials (Ctrl-C again to kill them)");
+                        stopping = true;
+                        for r in running.values_mut() {
+                            r.ending = Some(Ending::Interrupted);
+                            r.handle.stop(StopLevel::Graceful);
+                        }
+                    } else {
+                        self.progress.note("Killing running trials");
+                        for (_, mut r) in running.drain() {
+                            r.handle.stop(StopLevel::Kill);
+                            r.record.status = TrialStatus::Pending;
+                            self.store.put_trial(&r.record)?;
+                        }
+                        for (reply, d) in acks.drain(..) { let _ = reply.send(d); }
+                        self.store.flush_async().await?;
+                        flusher.close().await;
+                        self.progress.finish();
+                        return Ok(Finish::Interrupted);
+                    }
+                }
+                _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } }, if !stopping => {
+                    self.progress.note("Time budget reached: stopping running trials");
+                    stopping = true;
+                    for r in running.values_mut() {
+                        r.ending.get_or_insert(Ending::Stopped);
+                        r.handle.stop(StopLevel::Graceful);
+                    }
+                }
+                ev = events.recv() => {
+                    let Some(ev) = ev else { break };
+                    let mut next = Some(ev);
+                    while let Some(ev) = next {
+                        self.handle(ev, &mut running, &mut acks, &mut files, &mut stopping, &mut first_error)?;
+                        next = events.try_recv().ok();
+                    }
+                }
+                _ = tick.tick() => {
+                    self.progress.refresh(running.values().map(|r| &r.record));
+                }
+            }
+        }
+        flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files));
+        self.store.put_meta("scheduler", &self.scheduler.save())?;
+        flusher.close().await;
+        self.store.flush_async().await?;
+        self.progress.finish();
+        if interrupts > 0 {
+            return Ok(Finish::Interrupted);
+        }
+        if let (true, Some(e)) = (self.fail_fast, first_error) {
+            return Err(TuneError::FailFast(e));
+        }
+        Ok(Finish::Done)
+    }
+
+    fn trial_dir(&self, id: &str) -> PathBuf {
+        self.exp_dir.join("trials").join(id)
+    }
+
+    fn launch(&mut self, mut record: TrialRecord, events: &mpsc::UnboundedSender<Event>, running: &mut HashMap<String, Running>) -> Result<(), TuneError> {
+        let restart = record.status != TrialStatus::Pending || record.started_at.is_some();
+        if restart {
+            record.restarts += 1;
+        }
+        record.status = TrialStatus::Running;
+        record.started_at = Some(now_unix());
+        let spec = LaunchSpec {
+            trial_id: record.id.clone(),
+            config: record.config.clone(),
+            trial_dir: self.trial_dir(&record.id),
+            checkpoint: record.latest_checkpoint.as_ref().map(|c| c.path.join("rank-0")),
+            start_iteration: record.latest_checkpoint.as_ref().map_or(0, |c| c.iteration),
+        };
+        match self.backend.launch(spec, events.clone()) {
+            Ok(handle) => {
+                self.store.put_trial(&record)?;
+                self.progress.trial_started(&record);
+                let now = Instant::now();
+                running.insert(record.id.clone(), Running { record, handle, started: now, last_report: now, ending: None });
+            }
+            Err(e) => {
+                // The trial could not start: it is an error, the sweep goes on.
+                record.status = TrialStatus::Error;
+                record.error = Some(e.to_string());
+                record.ended_at = Some(now_unix());
+                self.store.put_trial(&record)?;
+                self.scheduler.on_trial_error(&view(&record));
+                self.searcher.on_trial_complete(&record.id, None, true);
+                self.progress.trial_ended(&record);
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn handle(
+        &mut self,
+        ev: Event,
+        running: &mut HashMap<String, Running>,
+        acks: &mut Vec<(oneshot::Sender<Directive>, Directive)>,
+        files: &mut Vec<FileWrite>,
+        stopping: &mut bool,
+        first_error: &mut Option<String>,
+    ) -> Result<(), TuneError> {
+        match ev.kind {
+            EventKind::Report { report, reply } => {
+                let Some(r) = running.get_mut(&ev.trial_id) else {
+                    let _ = reply.send(Directive::Stop);
+                    return Ok(());
+                };
+                let directive = self.on_report(r, report, files)?;
+                acks.push((reply, directive));
+            }
+            EventKind::Exited(outcome) => {
+                let Some(mut r) = running.remove(&ev.trial_id) else { return Ok(()) };
+                let rec = &mut r.record;
+                rec.time_total_s += r.started.elapsed().as_secs_f64().min(f64::MAX);
+                let (status, error) = match (r.ending.take(), outcome) {
+                    (Some(Ending::Interrupted), ExitOutcome::Failed(_) | ExitOutcome::Stopped | ExitOutcome::Completed) => (TrialStatus::Pending, None),
+                    (Some(Ending::Failed(msg)), _) => (TrialStatus::Error, Some(msg)),
+                    (_, ExitOutcome::Failed(msg)) => (TrialStatus::Error, Some(msg)),
+                    (_, ExitOutcome::Completed | ExitOutcome::Stopped) => (TrialStatus::Terminated, None),
+                };
+                rec.status = status;
+                rec.error = error.clone();
+                if status.is_finished() {
+                    rec.ended_at = Some(now_unix());
+                }
+                self.store.put_trial(rec)?;
+                let v = view(rec);
+                match status {
+                    TrialStatus::Terminated => {
+                        self.scheduler.on_trial_complete(&v, rec.last_result.as_ref());
+                        self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
+                    }
+                    TrialStatus::Error => {
+                        self.scheduler.on_trial_error(&v);
+                        self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
+                        if first_error.is_none() {
+                            *first_error = Some(format!("{}: {}", rec.id, error.unwrap_or_default()));
+                        }
+                        if self.fail_fast && !*stopping {
+                            *stopping = true;
+                            self.progress.note("fail_fast: a trial failed; stopping the sweep");
+                            for other in running.values_mut() {
+                                other.ending.get_or_insert(Ending::Stopped);
+                                other.handle.stop(StopLevel::Graceful);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                files.push(FileWrite::Durable);
+                self.progress.trial_ended(&r.record);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_report(&mut self, r: &mut Running, report: Report, files: &mut Vec<FileWrite>) -> Result<Directive, TuneError> {
+        let now = Instant::now();
+        let rec = &mut r.record;
+        let mut metrics: Metrics = report.metrics;
+        metrics.insert("time_this_iter_s".into(), now.duration_since(r.last_report).as_secs_f64());
+        metrics.insert("time_total_s".into(), rec.time_total_s + now.duration_since(r.started).as_secs_f64());
+        metrics.insert("timestamp".into(), now_unix());
+        metrics.insert("training_iteration".into(), report.training_iteration as f64);
+        r.last_report = now;
+        let result = TrialResult {
+            trial_id: rec.id.clone(),
+            seq: rec.num_results,
+            training_iteration: report.training_iteration,
+            metrics,
+            checkpoint: report.checkpoint.as_ref().map(|p| p.display().to_string()),
+        };
+        // Durable before anyone acts on it: stored here, flushed before the ack.
+        self.store.put_result(&result)?;
+        rec.num_results += 1;
+        if let Some(path) = report.checkpoint {
+            let ckpt = CheckpointRecord { version: RECORD_VERSION, iteration: report.training_iteration, path };
+            self.store.put_checkpoint(&rec.id, &ckpt)?;
+            rec.latest_checkpoint = Some(ckpt);
+        }
+        rec.last_result = Some(result.clone());
+        self.store.put_trial(rec)?;
+        files.push(FileWrite::Result { trial_dir: self.exp_dir.join("trials").join(&rec.id), result: result.clone() });
+        self.progress.result(rec);
+
+        if let Some(metric) = &self.metric {
+            if !result.metrics.contains_key(metric) {
+                let reported: Vec<&str> = result.metrics.keys().map(String::as_str).collect();
+                let msg = format!("trial reported no `{metric}` (the experiment's metric); it reported: {}", reported.join(", "));
+                r.ending = Some(Ending::Failed(msg));
+                r.handle.stop(StopLevel::Graceful);
+                return Ok(Directive::Stop);
+            }
+        }
+        let v = view(&r.record);
+        let decision = self.scheduler.on_trial_result(&v, &result);
+        let stop = self.stopper.should_stop_trial(&result.trial_id, &result);
+        self.searcher.on_trial_result(&result.trial_id, &result);
+        if r.ending.is_some() {
+            return Ok(Directive::Stop);
+        }
+        if stop || decision != Decision::Continue {
+            r.ending = Some(Ending::Stopped);
+            return Ok(Directive::Stop);
+        }
+        Ok(Directive::Continue)
+    }
+}
+
+fn view(record: &TrialRecord) -> TrialView<'_> {
+    TrialView { id: &record.id, config: &record.config, status: record.status, num_results: record.num_results }
+}

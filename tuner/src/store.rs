@@ -1,0 +1,337 @@
+//! The result store: one sled database per experiment, the experiment's
+//! state of record. `nestor status`, `best`, `export` and resume read it.
+//!
+//! Trees: `meta` (experiment file, searcher and scheduler state), `trials`
+//! (one record per trial), `results` (key: trial id, 0x00, big-endian
+//! sequence number, so a prefix scan is a trial's time series) and
+//! `checkpoints` (committed checkpoints; key: trial id, 0x00, big-endian
+//! iteration). Values are versioned JSON.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sled::Transactional;
+
+use schedulers::TrialStatus;
+use search::{Config, TrialResult};
+
+/// Version written into every record.
+pub const RECORD_VERSION: u32 = 1;
+
+/// Errors of the result store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be opened or written.
+    #[error("result store {path}: {source}")]
+    Sled {
+        /// The store's directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: sled::Error,
+    },
+    /// Another process holds the store.
+    #[error("result store {0} is in use by another nestor process")]
+    Locked(PathBuf),
+    /// A record could not be decoded.
+    #[error("result store {path}: corrupt record under {key}: {message}")]
+    Corrupt {
+        /// The store's directory.
+        path: PathBuf,
+        /// The record's key.
+        key: String,
+        /// Why.
+        message: String,
+    },
+    /// No store at this path.
+    #[error("no nestor experiment at {0} (no result store found)")]
+    Missing(PathBuf),
+}
+
+/// A committed checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    /// Record version.
+    pub version: u32,
+    /// Iteration it was reported with.
+    pub iteration: u64,
+    /// The checkpoint directory (`.../checkpoint_NNNNNN`), holding `rank-<r>/` shards.
+    pub path: PathBuf,
+}
+
+/// Everything the store knows about one trial.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialRecord {
+    /// Record version.
+    pub version: u32,
+    /// Trial id.
+    pub id: String,
+    /// Creation order, 0-based.
+    pub index: u64,
+    /// The trial's config.
+    pub config: Config,
+    /// Lifecycle state.
+    pub status: TrialStatus,
+    /// Unix time of creation.
+    pub created_at: f64,
+    /// Unix time of the latest start.
+    pub started_at: Option<f64>,
+    /// Unix time it ended (TERMINATED or ERROR).
+    pub ended_at: Option<f64>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// How many times it was restarted (after an interruption or failure).
+    pub restarts: u32,
+    /// Results stored so far (the next result's sequence number).
+    pub num_results: u64,
+    /// Training time accumulated over all runs, in seconds.
+    pub time_total_s: f64,
+    /// Its latest result.
+    pub last_result: Option<TrialResult>,
+    /// Its latest committed checkpoint.
+    pub latest_checkpoint: Option<CheckpointRecord>,
+}
+
+/// The sled result store of one experiment.
+#[derive(Clone)]
+pub struct Store {
+    path: PathBuf,
+    db: sled::Db,
+    meta: sled::Tree,
+    trials: sled::Tree,
+    results: sled::Tree,
+    checkpoints: sled::Tree,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+fn series_key(trial_id: &str, n: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(trial_id.len() + 9);
+    k.extend_from_slice(trial_id.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&n.to_be_bytes());
+    k
+}
+
+fn series_prefix(trial_id: &str) -> Vec<u8> {
+    let mut k = trial_id.as_bytes().to_vec();
+    k.push(0);
+    k
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(8 << 20)
+            .flush_every_ms(Some(500))
+            .open()
+            .map_err(|source| match &source {
+                sled::Error::Io(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") => {
+                    StoreError::Locked(path.to_path_buf())
+                }
+                _ => StoreError::Sled { path: path.to_path_buf(), source },
+            })?;
+        let tree = |name: &str| db.open_tree(name).map_err(|source| StoreError::Sled { path: path.to_path_buf(), source });
+        Ok(Self { path: path.to_path_buf(), meta: tree("meta")?, trials: tree("trials")?, results: tree("results")?, checkpoints: tree("checkpoints")?, db })
+    }
+
+    /// Opens an existing store; an error when there is none.
+    pub fn open_existing(path: &Path) -> Result<Self, StoreError> {
+        if !path.join("conf").exists() && !path.join("db").exists() {
+            return Err(StoreError::Missing(path.to_path_buf()));
+        }
+        Self::open(path)
+    }
+
+    fn sled_err(&self) -> impl Fn(sled::Error) -> StoreError + '_ {
+        move |source| StoreError::Sled { path: self.path.clone(), source }
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self, key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+            path: self.path.clone(),
+            key: String::from_utf8_lossy(key).replace('\0', "/"),
+            message: e.to_string(),
+        })
+    }
+
+    fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+        // Our records are plain data; serializing them cannot fail.
+        serde_json::to_vec(value).unwrap_or_default()
+    }
+
+    /// Stores the resolved experiment file.
+    pub fn put_experiment(&self, toml_text: &str) -> Result<(), StoreError> {
+        self.meta.insert("experiment", toml_text.as_bytes()).map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// The resolved experiment file.
+    pub fn experiment(&self) -> Result<Option<String>, StoreError> {
+        Ok(self.meta.get("experiment").map_err(self.sled_err())?.map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Stores a meta value (e.g. `scheduler` state).
+    pub fn put_meta(&self, key: &str, value: &Value) -> Result<(), StoreError> {
+        self.meta.insert(key, Self::encode(value)).map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// Reads a meta value.
+    pub fn meta(&self, key: &str) -> Result<Option<Value>, StoreError> {
+        match self.meta.get(key).map_err(self.sled_err())? {
+            Some(v) => Ok(Some(self.decode(key.as_bytes(), &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Stores a new trial together with the searcher state after suggesting
+    /// it, atomically: a resumed searcher never re-suggests or skips a trial.
+    pub fn create_trial(&self, trial: &TrialRecord, searcher_state: &Value) -> Result<(), StoreError> {
+        let t = Self::encode(trial);
+        let s = Self::encode(searcher_state);
+        (&self.trials, &self.meta)
+            .transaction(|(trials, meta)| {
+                trials.insert(trial.id.as_bytes(), t.as_slice())?;
+                meta.insert("searcher", s.as_slice())?;
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| match e {
+                sled::transaction::TransactionError::Storage(source) => StoreError::Sled { path: self.path.clone(), source },
+                sled::transaction::TransactionError::Abort(()) => StoreError::Corrupt { path: self.path.clone(), key: trial.id.clone(), message: "transaction aborted".into() },
+            })
+    }
+
+    /// Writes a trial's record.
+    pub fn put_trial(&self, trial: &TrialRecord) -> Result<(), StoreError> {
+        self.trials.insert(trial.id.as_bytes(), Self::encode(trial)).map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// One trial's record.
+    pub fn trial(&self, id: &str) -> Result<Option<TrialRecord>, StoreError> {
+        match self.trials.get(id).map_err(self.sled_err())? {
+            Some(v) => Ok(Some(self.decode(id.as_bytes(), &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every trial, in creation order.
+    pub fn trials(&self) -> Result<Vec<TrialRecord>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.trials.iter() {
+            let (k, v) = kv.map_err(self.sled_err())?;
+            out.push(self.decode::<TrialRecord>(&k, &v)?);
+        }
+        out.sort_by_key(|t| t.index);
+        Ok(out)
+    }
+
+    /// Appends a result (its `seq` must be the trial's next sequence number).
+    pub fn put_result(&self, result: &TrialResult) -> Result<(), StoreError> {
+        self.results.insert(series_key(&result.trial_id, result.seq), Self::encode(result)).map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// Every stored result of a trial, in sequence order.
+    pub fn results(&self, trial_id: &str) -> Result<Vec<TrialResult>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.results.scan_prefix(series_prefix(trial_id)) {
+            let (k, v) = kv.map_err(self.sled_err())?;
+            out.push(self.decode(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Records a committed checkpoint.
+    pub fn put_checkpoint(&self, trial_id: &str, ckpt: &CheckpointRecord) -> Result<(), StoreError> {
+        self.checkpoints.insert(series_key(trial_id, ckpt.iteration), Self::encode(ckpt)).map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// A trial's committed checkpoints, oldest first.
+    pub fn checkpoints(&self, trial_id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.checkpoints.scan_prefix(series_prefix(trial_id)) {
+            let (k, v) = kv.map_err(self.sled_err())?;
+            out.push(self.decode(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Makes every write so far durable (fsync).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// Makes every write so far durable, without blocking the caller's thread.
+    pub async fn flush_async(&self) -> Result<(), StoreError> {
+        self.db.flush_async().await.map_err(self.sled_err())?;
+        Ok(())
+    }
+}
+
+/// A trial's effective metric history: its results with those superseded by a
+/// restart removed. A trial restarted from the checkpoint of iteration `k`
+/// reports `k+1, k+2, ...` again; results of the earlier run past `k` stay in
+/// the store (nothing acknowledged is deleted) but are replaced here by the
+/// later run's.
+pub fn effective_history(results: Vec<TrialResult>) -> Vec<TrialResult> {
+    let mut keep: Vec<TrialResult> = Vec::with_capacity(results.len());
+    let mut min_iter = u64::MAX;
+    for r in results.into_iter().rev() {
+        if r.training_iteration < min_iter {
+            min_iter = r.training_iteration;
+            keep.push(r);
+        }
+    }
+    keep.reverse();
+    keep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(trial: &str, seq: u64, iter: u64, loss: f64) -> TrialResult {
+        TrialResult { trial_id: trial.into(), seq, training_iteration: iter, metrics: [("loss".to_string(), loss)].into_iter().collect(), checkpoint: None }
+    }
+
+    #[test]
+    fn results_are_a_prefix_scan_in_sequence_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        // Ids that are prefixes of each other must not mix.
+        for seq in (0..300).rev() {
+            store.put_result(&result("t1", seq, seq + 1, seq as f64)).unwrap();
+            store.put_result(&result("t10", seq, seq + 1, -(seq as f64))).unwrap();
+        }
+        store.flush().unwrap();
+        drop(store);
+        let store = Store::open_existing(&dir.path().join("store")).unwrap();
+        let r = store.results("t1").unwrap();
+        assert_eq!(r.len(), 300);
+        assert!(r.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
+        assert!(r.iter().all(|x| x.metrics["loss"] >= 0.0));
+        assert!(Store::open_existing(&dir.path().join("nothing")).is_err());
+    }
+
+    #[test]
+    fn history_drops_results_superseded_by_a_restart() {
+        // Run 1 reached iteration 5; run 2 restarted from the checkpoint at 3.
+        let mut rs: Vec<TrialResult> = (1..=5).map(|i| result("t", i - 1, i, 10.0 + i as f64)).collect();
+        rs.extend((4..=6).map(|i| result("t", i + 1, i, 20.0 + i as f64)));
+        let h = effective_history(rs);
+        let iters: Vec<u64> = h.iter().map(|r| r.training_iteration).collect();
+        assert_eq!(iters, [1, 2, 3, 4, 5, 6]);
+        assert_eq!(h[3].metrics["loss"], 24.0);
+    }
+}

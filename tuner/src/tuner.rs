@@ -1,0 +1,251 @@
+//! `Tuner`: builds an experiment (from Rust or from a file), runs it, and
+//! restores it after a crash.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use schedulers::{CombinedStopper, Fifo, MetricThresholds, Scheduler, Stopper};
+use search::{BasicVariantGenerator, ConcurrencyLimiter, Searcher, Space};
+use trainer::{Backend, ProcessBackend, ProcessConfig};
+
+use crate::config::{ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
+use crate::experiment::{ExperimentFile, Resolved, SchedulerKind, SearchSection, TrainerSection};
+use crate::result_grid::ResultGrid;
+use crate::runner::{Finish, Runner};
+use crate::store::Store;
+use crate::TuneError;
+
+/// Runs a hyperparameter sweep: Ray Tune's `Tuner`.
+///
+/// ```no_run
+/// use search::{Domain, Mode, Space};
+/// use tuner::{RunConfig, Stop, Trainable, TuneConfig, Tuner};
+///
+/// let space = Space::builder().param("x", Domain::uniform(-1.0, 1.0)).build()?;
+/// let trainable = Trainable::function(|ctx| {
+///     let x: f64 = ctx.param("x")?;
+///     for step in 1..=10 {
+///         ctx.report([("loss", (x - 0.3).powi(2) / step as f64)], None)?;
+///     }
+///     Ok(())
+/// });
+/// let grid = Tuner::new(trainable, space)
+///     .tune_config(TuneConfig { metric: Some("loss".into()), mode: Some(Mode::Min), num_samples: 8, ..Default::default() })
+///     .run_config(RunConfig { name: "demo".into(), stop: Stop::new().iterations(5), ..Default::default() })
+///     .fit()?;
+/// println!("{:?}", grid.best_result(None, None, Default::default())?.config);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Tuner {
+    trainable: Option<Trainable>,
+    file: ExperimentFile,
+    space: Space,
+    points: Vec<search::Config>,
+    custom_stop: Option<Box<dyn Stopper>>,
+    progress: ProgressMode,
+    restore_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Tuner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tuner").field("file", &self.file).finish_non_exhaustive()
+    }
+}
+
+impl Tuner {
+    /// A sweep of `trainable` over `space` with default configs.
+    pub fn new(trainable: Trainable, space: Space) -> Self {
+        let mut file = ExperimentFile::default();
+        file.space = space.to_toml();
+        Self { trainable: Some(trainable), file, space, points: Vec::new(), custom_stop: None, progress: ProgressMode::Auto, restore_dir: None }
+    }
+
+    /// A sweep from a checked experiment file; its `[trainer]` says what runs,
+    /// unless `trainable` is given.
+    pub fn from_file(resolved: Resolved, trainable: Option<Trainable>) -> Self {
+        Self { trainable, file: resolved.file, space: resolved.space, points: resolved.points, custom_stop: None, progress: ProgressMode::Auto, restore_dir: None }
+    }
+
+    /// Sets what to tune and how.
+    pub fn tune_config(mut self, c: TuneConfig) -> Self {
+        let e = &mut self.file.experiment;
+        e.metric = c.metric;
+        e.mode = c.mode;
+        e.num_samples = c.num_samples;
+        e.max_concurrent_trials = c.max_concurrent_trials;
+        e.time_budget_s = c.time_budget_s;
+        e.seed = c.seed;
+        self.file.search = SearchSection {
+            algorithm: c.search,
+            points_to_evaluate: c.points_to_evaluate.iter().filter_map(|p| match search::json_to_toml(p) {
+                toml::Value::Table(t) => Some(t),
+                _ => None,
+            }).collect(),
+            max_concurrent: c.max_concurrent_search,
+        };
+        self.points = c.points_to_evaluate;
+        self.file.scheduler.kind = c.scheduler;
+        self
+    }
+
+    /// Sets where and how it runs.
+    pub fn run_config(mut self, c: RunConfig) -> Self {
+        let e = &mut self.file.experiment;
+        e.name = c.name;
+        e.storage = Some(c.storage.display().to_string());
+        e.fail_fast = c.fail_fast;
+        let Stop { thresholds, custom } = c.stop;
+        self.file.stop = thresholds;
+        self.custom_stop = custom;
+        self.progress = c.progress;
+        self
+    }
+
+    /// Sets the progress display.
+    pub fn progress(mut self, mode: ProgressMode) -> Self {
+        self.progress = mode;
+        self
+    }
+
+    /// The experiment directory this sweep writes to.
+    pub fn experiment_dir(&self) -> PathBuf {
+        if let Some(d) = &self.restore_dir {
+            return d.clone();
+        }
+        let storage = self.file.experiment.storage.clone().unwrap_or_else(|| "nestor-runs".into());
+        Path::new(&storage).join(&self.file.experiment.name)
+    }
+
+    /// Reopens an experiment after a crash or Ctrl-C: finished trials are
+    /// kept, unfinished ones restart from their latest checkpoint, and the
+    /// searcher continues its sequence. `trainable` is needed when the
+    /// experiment ran a Rust function (its file has no `[trainer]`).
+    pub fn restore(experiment_dir: impl AsRef<Path>, trainable: Option<Trainable>) -> Result<Self, TuneError> {
+        let dir = experiment_dir.as_ref().to_path_buf();
+        let store = Store::open_existing(&dir.join("store"))?;
+        let text = store.experiment()?.ok_or_else(|| TuneError::Corrupt(dir.clone(), "the store holds no experiment".into()))?;
+        drop(store);
+        let resolved = ExperimentFile::parse(&text, &format!("{}/experiment.toml", dir.display()), &[])?;
+        let mut t = Tuner::from_file(resolved, trainable);
+        t.restore_dir = Some(dir);
+        Ok(t)
+    }
+
+    /// Runs the sweep to the end and returns its results. Blocks; builds its
+    /// own tokio runtime (use [`Tuner::fit_async`] inside one).
+    pub fn fit(self) -> Result<ResultGrid, TuneError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|source| TuneError::Io { path: PathBuf::from("<runtime>"), source })?;
+        rt.block_on(self.fit_async())
+    }
+
+    /// Runs the sweep inside an existing tokio runtime.
+    pub async fn fit_async(mut self) -> Result<ResultGrid, TuneError> {
+        let resuming = self.restore_dir.is_some();
+        if self.file.experiment.seed.is_none() {
+            self.file.experiment.seed = Some(random_seed());
+        }
+        let file = &self.file;
+        let seed = file.experiment.seed.unwrap_or(0);
+        // Check everything before anything is written.
+        let basic = BasicVariantGenerator::new(self.space.clone(), file.experiment.num_samples, seed).with_points(self.points.clone())?;
+        let mut searcher: Box<dyn Searcher> = match file.search.max_concurrent {
+            Some(n) => Box::new(ConcurrencyLimiter::new(basic, n)),
+            None => Box::new(basic),
+        };
+        let mut scheduler: Box<dyn Scheduler> = match file.scheduler.kind {
+            SchedulerKind::Fifo => Box::new(Fifo),
+        };
+        let trainable = match (self.trainable.take(), &file.trainer) {
+            (Some(t), _) => t,
+            (None, Some(t)) => Trainable::Command(process_config(t)),
+            (None, None) => return Err(TuneError::NoTrainer),
+        };
+        let exp_dir = self.experiment_dir();
+        let store_dir = exp_dir.join("store");
+        let mut pending = VecDeque::new();
+        let mut next_index = 0;
+        let store = if resuming {
+            let store = Store::open_existing(&store_dir)?;
+            if let Some(state) = store.meta("searcher")? {
+                searcher.restore(&state)?;
+            }
+            if let Some(state) = store.meta("scheduler")? {
+                scheduler.restore(&state).map_err(|e| TuneError::Corrupt(exp_dir.clone(), e.to_string()))?;
+            }
+            for t in store.trials()? {
+                next_index = next_index.max(t.index + 1);
+                if !t.status.is_finished() {
+                    pending.push_back(t);
+                }
+            }
+            store
+        } else {
+            if store_dir.exists() {
+                return Err(TuneError::Exists(exp_dir));
+            }
+            std::fs::create_dir_all(&exp_dir).map_err(|source| TuneError::Io { path: exp_dir.clone(), source })?;
+            let text = file.to_toml_string();
+            std::fs::write(exp_dir.join("experiment.toml"), &text).map_err(|source| TuneError::Io { path: exp_dir.join("experiment.toml"), source })?;
+            let store = Store::open(&store_dir)?;
+            store.put_experiment(&text)?;
+            store.put_meta("searcher", &searcher.save())?;
+            store.flush()?;
+            store
+        };
+        let backend: Arc<dyn Backend> = match trainable {
+            Trainable::Function(f) => Arc::new(f),
+            Trainable::Command(c) => Arc::new(ProcessBackend::start(c).await.map_err(|source| TuneError::Io { path: PathBuf::from("<report server>"), source })?),
+        };
+        let mut stoppers: Vec<Box<dyn Stopper>> = vec![Box::new(MetricThresholds(file.stop.clone()))];
+        stoppers.extend(self.custom_stop.take());
+        let max_concurrent = file
+            .experiment
+            .max_concurrent_trials
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let runner = Runner {
+            exp_dir: exp_dir.clone(),
+            store: store.clone(),
+            backend,
+            max_trials: searcher.total_trials().unwrap_or(file.experiment.num_samples),
+            searcher,
+            scheduler,
+            stopper: Box::new(CombinedStopper(stoppers)),
+            metric: file.experiment.metric.clone(),
+            max_concurrent,
+            time_budget: file.experiment.time_budget_s.map(Duration::from_secs_f64),
+            fail_fast: file.experiment.fail_fast,
+            pending,
+            next_index,
+            progress: crate::progress::Progress::new(self.progress, file.experiment.metric.clone()),
+        };
+        match runner.run().await? {
+            Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
+            Finish::Done => Ok(ResultGrid::from_store(&exp_dir, &store)?),
+        }
+    }
+}
+
+fn process_config(t: &TrainerSection) -> ProcessConfig {
+    let mut c = ProcessConfig::new(t.command.clone());
+    c.env = t.env.clone();
+    c.working_dir = t.working_dir.clone();
+    c.grace_period = Duration::from_secs_f64(t.grace_period_s);
+    c
+}
+
+fn random_seed() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    // splitmix64 of time and pid: a seed, not a secret.
+    let mut z = (t as u64) ^ (u64::from(std::process::id()) << 32);
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) >> 11
+}
+
