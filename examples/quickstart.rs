@@ -1,1 +1,57 @@
-fn main(){}
+//! The quickstart: tune a small neural network on the red-wine quality data
+//! set, 24 trials, in-process Rust trainables, and print the best config, its
+//! validation RMSE and its checkpoint.
+//!
+//! ```text
+//! cargo run --release --example quickstart [-- --trials N --epochs E --storage DIR]
+//! ```
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use nestor_examples::{space, train, WineData};
+use tuner::{Mode, RunConfig, Scope, Stop, Trainable, TuneConfig, Tuner};
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+fn main() -> Result<()> {
+    let trials: u64 = arg("--trials").map_or(Ok(32), |s| s.parse())?;
+    let epochs: u64 = arg("--epochs").map_or(Ok(40), |s| s.parse())?;
+    let storage = arg("--storage").unwrap_or_else(|| "nestor-runs".into());
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let name = arg("--name").unwrap_or_else(|| format!("wine-quickstart-{stamp}"));
+
+    let data = Arc::new(WineData::load()?);
+    println!("Tuning an MLP on red-wine quality: {} training samples, {trials} trials x {epochs} epochs", data.n_train());
+    let trainable = Trainable::function(move |ctx| train(ctx, &data));
+    let grid = Tuner::new(trainable, space(epochs))
+        .tune_config(TuneConfig {
+            metric: Some("val_rmse".into()),
+            mode: Some(Mode::Min),
+            num_samples: trials,
+            max_concurrent_trials: Some(2),
+            seed: Some(42),
+            ..Default::default()
+        })
+        .run_config(RunConfig {
+            name,
+            storage: storage.into(),
+            stop: Stop::new().iterations(epochs),
+            ..Default::default()
+        })
+        .fit()?;
+
+    let best = grid.best_result(None, None, Scope::Last)?;
+    let val = best.metrics.as_ref().and_then(|m| m.get("val_rmse")).copied().unwrap_or(f64::NAN);
+    println!("{} trials: {} terminated, {} errors", grid.len(), grid.num_terminated(), grid.num_errors());
+    println!("Best trial: {}", best.trial_id);
+    println!("  config:     {}", best.config);
+    println!("  val_rmse:   {val:.4}");
+    let ckpt = best.checkpoint().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()));
+    println!("  checkpoint: {}", ckpt.map_or_else(|| "none".into(), |p| p.display().to_string()));
+    println!("  results:    {}", grid.experiment_dir.display());
+    Ok(())
+}
