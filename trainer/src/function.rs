@@ -41,13 +41,18 @@ impl std::fmt::Debug for FunctionBackend {
 impl Backend for FunctionBackend {
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let (handle, stop) = TrialHandle::new();
-        std::fs::create_dir_all(&spec.trial_dir).map_err(|source| LaunchError::Io { path: spec.trial_dir.clone(), source })?;
         let func = Arc::clone(&self.func);
         let trial_id = spec.trial_id.clone();
         let mut ctx = Context::in_process(&spec, events.clone(), stop.clone());
         std::thread::Builder::new()
             .name(format!("trial-{trial_id}"))
             .spawn(move || {
+                // Created here, not in the driver's loop: the loop never waits on the disk.
+                if let Err(e) = std::fs::create_dir_all(ctx.trial_dir()) {
+                    let msg = format!("cannot create {}: {e}", ctx.trial_dir().display());
+                    let _ = events.send(Event { trial_id, kind: EventKind::Exited(ExitOutcome::Failed(msg)) });
+                    return;
+                }
                 let outcome = match catch_unwind(AssertUnwindSafe(|| func(&mut ctx))) {
                     Ok(Ok(())) => ExitOutcome::Completed,
                     Ok(Err(e)) => match e.downcast_ref::<ReportError>() {

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use search::TrialResult;
 use trainer::Directive;
@@ -28,75 +28,62 @@ pub(crate) enum FileWrite {
 
 type Ack = (oneshot::Sender<Directive>, Directive);
 
-struct Job {
-    acks: Vec<Ack>,
-    files: Vec<FileWrite>,
-}
-
-/// Handle on the flusher task.
+/// Group commit: the loop hands over the acks and file writes of one burst
+/// of events; one flush (fsync) makes all of their results durable, then the
+/// workers get their answers. Files for people go to a background thread.
 pub(crate) struct Flusher {
-    tx: mpsc::UnboundedSender<Job>,
-    task: tokio::task::JoinHandle<()>,
+    store: Store,
+    file_tx: Option<std::sync::mpsc::Sender<Vec<FileWrite>>>,
+    writer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Flusher {
     pub(crate) fn spawn(store: Store) -> Self {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
-        let task = tokio::spawn(async move {
-            let mut csv_columns: HashMap<PathBuf, Vec<String>> = HashMap::new();
-            while let Some(first) = rx.recv().await {
-                let mut acks = first.acks;
-                let mut files = first.files;
-                while let Ok(more) = rx.try_recv() {
-                    acks.extend(more.acks);
-                    files.extend(more.files);
+        let (file_tx, file_rx) = std::sync::mpsc::channel::<Vec<FileWrite>>();
+        let writer = std::thread::Builder::new()
+            .name("nestor-files".into())
+            .spawn(move || {
+                // These files are for people; the report path gets the CPU first.
+                // SAFETY: setpriority on this thread's own id has no other effect.
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
                 }
-                let needs_flush = !acks.is_empty() || files.iter().any(|f| !matches!(f, FileWrite::Params { .. }));
-                if needs_flush {
-                    if let Err(e) = store.flush_async().await {
-                        // Not durable: the workers must not be told their result is safe.
-                        tracing::error!(error = %e, "result store flush failed; stopping the reporting trials");
-                        for (reply, _) in acks.drain(..) {
-                            let _ = reply.send(Directive::Stop);
-                        }
-                    }
-                }
-                for (reply, directive) in acks {
-                    let _ = reply.send(directive);
-                }
-                let files_owned = std::mem::take(&mut files);
-                let columns = std::mem::take(&mut csv_columns);
-                csv_columns = tokio::task::spawn_blocking(move || {
-                    let mut columns = columns;
-                    for f in files_owned {
+                let mut columns: HashMap<PathBuf, Vec<String>> = HashMap::new();
+                while let Ok(batch) = file_rx.recv() {
+                    for f in batch {
                         if let Err(e) = write_file(&f, &mut columns) {
                             tracing::warn!(error = %e, "could not write a trial file");
                         }
                     }
-                    columns
-                })
-                .await
-                .unwrap_or_default();
-            }
-        });
-        Self { tx, task }
+                }
+            })
+            .map_err(|e| tracing::error!(error = %e, "cannot start the file writer"))
+            .ok();
+        Self { store, file_tx: Some(file_tx), writer }
     }
 
-    pub(crate) fn submit(&self, acks: Vec<Ack>, files: Vec<FileWrite>) {
-        if acks.is_empty() && files.is_empty() {
-            return;
+    /// Makes the burst durable (one fsync; it blocks the loop for that long,
+    /// while further events queue up and form the next burst), answers the
+    /// workers, and queues the files.
+    pub(crate) fn submit(&self, acks: Vec<Ack>, mut files: Vec<FileWrite>) {
+        let needs_flush = !acks.is_empty() || files.iter().any(|f| !matches!(f, FileWrite::Params { .. }));
+        let durable = !needs_flush || self.store.flush().map_err(|e| tracing::error!(error = %e, "result store flush failed; stopping the reporting trials")).is_ok();
+        for (reply, directive) in acks {
+            // Not durable: the workers must not be told their result is safe.
+            let _ = reply.send(if durable { directive } else { Directive::Stop });
         }
-        if let Err(mpsc::error::SendError(job)) = self.tx.send(Job { acks, files }) {
-            for (reply, _) in job.acks {
-                let _ = reply.send(Directive::Stop);
-            }
+        files.retain(|f| !matches!(f, FileWrite::Durable));
+        if let (false, Some(tx)) = (files.is_empty(), &self.file_tx) {
+            let _ = tx.send(files);
         }
     }
 
-    /// Finishes every submitted job.
-    pub(crate) async fn close(self) {
-        drop(self.tx);
-        let _ = self.task.await;
+    /// Waits for every queued file write.
+    pub(crate) async fn close(mut self) {
+        self.file_tx = None;
+        if let Some(w) = self.writer.take() {
+            let _ = tokio::task::spawn_blocking(move || w.join()).await;
+        }
     }
 }
 

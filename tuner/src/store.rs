@@ -335,3 +335,4 @@ mod tests {
         assert_eq!(h[3].metrics["loss"], 24.0);
     }
 }
+

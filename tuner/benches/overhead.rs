@@ -1,0 +1,64 @@
+//! Scheduling overhead: 1,000 trials of a function that sleeps 20 ms and
+//! reports once, 16 at a time. The ideal is 1000 x 20 ms / 16 = 1.25 s; the
+//! benchmark prints the measured time, the overhead against the ideal, and
+//! the driver's peak RSS.
+//!
+//! ```text
+//! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C]
+//! ```
+
+use std::time::{Duration, Instant};
+
+use tuner::{Domain, Mode, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+static REPORT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let trials = arg("--trials", 1000);
+    let sleep_ms = arg("--sleep-ms", 20);
+    let concurrency = arg("--concurrency", 16) as usize;
+    let dir = tempfile::tempdir()?;
+    let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build()?;
+    let trainable = Trainable::function(move |ctx| {
+        std::thread::sleep(Duration::from_millis(sleep_ms));
+        let x: f64 = ctx.param("x")?;
+        let t = Instant::now();
+        ctx.report([("loss", x)], None)?;
+        REPORT_NS.fetch_add(t.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    });
+    let tuner = Tuner::new(trainable, space)
+        .tune_config(TuneConfig {
+            metric: Some("loss".into()),
+            mode: Some(Mode::Min),
+            num_samples: trials,
+            max_concurrent_trials: Some(concurrency),
+            seed: Some(0),
+            ..Default::default()
+        })
+        .run_config(RunConfig { name: "overhead".into(), storage: dir.path().to_path_buf(), progress: ProgressMode::Quiet, ..Default::default() });
+    let start = Instant::now();
+    let grid = tuner.fit()?;
+    let elapsed = start.elapsed().as_secs_f64();
+    assert_eq!(grid.num_terminated() as u64, trials, "every trial must finish");
+    let ideal = trials as f64 * sleep_ms as f64 / 1000.0 / concurrency as f64;
+    println!("trials={trials} sleep={sleep_ms}ms concurrency={concurrency}");
+    println!("total {elapsed:.3}s, ideal {ideal:.3}s, overhead {:.1}%", (elapsed / ideal - 1.0) * 100.0);
+    println!("mean report round trip {:.0} us", REPORT_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / trials as f64 / 1000.0);
+    println!("driver peak RSS {:.1} MB", peak_rss_mb());
+    Ok(())
+}
