@@ -213,12 +213,12 @@ impl ExperimentFile {
 
     /// Parses TOML text (`origin` names it in errors), applies overrides, checks.
     pub fn parse(text: &str, origin: &str, sets: &[String]) -> Result<Resolved, ExperimentError> {
-        let parse_err = |file: &str, e: toml::de::Error| ExperimentError::Parse { file: file.to_string(), message: e.to_string().trim_end().replace('\n', "\n  ") };
-        let file: ExperimentFile = toml::from_str(text).map_err(|e| parse_err(origin, e))?;
+        let parse_err = |file: &str, e: toml::de::Error| ExperimentError::Parse { file: file.to_string(), message: one_line(&e, None) };
+        let file: ExperimentFile = toml::from_str(text).map_err(|e| ExperimentError::Parse { file: origin.to_string(), message: one_line(&e, Some(text)) })?;
         let file = if sets.is_empty() {
             file
         } else {
-            let mut table: toml::Table = text.parse().map_err(|e| parse_err(origin, e))?;
+            let mut table: toml::Table = text.parse().map_err(|e| ExperimentError::Parse { file: origin.to_string(), message: one_line(&e, Some(text)) })?;
             for arg in sets {
                 apply_set(&mut table, arg)?;
             }
@@ -278,6 +278,20 @@ impl ExperimentFile {
     /// The file as TOML text (what `experiment.toml` and the store keep).
     pub fn to_toml_string(&self) -> String {
         toml::to_string(self).unwrap_or_default()
+    }
+}
+
+/// A TOML error as one line: `line L, column C: message`.
+fn one_line(e: &toml::de::Error, text: Option<&str>) -> String {
+    let message = e.message().trim().replace('\n', " ");
+    match (e.span(), text) {
+        (Some(span), Some(text)) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        _ => message,
     }
 }
 
@@ -347,10 +361,11 @@ command = ["worker"]
     #[test]
     fn bad_files_name_the_problem() {
         let unknown_key = err(&GOOD.replace("num_samples = 4", "num_sample = 4"), &[]);
-        assert!(unknown_key.starts_with("sweep.toml: TOML parse error at line 6, column 1"), "{unknown_key}");
+        assert!(unknown_key.starts_with("sweep.toml: line 6, column 1: unknown field `num_sample`"), "{unknown_key}");
+        assert_eq!(unknown_key.lines().count(), 1);
         assert!(unknown_key.contains("unknown field `num_sample`"), "{unknown_key}");
         let wrong_type = err(&GOOD.replace("num_samples = 4", "num_samples = \"four\""), &[]);
-        assert!(wrong_type.contains("line 6") && wrong_type.contains("invalid type: string \"four\", expected u64"), "{wrong_type}");
+        assert!(wrong_type.starts_with("sweep.toml: line 6, column 15: invalid type: string \"four\", expected u64"), "{wrong_type}");
         let section = err(&format!("{GOOD}\n[bogus]\nx = 1\n"), &[]);
         assert!(section.contains("unknown field `bogus`"), "{section}");
         assert_eq!(

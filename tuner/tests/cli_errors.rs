@@ -1,0 +1,110 @@
+//! Bad experiment files and flags: one clear line on stderr, a non-zero exit,
+//! and nothing written.
+
+use std::path::Path;
+use std::process::Command;
+
+const GOOD: &str = r#"
+[experiment]
+name = "bad-input"
+metric = "loss"
+mode = "min"
+num_samples = 2
+
+[space]
+lr = { loguniform = [1e-4, 1e-1] }
+batch = { choice = [16, 32] }
+
+[trainer]
+command = ["true"]
+"#;
+
+fn nestor(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nestor")).args(args).current_dir(dir).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn check_refused(text: &str, sets: &[&str], expect: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("sweep.toml"), text).unwrap();
+    let mut args = vec!["run", "sweep.toml", "--storage", "runs"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let (code, stdout, stderr) = nestor(dir.path(), &args);
+    assert_eq!(code, 2, "stderr: {stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert_eq!(stderr.lines().count(), 1, "one line expected: {stderr}");
+    assert!(stderr.contains(expect), "expected {expect:?} in {stderr:?}");
+    assert!(!dir.path().join("runs").exists(), "a refused experiment must leave nothing behind");
+}
+
+#[test]
+fn unknown_key_is_named_with_its_line() {
+    check_refused(&GOOD.replace("num_samples = 2", "num_sample = 2"), &[], "sweep.toml: line 6, column 1: unknown field `num_sample`");
+}
+
+#[test]
+fn wrong_type_is_named() {
+    check_refused(&GOOD.replace("num_samples = 2", "num_samples = \"two\""), &[], "line 6, column 15: invalid type: string \"two\", expected u64");
+}
+
+#[test]
+fn impossible_domain_is_named() {
+    check_refused(&GOOD.replace("1e-4, 1e-1", "0.5, 0.1"), &[], "sweep.toml: space.lr: loguniform low 0.5 > high 0.1");
+    check_refused(&GOOD.replace("1e-4, 1e-1", "0.0, 0.1"), &[], "space.lr: loguniform low must be > 0, got 0");
+}
+
+#[test]
+fn empty_choice_is_named() {
+    check_refused(&GOOD.replace("[16, 32]", "[]"), &[], "sweep.toml: space.batch: choice needs at least one value");
+}
+
+#[test]
+fn unknown_section_is_named() {
+    check_refused(&format!("{GOOD}\n[schedular]\ntype = \"fifo\"\n"), &[], "unknown field `schedular`");
+}
+
+#[test]
+fn bad_overrides_are_named() {
+    check_refused(GOOD, &["experiment.num_samples=lots"], "--set experiment.num_samples=lots");
+    check_refused(GOOD, &["space.lr={ uniform = [2, 1] }"], "space.lr: uniform low 2.0 > high 1.0");
+    check_refused(GOOD, &["oops"], "--set oops: expected key=value");
+}
+
+#[test]
+fn missing_file_and_missing_experiment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = nestor(dir.path(), &["run", "nope.toml"]);
+    assert_eq!(code, 2);
+    assert!(stderr.starts_with("error: cannot read nope.toml"), "{stderr}");
+    for cmd in [vec!["status", "nowhere"], vec!["best", "nowhere"], vec!["export", "nowhere", "--format", "csv"], vec!["resume", "nowhere"]] {
+        let (code, _, stderr) = nestor(dir.path(), &cmd);
+        assert_eq!(code, 2, "{cmd:?}: {stderr}");
+        assert!(stderr.contains("no nestor experiment at nowhere"), "{cmd:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1);
+    }
+    let (code, _, stderr) = nestor(dir.path(), &["best", ".", "--scope", "best"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("scope must be last, avg, all or last-N-avg"), "{stderr}");
+}
+
+#[test]
+fn sample_shows_seeded_configs_and_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("sweep.toml"), GOOD.replace("num_samples = 2", "num_samples = 2\nseed = 5")).unwrap();
+    let (code, a, _) = nestor(dir.path(), &["sample", "sweep.toml", "-n", "3"]);
+    assert_eq!(code, 0);
+    let (_, b, _) = nestor(dir.path(), &["sample", "sweep.toml", "-n", "3"]);
+    assert_eq!(a, b, "same seed, same configs");
+    let configs: Vec<serde_json::Value> = a.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(configs.len(), 2, "num_samples = 2 caps the sample");
+    for c in &configs {
+        let lr = c["lr"].as_f64().unwrap();
+        assert!((1e-4..=1e-1).contains(&lr));
+        assert!([16, 32].contains(&c["batch"].as_i64().unwrap()));
+    }
+    let (_, other, _) = nestor(dir.path(), &["sample", "sweep.toml", "-n", "3", "--set", "experiment.seed=6"]);
+    assert_ne!(other, a);
+    assert!(!dir.path().join("nestor-runs").exists());
+}
