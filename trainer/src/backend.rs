@@ -24,7 +24,8 @@ pub struct LaunchSpec {
     pub config: Value,
     /// `<experiment>/trials/<id>`: logs and checkpoints go below it.
     pub trial_dir: PathBuf,
-    /// Rank 0's shard of the checkpoint to resume from, if any.
+    /// The checkpoint to resume from (`.../checkpoint_NNNNNN`, holding a
+    /// `rank-<r>/` shard per rank), if any.
     pub checkpoint: Option<PathBuf>,
     /// Iterations already done (the resumed checkpoint's iteration); the first
     /// report of this run is iteration `start_iteration + 1`.

@@ -75,7 +75,7 @@ impl Context {
             trial_id: spec.trial_id.clone(),
             config: spec.config.clone(),
             trial_dir: spec.trial_dir.clone(),
-            checkpoint: spec.checkpoint.clone(),
+            checkpoint: spec.checkpoint.as_ref().map(|c| c.join("rank-0")),
             rank: 0,
             world_size: 1,
             transport: Transport::InProcess { events, stop, next_iteration: spec.start_iteration + 1 },

@@ -230,7 +230,7 @@ impl Runner {
             trial_id: record.id.clone(),
             config: record.config.clone(),
             trial_dir: self.trial_dir(&record.id),
-            checkpoint: record.latest_checkpoint.as_ref().map(|c| c.path.join("rank-0")),
+            checkpoint: record.latest_checkpoint.as_ref().map(|c| c.path.clone()),
             start_iteration: record.latest_checkpoint.as_ref().map_or(0, |c| c.iteration),
         };
         match self.backend.launch(spec, events.clone()) {

@@ -52,7 +52,7 @@ fn main() -> anyhow::Result<()> {
             None
         };
         match ctx.report([(name, loss), ("step", step as f64)], ckpt.as_deref()) {
-            Ok(()) => {}
+            Ok(()) => eprintln!("acked step {step}"),
             Err(ReportError::Stopped) => break,
             Err(e) => return Err(e.into()),
         }
