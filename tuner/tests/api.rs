@@ -1,0 +1,141 @@
+//! The Rust API: in-process function trainables, stop criteria, failures,
+//! points to evaluate, grid search, seeds, and restore.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use search::{Domain, Mode, Space};
+use tuner::{Algorithm, ProgressMode, ReportError, RunConfig, Scope, Stop, Trainable, TuneConfig, Tuner};
+
+fn space() -> Space {
+    Space::builder().param("x", Domain::uniform(-1.0, 1.0)).param("opt", Domain::grid(["adam", "sgd"])).build().unwrap()
+}
+
+fn quadratic() -> Trainable {
+    Trainable::function(|ctx| {
+        let x: f64 = ctx.param("x")?;
+        for step in 1..=10u32 {
+            ctx.report([("loss", (x - 0.25).powi(2) + 1.0 / f64::from(step))], None)?;
+        }
+        Ok(())
+    })
+}
+
+fn tune(samples: u64, seed: u64) -> TuneConfig {
+    TuneConfig { metric: Some("loss".into()), mode: Some(Mode::Min), num_samples: samples, max_concurrent_trials: Some(4), seed: Some(seed), ..Default::default() }
+}
+
+fn run(dir: &std::path::Path, name: &str, stop: Stop) -> RunConfig {
+    RunConfig { name: name.into(), storage: dir.to_path_buf(), stop, progress: ProgressMode::Quiet, ..Default::default() }
+}
+
+#[test]
+fn grid_times_samples_and_the_best_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let grid = Tuner::new(quadratic(), space()).tune_config(tune(3, 1)).run_config(run(dir.path(), "g", Stop::new())).fit().unwrap();
+    assert_eq!(grid.len(), 6);
+    assert_eq!(grid.num_terminated(), 6);
+    let opts: Vec<String> = grid.iter().map(|t| t.config["opt"].as_str().unwrap().to_string()).collect();
+    assert_eq!(opts.iter().filter(|o| *o == "adam").count(), 3);
+    let best = grid.best_result(None, None, Scope::Last).unwrap();
+    let best_x = best.config["x"].as_f64().unwrap();
+    for t in grid.iter() {
+        assert!((t.config["x"].as_f64().unwrap() - 0.25).abs() >= (best_x - 0.25).abs());
+        assert_eq!(t.history.len(), 10);
+    }
+    // The store answers the same after the fact.
+    let again = tuner::ResultGrid::load(&dir.path().join("g")).unwrap();
+    assert_eq!(again.best_result(None, None, Scope::Last).unwrap().trial_id, best.trial_id);
+}
+
+#[test]
+fn same_seed_same_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Tuner::new(quadratic(), space()).tune_config(tune(4, 7)).run_config(run(dir.path(), "a", Stop::new().iterations(1))).fit().unwrap();
+    let b = Tuner::new(quadratic(), space()).tune_config(tune(4, 7)).run_config(run(dir.path(), "b", Stop::new().iterations(1))).fit().unwrap();
+    let c = Tuner::new(quadratic(), space()).tune_config(tune(4, 8)).run_config(run(dir.path(), "c", Stop::new().iterations(1))).fit().unwrap();
+    let configs = |g: &tuner::ResultGrid| g.iter().map(|t| t.config.clone()).collect::<Vec<_>>();
+    assert_eq!(configs(&a), configs(&b));
+    assert_ne!(configs(&a), configs(&c));
+}
+
+#[test]
+fn stoppers_end_trials_through_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let stopped_by_report = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&stopped_by_report);
+    let trainable = Trainable::function(move |ctx| {
+        for step in 1..=100 {
+            match ctx.report([("loss", 1.0 / f64::from(step))], None) {
+                Ok(()) => {}
+                Err(ReportError::Stopped) => {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    return Err(ReportError::Stopped.into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    });
+    let stop = Stop::new().iterations(50).when(|_, r| r.metric("loss").is_some_and(|l| l < 0.2));
+    let grid = Tuner::new(trainable, space()).tune_config(tune(1, 1)).run_config(run(dir.path(), "s", stop)).fit().unwrap();
+    assert_eq!(stopped_by_report.load(Ordering::SeqCst), 2);
+    for t in grid.iter() {
+        assert_eq!(t.status.as_str(), "TERMINATED");
+        assert_eq!(t.history.last().unwrap().training_iteration, 6, "1/6 < 0.2 is the first stop");
+    }
+}
+
+#[test]
+fn errors_and_panics_are_recorded_and_the_sweep_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let trainable = Trainable::function(|ctx| {
+        let x: f64 = ctx.param("x")?;
+        ctx.report([("loss", x)], None)?;
+        match ctx.param::<String>("opt")?.as_str() {
+            "adam" => Err("diverged".into()),
+            _ => panic!("boom at x={x}"),
+        }
+    });
+    let grid = Tuner::new(trainable, space()).tune_config(tune(2, 3)).run_config(run(dir.path(), "e", Stop::new())).fit().unwrap();
+    assert_eq!(grid.num_errors(), 4);
+    let msgs: Vec<String> = grid.errors().iter().map(|t| t.error.clone().unwrap()).collect();
+    assert!(msgs.iter().any(|m| m == "diverged"));
+    assert!(msgs.iter().any(|m| m.starts_with("the training function panicked: boom at x=")));
+    // What they reported before failing is kept.
+    assert!(grid.iter().all(|t| t.history.len() == 1));
+}
+
+#[test]
+fn points_to_evaluate_run_first_and_nan_is_never_best() {
+    let dir = tempfile::tempdir().unwrap();
+    let trainable = Trainable::function(|ctx| {
+        let x: f64 = ctx.param("x")?;
+        let loss = if x == 0.5 { f64::NAN } else { (x - 0.25).powi(2) };
+        ctx.report([("loss", loss)], None)?;
+        Ok(())
+    });
+    let space = Space::builder().param("x", Domain::uniform(-1.0, 1.0)).build().unwrap();
+    let config = TuneConfig {
+        points_to_evaluate: vec![serde_json::json!({"x": 0.5}), serde_json::json!({"x": 0.25})],
+        search: Algorithm::Random,
+        ..tune(5, 2)
+    };
+    let grid = Tuner::new(trainable, space).tune_config(config).run_config(run(dir.path(), "p", Stop::new())).fit().unwrap();
+    let xs: Vec<f64> = grid.iter().map(|t| t.config["x"].as_f64().unwrap()).collect();
+    assert_eq!(&xs[..2], [0.5, 0.25]);
+    assert_eq!(xs.len(), 5);
+    let best = grid.best_result(None, None, Scope::Last).unwrap();
+    assert_eq!(best.config["x"], 0.25);
+    assert!(grid.get("trial_00000").unwrap().metrics.as_ref().unwrap()["loss"].is_nan());
+    assert_eq!(grid.best_result(None, Some(Mode::Max), Scope::Last).unwrap().trial_id.as_str() != "trial_00000", true, "NaN is never best, in either mode");
+}
+
+#[test]
+fn a_bad_point_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TuneConfig { points_to_evaluate: vec![serde_json::json!({"x": 3.0})], ..tune(2, 2) };
+    let err = Tuner::new(quadratic(), space()).tune_config(config).run_config(run(dir.path(), "bad", Stop::new())).fit().unwrap_err();
+    assert_eq!(err.to_string(), "points_to_evaluate[0].x: 3.0 is outside uniform [-1, 1)");
+    assert!(!dir.path().join("bad").exists());
+}
