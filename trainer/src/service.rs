@@ -175,3 +175,60 @@ impl Reporter for Service {
         Ok(Response::new(ReportReply { directive: directive as i32, training_iteration: iteration }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::reporter_client::ReporterClient;
+
+    async fn setup() -> (ReportServer, mpsc::UnboundedReceiver<Event>, ReporterClient<tonic::transport::Channel>, tempfile::TempDir) {
+        let server = ReportServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let dir = tempfile::tempdir().unwrap();
+        server.register("t1", "secret".into(), 1, dir.path().to_path_buf(), 0, tx);
+        let client = ReporterClient::connect(server.url()).await.unwrap();
+        (server, rx, client, dir)
+    }
+
+    fn request(token: &str, rank: u32) -> ReportRequest {
+        ReportRequest { version: 1, trial_id: "t1".into(), token: token.into(), rank, metrics: [("loss".to_string(), 0.5)].into_iter().collect(), checkpoint_dir: String::new() }
+    }
+
+    #[tokio::test]
+    async fn bad_reports_are_refused_and_change_nothing() {
+        let (_server, mut rx, mut client, dir) = setup().await;
+        let status = client.report(request("wrong", 0)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert_eq!(status.message(), "wrong token for trial `t1`");
+        let status = client.report(request("", 0)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        let status = client.report(ReportRequest { trial_id: "t9".into(), ..request("secret", 0) }).await.unwrap_err();
+        assert_eq!((status.code(), status.message()), (tonic::Code::NotFound, "unknown trial `t9`"));
+        let status = client.report(request("secret", 3)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains("rank 3 out of range"));
+        let status = client.report(ReportRequest { version: 2, ..request("secret", 0) }).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let missing = dir.path().join("no-such-dir");
+        let status = client.report(ReportRequest { checkpoint_dir: missing.display().to_string(), ..request("secret", 0) }).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().ends_with("is not a directory"), "{}", status.message());
+        let huge = ReportRequest { metrics: (0..40_000).map(|i| (format!("metric_{i:08}"), 1.0)).collect(), ..request("secret", 0) };
+        assert!(client.report(huge).await.is_err(), "oversized reports are refused");
+        assert!(rx.try_recv().is_err(), "nothing reached the trial");
+        assert!(!dir.path().join("checkpoint_000001").exists());
+
+        // A good report goes through, is numbered 1, and gets the driver's answer.
+        let answer = tokio::spawn(async move {
+            let ev = rx.recv().await.unwrap();
+            let EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
+            assert_eq!(report.training_iteration, 1);
+            assert_eq!(report.metrics["loss"], 0.5);
+            reply.send(Directive::Stop).unwrap();
+        });
+        let reply = client.report(request("secret", 0)).await.unwrap().into_inner();
+        assert_eq!(reply.directive, proto::Directive::Stop as i32);
+        assert_eq!(reply.training_iteration, 1);
+        answer.await.unwrap();
+    }
+}
