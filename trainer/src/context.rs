@@ -56,6 +56,7 @@ pub struct Context {
     checkpoint: Option<PathBuf>,
     rank: u32,
     world_size: u32,
+    trial_dir_ready: std::cell::Cell<bool>,
     transport: Transport,
 }
 
@@ -78,6 +79,7 @@ impl Context {
             checkpoint: spec.checkpoint.as_ref().map(|c| c.join("rank-0")),
             rank: 0,
             world_size: 1,
+            trial_dir_ready: std::cell::Cell::new(false),
             transport: Transport::InProcess { events, stop, next_iteration: spec.start_iteration + 1 },
         }
     }
@@ -119,6 +121,7 @@ impl Context {
             checkpoint,
             rank,
             world_size,
+            trial_dir_ready: std::cell::Cell::new(false),
             transport: Transport::Grpc { rt, client: proto::reporter_client::ReporterClient::new(channel), token },
         })
     }
@@ -152,8 +155,13 @@ impl Context {
         self.world_size
     }
 
-    /// The trial's directory (`<experiment>/trials/<id>`).
+    /// The trial's directory (`<experiment>/trials/<id>`), created on first use.
     pub fn trial_dir(&self) -> &Path {
+        if !self.trial_dir_ready.get() {
+            // A failure shows up when the caller writes there.
+            let _ = std::fs::create_dir_all(&self.trial_dir);
+            self.trial_dir_ready.set(true);
+        }
         &self.trial_dir
     }
 

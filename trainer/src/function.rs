@@ -1,7 +1,8 @@
 //! In-process trainables: a Rust function run on its own thread per trial.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
@@ -15,11 +16,54 @@ pub type TrainResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 /// A training function: called once per trial run with the trial's context.
 pub type TrainFn = dyn Fn(&mut Context) -> TrainResult + Send + Sync;
 
-/// Runs a Rust function per trial, each on its own thread. A panic becomes
-/// the trial's error.
+/// Runs a Rust function per trial, each on its own thread. Threads are kept
+/// and reused for later trials (a thread per running trial at most), so a
+/// short trial does not pay for a thread's creation. A panic becomes the
+/// trial's error.
 #[derive(Clone)]
 pub struct FunctionBackend {
     func: Arc<TrainFn>,
+    pool: Arc<Pool>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Idle trial threads, each waiting on its own job channel.
+#[derive(Default)]
+struct Pool {
+    idle: Mutex<Vec<std::sync::mpsc::Sender<Job>>>,
+    spawned: AtomicUsize,
+}
+
+impl Pool {
+    fn run(self: &Arc<Self>, job: Job) -> std::io::Result<()> {
+        let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
+        let job = match idle {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return Ok(()),
+                Err(e) => e.0,
+            },
+            None => job,
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let pool = Arc::downgrade(self);
+        let n = self.spawned.fetch_add(1, Ordering::Relaxed);
+        std::thread::Builder::new().name(format!("nestor-trial-{n}")).spawn(move || {
+            let mut job = Some(job);
+            while let Some(j) = job.take() {
+                j();
+                // Back to the idle list, unless the backend is gone.
+                let Some(pool) = pool.upgrade() else { return };
+                match pool.idle.lock() {
+                    Ok(mut idle) => idle.push(tx.clone()),
+                    Err(_) => return,
+                }
+                drop(pool);
+                job = rx.recv().ok();
+            }
+        })?;
+        Ok(())
+    }
 }
 
 impl FunctionBackend {
@@ -28,7 +72,7 @@ impl FunctionBackend {
     where
         F: Fn(&mut Context) -> TrainResult + Send + Sync + 'static,
     {
-        Self { func: Arc::new(func) }
+        Self { func: Arc::new(func), pool: Arc::new(Pool::default()) }
     }
 }
 
@@ -44,41 +88,33 @@ impl Backend for FunctionBackend {
         let func = Arc::clone(&self.func);
         let trial_id = spec.trial_id.clone();
         let mut ctx = Context::in_process(&spec, events.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name(format!("trial-{trial_id}"))
-            .spawn(move || {
-                // Created here, not in the driver's loop: the loop never waits on the disk.
-                if let Err(e) = std::fs::create_dir_all(ctx.trial_dir()) {
-                    let msg = format!("cannot create {}: {e}", ctx.trial_dir().display());
-                    let _ = events.send(Event { trial_id, kind: EventKind::Exited(ExitOutcome::Failed(msg)) });
-                    return;
-                }
-                let outcome = match catch_unwind(AssertUnwindSafe(|| func(&mut ctx))) {
-                    Ok(Ok(())) => ExitOutcome::Completed,
-                    Ok(Err(e)) => match e.downcast_ref::<ReportError>() {
-                        Some(ReportError::Stopped) => {
-                            if *stop.borrow() > crate::StopLevel::Run {
-                                ExitOutcome::Stopped
-                            } else {
-                                ExitOutcome::Completed
-                            }
+        let job: Job = Box::new(move || {
+            let outcome = match catch_unwind(AssertUnwindSafe(|| func(&mut ctx))) {
+                Ok(Ok(())) => ExitOutcome::Completed,
+                Ok(Err(e)) => match e.downcast_ref::<ReportError>() {
+                    Some(ReportError::Stopped) => {
+                        if *stop.borrow() > crate::StopLevel::Run {
+                            ExitOutcome::Stopped
+                        } else {
+                            ExitOutcome::Completed
                         }
-                        _ => ExitOutcome::Failed(error_chain(&*e)),
-                    },
-                    Err(panic) => {
-                        let msg = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
-                        ExitOutcome::Failed(format!("the training function panicked: {msg}"))
                     }
-                };
-                drop(ctx);
-                // The driver may already be gone (second Ctrl-C); nothing to tell then.
-                let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
-            })
-            .map_err(|source| LaunchError::Spawn { program: "trial thread".into(), source })?;
+                    _ => ExitOutcome::Failed(error_chain(&*e)),
+                },
+                Err(panic) => {
+                    let msg = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    ExitOutcome::Failed(format!("the training function panicked: {msg}"))
+                }
+            };
+            drop(ctx);
+            // The driver may already be gone (second Ctrl-C); nothing to tell then.
+            let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
+        });
+        self.pool.run(job).map_err(|source| LaunchError::Spawn { program: "trial thread".into(), source })?;
         Ok(handle)
     }
 }

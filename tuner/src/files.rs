@@ -22,8 +22,6 @@ pub(crate) enum FileWrite {
     Params { trial_dir: PathBuf, config: Value },
     /// One result line for `result.jsonl` and `progress.csv`.
     Result { trial_dir: PathBuf, result: TrialResult },
-    /// Nothing to write, but the store must be flushed (a trial's end).
-    Durable,
 }
 
 type Ack = (oneshot::Sender<Directive>, Directive);
@@ -64,18 +62,19 @@ impl Flusher {
 
     /// Makes the burst durable (one fsync; it blocks the loop for that long,
     /// while further events queue up and form the next burst), answers the
-    /// workers, and queues the files.
-    pub(crate) fn submit(&self, acks: Vec<Ack>, mut files: Vec<FileWrite>) {
-        let needs_flush = !acks.is_empty() || files.iter().any(|f| !matches!(f, FileWrite::Params { .. }));
+    /// workers, and queues the files. Flushes when a worker waits or `force`;
+    /// returns whether it did.
+    pub(crate) fn submit(&self, acks: Vec<Ack>, files: Vec<FileWrite>, force: bool) -> bool {
+        let needs_flush = !acks.is_empty() || force;
         let durable = !needs_flush || self.store.flush().map_err(|e| tracing::error!(error = %e, "result store flush failed; stopping the reporting trials")).is_ok();
         for (reply, directive) in acks {
             // Not durable: the workers must not be told their result is safe.
             let _ = reply.send(if durable { directive } else { Directive::Stop });
         }
-        files.retain(|f| !matches!(f, FileWrite::Durable));
         if let (false, Some(tx)) = (files.is_empty(), &self.file_tx) {
             let _ = tx.send(files);
         }
+        needs_flush && durable
     }
 
     /// Waits for every queued file write.
@@ -102,7 +101,6 @@ fn csv_field(s: &str) -> String {
 
 fn write_file(f: &FileWrite, columns: &mut HashMap<PathBuf, Vec<String>>) -> std::io::Result<()> {
     match f {
-        FileWrite::Durable => Ok(()),
         FileWrite::Params { trial_dir, config } => {
             std::fs::create_dir_all(trial_dir)?;
             let text = serde_json::to_string_pretty(config).unwrap_or_default();

@@ -19,6 +19,9 @@ use crate::progress::Progress;
 use crate::store::{CheckpointRecord, Store, TrialRecord, RECORD_VERSION};
 use crate::TuneError;
 
+/// Longest a trial's end waits for a flush when no worker is waiting for one.
+const END_FLUSH_DELAY: Duration = Duration::from_millis(20);
+
 /// Seconds since the Unix epoch.
 pub(crate) fn now_unix() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
@@ -88,6 +91,9 @@ impl Runner {
         let deadline = self.time_budget.map(|b| tokio::time::Instant::now() + b);
         let mut acks: Vec<(oneshot::Sender<Directive>, Directive)> = Vec::new();
         let mut files: Vec<FileWrite> = Vec::new();
+        // Trials that ended since the last flush: shown as ended once durable.
+        let mut ended: Vec<TrialRecord> = Vec::new();
+        let mut ended_deadline: Option<tokio::time::Instant> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut first_error: Option<String> = None;
@@ -138,10 +144,18 @@ impl Runner {
                     searcher_done = true;
                     break;
                 };
-                self.launch(record, &events_tx, &mut running)?;
+                self.launch(record, &events_tx, &mut running, &mut ended)?;
             }
+            // Group commit. A trial's end rides on the next flush a worker
+            // waits for, or on its own within END_FLUSH_DELAY.
             if !acks.is_empty() || !files.is_empty() {
-                flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files));
+                if flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), false) {
+                    self.show_ended(&mut ended);
+                    ended_deadline = None;
+                }
+            }
+            if !ended.is_empty() && ended_deadline.is_none() {
+                ended_deadline = Some(tokio::time::Instant::now() + END_FLUSH_DELAY);
             }
             if running.is_empty() && (stopping || (searcher_done && self.pending.is_empty())) {
                 break;
@@ -173,8 +187,8 @@ impl Runner {
                             r.record.status = TrialStatus::Pending;
                             self.store.put_trial(&r.record)?;
                         }
-                        for (reply, d) in acks.drain(..) { let _ = reply.send(d); }
-                        self.store.flush_async().await?;
+                        flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), true);
+                        self.show_ended(&mut ended);
                         flusher.close().await;
                         self.progress.finish();
                         return Ok(Finish::Interrupted);
@@ -188,11 +202,16 @@ impl Runner {
                         r.handle.stop(StopLevel::Graceful);
                     }
                 }
+                _ = async { match ended_deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                    flusher.submit(Vec::new(), Vec::new(), true);
+                    self.show_ended(&mut ended);
+                    ended_deadline = None;
+                }
                 ev = events.recv() => {
                     let Some(ev) = ev else { break };
                     let mut next = Some(ev);
                     while let Some(ev) = next {
-                        self.handle(ev, &mut running, &mut acks, &mut files, &mut stopping, &mut first_error)?;
+                        self.handle(ev, &mut running, &mut acks, &mut files, &mut ended, &mut stopping, &mut first_error)?;
                         next = events.try_recv().ok();
                     }
                 }
@@ -201,10 +220,10 @@ impl Runner {
                 }
             }
         }
-        flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files));
         self.store.put_meta("scheduler", &self.scheduler.save())?;
+        flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), true);
+        self.show_ended(&mut ended);
         flusher.close().await;
-        self.store.flush_async().await?;
         self.progress.finish();
         if interrupts > 0 {
             return Ok(Finish::Interrupted);
@@ -219,7 +238,19 @@ impl Runner {
         self.exp_dir.join("trials").join(id)
     }
 
-    fn launch(&mut self, mut record: TrialRecord, events: &mpsc::UnboundedSender<Event>, running: &mut HashMap<String, Running>) -> Result<(), TuneError> {
+    fn show_ended(&mut self, ended: &mut Vec<TrialRecord>) {
+        for r in ended.drain(..) {
+            self.progress.trial_ended(&r);
+        }
+    }
+
+    fn launch(
+        &mut self,
+        mut record: TrialRecord,
+        events: &mpsc::UnboundedSender<Event>,
+        running: &mut HashMap<String, Running>,
+        ended: &mut Vec<TrialRecord>,
+    ) -> Result<(), TuneError> {
         let restart = record.status != TrialStatus::Pending || record.started_at.is_some();
         if restart {
             record.restarts += 1;
@@ -248,7 +279,7 @@ impl Runner {
                 self.store.put_trial(&record)?;
                 self.scheduler.on_trial_error(&view(&record));
                 self.searcher.on_trial_complete(&record.id, None, true);
-                self.progress.trial_ended(&record);
+                ended.push(record);
             }
         }
         Ok(())
@@ -261,6 +292,7 @@ impl Runner {
         running: &mut HashMap<String, Running>,
         acks: &mut Vec<(oneshot::Sender<Directive>, Directive)>,
         files: &mut Vec<FileWrite>,
+        ended: &mut Vec<TrialRecord>,
         stopping: &mut bool,
         first_error: &mut Option<String>,
     ) -> Result<(), TuneError> {
@@ -312,8 +344,7 @@ impl Runner {
                     }
                     _ => {}
                 }
-                files.push(FileWrite::Durable);
-                self.progress.trial_ended(&r.record);
+                ended.push(r.record);
             }
         }
         Ok(())
