@@ -36,12 +36,7 @@ fn main() -> Result<()> {
             seed: Some(42),
             ..Default::default()
         })
-        .run_config(RunConfig {
-            name,
-            storage: storage.into(),
-            stop: Stop::new().iterations(epochs),
-            ..Default::default()
-        })
+        .run_config(RunConfig { name, storage: storage.into(), stop: Stop::new().iterations(epochs), ..Default::default() })
         .fit()?;
 
     let best = grid.best_result(None, None, Scope::Last)?;

@@ -207,7 +207,11 @@ pub fn train(ctx: &mut Context, data: &WineData) -> TrainResult {
 }
 
 fn tempdir_for(trial_id: &str) -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("nestor-wine-{}-{}-{trial_id}", std::process::id(), std::thread::current().name().unwrap_or("main").len()));
+    let dir = std::env::temp_dir().join(format!(
+        "nestor-wine-{}-{}-{trial_id}",
+        std::process::id(),
+        std::thread::current().name().unwrap_or("main").len()
+    ));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }

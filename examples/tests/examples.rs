@@ -1,6 +1,8 @@
 //! The examples, run for real: the quickstart (in-process trials) and
 //! `wine.toml` through the `nestor` binary (worker processes).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -13,7 +15,8 @@ fn quickstart_prints_the_best_config_and_its_checkpoint() {
     let exe = bin_dir().join("examples/quickstart");
     assert!(exe.exists(), "{} is missing: cargo test builds the examples", exe.display());
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(exe).args(["--trials", "4", "--epochs", "6", "--storage"]).arg(dir.path()).args(["--name", "qs"]).output().unwrap();
+    let out =
+        Command::new(exe).args(["--trials", "4", "--epochs", "6", "--storage"]).arg(dir.path()).args(["--name", "qs"]).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("4 trials: 4 terminated, 0 errors"), "{stdout}");
@@ -38,7 +41,18 @@ fn wine_toml_runs_through_nestor_with_worker_processes() {
         .arg(manifest.join("wine.toml"))
         .args(["--storage"])
         .arg(dir.path())
-        .args(["--set", "experiment.num_samples=3", "--set", "space.epochs=4", "--set", "stop.training_iteration=4", "--set", "space.lr=0.01", "--set", &worker])
+        .args([
+            "--set",
+            "experiment.num_samples=3",
+            "--set",
+            "space.epochs=4",
+            "--set",
+            "stop.training_iteration=4",
+            "--set",
+            "space.lr=0.01",
+            "--set",
+            &worker,
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

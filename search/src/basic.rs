@@ -128,7 +128,8 @@ mod tests {
         let mut g = BasicVariantGenerator::new(space(), 2, 0);
         let all = drain(&mut g);
         assert_eq!(all.len(), 12);
-        let mut pairs: Vec<(String, i64)> = all[..6].iter().map(|c| (c["opt"].as_str().unwrap().into(), c["bs"].as_i64().unwrap())).collect();
+        let mut pairs: Vec<(String, i64)> =
+            all[..6].iter().map(|c| (c["opt"].as_str().unwrap().into(), c["bs"].as_i64().unwrap())).collect();
         pairs.sort();
         pairs.dedup();
         assert_eq!(pairs.len(), 6, "each combination once per sample");
@@ -141,7 +142,12 @@ mod tests {
         let mut a = BasicVariantGenerator::new(space(), 3, 42);
         let full = drain(&mut a);
         let mut b = BasicVariantGenerator::new(space(), 3, 42);
-        let first: Vec<Config> = (0..5).filter_map(|_| match b.suggest("t") { Suggestion::Config(c) => Some(c), _ => None }).collect();
+        let first: Vec<Config> = (0..5)
+            .filter_map(|_| match b.suggest("t") {
+                Suggestion::Config(c) => Some(c),
+                _ => None,
+            })
+            .collect();
         let state = b.save();
         let mut c = BasicVariantGenerator::new(space(), 3, 42);
         c.restore(&state).unwrap();
@@ -156,7 +162,8 @@ mod tests {
     #[test]
     fn points_to_evaluate_run_first_and_are_checked() {
         let s = Space::builder().param("lr", Domain::loguniform(1e-4, 1e-1)).param("w", Domain::randint(1, 10)).build().unwrap();
-        let mut g = BasicVariantGenerator::new(s.clone(), 3, 0).with_points(vec![json!({"lr": 0.01}), json!({"lr": 0.02, "w": 3})]).unwrap();
+        let mut g =
+            BasicVariantGenerator::new(s.clone(), 3, 0).with_points(vec![json!({"lr": 0.01}), json!({"lr": 0.02, "w": 3})]).unwrap();
         let all = drain(&mut g);
         assert_eq!(all.len(), 3);
         assert_eq!(all[0]["lr"], 0.01);

@@ -233,14 +233,14 @@ impl Domain {
                 quantized_float_bounds(low, high, q).map(|_| ())
             }
             Domain::LogUniform { low, high, base } => {
-                if !(low > 0.0) {
+                if low.is_nan() || low <= 0.0 {
                     return Err(format!("{kind} low must be > 0, got {low}"));
                 }
                 ordered_f(low, high, true)?;
                 base_ok(base)
             }
             Domain::QLogUniform { low, high, q, base } => {
-                if !(low > 0.0) {
+                if low.is_nan() || low <= 0.0 {
                     return Err(format!("{kind} low must be > 0, got {low}"));
                 }
                 ordered_f(low, high, false)?;
@@ -356,9 +356,7 @@ impl Domain {
             }
             Domain::Randn { .. } => value.as_f64().is_some_and(f64::is_finite),
             Domain::QRandn { q, .. } => value.as_f64().is_some_and(|x| x.is_finite() && is_multiple(x, q)),
-            Domain::RandInt { low, high } | Domain::LogRandInt { low, high, .. } => {
-                as_int(value).is_some_and(|x| low <= x && x < high)
-            }
+            Domain::RandInt { low, high } | Domain::LogRandInt { low, high, .. } => as_int(value).is_some_and(|x| low <= x && x < high),
             Domain::QRandInt { low, high, q } | Domain::QLogRandInt { low, high, q, .. } => {
                 as_int(value).is_some_and(|x| low <= x && x <= high && x % q == 0)
             }

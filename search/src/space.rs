@@ -110,8 +110,18 @@ fn check_name(path: &str, name: &str) -> Result<(), SpaceError> {
 
 /// The domain names accepted in TOML: `name = { <kind> = [args] }`.
 pub const DOMAIN_KINDS: &[&str] = &[
-    "uniform", "quniform", "loguniform", "qloguniform", "randn", "qrandn", "randint", "qrandint",
-    "lograndint", "qlograndint", "choice", "grid",
+    "uniform",
+    "quniform",
+    "loguniform",
+    "qloguniform",
+    "randn",
+    "qrandn",
+    "randint",
+    "qrandint",
+    "lograndint",
+    "qlograndint",
+    "choice",
+    "grid",
 ];
 
 impl Space {
@@ -411,7 +421,8 @@ depth = { grid = [1, 2, 3] }
             .constant("epochs", 20)
             .build()
             .unwrap();
-        let b = Space::from_toml_str("lr = { loguniform = [1e-5, 1e-1] }\nepochs = 20\n[model]\nwidth = { qrandint = [64, 1024, 64] }").unwrap();
+        let b = Space::from_toml_str("lr = { loguniform = [1e-5, 1e-1] }\nepochs = 20\n[model]\nwidth = { qrandint = [64, 1024, 64] }")
+            .unwrap();
         assert_eq!(a, b);
         let e = Space::builder().param("a", Domain::randint(0, 1)).param("a", Domain::randint(0, 2)).build();
         assert_eq!(e.unwrap_err().to_string(), "a: defined twice");

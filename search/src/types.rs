@@ -141,11 +141,7 @@ pub mod metrics_serde {
                             "NaN" => f64::NAN,
                             "Infinity" => f64::INFINITY,
                             "-Infinity" => f64::NEG_INFINITY,
-                            other => {
-                                return Err(de::Error::custom(format!(
-                                    "metric `{k}`: expected a number, got {other:?}"
-                                )))
-                            }
+                            other => return Err(de::Error::custom(format!("metric `{k}`: expected a number, got {other:?}"))),
                         },
                     };
                     out.insert(k, v);

@@ -2,6 +2,8 @@
 //! compare with an uninterrupted run of the same seed; Ctrl-C stops
 //! gracefully and resumes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;
@@ -21,7 +23,14 @@ fn summary(dir: &Path, exp: &str) -> Summary {
     let grid = tuner::ResultGrid::load(&dir.join(exp)).unwrap();
     grid.iter()
         .map(|t| {
-            assert_eq!(t.status.as_str(), "TERMINATED", "{}: {:?}\n{}", t.trial_id, t.error, std::fs::read_to_string(t.path.join("logs/rank-0.log")).unwrap_or_default().lines().take(8).collect::<Vec<_>>().join("\n"));
+            assert_eq!(
+                t.status.as_str(),
+                "TERMINATED",
+                "{}: {:?}\n{}",
+                t.trial_id,
+                t.error,
+                std::fs::read_to_string(t.path.join("logs/rank-0.log")).unwrap_or_default().lines().take(8).collect::<Vec<_>>().join("\n")
+            );
             let loss = t.metrics.as_ref().unwrap()["loss"];
             (t.trial_id.clone(), (t.config.clone(), loss, t.history.iter().map(|r| r.training_iteration).collect()))
         })
@@ -91,7 +100,12 @@ fn kill_9_at_any_moment_then_resume_matches_an_uninterrupted_run() {
 
 #[test]
 fn ctrl_c_stops_gracefully_and_resume_finishes_the_sweep() {
-    let text = sweep("interrupt", "num_samples = 4\nmax_concurrent_trials = 2\nseed = 5", "x = { uniform = [0.0, 1.0] }\nsteps = 10\nsleep_ms = 60\ncheckpoint = true", "");
+    let text = sweep(
+        "interrupt",
+        "num_samples = 4\nmax_concurrent_trials = 2\nseed = 5",
+        "x = { uniform = [0.0, 1.0] }\nsteps = 10\nsleep_ms = 60\ncheckpoint = true",
+        "",
+    );
     let reference_dir = tempfile::tempdir().unwrap();
     write(reference_dir.path(), &text);
     ok(nestor(reference_dir.path(), &["run", "sweep.toml", "--storage", "runs"]));

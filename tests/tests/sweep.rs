@@ -1,6 +1,8 @@
 //! Whole sweeps through the `nestor` binary with real worker processes
 //! reporting over gRPC on loopback.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;
@@ -9,14 +11,26 @@ use serde_json::Value;
 #[test]
 fn run_then_best_status_and_export() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), &sweep("basic", "num_samples = 6\nmax_concurrent_trials = 3\nseed = 11", "x = { uniform = [0.0, 1.0] }\nsteps = 4\ncheckpoint = true", ""));
+    write(
+        dir.path(),
+        &sweep(
+            "basic",
+            "num_samples = 6\nmax_concurrent_trials = 3\nseed = 11",
+            "x = { uniform = [0.0, 1.0] }\nsteps = 4\ncheckpoint = true",
+            "",
+        ),
+    );
     let out = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]));
     assert!(out.contains("6 trials (6 TERMINATED)"), "{out}");
 
     let best: Value = serde_json::from_str(&ok(nestor(dir.path(), &["best", "runs/basic", "--json"]))).unwrap();
     // The fixture's final loss is (x - 0.3)^2 + 1/4: the best trial is the one with x nearest 0.3.
     let rows = export(dir.path(), "runs/basic");
-    let mut finals: Vec<(String, f64)> = rows.iter().filter(|r| r["training_iteration"] == 4).map(|r| (r["trial_id"].as_str().unwrap().to_string(), r["config"]["x"].as_f64().unwrap())).collect();
+    let mut finals: Vec<(String, f64)> = rows
+        .iter()
+        .filter(|r| r["training_iteration"] == 4)
+        .map(|r| (r["trial_id"].as_str().unwrap().to_string(), r["config"]["x"].as_f64().unwrap()))
+        .collect();
     assert_eq!(finals.len(), 6);
     finals.sort_by(|a, b| (a.1 - 0.3).abs().total_cmp(&(b.1 - 0.3).abs()));
     assert_eq!(best["trial_id"], finals[0].0.as_str());
@@ -61,7 +75,15 @@ fn run_then_best_status_and_export() {
 #[test]
 fn a_failing_trial_is_recorded_and_the_sweep_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), &sweep("fails", "num_samples = 2\nmax_concurrent_trials = 2\nseed = 3", "x = { uniform = [0.0, 1.0] }\nsteps = 4\nfail_at = { grid = [2, 99] }", ""));
+    write(
+        dir.path(),
+        &sweep(
+            "fails",
+            "num_samples = 2\nmax_concurrent_trials = 2\nseed = 3",
+            "x = { uniform = [0.0, 1.0] }\nsteps = 4\nfail_at = { grid = [2, 99] }",
+            "",
+        ),
+    );
     let out = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]));
     assert!(out.contains("4 trials (2 TERMINATED, 2 ERROR)"), "{out}");
     let status = ok(nestor(dir.path(), &["status", "runs/fails"]));
@@ -103,13 +125,30 @@ fn a_trial_without_the_metric_is_an_error_naming_it() {
 #[test]
 fn stop_criteria_end_trials() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), &sweep("stops", "num_samples = 3\nseed = 1", "x = { uniform = [0.0, 1.0] }\nsteps = 50", "\n[stop]\ntraining_iteration = 3\n"));
+    write(
+        dir.path(),
+        &sweep("stops", "num_samples = 3\nseed = 1", "x = { uniform = [0.0, 1.0] }\nsteps = 50", "\n[stop]\ntraining_iteration = 3\n"),
+    );
     ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]));
     let rows = export(dir.path(), "runs/stops");
     assert_eq!(rows.len(), 9);
     assert!(rows.iter().all(|r| r["training_iteration"].as_u64().unwrap() <= 3));
     // A metric threshold, set from the command line.
-    ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--set", "experiment.name=stops2", "--set", "stop.step=2", "--set", "stop.training_iteration=10"]));
+    ok(nestor(
+        dir.path(),
+        &[
+            "run",
+            "sweep.toml",
+            "--storage",
+            "runs",
+            "--set",
+            "experiment.name=stops2",
+            "--set",
+            "stop.step=2",
+            "--set",
+            "stop.training_iteration=10",
+        ],
+    ));
     let rows = export(dir.path(), "runs/stops2");
     assert_eq!(rows.len(), 6, "each trial stops once step >= 2");
 }
@@ -117,7 +156,10 @@ fn stop_criteria_end_trials() {
 #[test]
 fn a_worker_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), &sweep("stubborn", "num_samples = 1\nseed = 1\ntime_budget_s = 0.5", "steps = 1000\nsleep_ms = 3000\nignore_sigterm = true", ""));
+    write(
+        dir.path(),
+        &sweep("stubborn", "num_samples = 1\nseed = 1\ntime_budget_s = 0.5", "steps = 1000\nsleep_ms = 3000\nignore_sigterm = true", ""),
+    );
     let start = std::time::Instant::now();
     let out = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]));
     let took = start.elapsed().as_secs_f64();

@@ -43,7 +43,7 @@ pub enum ReportError {
 
 enum Transport {
     InProcess { events: mpsc::UnboundedSender<Event>, stop: watch::Receiver<StopLevel>, next_iteration: u64 },
-    Grpc { rt: tokio::runtime::Runtime, client: proto::reporter_client::ReporterClient<tonic::transport::Channel>, token: String },
+    Grpc { rt: Box<tokio::runtime::Runtime>, client: proto::reporter_client::ReporterClient<tonic::transport::Channel>, token: String },
 }
 
 /// A worker's view of its trial: config, rank, checkpoint to resume from,
@@ -67,11 +67,7 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    pub(crate) fn in_process(
-        spec: &crate::LaunchSpec,
-        events: mpsc::UnboundedSender<Event>,
-        stop: watch::Receiver<StopLevel>,
-    ) -> Self {
+    pub(crate) fn in_process(spec: &crate::LaunchSpec, events: mpsc::UnboundedSender<Event>, stop: watch::Receiver<StopLevel>) -> Self {
         Self {
             trial_id: spec.trial_id.clone(),
             config: spec.config.clone(),
@@ -87,12 +83,14 @@ impl Context {
     /// Builds the context of a worker process from the variables nestor sets
     /// (`NESTOR_ADDR`, `NESTOR_TOKEN`, `NESTOR_TRIAL_ID`, `NESTOR_CONFIG`, ...).
     pub fn from_env() -> Result<Self, ReportError> {
-        let var = |k: &str| std::env::var(k).map_err(|_| ReportError::Environment(format!("{k} is not set; run this program through nestor")));
+        let var =
+            |k: &str| std::env::var(k).map_err(|_| ReportError::Environment(format!("{k} is not set; run this program through nestor")));
         let addr = var("NESTOR_ADDR")?;
         let token = var("NESTOR_TOKEN")?;
         let trial_id = var("NESTOR_TRIAL_ID")?;
         let config_text = var("NESTOR_CONFIG")?;
-        let config: Value = serde_json::from_str(&config_text).map_err(|e| ReportError::Environment(format!("NESTOR_CONFIG is not JSON: {e}")))?;
+        let config: Value =
+            serde_json::from_str(&config_text).map_err(|e| ReportError::Environment(format!("NESTOR_CONFIG is not JSON: {e}")))?;
         let trial_dir = PathBuf::from(std::env::var("NESTOR_TRIAL_DIR").unwrap_or_default());
         let checkpoint = std::env::var("NESTOR_CHECKPOINT").ok().filter(|s| !s.is_empty()).map(PathBuf::from);
         let num = |k: &str, default: u32| -> Result<u32, ReportError> {
@@ -103,10 +101,7 @@ impl Context {
         };
         let rank = num("RANK", 0)?;
         let world_size = num("WORLD_SIZE", 1)?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| ReportError::Transport(e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| ReportError::Transport(e.to_string()))?;
         let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
             .map_err(|e| ReportError::Environment(format!("NESTOR_ADDR={addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(10));
@@ -122,7 +117,7 @@ impl Context {
             rank,
             world_size,
             trial_dir_ready: std::cell::Cell::new(false),
-            transport: Transport::Grpc { rt, client: proto::reporter_client::ReporterClient::new(channel), token },
+            transport: Transport::Grpc { rt: Box::new(rt), client: proto::reporter_client::ReporterClient::new(channel), token },
         })
     }
 

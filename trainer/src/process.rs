@@ -97,7 +97,11 @@ impl Backend for ProcessBackend {
         std::fs::create_dir_all(&logs).map_err(|source| LaunchError::Io { path: logs.clone(), source })?;
         let log_path = logs.join("rank-0.log");
         let open_log = || {
-            std::fs::OpenOptions::new().create(true).append(true).open(&log_path).map_err(|source| LaunchError::Io { path: log_path.clone(), source })
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .map_err(|source| LaunchError::Io { path: log_path.clone(), source })
         };
         let (stdout, stderr) = (open_log()?, open_log()?);
         let token = random_token();

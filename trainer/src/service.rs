@@ -50,8 +50,7 @@ impl ReportServer {
         let listener = tokio::net::TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         let registry = Arc::new(Registry::default());
-        let service = ReporterServer::new(Service { registry: Arc::clone(&registry) })
-            .max_decoding_message_size(MAX_REPORT_BYTES);
+        let service = ReporterServer::new(Service { registry: Arc::clone(&registry) }).max_decoding_message_size(MAX_REPORT_BYTES);
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -138,7 +137,10 @@ impl Reporter for Service {
             return refuse(Status::unauthenticated(format!("wrong token for trial `{}`", r.trial_id)));
         }
         if r.rank >= reg.world_size {
-            return refuse(Status::invalid_argument(format!("rank {} out of range: trial `{}` has {} workers", r.rank, r.trial_id, reg.world_size)));
+            return refuse(Status::invalid_argument(format!(
+                "rank {} out of range: trial `{}` has {} workers",
+                r.rank, r.trial_id, reg.world_size
+            )));
         }
         if let Some(bad) = r.metrics.keys().find(|k| k.is_empty() || k.len() > 256) {
             return refuse(Status::invalid_argument(format!("invalid metric name {bad:?}")));
@@ -191,7 +193,14 @@ mod tests {
     }
 
     fn request(token: &str, rank: u32) -> ReportRequest {
-        ReportRequest { version: 1, trial_id: "t1".into(), token: token.into(), rank, metrics: [("loss".to_string(), 0.5)].into_iter().collect(), checkpoint_dir: String::new() }
+        ReportRequest {
+            version: 1,
+            trial_id: "t1".into(),
+            token: token.into(),
+            rank,
+            metrics: [("loss".to_string(), 0.5)].into_iter().collect(),
+            checkpoint_dir: String::new(),
+        }
     }
 
     #[tokio::test]
@@ -210,7 +219,8 @@ mod tests {
         let status = client.report(ReportRequest { version: 2, ..request("secret", 0) }).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         let missing = dir.path().join("no-such-dir");
-        let status = client.report(ReportRequest { checkpoint_dir: missing.display().to_string(), ..request("secret", 0) }).await.unwrap_err();
+        let status =
+            client.report(ReportRequest { checkpoint_dir: missing.display().to_string(), ..request("secret", 0) }).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().ends_with("is not a directory"), "{}", status.message());
         let huge = ReportRequest { metrics: (0..40_000).map(|i| (format!("metric_{i:08}"), 1.0)).collect(), ..request("secret", 0) };

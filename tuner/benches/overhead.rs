@@ -50,7 +50,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             seed: Some(0),
             ..Default::default()
         })
-        .run_config(RunConfig { name: "overhead".into(), storage: dir.path().to_path_buf(), progress: ProgressMode::Quiet, ..Default::default() });
+        .run_config(RunConfig {
+            name: "overhead".into(),
+            storage: dir.path().to_path_buf(),
+            progress: ProgressMode::Quiet,
+            ..Default::default()
+        });
     let start = Instant::now();
     let grid = tuner.fit()?;
     let elapsed = start.elapsed().as_secs_f64();

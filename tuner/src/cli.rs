@@ -132,7 +132,9 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NESTOR_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NESTOR_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
         .try_init();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -226,15 +228,19 @@ fn status(dir: &Path) -> Result<(), Failure> {
     let counts: Vec<String> = grid.counts().iter().map(|(s, n)| format!("{n} {s}")).collect();
     writeln!(out, "Experiment {}: {} trials ({})", abs(dir), grid.len(), counts.join(", ")).map_err(out_err)?;
     let metric = grid.metric.clone();
-    writeln!(out, "{:<12} {:<10} {:>5} {:>8} {:<14} config", "trial", "status", "iter", "restarts", metric.as_deref().unwrap_or("metrics")).map_err(out_err)?;
+    writeln!(out, "{:<12} {:<10} {:>5} {:>8} {:<14} config", "trial", "status", "iter", "restarts", metric.as_deref().unwrap_or("metrics"))
+        .map_err(out_err)?;
     for t in grid.iter() {
         let iter = t.history.last().map_or(0, |r| r.training_iteration);
         let m = match (&metric, &t.metrics) {
             (Some(name), Some(ms)) => ms.get(name).map(|v| fmt_num(*v)).unwrap_or_default(),
-            (None, Some(ms)) => ms.iter().filter(|(k, _)| !is_auto(k)).map(|(k, v)| format!("{k}={}", fmt_num(*v))).collect::<Vec<_>>().join(" "),
+            (None, Some(ms)) => {
+                ms.iter().filter(|(k, _)| !is_auto(k)).map(|(k, v)| format!("{k}={}", fmt_num(*v))).collect::<Vec<_>>().join(" ")
+            }
             _ => String::new(),
         };
-        writeln!(out, "{:<12} {:<10} {:>5} {:>8} {:<14} {}", t.trial_id, t.status.as_str(), iter, t.restarts, m, config_summary(&t.config)).map_err(out_err)?;
+        writeln!(out, "{:<12} {:<10} {:>5} {:>8} {:<14} {}", t.trial_id, t.status.as_str(), iter, t.restarts, m, config_summary(&t.config))
+            .map_err(out_err)?;
         if let Some(e) = &t.error {
             writeln!(out, "    error: {}", e.lines().next().unwrap_or("")).map_err(out_err)?;
         }

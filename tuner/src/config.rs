@@ -121,7 +121,13 @@ pub struct RunConfig {
 
 impl Default for RunConfig {
     fn default() -> Self {
-        Self { name: "experiment".into(), storage: PathBuf::from("nestor-runs"), stop: Stop::new(), fail_fast: false, progress: ProgressMode::Auto }
+        Self {
+            name: "experiment".into(),
+            storage: PathBuf::from("nestor-runs"),
+            stop: Stop::new(),
+            fail_fast: false,
+            progress: ProgressMode::Auto,
+        }
     }
 }
 

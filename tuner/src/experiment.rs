@@ -214,11 +214,13 @@ impl ExperimentFile {
     /// Parses TOML text (`origin` names it in errors), applies overrides, checks.
     pub fn parse(text: &str, origin: &str, sets: &[String]) -> Result<Resolved, ExperimentError> {
         let parse_err = |file: &str, e: toml::de::Error| ExperimentError::Parse { file: file.to_string(), message: one_line(&e, None) };
-        let file: ExperimentFile = toml::from_str(text).map_err(|e| ExperimentError::Parse { file: origin.to_string(), message: one_line(&e, Some(text)) })?;
+        let file: ExperimentFile =
+            toml::from_str(text).map_err(|e| ExperimentError::Parse { file: origin.to_string(), message: one_line(&e, Some(text)) })?;
         let file = if sets.is_empty() {
             file
         } else {
-            let mut table: toml::Table = text.parse().map_err(|e| ExperimentError::Parse { file: origin.to_string(), message: one_line(&e, Some(text)) })?;
+            let mut table: toml::Table =
+                text.parse().map_err(|e| ExperimentError::Parse { file: origin.to_string(), message: one_line(&e, Some(text)) })?;
             for arg in sets {
                 apply_set(&mut table, arg)?;
             }
@@ -236,7 +238,9 @@ impl ExperimentFile {
             return Err(invalid("experiment.name", format!("{:?} is not a valid directory name", e.name)));
         }
         match (&e.metric, e.mode) {
-            (Some(_), None) => return Err(invalid("experiment.mode", "required when experiment.metric is set (\"min\" or \"max\")".into())),
+            (Some(_), None) => {
+                return Err(invalid("experiment.mode", "required when experiment.metric is set (\"min\" or \"max\")".into()))
+            }
             (None, Some(_)) => return Err(invalid("experiment.metric", "required when experiment.mode is set".into())),
             _ => {}
         }
@@ -268,7 +272,8 @@ impl ExperimentFile {
             }
         }
         let space = Space::from_toml(&self.space).map_err(|err| invalid(&format!("space.{}", err.path), err.message))?;
-        let points: Vec<Config> = self.search.points_to_evaluate.iter().map(|t| search::toml_to_json(&toml::Value::Table(t.clone()))).collect();
+        let points: Vec<Config> =
+            self.search.points_to_evaluate.iter().map(|t| search::toml_to_json(&toml::Value::Table(t.clone()))).collect();
         for (i, p) in points.iter().enumerate() {
             space.check_point(p, &format!("search.points_to_evaluate[{i}]")).map_err(|err| invalid(&err.path, err.message))?;
         }
@@ -368,12 +373,12 @@ command = ["worker"]
         assert!(wrong_type.starts_with("sweep.toml: line 6, column 15: invalid type: string \"four\", expected u64"), "{wrong_type}");
         let section = err(&format!("{GOOD}\n[bogus]\nx = 1\n"), &[]);
         assert!(section.contains("unknown field `bogus`"), "{section}");
-        assert_eq!(
-            err(&GOOD.replace("1e-4, 1e-1", "0.0, 1e-1"), &[]),
-            "sweep.toml: space.lr: loguniform low must be > 0, got 0"
-        );
+        assert_eq!(err(&GOOD.replace("1e-4, 1e-1", "0.0, 1e-1"), &[]), "sweep.toml: space.lr: loguniform low must be > 0, got 0");
         assert_eq!(err(&GOOD.replace("[16, 32]", "[]"), &[]), "sweep.toml: space.model.width: choice needs at least one value");
-        assert_eq!(err(&GOOD.replace("mode = \"min\"\n", ""), &[]), "sweep.toml: experiment.mode: required when experiment.metric is set (\"min\" or \"max\")");
+        assert_eq!(
+            err(&GOOD.replace("mode = \"min\"\n", ""), &[]),
+            "sweep.toml: experiment.mode: required when experiment.metric is set (\"min\" or \"max\")"
+        );
         let bad_mode = err(&GOOD.replace("\"min\"", "\"up\""), &[]);
         assert!(bad_mode.contains("unknown variant `up`, expected `min` or `max`"), "{bad_mode}");
     }

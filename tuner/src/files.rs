@@ -66,7 +66,12 @@ impl Flusher {
     /// returns whether it did.
     pub(crate) fn submit(&self, acks: Vec<Ack>, files: Vec<FileWrite>, force: bool) -> bool {
         let needs_flush = !acks.is_empty() || force;
-        let durable = !needs_flush || self.store.flush().map_err(|e| tracing::error!(error = %e, "result store flush failed; stopping the reporting trials")).is_ok();
+        let durable = !needs_flush
+            || self
+                .store
+                .flush()
+                .map_err(|e| tracing::error!(error = %e, "result store flush failed; stopping the reporting trials"))
+                .is_ok();
         for (reply, directive) in acks {
             // Not durable: the workers must not be told their result is safe.
             let _ = reply.send(if durable { directive } else { Directive::Stop });
@@ -114,7 +119,9 @@ fn write_file(f: &FileWrite, columns: &mut HashMap<PathBuf, Vec<String>>) -> std
             let cols = match columns.get(trial_dir) {
                 Some(c) => c.clone(),
                 None => {
-                    let existing = std::fs::read_to_string(&csv).ok().and_then(|t| t.lines().next().map(|h| h.split(',').map(String::from).collect::<Vec<_>>()));
+                    let existing = std::fs::read_to_string(&csv)
+                        .ok()
+                        .and_then(|t| t.lines().next().map(|h| h.split(',').map(String::from).collect::<Vec<_>>()));
                     let cols = match existing {
                         Some(c) => c,
                         None => {

@@ -87,7 +87,11 @@ impl TrialOutcome {
     /// The committed checkpoint whose result scores best on `metric`.
     pub fn best_checkpoint(&self, metric: &str, mode: Mode) -> Option<&CheckpointRecord> {
         let score = |c: &CheckpointRecord| {
-            self.history.iter().find(|r| r.training_iteration == c.iteration).and_then(|r| r.metric(metric)).map_or(f64::NEG_INFINITY, |v| mode.score(v))
+            self.history
+                .iter()
+                .find(|r| r.training_iteration == c.iteration)
+                .and_then(|r| r.metric(metric))
+                .map_or(f64::NEG_INFINITY, |v| mode.score(v))
         };
         self.checkpoints.iter().fold(None, |best: Option<&CheckpointRecord>, c| match best {
             Some(b) if score(b) >= score(c) => Some(b),
@@ -242,7 +246,13 @@ mod tests {
             history: losses
                 .iter()
                 .enumerate()
-                .map(|(i, &l)| TrialResult { trial_id: id.into(), seq: i as u64, training_iteration: i as u64 + 1, metrics: [("loss".to_string(), l)].into_iter().collect(), checkpoint: None })
+                .map(|(i, &l)| TrialResult {
+                    trial_id: id.into(),
+                    seq: i as u64,
+                    training_iteration: i as u64 + 1,
+                    metrics: [("loss".to_string(), l)].into_iter().collect(),
+                    checkpoint: None,
+                })
                 .collect(),
             checkpoints: vec![],
             path: PathBuf::new(),

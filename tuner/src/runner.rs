@@ -148,11 +148,9 @@ impl Runner {
             }
             // Group commit. A trial's end rides on the next flush a worker
             // waits for, or on its own within END_FLUSH_DELAY.
-            if !acks.is_empty() || !files.is_empty() {
-                if flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), false) {
-                    self.show_ended(&mut ended);
-                    ended_deadline = None;
-                }
+            if (!acks.is_empty() || !files.is_empty()) && flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), false) {
+                self.show_ended(&mut ended);
+                ended_deadline = None;
             }
             if !ended.is_empty() && ended_deadline.is_none() {
                 ended_deadline = Some(tokio::time::Instant::now() + END_FLUSH_DELAY);
@@ -310,7 +308,9 @@ impl Runner {
                 let rec = &mut r.record;
                 rec.time_total_s += r.started.elapsed().as_secs_f64().min(f64::MAX);
                 let (status, error) = match (r.ending.take(), outcome) {
-                    (Some(Ending::Interrupted), ExitOutcome::Failed(_) | ExitOutcome::Stopped | ExitOutcome::Completed) => (TrialStatus::Pending, None),
+                    (Some(Ending::Interrupted), ExitOutcome::Failed(_) | ExitOutcome::Stopped | ExitOutcome::Completed) => {
+                        (TrialStatus::Pending, None)
+                    }
                     (Some(Ending::Failed(msg)), _) => (TrialStatus::Error, Some(msg)),
                     (_, ExitOutcome::Failed(msg)) => (TrialStatus::Error, Some(msg)),
                     (_, ExitOutcome::Completed | ExitOutcome::Stopped) => (TrialStatus::Terminated, None),

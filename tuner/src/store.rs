@@ -127,19 +127,22 @@ fn series_prefix(trial_id: &str) -> Vec<u8> {
 impl Store {
     /// Opens (creating if needed) the store at `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(8 << 20)
-            .flush_every_ms(Some(500))
-            .open()
-            .map_err(|source| match &source {
+        let db =
+            sled::Config::new().path(path).cache_capacity(8 << 20).flush_every_ms(Some(500)).open().map_err(|source| match &source {
                 sled::Error::Io(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") => {
                     StoreError::Locked(path.to_path_buf())
                 }
                 _ => StoreError::Sled { path: path.to_path_buf(), source },
             })?;
         let tree = |name: &str| db.open_tree(name).map_err(|source| StoreError::Sled { path: path.to_path_buf(), source });
-        Ok(Self { path: path.to_path_buf(), meta: tree("meta")?, trials: tree("trials")?, results: tree("results")?, checkpoints: tree("checkpoints")?, db })
+        Ok(Self {
+            path: path.to_path_buf(),
+            meta: tree("meta")?,
+            trials: tree("trials")?,
+            results: tree("results")?,
+            checkpoints: tree("checkpoints")?,
+            db,
+        })
     }
 
     /// Opens an existing store; an error when there is none.
@@ -205,7 +208,9 @@ impl Store {
             })
             .map_err(|e| match e {
                 sled::transaction::TransactionError::Storage(source) => StoreError::Sled { path: self.path.clone(), source },
-                sled::transaction::TransactionError::Abort(()) => StoreError::Corrupt { path: self.path.clone(), key: trial.id.clone(), message: "transaction aborted".into() },
+                sled::transaction::TransactionError::Abort(()) => {
+                    StoreError::Corrupt { path: self.path.clone(), key: trial.id.clone(), message: "transaction aborted".into() }
+                }
             })
     }
 
@@ -302,7 +307,13 @@ mod tests {
     use super::*;
 
     fn result(trial: &str, seq: u64, iter: u64, loss: f64) -> TrialResult {
-        TrialResult { trial_id: trial.into(), seq, training_iteration: iter, metrics: [("loss".to_string(), loss)].into_iter().collect(), checkpoint: None }
+        TrialResult {
+            trial_id: trial.into(),
+            seq,
+            training_iteration: iter,
+            metrics: [("loss".to_string(), loss)].into_iter().collect(),
+            checkpoint: None,
+        }
     }
 
     #[test]
@@ -335,4 +346,3 @@ mod tests {
         assert_eq!(h[3].metrics["loss"], 24.0);
     }
 }
-

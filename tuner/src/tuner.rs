@@ -57,15 +57,30 @@ impl std::fmt::Debug for Tuner {
 impl Tuner {
     /// A sweep of `trainable` over `space` with default configs.
     pub fn new(trainable: Trainable, space: Space) -> Self {
-        let mut file = ExperimentFile::default();
-        file.space = space.to_toml();
-        Self { trainable: Some(trainable), file, space, points: Vec::new(), custom_stop: None, progress: ProgressMode::Auto, restore_dir: None }
+        let file = ExperimentFile { space: space.to_toml(), ..Default::default() };
+        Self {
+            trainable: Some(trainable),
+            file,
+            space,
+            points: Vec::new(),
+            custom_stop: None,
+            progress: ProgressMode::Auto,
+            restore_dir: None,
+        }
     }
 
     /// A sweep from a checked experiment file; its `[trainer]` says what runs,
     /// unless `trainable` is given.
     pub fn from_file(resolved: Resolved, trainable: Option<Trainable>) -> Self {
-        Self { trainable, file: resolved.file, space: resolved.space, points: resolved.points, custom_stop: None, progress: ProgressMode::Auto, restore_dir: None }
+        Self {
+            trainable,
+            file: resolved.file,
+            space: resolved.space,
+            points: resolved.points,
+            custom_stop: None,
+            progress: ProgressMode::Auto,
+            restore_dir: None,
+        }
     }
 
     /// Sets what to tune and how.
@@ -79,10 +94,14 @@ impl Tuner {
         e.seed = c.seed;
         self.file.search = SearchSection {
             algorithm: c.search,
-            points_to_evaluate: c.points_to_evaluate.iter().filter_map(|p| match search::json_to_toml(p) {
-                toml::Value::Table(t) => Some(t),
-                _ => None,
-            }).collect(),
+            points_to_evaluate: c
+                .points_to_evaluate
+                .iter()
+                .filter_map(|p| match search::json_to_toml(p) {
+                    toml::Value::Table(t) => Some(t),
+                    _ => None,
+                })
+                .collect(),
             max_concurrent: c.max_concurrent_search,
         };
         self.points = c.points_to_evaluate;
@@ -191,7 +210,8 @@ impl Tuner {
             }
             std::fs::create_dir_all(&exp_dir).map_err(|source| TuneError::Io { path: exp_dir.clone(), source })?;
             let text = file.to_toml_string();
-            std::fs::write(exp_dir.join("experiment.toml"), &text).map_err(|source| TuneError::Io { path: exp_dir.join("experiment.toml"), source })?;
+            std::fs::write(exp_dir.join("experiment.toml"), &text)
+                .map_err(|source| TuneError::Io { path: exp_dir.join("experiment.toml"), source })?;
             let store = Store::open(&store_dir)?;
             store.put_experiment(&text)?;
             store.put_meta("searcher", &searcher.save())?;
@@ -200,14 +220,14 @@ impl Tuner {
         };
         let backend: Arc<dyn Backend> = match trainable {
             Trainable::Function(f) => Arc::new(f),
-            Trainable::Command(c) => Arc::new(ProcessBackend::start(c).await.map_err(|source| TuneError::Io { path: PathBuf::from("<report server>"), source })?),
+            Trainable::Command(c) => {
+                Arc::new(ProcessBackend::start(c).await.map_err(|source| TuneError::Io { path: PathBuf::from("<report server>"), source })?)
+            }
         };
         let mut stoppers: Vec<Box<dyn Stopper>> = vec![Box::new(MetricThresholds(file.stop.clone()))];
         stoppers.extend(self.custom_stop.take());
-        let max_concurrent = file
-            .experiment
-            .max_concurrent_trials
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let max_concurrent =
+            file.experiment.max_concurrent_trials.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let runner = Runner {
             exp_dir: exp_dir.clone(),
             store: store.clone(),
@@ -248,4 +268,3 @@ fn random_seed() -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     (z ^ (z >> 31)) >> 11
 }
-

@@ -1,6 +1,8 @@
 //! The Rust API: in-process function trainables, stop criteria, failures,
 //! points to evaluate, grid search, seeds, and restore.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -22,7 +24,14 @@ fn quadratic() -> Trainable {
 }
 
 fn tune(samples: u64, seed: u64) -> TuneConfig {
-    TuneConfig { metric: Some("loss".into()), mode: Some(Mode::Min), num_samples: samples, max_concurrent_trials: Some(4), seed: Some(seed), ..Default::default() }
+    TuneConfig {
+        metric: Some("loss".into()),
+        mode: Some(Mode::Min),
+        num_samples: samples,
+        max_concurrent_trials: Some(4),
+        seed: Some(seed),
+        ..Default::default()
+    }
 }
 
 fn run(dir: &std::path::Path, name: &str, stop: Stop) -> RunConfig {
@@ -51,9 +60,12 @@ fn grid_times_samples_and_the_best_result() {
 #[test]
 fn same_seed_same_configs() {
     let dir = tempfile::tempdir().unwrap();
-    let a = Tuner::new(quadratic(), space()).tune_config(tune(4, 7)).run_config(run(dir.path(), "a", Stop::new().iterations(1))).fit().unwrap();
-    let b = Tuner::new(quadratic(), space()).tune_config(tune(4, 7)).run_config(run(dir.path(), "b", Stop::new().iterations(1))).fit().unwrap();
-    let c = Tuner::new(quadratic(), space()).tune_config(tune(4, 8)).run_config(run(dir.path(), "c", Stop::new().iterations(1))).fit().unwrap();
+    let a =
+        Tuner::new(quadratic(), space()).tune_config(tune(4, 7)).run_config(run(dir.path(), "a", Stop::new().iterations(1))).fit().unwrap();
+    let b =
+        Tuner::new(quadratic(), space()).tune_config(tune(4, 7)).run_config(run(dir.path(), "b", Stop::new().iterations(1))).fit().unwrap();
+    let c =
+        Tuner::new(quadratic(), space()).tune_config(tune(4, 8)).run_config(run(dir.path(), "c", Stop::new().iterations(1))).fit().unwrap();
     let configs = |g: &tuner::ResultGrid| g.iter().map(|t| t.config.clone()).collect::<Vec<_>>();
     assert_eq!(configs(&a), configs(&b));
     assert_ne!(configs(&a), configs(&c));
@@ -128,7 +140,7 @@ fn points_to_evaluate_run_first_and_nan_is_never_best() {
     let best = grid.best_result(None, None, Scope::Last).unwrap();
     assert_eq!(best.config["x"], 0.25);
     assert!(grid.get("trial_00000").unwrap().metrics.as_ref().unwrap()["loss"].is_nan());
-    assert_eq!(grid.best_result(None, Some(Mode::Max), Scope::Last).unwrap().trial_id.as_str() != "trial_00000", true, "NaN is never best, in either mode");
+    assert_ne!(grid.best_result(None, Some(Mode::Max), Scope::Last).unwrap().trial_id, "trial_00000", "NaN is never best, in either mode");
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! Bad experiment files and flags: one clear line on stderr, a non-zero exit,
 //! and nothing written.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::Command;
 
@@ -46,7 +48,11 @@ fn unknown_key_is_named_with_its_line() {
 
 #[test]
 fn wrong_type_is_named() {
-    check_refused(&GOOD.replace("num_samples = 2", "num_samples = \"two\""), &[], "line 6, column 15: invalid type: string \"two\", expected u64");
+    check_refused(
+        &GOOD.replace("num_samples = 2", "num_samples = \"two\""),
+        &[],
+        "line 6, column 15: invalid type: string \"two\", expected u64",
+    );
 }
 
 #[test]
@@ -78,7 +84,8 @@ fn missing_file_and_missing_experiment() {
     let (code, _, stderr) = nestor(dir.path(), &["run", "nope.toml"]);
     assert_eq!(code, 2);
     assert!(stderr.starts_with("error: cannot read nope.toml"), "{stderr}");
-    for cmd in [vec!["status", "nowhere"], vec!["best", "nowhere"], vec!["export", "nowhere", "--format", "csv"], vec!["resume", "nowhere"]] {
+    for cmd in [vec!["status", "nowhere"], vec!["best", "nowhere"], vec!["export", "nowhere", "--format", "csv"], vec!["resume", "nowhere"]]
+    {
         let (code, _, stderr) = nestor(dir.path(), &cmd);
         assert_eq!(code, 2, "{cmd:?}: {stderr}");
         assert!(stderr.contains("no nestor experiment at nowhere"), "{cmd:?}: {stderr}");

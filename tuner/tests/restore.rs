@@ -2,6 +2,8 @@
 //! restarts from its latest committed checkpoint and its history continues.
 //! (Its own test binary: it signals its own process.)
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -40,9 +42,13 @@ fn interrupt_then_restore_continues_from_the_checkpoint() {
     };
     let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build().unwrap();
     let tune = TuneConfig { metric: Some("loss".into()), mode: Some(Mode::Min), num_samples: 1, seed: Some(1), ..Default::default() };
-    let t = Tuner::new(make(Arc::clone(&runs), Arc::clone(&starts)), space)
-        .tune_config(tune)
-        .run_config(RunConfig { name: "r".into(), storage: dir.path().into(), stop: Stop::new(), progress: ProgressMode::Quiet, ..Default::default() });
+    let t = Tuner::new(make(Arc::clone(&runs), Arc::clone(&starts)), space).tune_config(tune).run_config(RunConfig {
+        name: "r".into(),
+        storage: dir.path().into(),
+        stop: Stop::new(),
+        progress: ProgressMode::Quiet,
+        ..Default::default()
+    });
     let exp = t.experiment_dir();
     let err = t.fit().unwrap_err();
     assert!(matches!(err, TuneError::Interrupted(_)), "{err}");
@@ -53,7 +59,8 @@ fn interrupt_then_restore_continues_from_the_checkpoint() {
     assert_eq!(trial.history.len(), 4, "step 4 was reported and answered Stop");
     assert!(trial.checkpoint().unwrap().ends_with("checkpoint_000004"));
 
-    let grid = Tuner::restore(&exp, Some(make(Arc::clone(&runs), Arc::clone(&starts)))).unwrap().progress(ProgressMode::Quiet).fit().unwrap();
+    let grid =
+        Tuner::restore(&exp, Some(make(Arc::clone(&runs), Arc::clone(&starts)))).unwrap().progress(ProgressMode::Quiet).fit().unwrap();
     let trial = grid.get("trial_00000").unwrap();
     assert_eq!(trial.status.as_str(), "TERMINATED");
     assert_eq!(*starts.lock().unwrap(), [0, 4], "the second run started from the step-4 checkpoint");
@@ -62,7 +69,8 @@ fn interrupt_then_restore_continues_from_the_checkpoint() {
     assert_eq!(trial.restarts, 1);
     assert_eq!(trial.checkpoints.iter().map(|c| c.iteration).collect::<Vec<_>>(), [2, 4, 6]);
     // Restoring a finished experiment runs nothing more.
-    let again = Tuner::restore(&exp, Some(make(Arc::clone(&runs), Arc::clone(&starts)))).unwrap().progress(ProgressMode::Quiet).fit().unwrap();
+    let again =
+        Tuner::restore(&exp, Some(make(Arc::clone(&runs), Arc::clone(&starts)))).unwrap().progress(ProgressMode::Quiet).fit().unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     // A function experiment cannot be restored without its function.

@@ -1,6 +1,7 @@
 //! Helpers for whole-binary tests: the `nestor` binary, the fixture worker,
 //! experiment files in temporary directories.
 #![allow(dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -24,7 +25,13 @@ pub fn nestor(dir: &Path, args: &[&str]) -> Output {
 
 /// Asserts success and returns stdout.
 pub fn ok(out: Output) -> String {
-    assert!(out.status.success(), "nestor failed: {:?}\nstdout: {}\nstderr: {}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "nestor failed: {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
