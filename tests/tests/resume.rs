@@ -81,6 +81,8 @@ fn kill_9_at_any_moment_then_resume_matches_an_uninterrupted_run() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(kill_ms));
+        let workers = processes_mentioning(&dir.path().display().to_string());
+        assert!(!workers.is_empty(), "kill at {kill_ms} ms: workers should be running");
         // SAFETY: sending SIGKILL to our own child.
         unsafe {
             libc::kill(child.id() as i32, libc::SIGKILL);
@@ -141,4 +143,40 @@ fn ctrl_c_stops_gracefully_and_resume_finishes_the_sweep() {
     assert_eq!(resumed, reference);
     let grid = tuner::ResultGrid::load(&dir.path().join("runs/interrupt")).unwrap();
     assert!(grid.iter().any(|t| t.restarts > 0), "the interrupted trials were restarted");
+}
+
+#[test]
+fn a_second_ctrl_c_kills_workers_that_ignore_the_first() {
+    let text =
+        sweep("stubborn", "num_samples = 2\nmax_concurrent_trials = 2\nseed = 5", "steps = 2\nsleep_ms = 20000\nignore_sigterm = true", "")
+            .replace("grace_period_s = 1.0", "grace_period_s = 60.0");
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &text);
+    let child = Command::new(nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGINT);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(processes_mentioning(&dir.path().display().to_string()).len(), 2, "the workers ignore SIGTERM: still running");
+    let start = Instant::now();
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(pid, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(3), "the second Ctrl-C must not wait for the grace period");
+    assert_eq!(out.status.code(), Some(130));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Killing running trials"));
+    wait_no_workers(dir.path());
+    let status = ok(nestor(dir.path(), &["status", "runs/stubborn"]));
+    assert_eq!(status.matches("PENDING").count(), 3, "both trials are resumable: {status}");
 }

@@ -185,7 +185,8 @@ impl Tuner {
             (None, Some(t)) => Trainable::Command(process_config(t)),
             (None, None) => return Err(TuneError::NoTrainer),
         };
-        let exp_dir = self.experiment_dir();
+        // Absolute, so workers with another working directory find their trial directory.
+        let exp_dir = std::path::absolute(self.experiment_dir()).map_err(|source| TuneError::Io { path: self.experiment_dir(), source })?;
         let store_dir = exp_dir.join("store");
         let mut pending = VecDeque::new();
         let mut next_index = 0;
