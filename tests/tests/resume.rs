@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 
-const SPACE: &str = "x = { uniform = [0.0, 1.0] }\nsteps = 6\nsleep_ms = 40\ncheckpoint = true";
+const SPACE: &str = "x = { uniform = [0.0, 1.0] }\nsteps = 8\nsleep_ms = 50\ncheckpoint = true";
 
 /// trial id -> (config, final loss, iterations of its history)
 type Summary = BTreeMap<String, (Value, f64, Vec<u64>)>;
@@ -70,7 +70,7 @@ fn kill_9_at_any_moment_then_resume_matches_an_uninterrupted_run() {
     let reference = summary(reference_dir.path(), "runs/crash");
     assert_eq!(reference.len(), 8);
 
-    for kill_ms in [120, 350, 600, 900] {
+    for kill_ms in [150, 450, 800, 1050] {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), &text);
         let mut child = Command::new(nestor_bin())
