@@ -83,10 +83,7 @@ fn kill_9_at_any_moment_then_resume_matches_an_uninterrupted_run() {
         std::thread::sleep(Duration::from_millis(kill_ms));
         let workers = processes_mentioning(&dir.path().display().to_string());
         assert!(!workers.is_empty(), "kill at {kill_ms} ms: workers should be running");
-        // SAFETY: sending SIGKILL to our own child.
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGKILL);
-        }
+        signal(child.id(), libc::SIGKILL);
         let _ = child.wait();
         wait_no_workers(dir.path());
         let exp = dir.path().join("runs/crash");
@@ -115,18 +112,9 @@ fn ctrl_c_stops_gracefully_and_resume_finishes_the_sweep() {
 
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), &text);
-    let child = Command::new(nestor_bin())
-        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_run(dir.path());
     std::thread::sleep(Duration::from_millis(400));
-    // SAFETY: sending SIGINT to our own child.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
-    }
+    signal(child.id(), libc::SIGINT);
     let start = Instant::now();
     let out = child.wait_with_output().unwrap();
     assert!(start.elapsed() < Duration::from_secs(3), "graceful stop took {:?}", start.elapsed());
@@ -152,26 +140,14 @@ fn a_second_ctrl_c_kills_workers_that_ignore_the_first() {
             .replace("grace_period_s = 1.0", "grace_period_s = 60.0");
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), &text);
-    let child = Command::new(nestor_bin())
-        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id() as i32;
+    let child = spawn_run(dir.path());
+    let pid = child.id();
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: signalling our own child.
-    unsafe {
-        libc::kill(pid, libc::SIGINT);
-    }
+    signal(pid, libc::SIGINT);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(processes_mentioning(&dir.path().display().to_string()).len(), 2, "the workers ignore SIGTERM: still running");
     let start = Instant::now();
-    // SAFETY: as above.
-    unsafe {
-        libc::kill(pid, libc::SIGINT);
-    }
+    signal(pid, libc::SIGINT);
     let out = child.wait_with_output().unwrap();
     assert!(start.elapsed() < Duration::from_secs(3), "the second Ctrl-C must not wait for the grace period");
     assert_eq!(out.status.code(), Some(130));

@@ -247,12 +247,17 @@ impl Store {
 
     /// Every stored result of a trial, in sequence order.
     pub fn results(&self, trial_id: &str) -> Result<Vec<TrialResult>, StoreError> {
-        let mut out = Vec::new();
-        for kv in self.results.scan_prefix(series_prefix(trial_id)) {
-            let (k, v) = kv.map_err(self.sled_err())?;
-            out.push(self.decode(&k, &v)?);
-        }
-        Ok(out)
+        self.series(&self.results, trial_id)
+    }
+
+    /// A trial's records in one series tree, in key order.
+    fn series<T: serde::de::DeserializeOwned>(&self, tree: &sled::Tree, trial_id: &str) -> Result<Vec<T>, StoreError> {
+        tree.scan_prefix(series_prefix(trial_id))
+            .map(|kv| {
+                let (k, v) = kv.map_err(self.sled_err())?;
+                self.decode(&k, &v)
+            })
+            .collect()
     }
 
     /// Records a committed checkpoint.
@@ -263,12 +268,7 @@ impl Store {
 
     /// A trial's committed checkpoints, oldest first.
     pub fn checkpoints(&self, trial_id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
-        let mut out = Vec::new();
-        for kv in self.checkpoints.scan_prefix(series_prefix(trial_id)) {
-            let (k, v) = kv.map_err(self.sled_err())?;
-            out.push(self.decode(&k, &v)?);
-        }
-        Ok(out)
+        self.series(&self.checkpoints, trial_id)
     }
 
     /// Makes every write so far durable (fsync).

@@ -23,6 +23,25 @@ pub fn nestor(dir: &Path, args: &[&str]) -> Output {
     Command::new(nestor_bin()).args(args).current_dir(dir).output().expect("run nestor")
 }
 
+/// Starts `nestor run sweep.toml --storage runs --plain` in `dir`, output captured.
+pub fn spawn_run(dir: &Path) -> std::process::Child {
+    Command::new(nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start nestor")
+}
+
+/// Sends `signal` to process `pid`.
+pub fn signal(pid: u32, signal: i32) {
+    // SAFETY: sending a signal to a child process of this test.
+    unsafe {
+        libc::kill(pid as i32, signal);
+    }
+}
+
 /// Asserts success and returns stdout.
 pub fn ok(out: Output) -> String {
     assert!(
