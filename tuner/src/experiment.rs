@@ -196,6 +196,8 @@ fn default_grace() -> f64 {
 /// An experiment file whose every part has been checked.
 #[derive(Debug, Clone)]
 pub struct Resolved {
+    /// Where it came from (a file name), for error messages.
+    pub origin: String,
     /// The file, with overrides applied.
     pub file: ExperimentFile,
     /// Its space.
@@ -277,7 +279,7 @@ impl ExperimentFile {
         for (i, p) in points.iter().enumerate() {
             space.check_point(p, &format!("search.points_to_evaluate[{i}]")).map_err(|err| invalid(&err.path, err.message))?;
         }
-        Ok(Resolved { file: self, space, points })
+        Ok(Resolved { origin: origin.to_string(), file: self, space, points })
     }
 
     /// The file as TOML text (what `experiment.toml` and the store keep).

@@ -46,6 +46,7 @@ pub struct Tuner {
     custom_stop: Option<Box<dyn Stopper>>,
     progress: ProgressMode,
     restore_dir: Option<PathBuf>,
+    origin: String,
 }
 
 impl std::fmt::Debug for Tuner {
@@ -66,6 +67,7 @@ impl Tuner {
             custom_stop: None,
             progress: ProgressMode::Auto,
             restore_dir: None,
+            origin: "experiment".into(),
         }
     }
 
@@ -80,6 +82,7 @@ impl Tuner {
             custom_stop: None,
             progress: ProgressMode::Auto,
             restore_dir: None,
+            origin: resolved.origin,
         }
     }
 
@@ -182,7 +185,7 @@ impl Tuner {
         };
         let trainable = match (self.trainable.take(), &file.trainer) {
             (Some(t), _) => t,
-            (None, Some(t)) => Trainable::Command(process_config(t)),
+            (None, Some(t)) => Trainable::Command(process_config(t, &self.origin)?),
             (None, None) => return Err(TuneError::NoTrainer),
         };
         // Absolute, so workers with another working directory find their trial directory.
@@ -252,12 +255,33 @@ impl Tuner {
     }
 }
 
-fn process_config(t: &TrainerSection) -> ProcessConfig {
+fn process_config(t: &TrainerSection, origin: &str) -> Result<ProcessConfig, TuneError> {
+    let invalid = |key: &str, message: String| {
+        TuneError::Experiment(crate::ExperimentError::Invalid { file: origin.into(), key: key.into(), message })
+    };
+    if let Some(dir) = &t.working_dir {
+        if !dir.is_dir() {
+            return Err(invalid("trainer.working_dir", format!("{} is not a directory", dir.display())));
+        }
+    }
+    // Refuse a program that cannot start before the first trial, not once per trial.
+    let program = Path::new(&t.command[0]);
+    let found = if program.components().count() > 1 {
+        t.working_dir.as_deref().unwrap_or(Path::new(".")).join(program).is_file()
+    } else {
+        std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+    };
+    if !found {
+        return Err(invalid(
+            "trainer.command",
+            format!("program {:?} not found (relative paths are from the working directory)", t.command[0]),
+        ));
+    }
     let mut c = ProcessConfig::new(t.command.clone());
     c.env = t.env.clone();
     c.working_dir = t.working_dir.clone();
     c.grace_period = Duration::from_secs_f64(t.grace_period_s);
-    c
+    Ok(c)
 }
 
 fn random_seed() -> u64 {

@@ -115,3 +115,18 @@ fn sample_shows_seeded_configs_and_runs_nothing() {
     assert_ne!(other, a);
     assert!(!dir.path().join("nestor-runs").exists());
 }
+
+#[test]
+fn a_worker_program_that_does_not_exist_is_refused_before_any_trial() {
+    check_refused(
+        &GOOD.replace("command = [\"true\"]", "command = [\"./no-such-worker\", \"--x\"]"),
+        &[],
+        "trainer.command: program \"./no-such-worker\" not found",
+    );
+    check_refused(
+        &GOOD.replace("command = [\"true\"]", "command = [\"no-such-worker-on-path\"]"),
+        &[],
+        "program \"no-such-worker-on-path\" not found",
+    );
+    check_refused(&GOOD.replace("command = [\"true\"]", "command = []"), &[], "trainer.command: must name a program");
+}
