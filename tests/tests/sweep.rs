@@ -169,3 +169,31 @@ fn a_worker_that_ignores_sigterm_is_killed_after_the_grace_period() {
     assert!(out.contains("1 TERMINATED"), "{out}");
     assert!(processes_mentioning(&dir.path().display().to_string()).is_empty(), "no worker may survive");
 }
+
+#[test]
+fn status_works_while_the_sweep_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        &sweep(
+            "live",
+            "num_samples = 3\nmax_concurrent_trials = 2\nseed = 2",
+            "x = { uniform = [0.0, 1.0] }\nsteps = 30\nsleep_ms = 50",
+            "",
+        ),
+    );
+    let child = spawn_run(dir.path());
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let live = ok(nestor(dir.path(), &["status", "runs/live"]));
+    assert!(live.contains("is running (pid"), "{live}");
+    assert!(live.contains("(2 RUNNING, 0 TERMINATED, 0 ERROR)"), "{live}");
+    assert_eq!(live.matches("trial_0000").count(), 2, "{live}");
+    // The store itself is the running sweep's: queries say so in one line.
+    let best = nestor(dir.path(), &["best", "runs/live"]);
+    assert_eq!(best.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&best.stderr).contains("in use by a running sweep"));
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(!dir.path().join("runs/live/status.json").exists(), "the live view goes when the sweep ends");
+    assert!(ok(nestor(dir.path(), &["status", "runs/live"])).contains("3 trials (3 TERMINATED)"));
+}

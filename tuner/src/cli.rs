@@ -223,7 +223,10 @@ fn print_summary(grid: &ResultGrid, dir: &Path) -> Result<(), Failure> {
 }
 
 fn status(dir: &Path) -> Result<(), Failure> {
-    let grid = ResultGrid::load(dir)?;
+    let grid = match ResultGrid::load(dir) {
+        Err(QueryError::Store(crate::store::StoreError::Locked(_))) => return live_status(dir),
+        other => other?,
+    };
     let mut out = std::io::stdout().lock();
     let counts: Vec<String> = grid.counts().iter().map(|(s, n)| format!("{n} {s}")).collect();
     writeln!(out, "Experiment {}: {} trials ({})", abs(dir), grid.len(), counts.join(", ")).map_err(out_err)?;
@@ -244,6 +247,39 @@ fn status(dir: &Path) -> Result<(), Failure> {
         if let Some(e) = &t.error {
             writeln!(out, "    error: {}", e.lines().next().unwrap_or("")).map_err(out_err)?;
         }
+    }
+    Ok(())
+}
+
+/// Status of a sweep that is running in another process, from the snapshot
+/// it writes every half second.
+fn live_status(dir: &Path) -> Result<(), Failure> {
+    let path = dir.join(crate::runner::SNAPSHOT);
+    let text = std::fs::read_to_string(&path).map_err(|_| Failure {
+        code: 1,
+        message: format!("the sweep at {} is running but has written no status yet; try again", dir.display()),
+    })?;
+    let snap: Value = serde_json::from_str(&text).map_err(|e| Failure { code: 1, message: format!("{}: {e}", path.display()) })?;
+    let running = snap["running"].as_array().cloned().unwrap_or_default();
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "Experiment {} is running (pid {}): {} trials so far ({} RUNNING, {} TERMINATED, {} ERROR)",
+        abs(dir),
+        snap["pid"],
+        snap["trials"],
+        running.len(),
+        snap["terminated"],
+        snap["error"]
+    )
+    .map_err(out_err)?;
+    let metric = snap["metric"].as_str().map(String::from);
+    writeln!(out, "{:<12} {:<10} {:>5} {:<14} config", "trial", "status", "iter", metric.as_deref().unwrap_or("")).map_err(out_err)?;
+    for r in &running {
+        let m = metric.as_ref().and_then(|m| r["metrics"][m].as_f64()).map(fmt_num).unwrap_or_default();
+        let id = r["trial_id"].as_str().unwrap_or("?");
+        writeln!(out, "{id:<12} {:<10} {:>5} {m:<14} {}", "RUNNING", r["iteration"].as_u64().unwrap_or(0), config_summary(&r["config"]))
+            .map_err(out_err)?;
     }
     Ok(())
 }

@@ -20,6 +20,10 @@ use crate::store::Store;
 pub(crate) enum FileWrite {
     /// `params.json` of a new trial.
     Params { trial_dir: PathBuf, config: Value },
+    /// The live status of a running sweep, replaced atomically.
+    Snapshot { path: PathBuf, json: String },
+    /// A file to delete.
+    Remove { path: PathBuf },
     /// One result line for `result.jsonl` and `progress.csv`.
     Result { trial_dir: PathBuf, result: TrialResult },
 }
@@ -106,6 +110,15 @@ fn csv_field(s: &str) -> String {
 
 fn write_file(f: &FileWrite, columns: &mut HashMap<PathBuf, Vec<String>>) -> std::io::Result<()> {
     match f {
+        FileWrite::Snapshot { path, json } => {
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, json)?;
+            std::fs::rename(&tmp, path)
+        }
+        FileWrite::Remove { path } => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        },
         FileWrite::Params { trial_dir, config } => {
             std::fs::create_dir_all(trial_dir)?;
             let text = serde_json::to_string_pretty(config).unwrap_or_default();

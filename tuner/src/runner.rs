@@ -19,6 +19,9 @@ use crate::progress::Progress;
 use crate::store::{CheckpointRecord, Store, TrialRecord, RECORD_VERSION};
 use crate::TuneError;
 
+/// The live-status file in the experiment directory, present while a sweep runs.
+pub(crate) const SNAPSHOT: &str = "status.json";
+
 /// Longest a trial's end waits for a flush when no worker is waiting for one.
 const END_FLUSH_DELAY: Duration = Duration::from_millis(20);
 
@@ -69,6 +72,8 @@ pub(crate) struct Runner {
     /// Index of the next trial to create.
     pub next_index: u64,
     pub progress: Progress,
+    /// Trials TERMINATED and ERROR so far (including before a resume).
+    pub finished: (u64, u64),
 }
 
 /// How the loop ended.
@@ -94,6 +99,7 @@ impl Runner {
         // Trials that ended since the last flush: shown as ended once durable.
         let mut ended: Vec<TrialRecord> = Vec::new();
         let mut ended_deadline: Option<tokio::time::Instant> = None;
+        let mut last_snapshot = String::new();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut first_error: Option<String> = None;
@@ -187,6 +193,7 @@ impl Runner {
                         }
                         flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), true);
                         self.show_ended(&mut ended);
+                        flusher.submit(Vec::new(), vec![FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) }], false);
                         flusher.close().await;
                         self.progress.finish();
                         return Ok(Finish::Interrupted);
@@ -215,12 +222,18 @@ impl Runner {
                 }
                 _ = tick.tick() => {
                     self.progress.refresh(running.values().map(|r| &r.record));
+                    let snapshot = self.snapshot(&running);
+                    if snapshot != last_snapshot {
+                        flusher.submit(Vec::new(), vec![FileWrite::Snapshot { path: self.exp_dir.join(SNAPSHOT), json: snapshot.clone() }], false);
+                        last_snapshot = snapshot;
+                    }
                 }
             }
         }
         self.store.put_meta("scheduler", &self.scheduler.save())?;
         flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), true);
         self.show_ended(&mut ended);
+        flusher.submit(Vec::new(), vec![FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) }], false);
         flusher.close().await;
         self.progress.finish();
         if interrupts > 0 {
@@ -236,8 +249,40 @@ impl Runner {
         self.exp_dir.join("trials").join(id)
     }
 
+    /// The live view `nestor status` shows while this sweep holds the store.
+    fn snapshot(&self, running: &HashMap<String, Running>) -> String {
+        let mut rows: Vec<&TrialRecord> = running.values().map(|r| &r.record).collect();
+        rows.sort_by_key(|r| r.index);
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "trial_id": r.id,
+                    "iteration": r.last_result.as_ref().map_or(0, |l| l.training_iteration),
+                    "metrics": r.last_result.as_ref().map(|l| crate::cli::metrics_json(&l.metrics)),
+                    "config": r.config,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "version": 1,
+            "pid": std::process::id(),
+            "metric": self.metric,
+            "trials": self.next_index,
+            "terminated": self.finished.0,
+            "error": self.finished.1,
+            "running": rows,
+        })
+        .to_string()
+    }
+
     fn show_ended(&mut self, ended: &mut Vec<TrialRecord>) {
         for r in ended.drain(..) {
+            match r.status {
+                TrialStatus::Terminated => self.finished.0 += 1,
+                TrialStatus::Error => self.finished.1 += 1,
+                _ => {}
+            }
             self.progress.trial_ended(&r);
         }
     }

@@ -32,7 +32,7 @@ pub enum StoreError {
         source: sled::Error,
     },
     /// Another process holds the store.
-    #[error("result store {0} is in use by another nestor process")]
+    #[error("result store {0} is in use by a running sweep; `nestor status` shows its progress, the store opens once it ends")]
     Locked(PathBuf),
     /// A record could not be decoded.
     #[error("result store {path}: corrupt record under {key}: {message}")]

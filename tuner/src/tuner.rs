@@ -193,6 +193,7 @@ impl Tuner {
         let store_dir = exp_dir.join("store");
         let mut pending = VecDeque::new();
         let mut next_index = 0;
+        let mut finished = (0, 0);
         let store = if resuming {
             let store = Store::open_existing(&store_dir)?;
             if let Some(state) = store.meta("searcher")? {
@@ -203,8 +204,10 @@ impl Tuner {
             }
             for t in store.trials()? {
                 next_index = next_index.max(t.index + 1);
-                if !t.status.is_finished() {
-                    pending.push_back(t);
+                match t.status {
+                    schedulers::TrialStatus::Terminated => finished.0 += 1,
+                    schedulers::TrialStatus::Error => finished.1 += 1,
+                    _ => pending.push_back(t),
                 }
             }
             store
@@ -247,6 +250,7 @@ impl Tuner {
             pending,
             next_index,
             progress: crate::progress::Progress::new(self.progress, file.experiment.metric.clone()),
+            finished,
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
