@@ -47,6 +47,8 @@ pub struct Tuner {
     progress: ProgressMode,
     restore_dir: Option<PathBuf>,
     origin: String,
+    custom_searcher: Option<Box<dyn Searcher>>,
+    custom_scheduler: Option<Box<dyn Scheduler>>,
 }
 
 impl std::fmt::Debug for Tuner {
@@ -68,6 +70,8 @@ impl Tuner {
             progress: ProgressMode::Auto,
             restore_dir: None,
             origin: "experiment".into(),
+            custom_searcher: None,
+            custom_scheduler: None,
         }
     }
 
@@ -83,6 +87,8 @@ impl Tuner {
             progress: ProgressMode::Auto,
             restore_dir: None,
             origin: resolved.origin,
+            custom_searcher: None,
+            custom_scheduler: None,
         }
     }
 
@@ -122,6 +128,22 @@ impl Tuner {
         self.file.stop = thresholds;
         self.custom_stop = custom;
         self.progress = c.progress;
+        self
+    }
+
+    /// Uses a searcher of your own instead of the configured algorithm. It
+    /// decides the number of trials through [`Searcher::total_trials`]
+    /// (default: `num_samples`). To resume such a sweep, pass the same kind
+    /// of searcher to the restored tuner; its saved state is restored into it.
+    pub fn with_searcher(mut self, searcher: Box<dyn Searcher>) -> Self {
+        self.custom_searcher = Some(searcher);
+        self
+    }
+
+    /// Uses a scheduler of your own instead of the configured one (same resume
+    /// rule as [`Tuner::with_searcher`]).
+    pub fn with_scheduler(mut self, scheduler: Box<dyn Scheduler>) -> Self {
+        self.custom_scheduler = Some(scheduler);
         self
     }
 
@@ -176,12 +198,14 @@ impl Tuner {
         let seed = file.experiment.seed.unwrap_or(0);
         // Check everything before anything is written.
         let basic = BasicVariantGenerator::new(self.space.clone(), file.experiment.num_samples, seed).with_points(self.points.clone())?;
-        let mut searcher: Box<dyn Searcher> = match file.search.max_concurrent {
-            Some(n) => Box::new(ConcurrencyLimiter::new(basic, n)),
-            None => Box::new(basic),
+        let mut searcher: Box<dyn Searcher> = match (self.custom_searcher.take(), file.search.max_concurrent) {
+            (Some(custom), _) => custom,
+            (None, Some(n)) => Box::new(ConcurrencyLimiter::new(basic, n)),
+            (None, None) => Box::new(basic),
         };
-        let mut scheduler: Box<dyn Scheduler> = match file.scheduler.kind {
-            SchedulerKind::Fifo => Box::new(Fifo),
+        let mut scheduler: Box<dyn Scheduler> = match (self.custom_scheduler.take(), file.scheduler.kind) {
+            (Some(custom), _) => custom,
+            (None, SchedulerKind::Fifo) => Box::new(Fifo),
         };
         let trainable = match (self.trainable.take(), &file.trainer) {
             (Some(t), _) => t,

@@ -151,3 +151,66 @@ fn a_bad_point_is_refused_before_anything_is_written() {
     assert_eq!(err.to_string(), "points_to_evaluate[0].x: 3.0 is outside uniform [-1, 1)");
     assert!(!dir.path().join("bad").exists());
 }
+
+/// A scheduler of our own: stops a trial at iteration 2 when its loss is above 0.5.
+struct CutAt2;
+
+impl schedulers::Scheduler for CutAt2 {
+    fn on_trial_result(&mut self, _trial: &schedulers::TrialView<'_>, result: &search::TrialResult) -> schedulers::Decision {
+        if result.training_iteration == 2 && result.metric("loss").is_some_and(|l| l > 0.5) {
+            schedulers::Decision::Stop
+        } else {
+            schedulers::Decision::Continue
+        }
+    }
+}
+
+/// A searcher of our own: x = 0.0, 0.1, ..., 0.9.
+struct Ladder(u64);
+
+impl search::Searcher for Ladder {
+    fn suggest(&mut self, _trial_id: &str) -> search::Suggestion {
+        if self.0 == 10 {
+            return search::Suggestion::Finished;
+        }
+        self.0 += 1;
+        search::Suggestion::Config(serde_json::json!({ "x": (self.0 - 1) as f64 / 10.0 }))
+    }
+    fn total_trials(&self) -> Option<u64> {
+        Some(10)
+    }
+    fn save(&self) -> serde_json::Value {
+        serde_json::json!({ "version": 1, "next": self.0 })
+    }
+    fn restore(&mut self, state: &serde_json::Value) -> Result<(), search::SearchError> {
+        self.0 = state["next"].as_u64().ok_or_else(|| search::SearchError::State("no next".into()))?;
+        Ok(())
+    }
+}
+
+#[test]
+fn searchers_and_schedulers_of_your_own_plug_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let trainable = Trainable::function(|ctx| {
+        let x: f64 = ctx.param("x")?;
+        for _ in 0..5 {
+            ctx.report([("loss", x)], None)?;
+        }
+        Ok(())
+    });
+    let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build().unwrap();
+    let grid = Tuner::new(trainable, space)
+        .tune_config(tune(1, 0))
+        .run_config(run(dir.path(), "own", Stop::new()))
+        .with_searcher(Box::new(Ladder(0)))
+        .with_scheduler(Box::new(CutAt2))
+        .fit()
+        .unwrap();
+    assert_eq!(grid.len(), 10);
+    for t in grid.iter() {
+        let x = t.config["x"].as_f64().unwrap();
+        let expected = if x > 0.5 { 2 } else { 5 };
+        assert_eq!(t.history.len(), expected, "x = {x}");
+        assert_eq!(t.status.as_str(), "TERMINATED");
+    }
+}
