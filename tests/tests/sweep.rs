@@ -197,3 +197,16 @@ fn status_works_while_the_sweep_runs() {
     assert!(!dir.path().join("runs/live/status.json").exists(), "the live view goes when the sweep ends");
     assert!(ok(nestor(dir.path(), &["status", "runs/live"])).contains("3 trials (3 TERMINATED)"));
 }
+
+#[test]
+fn a_child_leaked_by_a_worker_does_not_outlive_its_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &sweep("leak", "num_samples = 2\nseed = 2", "steps = 2\nleak_child = true", ""));
+    ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]));
+    let needle = dir.path().display().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !processes_mentioning(&needle).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "leaked processes: {:?}", processes_mentioning(&needle));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -96,17 +96,29 @@ pub enum StopLevel {
 #[derive(Debug)]
 pub struct TrialHandle {
     stop: watch::Sender<StopLevel>,
+    /// Process groups to SIGKILL at once on [`StopLevel::Kill`].
+    groups: Vec<i32>,
 }
 
 impl TrialHandle {
-    pub(crate) fn new() -> (Self, watch::Receiver<StopLevel>) {
+    pub(crate) fn new(groups: Vec<i32>) -> (Self, watch::Receiver<StopLevel>) {
         let (tx, rx) = watch::channel(StopLevel::Run);
-        (Self { stop: tx }, rx)
+        (Self { stop: tx, groups }, rx)
     }
 
     /// Asks the trial to stop at `level` (never lowers an earlier request).
-    /// An [`EventKind::Exited`] follows once it is gone.
+    /// An [`EventKind::Exited`] follows once it is gone. `Kill` signals the
+    /// trial's process groups before returning, so even a driver that exits
+    /// right after leaves no process behind.
     pub fn stop(&self, level: StopLevel) {
+        if level == StopLevel::Kill {
+            for &pgid in &self.groups {
+                // SAFETY: killpg only sends a signal; a gone group yields ESRCH.
+                unsafe {
+                    libc::killpg(pgid, libc::SIGKILL);
+                }
+            }
+        }
         self.stop.send_if_modified(|cur| {
             if level > *cur {
                 *cur = level;

@@ -84,7 +84,7 @@ impl std::fmt::Debug for FunctionBackend {
 
 impl Backend for FunctionBackend {
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
-        let (handle, stop) = TrialHandle::new();
+        let (handle, stop) = TrialHandle::new(Vec::new());
         let func = Arc::clone(&self.func);
         let trial_id = spec.trial_id.clone();
         let mut ctx = Context::in_process(&spec, events.clone(), stop.clone());

@@ -154,7 +154,7 @@ impl Backend for ProcessBackend {
             }
         };
         let pgid = child.id().map_or(0, |p| p as i32);
-        let (handle, mut stop) = TrialHandle::new();
+        let (handle, mut stop) = TrialHandle::new(if pgid > 0 { vec![pgid] } else { Vec::new() });
         let server = Arc::clone(&self.server);
         let grace = cfg.grace_period;
         let trial_id = spec.trial_id;

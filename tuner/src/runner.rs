@@ -164,13 +164,10 @@ impl Runner {
             if running.is_empty() && (stopping || (searcher_done && self.pending.is_empty())) {
                 break;
             }
-            if running.is_empty() && self.pending.is_empty() && !searcher_done {
+            if running.is_empty() {
                 // The searcher waits on trials, yet none runs: it can never proceed.
-                if matches!(self.searcher.suggest(&trial_id(self.next_index)), Suggestion::Wait) {
-                    tracing::warn!("the searcher is waiting but no trial is running; ending the sweep");
-                    break;
-                }
-                continue;
+                tracing::warn!("the searcher is waiting but no trial is running; ending the sweep");
+                break;
             }
 
             tokio::select! {

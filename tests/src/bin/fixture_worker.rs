@@ -7,7 +7,8 @@
 //! - `fail_at` (int): exit with code 3 at this iteration, after printing to stderr;
 //! - `nan_at` (int): report NaN at this iteration;
 //! - `omit_metric` (bool): report `other` instead of `loss`;
-//! - `ignore_sigterm` (bool): ignore SIGTERM.
+//! - `ignore_sigterm` (bool): ignore SIGTERM;
+//! - `leak_child` (bool): start a `sleep 300` that outlives this process.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,6 +29,10 @@ fn main() -> anyhow::Result<()> {
         unsafe {
             libc::signal(libc::SIGTERM, libc::SIG_IGN);
         }
+    }
+    if ctx.param::<bool>("leak_child").unwrap_or(false) {
+        // Deliberately never waited for: nestor must clean it up.
+        std::mem::forget(std::process::Command::new("sleep").arg("300").spawn()?);
     }
     let mut start = 0u64;
     if let Some(dir) = ctx.checkpoint() {
