@@ -7,6 +7,7 @@
 //! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C]
 //! ```
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tuner::{Domain, Mode, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
@@ -33,12 +34,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let concurrency = arg("--concurrency", 16) as usize;
     let dir = tempfile::tempdir()?;
     let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build()?;
+    let starts = Arc::new(Mutex::new(Vec::with_capacity(trials as usize)));
+    let ends = Arc::new(Mutex::new(Vec::with_capacity(trials as usize)));
+    let (s2, e2) = (Arc::clone(&starts), Arc::clone(&ends));
     let trainable = Trainable::function(move |ctx| {
+        s2.lock().map_err(|_| "poisoned")?.push(Instant::now());
         std::thread::sleep(Duration::from_millis(sleep_ms));
         let x: f64 = ctx.param("x")?;
         let t = Instant::now();
         ctx.report([("loss", x)], None)?;
         REPORT_NS.fetch_add(t.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        e2.lock().map_err(|_| "poisoned")?.push(Instant::now());
         Ok(())
     });
     let tuner = Tuner::new(trainable, space)
@@ -58,12 +64,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
     let start = Instant::now();
     let grid = tuner.fit()?;
-    let elapsed = start.elapsed().as_secs_f64();
+    let end = Instant::now();
+    let elapsed = end.duration_since(start).as_secs_f64();
     assert_eq!(grid.num_terminated() as u64, trials, "every trial must finish");
     let ideal = trials as f64 * sleep_ms as f64 / 1000.0 / concurrency as f64;
     println!("trials={trials} sleep={sleep_ms}ms concurrency={concurrency}");
     println!("total {elapsed:.3}s, ideal {ideal:.3}s, overhead {:.1}%", (elapsed / ideal - 1.0) * 100.0);
     println!("mean report round trip {:.0} us", REPORT_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / trials as f64 / 1000.0);
+    // A slot freed by the k-th trial to end is taken by the (k + concurrency)-th to start.
+    let mut starts = starts.lock().map_err(|_| "poisoned")?.clone();
+    let mut ends = ends.lock().map_err(|_| "poisoned")?.clone();
+    starts.sort();
+    ends.sort();
+    let gaps: Vec<f64> =
+        ends.iter().zip(starts.iter().skip(concurrency)).map(|(e, s)| s.saturating_duration_since(*e).as_secs_f64() * 1e6).collect();
+    if let (Some(first), Some(last)) = (starts.first(), ends.last()) {
+        println!(
+            "startup (fit -> first trial) {:.1} ms, shutdown (last trial -> fit returns) {:.1} ms",
+            first.duration_since(start).as_secs_f64() * 1e3,
+            end.duration_since(*last).as_secs_f64() * 1e3
+        );
+    }
+    println!("mean slot gap (trial end -> next start) {:.0} us", gaps.iter().sum::<f64>() / gaps.len().max(1) as f64);
     println!("driver peak RSS {:.1} MB", peak_rss_mb());
     Ok(())
 }
