@@ -8,10 +8,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tokio::sync::oneshot;
 
 use search::TrialResult;
-use trainer::Directive;
 
 use crate::store::Store;
 
@@ -28,11 +26,8 @@ pub(crate) enum FileWrite {
     Result { trial_dir: PathBuf, result: TrialResult },
 }
 
-type Ack = (oneshot::Sender<Directive>, Directive);
-
-/// Group commit: the loop hands over the acks and file writes of one burst
-/// of events; one flush (fsync) makes all of their results durable, then the
-/// workers get their answers. Files for people go to a background thread.
+/// Group commit and files for people: one flush makes a burst of results
+/// durable; the files under `trials/` are written by a background thread.
 pub(crate) struct Flusher {
     store: Store,
     file_tx: Option<std::sync::mpsc::Sender<Vec<FileWrite>>>,
@@ -64,26 +59,18 @@ impl Flusher {
         Self { store, file_tx: Some(file_tx), writer }
     }
 
-    /// Makes the burst durable (one fsync; it blocks the loop for that long,
-    /// while further events queue up and form the next burst), answers the
-    /// workers, and queues the files. Flushes when a worker waits or `force`;
-    /// returns whether it did.
-    pub(crate) fn submit(&self, acks: Vec<Ack>, files: Vec<FileWrite>, force: bool) -> bool {
-        let needs_flush = !acks.is_empty() || force;
-        let durable = !needs_flush
-            || self
-                .store
-                .flush()
-                .map_err(|e| tracing::error!(error = %e, "result store flush failed; stopping the reporting trials"))
-                .is_ok();
-        for (reply, directive) in acks {
-            // Not durable: the workers must not be told their result is safe.
-            let _ = reply.send(if durable { directive } else { Directive::Stop });
-        }
+    /// Makes every write so far durable: one flush (fsync) for a whole burst
+    /// of results. It blocks the loop for that long, while further events
+    /// queue up and form the next burst.
+    pub(crate) fn make_durable(&self) -> Result<(), crate::store::StoreError> {
+        self.store.flush()
+    }
+
+    /// Queues files for the writer thread.
+    pub(crate) fn write_files(&self, files: Vec<FileWrite>) {
         if let (false, Some(tx)) = (files.is_empty(), &self.file_tx) {
             let _ = tx.send(files);
         }
-        needs_flush && durable
     }
 
     /// Waits for every queued file write.

@@ -35,6 +35,12 @@ pub(crate) fn trial_id(index: u64) -> String {
     format!("trial_{index:05}")
 }
 
+/// A result stored in the current burst, and the worker waiting on it.
+struct Stored {
+    result: TrialResult,
+    reply: oneshot::Sender<Directive>,
+}
+
 struct Running {
     record: TrialRecord,
     handle: TrialHandle,
@@ -94,7 +100,8 @@ impl Runner {
         let mut stopping = false;
         let mut interrupts = 0u32;
         let deadline = self.time_budget.map(|b| tokio::time::Instant::now() + b);
-        let mut acks: Vec<(oneshot::Sender<Directive>, Directive)> = Vec::new();
+        // Results stored in this burst, waiting for the flush before anyone acts on them.
+        let mut reports: Vec<Stored> = Vec::new();
         let mut files: Vec<FileWrite> = Vec::new();
         // Trials that ended since the last flush: shown as ended once durable.
         let mut ended: Vec<TrialRecord> = Vec::new();
@@ -152,13 +159,15 @@ impl Runner {
                 };
                 self.launch(record, &events_tx, &mut running, &mut ended)?;
             }
-            // Group commit. A trial's end rides on the next flush a worker
-            // waits for, or on its own within END_FLUSH_DELAY.
-            if (!acks.is_empty() || !files.is_empty()) && flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), false) {
-                self.show_ended(&mut ended);
+            // Group commit for the burst just handled; after admitting, so a
+            // freed slot is refilled without waiting for the flush.
+            self.commit(&flusher, &mut running, &mut reports, &mut ended, false)?;
+            flusher.write_files(std::mem::take(&mut files));
+            // A trial's end rides on the next flush for results, or gets its
+            // own within END_FLUSH_DELAY.
+            if ended.is_empty() {
                 ended_deadline = None;
-            }
-            if !ended.is_empty() && ended_deadline.is_none() {
+            } else if ended_deadline.is_none() {
                 ended_deadline = Some(tokio::time::Instant::now() + END_FLUSH_DELAY);
             }
             if running.is_empty() && (stopping || (searcher_done && self.pending.is_empty())) {
@@ -188,9 +197,9 @@ impl Runner {
                             r.record.status = TrialStatus::Pending;
                             self.store.put_trial(&r.record)?;
                         }
-                        flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), true);
-                        self.show_ended(&mut ended);
-                        flusher.submit(Vec::new(), vec![FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) }], false);
+                        self.commit(&flusher, &mut running, &mut reports, &mut ended, true)?;
+                        files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
+                        flusher.write_files(std::mem::take(&mut files));
                         flusher.close().await;
                         self.progress.finish();
                         return Ok(Finish::Interrupted);
@@ -205,15 +214,30 @@ impl Runner {
                     }
                 }
                 _ = async { match ended_deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-                    flusher.submit(Vec::new(), Vec::new(), true);
-                    self.show_ended(&mut ended);
-                    ended_deadline = None;
+                    self.commit(&flusher, &mut running, &mut reports, &mut ended, true)?;
                 }
                 ev = events.recv() => {
                     let Some(ev) = ev else { break };
                     let mut next = Some(ev);
                     while let Some(ev) = next {
-                        self.handle(ev, &mut running, &mut acks, &mut files, &mut ended, &mut stopping, &mut first_error)?;
+                        match ev.kind {
+                            EventKind::Report { report, reply } => match running.get_mut(&ev.trial_id) {
+                                Some(r) => {
+                                    let result = self.store_report(r, report, &mut files)?;
+                                    reports.push(Stored { result, reply });
+                                }
+                                None => {
+                                    let _ = reply.send(Directive::Stop);
+                                }
+                            },
+                            EventKind::Exited(outcome) => {
+                                // A trial's own results are decided on before its end.
+                                if reports.iter().any(|p| p.result.trial_id == ev.trial_id) {
+                                    self.commit(&flusher, &mut running, &mut reports, &mut ended, false)?;
+                                }
+                                self.on_exit(&ev.trial_id, outcome, &mut running, &mut ended, &mut stopping, &mut first_error)?;
+                            }
+                        }
                         next = events.try_recv().ok();
                     }
                 }
@@ -221,16 +245,16 @@ impl Runner {
                     self.progress.refresh(running.values().map(|r| &r.record));
                     let snapshot = self.snapshot(&running);
                     if snapshot != last_snapshot {
-                        flusher.submit(Vec::new(), vec![FileWrite::Snapshot { path: self.exp_dir.join(SNAPSHOT), json: snapshot.clone() }], false);
+                        files.push(FileWrite::Snapshot { path: self.exp_dir.join(SNAPSHOT), json: snapshot.clone() });
                         last_snapshot = snapshot;
                     }
                 }
             }
         }
         self.store.put_meta("scheduler", &self.scheduler.save())?;
-        flusher.submit(std::mem::take(&mut acks), std::mem::take(&mut files), true);
-        self.show_ended(&mut ended);
-        flusher.submit(Vec::new(), vec![FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) }], false);
+        self.commit(&flusher, &mut running, &mut reports, &mut ended, true)?;
+        files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
+        flusher.write_files(std::mem::take(&mut files));
         flusher.close().await;
         self.progress.finish();
         if interrupts > 0 {
@@ -325,74 +349,90 @@ impl Runner {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn handle(
+    /// Makes the burst durable, then lets the scheduler, stoppers and searcher
+    /// see each of its results and answers the workers. `force` flushes for
+    /// ended trials alone too.
+    fn commit(
         &mut self,
-        ev: Event,
+        flusher: &Flusher,
         running: &mut HashMap<String, Running>,
-        acks: &mut Vec<(oneshot::Sender<Directive>, Directive)>,
-        files: &mut Vec<FileWrite>,
+        reports: &mut Vec<Stored>,
         ended: &mut Vec<TrialRecord>,
-        stopping: &mut bool,
-        first_error: &mut Option<String>,
+        force: bool,
     ) -> Result<(), TuneError> {
-        match ev.kind {
-            EventKind::Report { report, reply } => {
-                let Some(r) = running.get_mut(&ev.trial_id) else {
-                    let _ = reply.send(Directive::Stop);
-                    return Ok(());
-                };
-                let directive = self.on_report(r, report, files)?;
-                acks.push((reply, directive));
-            }
-            EventKind::Exited(outcome) => {
-                let Some(mut r) = running.remove(&ev.trial_id) else { return Ok(()) };
-                let rec = &mut r.record;
-                rec.time_total_s += r.started.elapsed().as_secs_f64().min(f64::MAX);
-                let (status, error) = match (r.ending.take(), outcome) {
-                    (Some(Ending::Interrupted), ExitOutcome::Failed(_) | ExitOutcome::Stopped | ExitOutcome::Completed) => {
-                        (TrialStatus::Pending, None)
-                    }
-                    (Some(Ending::Failed(msg)), _) => (TrialStatus::Error, Some(msg)),
-                    (_, ExitOutcome::Failed(msg)) => (TrialStatus::Error, Some(msg)),
-                    (_, ExitOutcome::Completed | ExitOutcome::Stopped) => (TrialStatus::Terminated, None),
-                };
-                rec.status = status;
-                rec.error = error.clone();
-                if status.is_finished() {
-                    rec.ended_at = Some(now_unix());
-                }
-                self.store.put_trial(rec)?;
-                let v = view(rec);
-                match status {
-                    TrialStatus::Terminated => {
-                        self.scheduler.on_trial_complete(&v, rec.last_result.as_ref());
-                        self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
-                    }
-                    TrialStatus::Error => {
-                        self.scheduler.on_trial_error(&v);
-                        self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
-                        if first_error.is_none() {
-                            *first_error = Some(format!("{}: {}", rec.id, error.unwrap_or_default()));
-                        }
-                        if self.fail_fast && !*stopping {
-                            *stopping = true;
-                            self.progress.note("fail_fast: a trial failed; stopping the sweep");
-                            for other in running.values_mut() {
-                                other.ending.get_or_insert(Ending::Stopped);
-                                other.handle.stop(StopLevel::Graceful);
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-                ended.push(r.record);
-            }
+        let ends_wait = force && !ended.is_empty();
+        if reports.is_empty() && !ends_wait {
+            return Ok(());
+        }
+        // On failure the waiting workers' answers are dropped, which they
+        // read as Stop: nothing not durable is ever acknowledged.
+        flusher.make_durable()?;
+        self.show_ended(ended);
+        for Stored { result, reply } in reports.drain(..) {
+            let directive = match running.get_mut(&result.trial_id) {
+                Some(r) => self.decide(r, &result),
+                None => Directive::Stop,
+            };
+            let _ = reply.send(directive);
         }
         Ok(())
     }
 
-    fn on_report(&mut self, r: &mut Running, report: Report, files: &mut Vec<FileWrite>) -> Result<Directive, TuneError> {
+    fn on_exit(
+        &mut self,
+        trial_id: &str,
+        outcome: ExitOutcome,
+        running: &mut HashMap<String, Running>,
+        ended: &mut Vec<TrialRecord>,
+        stopping: &mut bool,
+        first_error: &mut Option<String>,
+    ) -> Result<(), TuneError> {
+        let Some(mut r) = running.remove(trial_id) else { return Ok(()) };
+        let rec = &mut r.record;
+        rec.time_total_s += r.started.elapsed().as_secs_f64().min(f64::MAX);
+        let (status, error) = match (r.ending.take(), outcome) {
+            (Some(Ending::Interrupted), ExitOutcome::Failed(_) | ExitOutcome::Stopped | ExitOutcome::Completed) => {
+                (TrialStatus::Pending, None)
+            }
+            (Some(Ending::Failed(msg)), _) => (TrialStatus::Error, Some(msg)),
+            (_, ExitOutcome::Failed(msg)) => (TrialStatus::Error, Some(msg)),
+            (_, ExitOutcome::Completed | ExitOutcome::Stopped) => (TrialStatus::Terminated, None),
+        };
+        rec.status = status;
+        rec.error = error.clone();
+        if status.is_finished() {
+            rec.ended_at = Some(now_unix());
+        }
+        self.store.put_trial(rec)?;
+        let v = view(rec);
+        match status {
+            TrialStatus::Terminated => {
+                self.scheduler.on_trial_complete(&v, rec.last_result.as_ref());
+                self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
+            }
+            TrialStatus::Error => {
+                self.scheduler.on_trial_error(&v);
+                self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
+                if first_error.is_none() {
+                    *first_error = Some(format!("{}: {}", rec.id, error.unwrap_or_default()));
+                }
+                if self.fail_fast && !*stopping {
+                    *stopping = true;
+                    self.progress.note("fail_fast: a trial failed; stopping the sweep");
+                    for other in running.values_mut() {
+                        other.ending.get_or_insert(Ending::Stopped);
+                        other.handle.stop(StopLevel::Graceful);
+                    }
+                }
+            }
+            _ => {}
+        }
+        ended.push(r.record);
+        Ok(())
+    }
+
+    /// Stores one report as a result (not yet durable) and returns it.
+    fn store_report(&mut self, r: &mut Running, report: Report, files: &mut Vec<FileWrite>) -> Result<TrialResult, TuneError> {
         let now = Instant::now();
         let rec = &mut r.record;
         let mut metrics: Metrics = report.metrics;
@@ -408,7 +448,7 @@ impl Runner {
             metrics,
             checkpoint: report.checkpoint.as_ref().map(|p| p.display().to_string()),
         };
-        // Durable before anyone acts on it: stored here, flushed before the ack.
+        // Durable before anyone acts on it: stored here, flushed by `commit`.
         self.store.put_result(&result)?;
         rec.num_results += 1;
         if let Some(path) = report.checkpoint {
@@ -420,28 +460,32 @@ impl Runner {
         self.store.put_trial(rec)?;
         files.push(FileWrite::Result { trial_dir: self.exp_dir.join("trials").join(&rec.id), result: result.clone() });
         self.progress.result(rec);
+        Ok(result)
+    }
 
+    /// What a durable result means for its trial.
+    fn decide(&mut self, r: &mut Running, result: &TrialResult) -> Directive {
         if let Some(metric) = &self.metric {
             if !result.metrics.contains_key(metric) {
                 let reported: Vec<&str> = result.metrics.keys().map(String::as_str).collect();
                 let msg = format!("trial reported no `{metric}` (the experiment's metric); it reported: {}", reported.join(", "));
                 r.ending = Some(Ending::Failed(msg));
                 r.handle.stop(StopLevel::Graceful);
-                return Ok(Directive::Stop);
+                return Directive::Stop;
             }
         }
         let v = view(&r.record);
-        let decision = self.scheduler.on_trial_result(&v, &result);
-        let stop = self.stopper.should_stop_trial(&result.trial_id, &result);
-        self.searcher.on_trial_result(&result.trial_id, &result);
+        let decision = self.scheduler.on_trial_result(&v, result);
+        let stop = self.stopper.should_stop_trial(&result.trial_id, result);
+        self.searcher.on_trial_result(&result.trial_id, result);
         if r.ending.is_some() {
-            return Ok(Directive::Stop);
+            return Directive::Stop;
         }
         if stop || decision != Decision::Continue {
             r.ending = Some(Ending::Stopped);
-            return Ok(Directive::Stop);
+            return Directive::Stop;
         }
-        Ok(Directive::Continue)
+        Directive::Continue
     }
 }
 
