@@ -457,7 +457,8 @@ impl Runner {
             rec.latest_checkpoint = Some(ckpt);
         }
         rec.last_result = Some(result.clone());
-        self.store.put_trial(rec)?;
+        // The trial's record is rewritten at its start and end only; in between,
+        // its results and checkpoints trees are the truth (see Store::refresh_trial).
         files.push(FileWrite::Result { trial_dir: self.exp_dir.join("trials").join(&rec.id), result: result.clone() });
         self.progress.result(rec);
         Ok(result)

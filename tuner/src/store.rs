@@ -260,6 +260,23 @@ impl Store {
             .collect()
     }
 
+    /// Brings a trial record up to date with its results and checkpoints
+    /// trees (the record itself is rewritten only when the trial starts or
+    /// ends): result count, last result, latest checkpoint.
+    pub fn refresh_trial(&self, trial: &mut TrialRecord) -> Result<(), StoreError> {
+        if let Some(kv) = self.results.scan_prefix(series_prefix(&trial.id)).next_back() {
+            let (k, v) = kv.map_err(self.sled_err())?;
+            let last: TrialResult = self.decode(&k, &v)?;
+            trial.num_results = last.seq + 1;
+            trial.last_result = Some(last);
+        }
+        if let Some(kv) = self.checkpoints.scan_prefix(series_prefix(&trial.id)).next_back() {
+            let (k, v) = kv.map_err(self.sled_err())?;
+            trial.latest_checkpoint = Some(self.decode(&k, &v)?);
+        }
+        Ok(())
+    }
+
     /// Records a committed checkpoint.
     pub fn put_checkpoint(&self, trial_id: &str, ckpt: &CheckpointRecord) -> Result<(), StoreError> {
         self.checkpoints.insert(series_key(trial_id, ckpt.iteration), Self::encode(ckpt)).map_err(self.sled_err())?;
@@ -333,6 +350,39 @@ mod tests {
         assert!(r.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
         assert!(r.iter().all(|x| x.metrics["loss"] >= 0.0));
         assert!(Store::open_existing(&dir.path().join("nothing")).is_err());
+    }
+
+    #[test]
+    fn refresh_brings_a_stale_record_up_to_date() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let mut rec = TrialRecord {
+            version: 1,
+            id: "t".into(),
+            index: 0,
+            config: serde_json::json!({}),
+            status: TrialStatus::Running,
+            created_at: 0.0,
+            started_at: None,
+            ended_at: None,
+            error: None,
+            restarts: 0,
+            num_results: 0,
+            time_total_s: 0.0,
+            last_result: None,
+            latest_checkpoint: None,
+        };
+        store.put_trial(&rec).unwrap();
+        for seq in 0..5 {
+            store.put_result(&result("t", seq, seq + 1, seq as f64)).unwrap();
+        }
+        store.put_result(&result("t0", 0, 1, 9.0)).unwrap();
+        store.put_checkpoint("t", &CheckpointRecord { version: 1, iteration: 2, path: "c2".into() }).unwrap();
+        store.put_checkpoint("t", &CheckpointRecord { version: 1, iteration: 4, path: "c4".into() }).unwrap();
+        store.refresh_trial(&mut rec).unwrap();
+        assert_eq!(rec.num_results, 5);
+        assert_eq!(rec.last_result.unwrap().training_iteration, 5);
+        assert_eq!(rec.latest_checkpoint.unwrap().iteration, 4);
     }
 
     #[test]

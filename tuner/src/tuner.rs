@@ -226,7 +226,10 @@ impl Tuner {
             if let Some(state) = store.meta("scheduler")? {
                 scheduler.restore(&state).map_err(|e| TuneError::Corrupt(exp_dir.clone(), e.to_string()))?;
             }
-            for t in store.trials()? {
+            for mut t in store.trials()? {
+                if !t.status.is_finished() {
+                    store.refresh_trial(&mut t)?;
+                }
                 next_index = next_index.max(t.index + 1);
                 match t.status {
                     schedulers::TrialStatus::Terminated => finished.0 += 1,
