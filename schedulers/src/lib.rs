@@ -5,6 +5,7 @@
 //! and replayed.
 #![warn(missing_docs)]
 
+pub mod conformance;
 mod fifo;
 mod scheduler;
 mod stopper;

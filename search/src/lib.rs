@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 mod basic;
+pub mod conformance;
 mod domain;
 mod error;
 mod limiter;
