@@ -110,7 +110,7 @@ mod tests {
             fn on_trial_result(&mut self, _: &TrialView<'_>, _: &TrialResult) -> Decision {
                 let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
                 self.0 += 1;
-                if (u64::from(t) + self.0) % 3 == 0 {
+                if (u64::from(t) + self.0).is_multiple_of(3) {
                     Decision::Stop
                 } else {
                     Decision::Continue
