@@ -99,7 +99,13 @@ impl Runner {
         let mut searcher_done = false;
         let mut stopping = false;
         let mut interrupts = 0u32;
-        let deadline = self.time_budget.map(|b| tokio::time::Instant::now() + b);
+        // Timers live across turns of the loop: re-creating them every turn
+        // would re-register them with the timer driver each time.
+        let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+        let budget = tokio::time::sleep_until(self.time_budget.map_or(far, |b| tokio::time::Instant::now() + b));
+        tokio::pin!(budget);
+        let ended_timer = tokio::time::sleep_until(far);
+        tokio::pin!(ended_timer);
         // Results stored in this burst, waiting for the flush before anyone acts on them.
         let mut reports: Vec<Stored> = Vec::new();
         let mut files: Vec<FileWrite> = Vec::new();
@@ -168,7 +174,9 @@ impl Runner {
             if ended.is_empty() {
                 ended_deadline = None;
             } else if ended_deadline.is_none() {
-                ended_deadline = Some(tokio::time::Instant::now() + END_FLUSH_DELAY);
+                let at = tokio::time::Instant::now() + END_FLUSH_DELAY;
+                ended_deadline = Some(at);
+                ended_timer.as_mut().reset(at);
             }
             if running.is_empty() && (stopping || (searcher_done && self.pending.is_empty())) {
                 break;
@@ -205,7 +213,7 @@ impl Runner {
                         return Ok(Finish::Interrupted);
                     }
                 }
-                _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } }, if !stopping => {
+                _ = &mut budget, if !stopping && self.time_budget.is_some() => {
                     self.progress.note("Time budget reached: stopping running trials");
                     stopping = true;
                     for r in running.values_mut() {
@@ -213,7 +221,7 @@ impl Runner {
                         r.handle.stop(StopLevel::Graceful);
                     }
                 }
-                _ = async { match ended_deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                _ = &mut ended_timer, if ended_deadline.is_some() => {
                     self.commit(&flusher, &mut running, &mut reports, &mut ended, true)?;
                 }
                 ev = events.recv() => {
