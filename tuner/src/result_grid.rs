@@ -150,10 +150,13 @@ impl ResultGrid {
             },
             None => (None, None),
         };
+        // One pass over each tree, not one scan per trial.
+        let mut results = store.all_results()?;
+        let mut all_checkpoints = store.all_checkpoints()?;
         let mut trials = Vec::new();
         for t in store.trials()? {
-            let history = effective_history(store.results(&t.id)?);
-            let checkpoints = store.checkpoints(&t.id)?;
+            let history = effective_history(results.remove(&t.id).unwrap_or_default());
+            let checkpoints = all_checkpoints.remove(&t.id).unwrap_or_default();
             trials.push(TrialOutcome {
                 metrics: history.last().map(|r| r.metrics.clone()),
                 path: experiment_dir.join("trials").join(&t.id),

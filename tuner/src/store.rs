@@ -7,6 +7,7 @@
 //! `checkpoints` (committed checkpoints; key: trial id, 0x00, big-endian
 //! iteration). Values are versioned JSON.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -248,6 +249,28 @@ impl Store {
     /// Every stored result of a trial, in sequence order.
     pub fn results(&self, trial_id: &str) -> Result<Vec<TrialResult>, StoreError> {
         self.series(&self.results, trial_id)
+    }
+
+    /// Every trial's results, in sequence order, keyed by trial id.
+    pub fn all_results(&self) -> Result<HashMap<String, Vec<TrialResult>>, StoreError> {
+        let mut out: HashMap<String, Vec<TrialResult>> = HashMap::new();
+        for kv in self.results.iter() {
+            let (k, v) = kv.map_err(self.sled_err())?;
+            let r: TrialResult = self.decode(&k, &v)?;
+            out.entry(r.trial_id.clone()).or_default().push(r);
+        }
+        Ok(out)
+    }
+
+    /// Every trial's committed checkpoints, oldest first, keyed by trial id.
+    pub fn all_checkpoints(&self) -> Result<HashMap<String, Vec<CheckpointRecord>>, StoreError> {
+        let mut out: HashMap<String, Vec<CheckpointRecord>> = HashMap::new();
+        for kv in self.checkpoints.iter() {
+            let (k, v) = kv.map_err(self.sled_err())?;
+            let id = k.split(|b| *b == 0).next().map(|id| String::from_utf8_lossy(id).into_owned()).unwrap_or_default();
+            out.entry(id).or_default().push(self.decode(&k, &v)?);
+        }
+        Ok(out)
     }
 
     /// A trial's records in one series tree, in key order.
