@@ -88,8 +88,6 @@ impl Progress {
         }
     }
 
-    pub(crate) fn result(&mut self, _r: &TrialRecord) {}
-
     pub(crate) fn trial_ended(&mut self, r: &TrialRecord) {
         match r.status {
             TrialStatus::Terminated => self.terminated += 1,

@@ -130,22 +130,7 @@ impl Runner {
                     let id = trial_id(self.next_index);
                     match self.searcher.suggest(&id) {
                         Suggestion::Config(config) => {
-                            let record = TrialRecord {
-                                version: RECORD_VERSION,
-                                id,
-                                index: self.next_index,
-                                config,
-                                status: TrialStatus::Pending,
-                                created_at: now_unix(),
-                                started_at: None,
-                                ended_at: None,
-                                error: None,
-                                restarts: 0,
-                                num_results: 0,
-                                time_total_s: 0.0,
-                                last_result: None,
-                                latest_checkpoint: None,
-                            };
+                            let record = TrialRecord::new(id, self.next_index, config, now_unix());
                             self.next_index += 1;
                             self.store.create_trial(&record, &self.searcher.save())?;
                             let view = view(&record);
@@ -468,7 +453,6 @@ impl Runner {
         // The trial's record is rewritten at its start and end only; in between,
         // its results and checkpoints trees are the truth (see Store::refresh_trial).
         files.push(FileWrite::Result { trial_dir: self.exp_dir.join("trials").join(&rec.id), result: result.clone() });
-        self.progress.result(rec);
         Ok(result)
     }
 

@@ -94,6 +94,28 @@ pub struct TrialRecord {
     pub latest_checkpoint: Option<CheckpointRecord>,
 }
 
+impl TrialRecord {
+    /// A new PENDING trial.
+    pub fn new(id: String, index: u64, config: Config, created_at: f64) -> Self {
+        Self {
+            version: RECORD_VERSION,
+            id,
+            index,
+            config,
+            status: TrialStatus::Pending,
+            created_at,
+            started_at: None,
+            ended_at: None,
+            error: None,
+            restarts: 0,
+            num_results: 0,
+            time_total_s: 0.0,
+            last_result: None,
+            latest_checkpoint: None,
+        }
+    }
+}
+
 /// The sled result store of one experiment.
 #[derive(Clone)]
 pub struct Store {
@@ -379,22 +401,7 @@ mod tests {
     fn refresh_brings_a_stale_record_up_to_date() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("store")).unwrap();
-        let mut rec = TrialRecord {
-            version: 1,
-            id: "t".into(),
-            index: 0,
-            config: serde_json::json!({}),
-            status: TrialStatus::Running,
-            created_at: 0.0,
-            started_at: None,
-            ended_at: None,
-            error: None,
-            restarts: 0,
-            num_results: 0,
-            time_total_s: 0.0,
-            last_result: None,
-            latest_checkpoint: None,
-        };
+        let mut rec = TrialRecord::new("t".into(), 0, serde_json::json!({}), 0.0);
         store.put_trial(&rec).unwrap();
         for seq in 0..5 {
             store.put_result(&result("t", seq, seq + 1, seq as f64)).unwrap();
