@@ -262,6 +262,15 @@ impl Tuner {
         stoppers.extend(self.custom_stop.take());
         let max_concurrent =
             file.experiment.max_concurrent_trials.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let mut progress = crate::progress::Progress::new(self.progress, file.experiment.metric.clone());
+        let planned = searcher.total_trials().unwrap_or(file.experiment.num_samples);
+        progress.note(&format!(
+            "nestor: {} {} ({} trials, {} at a time)",
+            if resuming { "resuming" } else { "experiment" },
+            exp_dir.display(),
+            planned,
+            max_concurrent
+        ));
         let runner = Runner {
             exp_dir: exp_dir.clone(),
             store: store.clone(),
@@ -276,7 +285,7 @@ impl Tuner {
             fail_fast: file.experiment.fail_fast,
             pending,
             next_index,
-            progress: crate::progress::Progress::new(self.progress, file.experiment.metric.clone()),
+            progress,
             finished,
         };
         match runner.run().await? {
