@@ -170,7 +170,9 @@ pub fn train(ctx: &mut Context, data: &WineData) -> TrainResult {
         let state: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("state.json"))?)?;
         start = state["epoch"].as_u64().unwrap_or(0);
     }
-    let scratch = tempdir_for(ctx.trial_id())?;
+    // Written here, then copied by `report` into the trial's checkpoint_NNNNNN.
+    let scratch = ctx.trial_dir().join("scratch");
+    std::fs::create_dir_all(&scratch)?;
     let mut order: Vec<u32> = (0..data.n_train as u32).collect();
     let mut rng = Rng(11);
     for _ in 0..start {
@@ -204,14 +206,4 @@ pub fn train(ctx: &mut Context, data: &WineData) -> TrainResult {
         Err(e) if matches!(e.downcast_ref::<ReportError>(), Some(ReportError::Stopped)) => Err(e),
         other => other,
     }
-}
-
-fn tempdir_for(trial_id: &str) -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "nestor-wine-{}-{}-{trial_id}",
-        std::process::id(),
-        std::thread::current().name().unwrap_or("main").len()
-    ));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
 }
