@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use search::{BasicVariantGenerator, Metrics, Mode, Searcher, Suggestion};
 
 use crate::experiment::ExperimentFile;
+use crate::files::csv_field;
 use crate::progress::{config_summary, fmt_num};
 use crate::result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
 use crate::{ProgressMode, TuneError, Tuner};
@@ -327,15 +328,10 @@ fn flatten(prefix: &str, v: &Value, out: &mut Map<String, Value>) {
 }
 
 fn csv_cell(v: &Value) -> String {
-    let s = match v {
-        Value::String(s) => s.clone(),
+    match v {
+        Value::String(s) => csv_field(s),
         Value::Null => String::new(),
-        other => other.to_string(),
-    };
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s
+        other => csv_field(&other.to_string()),
     }
 }
 
@@ -371,12 +367,12 @@ fn export(dir: &Path, format: Format) -> Result<(), Failure> {
             let mut header = vec!["trial_id".to_string(), "training_iteration".to_string()];
             header.extend(metric_cols.iter().cloned());
             header.extend(config_cols.iter().map(|c| format!("config/{c}")));
-            writeln!(out, "{}", header.iter().map(|h| csv_cell(&json!(h))).collect::<Vec<_>>().join(",")).map_err(out_err)?;
+            writeln!(out, "{}", header.iter().map(|h| csv_field(h)).collect::<Vec<_>>().join(",")).map_err(out_err)?;
             for t in grid.iter() {
                 let mut flat = Map::new();
                 flatten("", &t.config, &mut flat);
                 for r in &t.history {
-                    let mut row = vec![csv_cell(&json!(t.trial_id)), r.training_iteration.to_string()];
+                    let mut row = vec![csv_field(&t.trial_id), r.training_iteration.to_string()];
                     row.extend(metric_cols.iter().map(|c| r.metrics.get(c).map(|v| v.to_string()).unwrap_or_default()));
                     row.extend(config_cols.iter().map(|c| flat.get(c).map(csv_cell).unwrap_or_default()));
                     writeln!(out, "{}", row.join(",")).map_err(out_err)?;

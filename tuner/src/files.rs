@@ -87,7 +87,8 @@ fn append(path: &Path, text: &str) -> std::io::Result<()> {
     f.write_all(text.as_bytes())
 }
 
-fn csv_field(s: &str) -> String {
+/// One CSV field, quoted when it holds a comma, quote or newline.
+pub(crate) fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {

@@ -452,7 +452,7 @@ impl Runner {
         rec.last_result = Some(result.clone());
         // The trial's record is rewritten at its start and end only; in between,
         // its results and checkpoints trees are the truth (see Store::refresh_trial).
-        files.push(FileWrite::Result { trial_dir: self.exp_dir.join("trials").join(&rec.id), result: result.clone() });
+        files.push(FileWrite::Result { trial_dir: self.trial_dir(&rec.id), result: result.clone() });
         Ok(result)
     }
 
