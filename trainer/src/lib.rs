@@ -14,6 +14,8 @@ mod checkpoint;
 mod context;
 mod function;
 mod process;
+mod resources;
+mod scaling;
 mod service;
 
 /// The report-channel protocol, generated from `proto/nestor.proto`.
@@ -27,4 +29,6 @@ pub use checkpoint::{checkpoint_dir_name, persist_checkpoint, CheckpointError};
 pub use context::{Context, ReportError};
 pub use function::{FunctionBackend, TrainFn, TrainResult};
 pub use process::{ProcessBackend, ProcessConfig};
+pub use resources::{Allocation, Gpu, NodeResources, Request, ResourceError, ResourcePool, Source, WorkerBundle};
+pub use scaling::{DistBackend, PlacementStrategy, Resources, ScalingConfig, ScalingError, TorchConfig};
 pub use service::ReportServer;

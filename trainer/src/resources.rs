@@ -1,0 +1,660 @@
+//! The node's resources and their gang allocation to trials.
+//!
+//! [`NodeResources`] is what the node has: detected (CPUs within the cgroup
+//! limit, memory, GPUs through NVML) or declared. [`ResourcePool`] hands a
+//! run's bundles out all together or not at all, and never books anything
+//! twice. Amounts are kept in integer units (milli-CPUs, 1/10000 of a GPU,
+//! bytes), so fractional GPUs add up exactly.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+
+use crate::scaling::{PlacementStrategy, Resources, ScalingConfig};
+
+const CPU_UNITS: f64 = 1000.0;
+const GPU_UNITS: f64 = 10_000.0;
+const CUSTOM_UNITS: f64 = 1000.0;
+const WHOLE_GPU: u64 = 10_000;
+
+/// One GPU of the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// NVML index (what `CUDA_VISIBLE_DEVICES` names).
+    pub index: u32,
+    /// Model name.
+    pub name: String,
+    /// Total memory in bytes.
+    pub memory_bytes: u64,
+    /// Indices of the GPUs this one reaches over an active NVLink.
+    pub nvlink_peers: Vec<u32>,
+}
+
+/// Where the node's figures came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Source {
+    /// Read from the machine.
+    Detected,
+    /// Given by the user (they override detection).
+    Declared,
+}
+
+/// What one node offers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeResources {
+    /// CPUs (fractional when the cgroup quota is).
+    pub cpus: f64,
+    /// Memory in bytes.
+    pub memory_bytes: f64,
+    /// The GPUs.
+    pub gpus: Vec<Gpu>,
+    /// Custom resources by name.
+    pub custom: BTreeMap<String, f64>,
+    /// Detected or declared.
+    pub source: Source,
+}
+
+/// Errors of declaring resources or of a run that can never fit.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ResourceError {
+    /// A declared amount is invalid.
+    #[error("resources.{name}: {message}")]
+    Invalid {
+        /// The resource.
+        name: String,
+        /// The rule.
+        message: String,
+    },
+    /// The run needs more than the whole node has.
+    #[error("a trial asks for {asked}, but the node has {has}; it can never start")]
+    NeverFits {
+        /// What the run asks for.
+        asked: String,
+        /// What the node has.
+        has: String,
+    },
+}
+
+impl NodeResources {
+    /// The machine's resources, detected once per process (NVML's absence is
+    /// reported once).
+    pub fn detect() -> Self {
+        static DETECTED: OnceLock<NodeResources> = OnceLock::new();
+        DETECTED.get_or_init(detect_now).clone()
+    }
+
+    /// A declared node with `cpus` CPUs, the detected memory, and no GPUs
+    /// or custom resources until added.
+    pub fn declared(cpus: f64) -> Self {
+        Self { cpus, memory_bytes: detect_memory(), gpus: Vec::new(), custom: BTreeMap::new(), source: Source::Declared }
+    }
+
+    /// Adds `n` GPUs (no NVLink between them), numbered after those present.
+    pub fn with_gpus(mut self, n: u32) -> Self {
+        let start = self.gpus.len() as u32;
+        self.gpus.extend((start..start + n).map(|index| Gpu { index, name: "declared GPU".into(), memory_bytes: 0, nvlink_peers: Vec::new() }));
+        self
+    }
+
+    /// Adds a GPU as given (its topology too).
+    pub fn with_gpu(mut self, gpu: Gpu) -> Self {
+        self.gpus.push(gpu);
+        self
+    }
+
+    /// Sets the memory, in bytes.
+    pub fn with_memory(mut self, bytes: f64) -> Self {
+        self.memory_bytes = bytes;
+        self
+    }
+
+    /// Adds a custom resource.
+    pub fn with_custom(mut self, name: impl Into<String>, amount: f64) -> Self {
+        self.custom.insert(name.into(), amount);
+        self
+    }
+
+    /// A declared node from `{ CPU = 16, GPU = 8, memory = ..., other = n }`
+    /// (TOML `[resources]`); what is not declared is detected.
+    pub fn from_declared(declared: &Resources) -> Result<Self, ResourceError> {
+        let detected = Self::detect();
+        let mut node = Self { source: Source::Declared, custom: BTreeMap::new(), ..detected };
+        for (name, &amount) in declared {
+            let invalid = |message: String| ResourceError::Invalid { name: name.clone(), message };
+            if !(amount >= 0.0 && amount.is_finite()) {
+                return Err(invalid(format!("must be a finite amount >= 0, got {amount}")));
+            }
+            match name.as_str() {
+                "CPU" => node.cpus = amount,
+                "memory" => node.memory_bytes = amount,
+                "GPU" => {
+                    if amount.fract() != 0.0 {
+                        return Err(invalid(format!("must be a whole number of GPUs, got {amount}")));
+                    }
+                    let n = amount as usize;
+                    let have = node.gpus.len();
+                    node.gpus.truncate(n);
+                    if n > have {
+                        node = node.with_gpus((n - have) as u32);
+                    }
+                }
+                _ => {
+                    node.custom.insert(name.clone(), amount);
+                }
+            }
+        }
+        Ok(node)
+    }
+
+    /// `{CPU: 2, GPU: 0, memory: 23.4 GiB}` and custom resources.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{{CPU: {}, GPU: {}, memory: {}", num(self.cpus), self.gpus.len(), gib(self.memory_bytes));
+        for (k, v) in &self.custom {
+            let _ = write!(s, ", {k}: {}", num(*v));
+        }
+        s.push('}');
+        s
+    }
+}
+
+fn num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+fn gib(bytes: f64) -> String {
+    format!("{:.1} GiB", bytes / (1u64 << 30) as f64)
+}
+
+fn detect_now() -> NodeResources {
+    let gpus = detect_gpus();
+    NodeResources { cpus: detect_cpus(), memory_bytes: detect_memory(), gpus, custom: BTreeMap::new(), source: Source::Detected }
+}
+
+/// CPUs: the scheduler affinity, capped by a cgroup CPU quota (v2 `cpu.max`
+/// or v1 `cpu.cfs_quota_us`), which may be fractional.
+fn detect_cpus() -> f64 {
+    let online = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let quota = cgroup_cpu_quota().unwrap_or(f64::INFINITY);
+    online.min(quota).max(0.001)
+}
+
+fn cgroup_cpu_quota() -> Option<f64> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    if let Some(text) = read("/sys/fs/cgroup/cpu.max") {
+        let mut parts = text.split_whitespace();
+        let quota = parts.next()?;
+        let period: f64 = parts.next()?.parse().ok()?;
+        return if quota == "max" { None } else { Some(quota.parse::<f64>().ok()? / period) };
+    }
+    let quota: f64 = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")?.trim().parse().ok()?;
+    let period: f64 = read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")?.trim().parse().ok()?;
+    (quota > 0.0 && period > 0.0).then(|| quota / period)
+}
+
+/// Memory: `MemTotal`, capped by a cgroup memory limit.
+fn detect_memory() -> f64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .map_or(0.0, |kib| kib * 1024.0);
+    let limit = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<f64>().ok())
+        .unwrap_or(f64::INFINITY);
+    if total > 0.0 {
+        total.min(limit)
+    } else if limit.is_finite() {
+        limit
+    } else {
+        0.0
+    }
+}
+
+/// GPUs through NVML (loaded at run time); none, said once, where there is no
+/// NVIDIA driver.
+fn detect_gpus() -> Vec<Gpu> {
+    let nvml = match nvml_wrapper::Nvml::init() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::info!("no NVIDIA GPUs available (NVML: {e}); running CPU-only");
+            return Vec::new();
+        }
+    };
+    let count = match nvml.device_count() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("NVML could not count GPUs ({e}); running CPU-only");
+            return Vec::new();
+        }
+    };
+    let mut gpus = Vec::new();
+    let mut bus_ids = Vec::new();
+    for index in 0..count {
+        let Ok(dev) = nvml.device_by_index(index) else { continue };
+        let name = dev.name().unwrap_or_else(|_| "unknown GPU".into());
+        let memory_bytes = dev.memory_info().map_or(0, |m| m.total);
+        bus_ids.push((index, dev.pci_info().map(|p| p.bus_id.to_lowercase()).unwrap_or_default()));
+        gpus.push(Gpu { index, name, memory_bytes, nvlink_peers: Vec::new() });
+    }
+    // NVLink: each active link's remote PCI bus id names a peer GPU.
+    for gpu in &mut gpus {
+        let Ok(dev) = nvml.device_by_index(gpu.index) else { continue };
+        for link in 0..18 {
+            let l = dev.link_wrapper_for(link);
+            match l.is_active() {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(_) => break,
+            }
+            let Ok(remote) = l.remote_pci_info() else { continue };
+            let remote = remote.bus_id.to_lowercase();
+            if let Some(&(peer, _)) = bus_ids.iter().find(|(_, b)| !b.is_empty() && *b == remote) {
+                if peer != gpu.index && !gpu.nvlink_peers.contains(&peer) {
+                    gpu.nvlink_peers.push(peer);
+                }
+            }
+        }
+        gpu.nvlink_peers.sort_unstable();
+    }
+    tracing::info!(
+        "{} GPU(s): {}",
+        gpus.len(),
+        gpus.iter().map(|g| format!("{} {} ({})", g.index, g.name, gib(g.memory_bytes as f64))).collect::<Vec<_>>().join(", ")
+    );
+    gpus
+}
+
+/// What one worker was given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerBundle {
+    /// CPUs.
+    pub cpus: f64,
+    /// The GPUs it may use (NVML indices), in order.
+    pub gpus: Vec<u32>,
+    /// Its share of each of `gpus` (1 for whole GPUs).
+    pub gpu_share: f64,
+    /// Memory in bytes.
+    pub memory_bytes: f64,
+    /// Custom resources.
+    pub custom: BTreeMap<String, f64>,
+}
+
+impl WorkerBundle {
+    /// A worker with `cpus` CPUs and nothing else.
+    pub fn cpus(cpus: f64) -> Self {
+        Self { cpus, gpus: Vec::new(), gpu_share: 0.0, memory_bytes: 0.0, custom: BTreeMap::new() }
+    }
+
+    /// `CUDA_VISIBLE_DEVICES` for this worker (empty without GPUs).
+    pub fn cuda_visible_devices(&self) -> String {
+        self.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    }
+
+    /// `OMP_NUM_THREADS` for this worker: its whole CPUs, at least 1.
+    pub fn omp_threads(&self) -> u32 {
+        (self.cpus.floor() as u32).max(1)
+    }
+}
+
+/// A run's whole request: one bundle per worker plus the trainer's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Per worker.
+    pub workers: Vec<Resources>,
+    /// Beside the workers.
+    pub trainer: Resources,
+    /// Which GPUs.
+    pub strategy: PlacementStrategy,
+}
+
+impl Request {
+    /// The request of a run scaled by `scaling`.
+    pub fn from_scaling(scaling: &ScalingConfig) -> Self {
+        Self {
+            workers: vec![scaling.worker_resources(); scaling.num_workers as usize],
+            trainer: scaling.trainer_resources.clone(),
+            strategy: scaling.placement_strategy,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let one = |r: &Resources| {
+            let parts: Vec<String> = r.iter().map(|(k, v)| format!("{k}: {}", if k == "memory" { gib(*v) } else { num(*v) })).collect();
+            format!("{{{}}}", parts.join(", "))
+        };
+        let mut s = match self.workers.first() {
+            Some(w) if self.workers.iter().all(|x| x == w) => format!("{} worker(s) x {}", self.workers.len(), one(w)),
+            _ => self.workers.iter().map(one).collect::<Vec<_>>().join(" + "),
+        };
+        if self.trainer.values().any(|v| *v > 0.0) {
+            let _ = write!(s, " plus trainer {}", one(&self.trainer));
+        }
+        s
+    }
+}
+
+/// A run's allocation: one bundle per worker, returned with
+/// [`ResourcePool::release`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allocation {
+    /// Per worker, in rank order.
+    pub workers: Vec<WorkerBundle>,
+    cpu: u64,
+    memory: u64,
+    custom: BTreeMap<String, u64>,
+    /// (GPU position in the pool, units).
+    gpu: Vec<(usize, u64)>,
+}
+
+/// Free amounts, in integer units.
+#[derive(Debug, Clone, PartialEq)]
+struct Free {
+    cpu: u64,
+    memory: u64,
+    custom: BTreeMap<String, u64>,
+    /// Free units per GPU (WHOLE_GPU = untouched).
+    gpu: Vec<u64>,
+}
+
+/// The node's resources and who holds them. Not thread-safe by design: the
+/// experiment loop owns it.
+#[derive(Debug, Clone)]
+pub struct ResourcePool {
+    node: NodeResources,
+    total: Free,
+    free: Free,
+}
+
+fn units(v: f64, scale: f64) -> u64 {
+    (v * scale).round().max(0.0) as u64
+}
+
+impl ResourcePool {
+    /// A pool holding all of `node`.
+    pub fn new(node: NodeResources) -> Self {
+        let total = Free {
+            cpu: units(node.cpus, CPU_UNITS),
+            memory: node.memory_bytes.max(0.0) as u64,
+            custom: node.custom.iter().map(|(k, v)| (k.clone(), units(*v, CUSTOM_UNITS))).collect(),
+            gpu: vec![WHOLE_GPU; node.gpus.len()],
+        };
+        Self { node, free: total.clone(), total }
+    }
+
+    /// The node.
+    pub fn node(&self) -> &NodeResources {
+        &self.node
+    }
+
+    /// True when nothing is allocated.
+    pub fn is_idle(&self) -> bool {
+        self.free == self.total
+    }
+
+    /// Refuses a request that would not fit even on the idle node.
+    pub fn check(&self, request: &Request) -> Result<(), ResourceError> {
+        let mut empty = Self::new(self.node.clone());
+        match empty.try_allocate(request) {
+            Some(_) => Ok(()),
+            None => Err(ResourceError::NeverFits { asked: request.describe(), has: self.node.describe() }),
+        }
+    }
+
+    /// Allocates every bundle of `request`, or nothing (`None`: not now).
+    pub fn try_allocate(&mut self, request: &Request) -> Option<Allocation> {
+        let mut free = self.free.clone();
+        let mut alloc = Allocation { workers: Vec::new(), cpu: 0, memory: 0, custom: BTreeMap::new(), gpu: Vec::new() };
+        for r in std::iter::once(&request.trainer).chain(&request.workers) {
+            let cpu = units(r.get("CPU").copied().unwrap_or(0.0), CPU_UNITS);
+            let memory = r.get("memory").copied().unwrap_or(0.0).max(0.0) as u64;
+            free.cpu = free.cpu.checked_sub(cpu)?;
+            free.memory = free.memory.checked_sub(memory)?;
+            alloc.cpu += cpu;
+            alloc.memory += memory;
+            let mut custom = BTreeMap::new();
+            for (name, &amount) in r.iter().filter(|(k, _)| !matches!(k.as_str(), "CPU" | "GPU" | "memory")) {
+                let u = units(amount, CUSTOM_UNITS);
+                if u == 0 {
+                    continue;
+                }
+                let slot = free.custom.get_mut(name)?;
+                *slot = slot.checked_sub(u)?;
+                *alloc.custom.entry(name.clone()).or_insert(0) += u;
+                custom.insert(name.clone(), amount);
+            }
+            if std::ptr::eq(r, &request.trainer) {
+                continue;
+            }
+            let gpu = r.get("GPU").copied().unwrap_or(0.0);
+            let (gpus, share) = self.place_gpus(&mut free, &mut alloc, gpu, request.strategy)?;
+            alloc.workers.push(WorkerBundle {
+                cpus: r.get("CPU").copied().unwrap_or(0.0),
+                gpus,
+                gpu_share: share,
+                memory_bytes: memory as f64,
+                custom,
+            });
+        }
+        self.free = free;
+        Some(alloc)
+    }
+
+    /// Picks GPUs for one worker needing `amount` of them.
+    fn place_gpus(&self, free: &mut Free, alloc: &mut Allocation, amount: f64, strategy: PlacementStrategy) -> Option<(Vec<u32>, f64)> {
+        let need = units(amount, GPU_UNITS);
+        if need == 0 {
+            return Some((Vec::new(), 0.0));
+        }
+        let trial_gpus: Vec<usize> = alloc.gpu.iter().map(|(i, _)| *i).collect();
+        let linked = |a: usize, b: usize| self.node.gpus[a].nvlink_peers.contains(&self.node.gpus[b].index);
+        let closeness = |i: usize| trial_gpus.iter().filter(|&&t| t == i || linked(i, t)).count();
+        let topology_known = self.node.gpus.iter().any(|g| !g.nvlink_peers.is_empty());
+        let mut chosen: Vec<usize> = Vec::new();
+        if need < WHOLE_GPU {
+            let mut candidates: Vec<usize> = (0..free.gpu.len()).filter(|&i| free.gpu[i] >= need).collect();
+            match strategy {
+                PlacementStrategy::Pack | PlacementStrategy::StrictPack => {
+                    // Best fit, next to the trial's other GPUs.
+                    candidates.sort_by_key(|&i| (std::cmp::Reverse(closeness(i)), free.gpu[i], i));
+                }
+                PlacementStrategy::Spread | PlacementStrategy::StrictSpread => {
+                    candidates.sort_by_key(|&i| (trial_gpus.contains(&i), std::cmp::Reverse(free.gpu[i]), i));
+                    if strategy == PlacementStrategy::StrictSpread {
+                        candidates.retain(|i| !trial_gpus.contains(i));
+                    }
+                }
+            }
+            if strategy == PlacementStrategy::StrictPack && topology_known && !trial_gpus.is_empty() {
+                candidates.retain(|&i| trial_gpus.iter().all(|&t| t == i || linked(i, t)));
+            }
+            chosen.push(*candidates.first()?);
+        } else {
+            let whole = need / WHOLE_GPU;
+            for _ in 0..whole {
+                let mut candidates: Vec<usize> = (0..free.gpu.len()).filter(|&i| free.gpu[i] == WHOLE_GPU && !chosen.contains(&i)).collect();
+                let near = |i: usize| closeness(i) + chosen.iter().filter(|&&c| linked(i, c)).count();
+                if matches!(strategy, PlacementStrategy::Pack | PlacementStrategy::StrictPack) {
+                    // Prefer NVLink peers of what is chosen, then GPUs with many free peers.
+                    let free_peers = |i: usize| (0..free.gpu.len()).filter(|&j| free.gpu[j] == WHOLE_GPU && linked(i, j)).count();
+                    candidates.sort_by_key(|&i| (std::cmp::Reverse(near(i)), std::cmp::Reverse(free_peers(i)), i));
+                }
+                if strategy == PlacementStrategy::StrictPack && topology_known {
+                    candidates.retain(|&i| trial_gpus.iter().chain(&chosen).all(|&t| linked(i, t)));
+                }
+                let pick = *candidates.first()?;
+                chosen.push(pick);
+                free.gpu[pick] = 0;
+                alloc.gpu.push((pick, WHOLE_GPU));
+            }
+            let gpus = chosen.iter().map(|&i| self.node.gpus[i].index).collect();
+            return Some((gpus, 1.0));
+        }
+        let i = chosen[0];
+        free.gpu[i] -= need;
+        alloc.gpu.push((i, need));
+        Some((vec![self.node.gpus[i].index], amount))
+    }
+
+    /// Returns an allocation's resources to the pool.
+    pub fn release(&mut self, alloc: &Allocation) {
+        self.free.cpu = (self.free.cpu + alloc.cpu).min(self.total.cpu);
+        self.free.memory = (self.free.memory + alloc.memory).min(self.total.memory);
+        for (name, u) in &alloc.custom {
+            if let (Some(f), Some(t)) = (self.free.custom.get_mut(name), self.total.custom.get(name)) {
+                *f = (*f + u).min(*t);
+            }
+        }
+        for &(i, u) in &alloc.gpu {
+            if let Some(f) = self.free.gpu.get_mut(i) {
+                *f = (*f + u).min(WHOLE_GPU);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn req(workers: usize, cpu: f64, gpu: f64, strategy: PlacementStrategy) -> Request {
+        let mut r = Resources::from([("CPU".to_string(), cpu)]);
+        if gpu > 0.0 {
+            r.insert("GPU".into(), gpu);
+        }
+        Request { workers: vec![r; workers], trainer: Resources::new(), strategy }
+    }
+
+    #[test]
+    fn gpus_are_assigned_per_worker_and_returned() {
+        let mut pool = ResourcePool::new(NodeResources::declared(16.0).with_gpus(4));
+        let a = pool.try_allocate(&req(2, 1.0, 1.0, PlacementStrategy::Pack)).unwrap();
+        assert_eq!(a.workers.iter().map(|w| w.cuda_visible_devices()).collect::<Vec<_>>(), ["0", "1"]);
+        let b = pool.try_allocate(&req(1, 1.0, 2.0, PlacementStrategy::Pack)).unwrap();
+        assert_eq!(b.workers[0].cuda_visible_devices(), "2,3");
+        assert!(pool.try_allocate(&req(1, 1.0, 0.5, PlacementStrategy::Pack)).is_none(), "every GPU is taken");
+        pool.release(&a);
+        let c = pool.try_allocate(&req(2, 1.0, 0.5, PlacementStrategy::Pack)).unwrap();
+        assert_eq!(c.workers.iter().map(|w| w.cuda_visible_devices()).collect::<Vec<_>>(), ["0", "0"], "PACK shares a GPU");
+        pool.release(&c);
+        let d = pool.try_allocate(&req(2, 1.0, 0.5, PlacementStrategy::Spread)).unwrap();
+        assert_eq!(d.workers.iter().map(|w| w.cuda_visible_devices()).collect::<Vec<_>>(), ["0", "1"], "SPREAD does not");
+        pool.release(&d);
+        pool.release(&b);
+        assert!(pool.is_idle());
+    }
+
+    #[test]
+    fn pack_prefers_nvlink_peers() {
+        // GPUs 0-1 and 2-3 are NVLink pairs; 1 is busy: a 2-GPU worker gets the pair 2,3, not 0 and 2.
+        let gpu = |index: u32, peer: u32| Gpu { index, name: "g".into(), memory_bytes: 0, nvlink_peers: vec![peer] };
+        let node = NodeResources::declared(8.0).with_gpu(gpu(0, 1)).with_gpu(gpu(1, 0)).with_gpu(gpu(2, 3)).with_gpu(gpu(3, 2));
+        let mut pool = ResourcePool::new(node);
+        let first = pool.try_allocate(&req(1, 1.0, 1.0, PlacementStrategy::Pack)).unwrap();
+        assert_eq!(first.workers[0].gpus, [0]);
+        let pair = pool.try_allocate(&req(2, 1.0, 1.0, PlacementStrategy::StrictPack)).unwrap();
+        assert_eq!(pair.workers.iter().flat_map(|w| w.gpus.clone()).collect::<Vec<_>>(), [2, 3]);
+        pool.release(&first);
+        // STRICT_PACK will not split a trial across the two pairs.
+        assert!(pool.try_allocate(&req(2, 1.0, 1.0, PlacementStrategy::StrictPack)).is_some());
+        assert!(pool.try_allocate(&req(1, 1.0, 1.0, PlacementStrategy::StrictPack)).is_none());
+    }
+
+    #[test]
+    fn a_request_that_can_never_fit_is_refused_with_both_sides() {
+        let pool = ResourcePool::new(NodeResources::declared(2.0).with_memory(8.0 * (1u64 << 30) as f64));
+        let err = pool.check(&req(2, 1.0, 1.0, PlacementStrategy::Pack)).unwrap_err().to_string();
+        assert_eq!(err, "a trial asks for 2 worker(s) x {CPU: 1, GPU: 1}, but the node has {CPU: 2, GPU: 0, memory: 8.0 GiB}; it can never start");
+        assert!(pool.check(&req(3, 1.0, 0.0, PlacementStrategy::Pack)).is_err());
+        assert!(pool.check(&req(2, 1.0, 0.0, PlacementStrategy::Pack)).is_ok());
+        let strict = ResourcePool::new(NodeResources::declared(8.0).with_gpus(1));
+        assert!(strict.check(&req(2, 1.0, 0.5, PlacementStrategy::StrictSpread)).is_err(), "two workers cannot avoid sharing one GPU");
+        assert!(strict.check(&req(2, 1.0, 0.5, PlacementStrategy::Pack)).is_ok());
+    }
+
+    #[test]
+    fn declared_resources_override_detection() {
+        let node = NodeResources::from_declared(&Resources::from([("CPU".into(), 16.0), ("GPU".into(), 8.0), ("tpu".into(), 2.0)])).unwrap();
+        assert_eq!((node.cpus, node.gpus.len(), node.custom["tpu"]), (16.0, 8, 2.0));
+        let err = NodeResources::from_declared(&Resources::from([("GPU".into(), 1.5)])).unwrap_err();
+        assert_eq!(err.to_string(), "resources.GPU: must be a whole number of GPUs, got 1.5");
+        let mut pool = ResourcePool::new(node);
+        let mut r = req(1, 1.0, 0.0, PlacementStrategy::Pack);
+        r.workers[0].insert("tpu".into(), 2.0);
+        let a = pool.try_allocate(&r).unwrap();
+        assert!(pool.try_allocate(&r).is_none(), "custom resources are booked too");
+        pool.release(&a);
+        assert!(pool.try_allocate(&r).is_some());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Start { workers: usize, cpu: u8, gpu_tenths: u8, strategy: u8 },
+        End(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1usize..5, 0u8..4, 0u8..25, 0u8..4).prop_map(|(workers, cpu, gpu_tenths, strategy)| Op::Start { workers, cpu, gpu_tenths, strategy }),
+            (0usize..8).prop_map(Op::End),
+        ]
+    }
+
+    proptest! {
+        /// Gang allocation: a request gets all its bundles or none; the sum of
+        /// what is held never exceeds the node, per resource and per GPU; ends
+        /// give everything back.
+        #[test]
+        fn never_double_booked(ops in proptest::collection::vec(op(), 1..60), cpus in 1u8..12, gpus in 0u32..5) {
+            let node = NodeResources::declared(f64::from(cpus)).with_gpus(gpus).with_memory(1e12);
+            let mut pool = ResourcePool::new(node);
+            let mut held: Vec<(Request, Allocation)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Start { workers, cpu, gpu_tenths, strategy } => {
+                        // Fractions below 1, whole GPUs above.
+                        let gpu = if gpu_tenths <= 10 { f64::from(gpu_tenths) / 10.0 } else { f64::from(gpu_tenths / 10) };
+                        let strategy = [PlacementStrategy::Pack, PlacementStrategy::Spread, PlacementStrategy::StrictPack, PlacementStrategy::StrictSpread][strategy as usize];
+                        let r = req(workers, f64::from(cpu) / 2.0, gpu, strategy);
+                        let before = pool.free.clone();
+                        match pool.try_allocate(&r) {
+                            Some(a) => {
+                                prop_assert_eq!(a.workers.len(), workers, "all bundles or none");
+                                for w in &a.workers {
+                                    let expected = if gpu == 0.0 { 0 } else if gpu < 1.0 { 1 } else { gpu as usize };
+                                    prop_assert_eq!(w.gpus.len(), expected);
+                                }
+                                held.push((r, a));
+                            }
+                            None => prop_assert_eq!(&pool.free, &before, "a refused request takes nothing"),
+                        }
+                    }
+                    Op::End(i) => {
+                        if !held.is_empty() {
+                            let (_, a) = held.remove(i % held.len());
+                            pool.release(&a);
+                        }
+                    }
+                }
+                // What the holders have adds up to exactly what the pool lacks.
+                let cpu_held: u64 = held.iter().map(|(_, a)| a.cpu).sum();
+                prop_assert_eq!(cpu_held + pool.free.cpu, pool.total.cpu);
+                for g in 0..gpus as usize {
+                    let used: u64 = held.iter().flat_map(|(_, a)| a.gpu.iter()).filter(|(i, _)| *i == g).map(|(_, u)| u).sum();
+                    prop_assert!(used <= WHOLE_GPU, "GPU {} booked {} units", g, used);
+                    prop_assert_eq!(used + pool.free.gpu[g], WHOLE_GPU);
+                }
+            }
+            for (_, a) in held.drain(..) {
+                pool.release(&a);
+            }
+            prop_assert!(pool.is_idle());
+        }
+    }
+}
