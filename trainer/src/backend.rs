@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::resources::WorkerBundle;
+
 /// The driver's answer to a report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Directive {
@@ -30,19 +32,74 @@ pub struct LaunchSpec {
     /// Iterations already done (the resumed checkpoint's iteration); the first
     /// report of this run is iteration `start_iteration + 1`.
     pub start_iteration: u64,
+    /// One bundle per worker, in rank order: the run's world size is its
+    /// length (at least one worker runs).
+    pub workers: Vec<WorkerBundle>,
 }
 
-/// One report from a trial's worker, after its checkpoint (if any) has been
-/// persisted under the trial directory.
+impl LaunchSpec {
+    /// A fresh run of `trial_id` with one single-CPU worker.
+    pub fn new(trial_id: impl Into<String>, config: Value, trial_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            trial_id: trial_id.into(),
+            config,
+            trial_dir: trial_dir.into(),
+            checkpoint: None,
+            start_iteration: 0,
+            workers: vec![WorkerBundle::cpus(1.0)],
+        }
+    }
+
+    /// The number of workers (ranks).
+    pub fn world_size(&self) -> u32 {
+        self.workers.len().max(1) as u32
+    }
+
+    /// Rank `rank`'s bundle.
+    pub(crate) fn bundle(&self, rank: u32) -> WorkerBundle {
+        self.workers.get(rank as usize).cloned().unwrap_or_else(|| WorkerBundle::cpus(1.0))
+    }
+}
+
+/// Where the driver's decision on a report goes: every rank waiting on that
+/// step. Dropping it unanswered tells them to stop.
+#[derive(Debug)]
+pub struct Reply {
+    waiters: Vec<oneshot::Sender<Directive>>,
+}
+
+impl Reply {
+    pub(crate) fn new(waiters: Vec<oneshot::Sender<Directive>>) -> Self {
+        Self { waiters }
+    }
+
+    /// A reply and the one receiver waiting on it.
+    pub fn channel() -> (Self, oneshot::Receiver<Directive>) {
+        let (tx, rx) = oneshot::channel();
+        (Self { waiters: vec![tx] }, rx)
+    }
+
+    /// Answers every waiting rank.
+    pub fn send(self, directive: Directive) {
+        for w in self.waiters {
+            // A rank that has gone away needs no answer.
+            let _ = w.send(directive);
+        }
+    }
+}
+
+/// One step of a trial, once every rank has reported it and every rank's
+/// checkpoint shard (if any) has been persisted under the trial directory.
 #[derive(Debug, Clone)]
 pub struct Report {
-    /// The reporting rank.
+    /// The rank whose metrics these are (rank 0, unless it has already ended).
     pub rank: u32,
     /// 1-based iteration, assigned by the trainer.
     pub training_iteration: u64,
-    /// The worker's metrics.
+    /// The metrics (rank 0's: they are the trial's).
     pub metrics: BTreeMap<String, f64>,
-    /// `<trial_dir>/checkpoint_NNNNNN` when this report carried a checkpoint.
+    /// `<trial_dir>/checkpoint_NNNNNN` when any rank reported a checkpoint
+    /// with this step; it holds a `rank-<r>/` shard for each of them.
     pub checkpoint: Option<PathBuf>,
 }
 
@@ -60,12 +117,12 @@ pub enum ExitOutcome {
 /// What a running trial tells the driver.
 #[derive(Debug)]
 pub enum EventKind {
-    /// A report; the worker waits for `reply`.
+    /// A step reported by every rank; the ranks wait for `reply`.
     Report {
         /// The report.
         report: Report,
         /// Where the driver's decision goes.
-        reply: oneshot::Sender<Directive>,
+        reply: Reply,
     },
     /// The run has ended and holds no resources any more.
     Exited(ExitOutcome),
@@ -133,7 +190,7 @@ impl TrialHandle {
 /// Errors starting a trial.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    /// The worker process could not be started.
+    /// A worker process could not be started.
     #[error("failed to start `{program}`: {source}")]
     Spawn {
         /// The program.

@@ -2,14 +2,18 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 
-use crate::backend::{Directive, Event, EventKind, Report, StopLevel};
+use crate::aggregate::Aggregator;
+use crate::backend::{Directive, StopLevel};
 use crate::checkpoint::{persist_checkpoint, CheckpointError};
+use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::proto;
 
 /// Why `report` did not return `Ok`.
@@ -41,8 +45,17 @@ pub enum ReportError {
     },
 }
 
+/// What the ranks of one in-process run share.
+pub(crate) struct Group {
+    pub(crate) aggregator: Aggregator,
+    pub(crate) collective: Collective,
+    /// Set when a rank has failed: the others stop at their next report.
+    pub(crate) failed: AtomicBool,
+    pub(crate) stop: watch::Receiver<StopLevel>,
+}
+
 enum Transport {
-    InProcess { events: mpsc::UnboundedSender<Event>, stop: watch::Receiver<StopLevel>, next_iteration: u64 },
+    InProcess(Arc<Group>),
     Grpc { rt: Box<tokio::runtime::Runtime>, client: proto::reporter_client::ReporterClient<tonic::transport::Channel>, token: String },
 }
 
@@ -55,6 +68,7 @@ pub struct Context {
     trial_dir: PathBuf,
     checkpoint: Option<PathBuf>,
     rank: u32,
+    local_rank: u32,
     world_size: u32,
     trial_dir_ready: std::cell::Cell<bool>,
     transport: Transport,
@@ -67,16 +81,17 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    pub(crate) fn in_process(spec: &crate::LaunchSpec, events: mpsc::UnboundedSender<Event>, stop: watch::Receiver<StopLevel>) -> Self {
+    pub(crate) fn in_process(spec: &crate::LaunchSpec, rank: u32, group: Arc<Group>) -> Self {
         Self {
             trial_id: spec.trial_id.clone(),
             config: spec.config.clone(),
             trial_dir: spec.trial_dir.clone(),
-            checkpoint: spec.checkpoint.as_ref().map(|c| c.join("rank-0")),
-            rank: 0,
-            world_size: 1,
+            checkpoint: spec.checkpoint.as_ref().map(|c| c.join(format!("rank-{rank}"))),
+            rank,
+            local_rank: rank,
+            world_size: spec.world_size(),
             trial_dir_ready: std::cell::Cell::new(false),
-            transport: Transport::InProcess { events, stop, next_iteration: spec.start_iteration + 1 },
+            transport: Transport::InProcess(group),
         }
     }
 
@@ -100,6 +115,7 @@ impl Context {
             }
         };
         let rank = num("RANK", 0)?;
+        let local_rank = num("LOCAL_RANK", rank)?;
         let world_size = num("WORLD_SIZE", 1)?;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| ReportError::Transport(e.to_string()))?;
         let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
@@ -115,6 +131,7 @@ impl Context {
             trial_dir,
             checkpoint,
             rank,
+            local_rank,
             world_size,
             trial_dir_ready: std::cell::Cell::new(false),
             transport: Transport::Grpc { rt: Box::new(rt), client: proto::reporter_client::ReporterClient::new(channel), token },
@@ -145,9 +162,38 @@ impl Context {
         self.rank
     }
 
+    /// This worker's rank on its node (its rank, on one node).
+    pub fn local_rank(&self) -> u32 {
+        self.local_rank
+    }
+
     /// Number of workers in the trial.
     pub fn world_size(&self) -> u32 {
         self.world_size
+    }
+
+    /// Reduces `data` element-wise across all ranks, in place (every rank
+    /// gets the same result). `ReduceOp::Mean` averages gradients.
+    /// In-process workers only.
+    pub fn all_reduce(&self, data: &mut [f32], op: ReduceOp) -> Result<(), CollectiveError> {
+        self.group()?.collective.all_reduce(self.rank, data, op)
+    }
+
+    /// Copies rank `root`'s `data` into every rank's `data`.
+    pub fn broadcast(&self, data: &mut [f32], root: u32) -> Result<(), CollectiveError> {
+        self.group()?.collective.broadcast(self.rank, data, root)
+    }
+
+    /// Waits until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<(), CollectiveError> {
+        self.group()?.collective.barrier(self.rank)
+    }
+
+    fn group(&self) -> Result<&Group, CollectiveError> {
+        match &self.transport {
+            Transport::InProcess(g) => Ok(g),
+            Transport::Grpc { .. } => Err(CollectiveError::NotInProcess),
+        }
     }
 
     /// The trial's directory (`<experiment>/trials/<id>`), created on first use.
@@ -170,9 +216,10 @@ impl Context {
     /// this step's checkpoint (copied by nestor before this returns, so the
     /// directory may be reused afterwards).
     ///
-    /// Blocks until the result is durable and the scheduler has decided.
-    /// Returns [`ReportError::Stopped`] when the trial must stop: end training
-    /// with `?`.
+    /// Every rank reports every step; rank 0's metrics are the trial's. Blocks
+    /// until all ranks have reported this step, the result is durable and the
+    /// scheduler has decided. Returns [`ReportError::Stopped`] when the trial
+    /// must stop: end training with `?`.
     pub fn report<I, K>(&mut self, metrics: I, checkpoint: Option<&Path>) -> Result<(), ReportError>
     where
         I: IntoIterator<Item = (K, f64)>,
@@ -180,21 +227,20 @@ impl Context {
     {
         let metrics: BTreeMap<String, f64> = metrics.into_iter().map(|(k, v)| (k.into(), v)).collect();
         let directive = match &mut self.transport {
-            Transport::InProcess { events, stop, next_iteration } => {
-                let iteration = *next_iteration;
+            Transport::InProcess(group) => {
+                // Another rank failed: this run is over (its error is that rank's).
+                if group.failed.load(Ordering::Acquire) {
+                    return Err(ReportError::Stopped);
+                }
+                let refused = |e: crate::aggregate::ArriveError| ReportError::Refused(e.to_string());
+                let iteration = group.aggregator.next_iteration(self.rank).map_err(refused)?;
                 let checkpoint = match checkpoint {
                     Some(dir) => Some(persist_checkpoint(dir, &self.trial_dir, iteration, self.rank)?),
                     None => None,
                 };
-                let (tx, rx) = oneshot::channel();
-                let report = Report { rank: self.rank, training_iteration: iteration, metrics, checkpoint };
-                let event = Event { trial_id: self.trial_id.clone(), kind: EventKind::Report { report, reply: tx } };
-                if events.send(event).is_err() {
-                    return Err(ReportError::Stopped);
-                }
-                *next_iteration += 1;
+                let rx = group.aggregator.arrive(self.rank, iteration, metrics, checkpoint).map_err(refused)?;
                 let directive = rx.blocking_recv().unwrap_or(Directive::Stop);
-                if *stop.borrow() > StopLevel::Run {
+                if *group.stop.borrow() > StopLevel::Run {
                     Directive::Stop
                 } else {
                     directive

@@ -1,13 +1,15 @@
 //! In-process trainables: a Rust function run on its own thread per trial.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
+use crate::aggregate::Aggregator;
 use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, TrialHandle};
-use crate::context::{Context, ReportError};
+use crate::collective::Collective;
+use crate::context::{Context, Group, ReportError};
 
 /// What a training function returns: `Ok`, or any error (which fails the
 /// trial, except [`ReportError::Stopped`], which ends it normally).
@@ -16,8 +18,9 @@ pub type TrainResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 /// A training function: called once per trial run with the trial's context.
 pub type TrainFn = dyn Fn(&mut Context) -> TrainResult + Send + Sync;
 
-/// Runs a Rust function per trial, each on its own thread. Threads are kept
-/// and reused for later trials (a thread per running trial at most), so a
+/// Runs a Rust function per rank of each trial, each rank on its own thread
+/// (`ctx.world_rank()`, `ctx.world_size()`, and in-process collectives for
+/// data parallelism). Threads are kept and reused for later trials, so a
 /// short trial does not pay for a thread's creation. A panic becomes the
 /// trial's error.
 #[derive(Clone)]
@@ -83,40 +86,76 @@ impl std::fmt::Debug for FunctionBackend {
 }
 
 impl Backend for FunctionBackend {
+    /// Starts one thread per rank; they share a step aggregator and a
+    /// collective group. The run's exit is sent once every rank has returned;
+    /// the first rank to fail makes the others stop (their collectives abort
+    /// and their next report returns `Stopped`) and names the run's error.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let (handle, stop) = TrialHandle::new(Vec::new());
-        let func = Arc::clone(&self.func);
-        let trial_id = spec.trial_id.clone();
-        let mut ctx = Context::in_process(&spec, events.clone(), stop.clone());
-        let job: Job = Box::new(move || {
-            let outcome = match catch_unwind(AssertUnwindSafe(|| func(&mut ctx))) {
-                Ok(Ok(())) => ExitOutcome::Completed,
-                Ok(Err(e)) => match e.downcast_ref::<ReportError>() {
-                    Some(ReportError::Stopped) => {
-                        if *stop.borrow() > crate::StopLevel::Run {
-                            ExitOutcome::Stopped
-                        } else {
-                            ExitOutcome::Completed
-                        }
-                    }
-                    _ => ExitOutcome::Failed(error_chain(&*e)),
-                },
-                Err(panic) => {
-                    let msg = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
-                    ExitOutcome::Failed(format!("the training function panicked: {msg}"))
-                }
-            };
-            drop(ctx);
-            // The driver may already be gone (second Ctrl-C); nothing to tell then.
-            let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
+        let world_size = spec.world_size();
+        let group = Arc::new(Group {
+            aggregator: Aggregator::new(&spec.trial_id, world_size, spec.start_iteration, events.clone()),
+            collective: Collective::new(world_size, stop.clone()),
+            failed: AtomicBool::new(false),
+            stop: stop.clone(),
         });
-        self.pool.run(job).map_err(|source| LaunchError::Spawn { program: "trial thread".into(), source })?;
+        let exit = Arc::new(GroupExit { remaining: AtomicUsize::new(world_size as usize), failure: Mutex::new(None) });
+        for rank in 0..world_size {
+            let func = Arc::clone(&self.func);
+            let trial_id = spec.trial_id.clone();
+            let mut ctx = Context::in_process(&spec, rank, Arc::clone(&group));
+            let (group, exit, events, stop) = (Arc::clone(&group), Arc::clone(&exit), events.clone(), stop.clone());
+            let job: Job = Box::new(move || {
+                let failure = match catch_unwind(AssertUnwindSafe(|| func(&mut ctx))) {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => match e.downcast_ref::<ReportError>() {
+                        Some(ReportError::Stopped) => None,
+                        _ => Some(error_chain(&*e)),
+                    },
+                    Err(panic) => {
+                        let msg = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Some(format!("the training function panicked: {msg}"))
+                    }
+                };
+                drop(ctx);
+                let prefix = if world_size > 1 { format!("rank {rank}: ") } else { String::new() };
+                match &failure {
+                    Some(msg) => {
+                        // The first failure is the run's; it stops the others.
+                        if let Ok(mut f) = exit.failure.lock() {
+                            f.get_or_insert_with(|| format!("{prefix}{msg}"));
+                        }
+                        group.failed.store(true, Ordering::Release);
+                        group.collective.abort(format!("rank {rank} failed: {msg}"));
+                    }
+                    None => group.collective.abort(format!("rank {rank} has returned")),
+                }
+                group.aggregator.rank_finished(rank);
+                if exit.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    let failure = exit.failure.lock().ok().and_then(|mut f| f.take());
+                    let outcome = match failure {
+                        Some(msg) => ExitOutcome::Failed(msg),
+                        None if *stop.borrow() > crate::StopLevel::Run => ExitOutcome::Stopped,
+                        None => ExitOutcome::Completed,
+                    };
+                    // The driver may already be gone (second Ctrl-C); nothing to tell then.
+                    let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
+                }
+            });
+            self.pool.run(job).map_err(|source| LaunchError::Spawn { program: "trial thread".into(), source })?;
+        }
         Ok(handle)
     }
+}
+
+/// How a run's ranks end together.
+struct GroupExit {
+    remaining: AtomicUsize,
+    failure: Mutex<Option<String>>,
 }
 
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {

@@ -9,8 +9,10 @@
 //! thread or a process reached over gRPC.
 #![warn(missing_docs)]
 
+mod aggregate;
 mod backend;
 mod checkpoint;
+mod collective;
 mod context;
 mod function;
 mod process;
@@ -24,8 +26,9 @@ pub mod proto {
     tonic::include_proto!("nestor.v1");
 }
 
-pub use backend::{Backend, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Report, StopLevel, TrialHandle};
+pub use backend::{Backend, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Reply, Report, StopLevel, TrialHandle};
 pub use checkpoint::{checkpoint_dir_name, persist_checkpoint, CheckpointError};
+pub use collective::{CollectiveError, ReduceOp};
 pub use context::{Context, ReportError};
 pub use function::{FunctionBackend, TrainFn, TrainResult};
 pub use process::{ProcessBackend, ProcessConfig};

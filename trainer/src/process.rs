@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StopLevel, TrialHandle};
+use crate::scaling::TorchConfig;
 use crate::service::ReportServer;
 
 /// How to run a trial's worker process.
@@ -26,16 +27,30 @@ pub struct ProcessConfig {
     pub working_dir: Option<PathBuf>,
     /// Time between SIGTERM and SIGKILL when stopping.
     pub grace_period: Duration,
+    /// Whether workers get GPUs (sets the default collective backend).
+    pub use_gpu: bool,
+    /// Collective backend and timeout for PyTorch workers.
+    pub torch: TorchConfig,
+    /// Where the report server listens (default: loopback, a free port).
+    pub report_bind: SocketAddr,
 }
 
 impl ProcessConfig {
     /// A config running `command` with a 5-second grace period.
     pub fn new(command: Vec<String>) -> Self {
-        Self { command, env: BTreeMap::new(), working_dir: None, grace_period: Duration::from_secs(5) }
+        Self {
+            command,
+            env: BTreeMap::new(),
+            working_dir: None,
+            grace_period: Duration::from_secs(5),
+            use_gpu: false,
+            torch: TorchConfig::default(),
+            report_bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        }
     }
 }
 
-/// Launches each trial as a process (rank 0 of a one-worker group).
+/// Launches each trial as a group of worker processes, one per rank.
 #[derive(Debug, Clone)]
 pub struct ProcessBackend {
     config: Arc<ProcessConfig>,
@@ -43,9 +58,10 @@ pub struct ProcessBackend {
 }
 
 impl ProcessBackend {
-    /// Starts the report server on loopback. Must be called inside a tokio runtime.
+    /// Starts the report server (on loopback unless configured otherwise).
+    /// Must be called inside a tokio runtime.
     pub async fn start(config: ProcessConfig) -> std::io::Result<Self> {
-        let server = ReportServer::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await?;
+        let server = ReportServer::start(config.report_bind).await?;
         Ok(Self { config: Arc::new(config), server: Arc::new(server) })
     }
 
@@ -89,45 +105,84 @@ fn signal_group(pgid: i32, signal: i32) {
     }
 }
 
-impl Backend for ProcessBackend {
-    fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
+/// A rank's process, from spawn to exit.
+struct RankExit {
+    rank: u32,
+    status: std::io::Result<std::process::ExitStatus>,
+}
+
+fn describe_exit(s: std::process::ExitStatus) -> String {
+    match (s.code(), s.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => format!("was killed by signal {sig}"),
+        _ => "ended".to_string(),
+    }
+}
+
+/// Waits (bounded) until no process of `pgids` is left, so what they held
+/// (a GPU's memory above all) is free before the bundle is handed on.
+async fn wait_groups_gone(pgids: &[i32]) {
+    let mut delay = Duration::from_micros(200);
+    for _ in 0..40 {
+        // SAFETY: signal 0 only checks that the group exists.
+        let alive = pgids.iter().any(|&g| g > 0 && unsafe { libc::killpg(g, 0) } == 0);
+        if !alive {
+            return;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(50));
+    }
+    tracing::warn!(?pgids, "processes of a finished trial are still exiting");
+}
+
+impl ProcessBackend {
+    fn command(
+        &self,
+        spec: &LaunchSpec,
+        rank: u32,
+        token: &str,
+        master_port: u16,
+        log_path: &Path,
+    ) -> Result<tokio::process::Command, LaunchError> {
         let cfg = &self.config;
-        let program = cfg.command.first().cloned().unwrap_or_default();
-        let logs = spec.trial_dir.join("logs");
-        std::fs::create_dir_all(&logs).map_err(|source| LaunchError::Io { path: logs.clone(), source })?;
-        let log_path = logs.join("rank-0.log");
         let open_log = || {
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(&log_path)
-                .map_err(|source| LaunchError::Io { path: log_path.clone(), source })
+                .open(log_path)
+                .map_err(|source| LaunchError::Io { path: log_path.to_path_buf(), source })
         };
         let (stdout, stderr) = (open_log()?, open_log()?);
-        let token = random_token();
-        let config_json = spec.config.to_string();
-        let mut cmd = tokio::process::Command::new(&program);
+        let bundle = spec.bundle(rank);
+        let world = spec.world_size().to_string();
+        let mut cmd = tokio::process::Command::new(&cfg.command[0]);
         cmd.args(&cfg.command[1..])
             .envs(&cfg.env)
-            .env("RANK", "0")
-            .env("WORLD_SIZE", "1")
-            .env("LOCAL_RANK", "0")
-            .env("LOCAL_WORLD_SIZE", "1")
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", &world)
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", &world)
+            .env("GROUP_RANK", "0")
             .env("NODE_RANK", "0")
             .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", free_port().to_string())
+            .env("MASTER_PORT", master_port.to_string())
+            .env("CUDA_VISIBLE_DEVICES", bundle.cuda_visible_devices())
+            .env("OMP_NUM_THREADS", bundle.omp_threads().to_string())
             .env("NESTOR_ADDR", self.server.url())
-            .env("NESTOR_TOKEN", &token)
+            .env("NESTOR_TOKEN", token)
             .env("NESTOR_TRIAL_ID", &spec.trial_id)
             .env("NESTOR_TRIAL_DIR", &spec.trial_dir)
-            .env("NESTOR_CONFIG", &config_json)
+            .env("NESTOR_CONFIG", spec.config.to_string())
+            .env("NESTOR_USE_GPU", if cfg.use_gpu { "1" } else { "0" })
+            .env("NESTOR_TORCH_BACKEND", cfg.torch.backend_for(cfg.use_gpu).as_str())
+            .env("NESTOR_COLLECTIVE_TIMEOUT_S", cfg.torch.timeout_s.to_string())
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
             .process_group(0)
             .kill_on_drop(false);
         match &spec.checkpoint {
-            Some(c) => cmd.env("NESTOR_CHECKPOINT", c.join("rank-0")),
+            Some(c) => cmd.env("NESTOR_CHECKPOINT", c.join(format!("rank-{rank}"))),
             None => cmd.env_remove("NESTOR_CHECKPOINT"),
         };
         if let Some(dir) = &cfg.working_dir {
@@ -145,61 +200,126 @@ impl Backend for ProcessBackend {
                 Ok(())
             });
         }
-        self.server.register(&spec.trial_id, token, 1, spec.trial_dir.clone(), spec.start_iteration, events.clone());
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(source) => {
-                self.server.unregister(&spec.trial_id);
-                return Err(LaunchError::Spawn { program, source });
-            }
-        };
-        let pgid = child.id().map_or(0, |p| p as i32);
-        let (handle, mut stop) = TrialHandle::new(if pgid > 0 { vec![pgid] } else { Vec::new() });
+        Ok(cmd)
+    }
+}
+
+impl Backend for ProcessBackend {
+    /// Starts one process per rank, each in its own process group, with the
+    /// torchrun variables, its bundle's `CUDA_VISIBLE_DEVICES` and
+    /// `OMP_NUM_THREADS`, and the `NESTOR_*` variables. When a rank exits
+    /// non-zero or dies, the others are stopped at once (SIGTERM, then SIGKILL
+    /// after at most a second) and the run fails with that rank's log tail.
+    fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
+        let cfg = &self.config;
+        let program = cfg.command.first().cloned().unwrap_or_default();
+        let logs = spec.trial_dir.join("logs");
+        std::fs::create_dir_all(&logs).map_err(|source| LaunchError::Io { path: logs.clone(), source })?;
+        let token = random_token();
+        let world_size = spec.world_size();
+        let master_port = free_port();
+        let log_paths: Vec<PathBuf> = (0..world_size).map(|r| logs.join(format!("rank-{r}.log"))).collect();
+        let mut commands = Vec::with_capacity(world_size as usize);
+        for rank in 0..world_size {
+            commands.push(self.command(&spec, rank, &token, master_port, &log_paths[rank as usize])?);
+        }
+        self.server.register(&spec.trial_id, token, world_size, spec.trial_dir.clone(), spec.start_iteration, events.clone());
+        let (exits_tx, mut exits) = mpsc::unbounded_channel::<RankExit>();
+        let mut pgids = Vec::with_capacity(commands.len());
+        for (rank, mut cmd) in commands.into_iter().enumerate() {
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(source) => {
+                    // All or nothing: the ranks already started go at once.
+                    for &g in &pgids {
+                        signal_group(g, libc::SIGKILL);
+                    }
+                    self.server.unregister(&spec.trial_id);
+                    return Err(LaunchError::Spawn { program, source });
+                }
+            };
+            pgids.push(child.id().map_or(0, |p| p as i32));
+            let tx = exits_tx.clone();
+            tokio::spawn(async move {
+                let status = child.wait().await;
+                let _ = tx.send(RankExit { rank: rank as u32, status });
+            });
+        }
+        drop(exits_tx);
+        let (handle, mut stop) = TrialHandle::new(pgids.iter().copied().filter(|&g| g > 0).collect());
         let server = Arc::clone(&self.server);
         let grace = cfg.grace_period;
         let trial_id = spec.trial_id;
         tokio::spawn(async move {
+            let signal_all = |sig: i32| pgids.iter().filter(|&&g| g > 0).for_each(|&g| signal_group(g, sig));
             let mut requested = StopLevel::Run;
-            let status = loop {
+            let mut failure: Option<(u32, String)> = None;
+            let mut wait_error: Option<String> = None;
+            let mut remaining = world_size;
+            let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+            let kill_at = tokio::time::sleep_until(far);
+            tokio::pin!(kill_at);
+            let mut kill_armed = false;
+            while remaining > 0 {
                 tokio::select! {
-                    status = child.wait() => break status,
-                    changed = stop.changed() => {
-                        let level = if changed.is_ok() { *stop.borrow_and_update() } else { StopLevel::Kill };
-                        if level == StopLevel::Run || level <= requested { continue; }
-                        requested = level;
-                        if level == StopLevel::Kill {
-                            signal_group(pgid, libc::SIGKILL);
-                            break child.wait().await;
-                        }
-                        signal_group(pgid, libc::SIGTERM);
-                        match tokio::time::timeout(grace, child.wait()).await {
-                            Ok(status) => break status,
-                            Err(_) => {
-                                tracing::warn!(trial = %trial_id, "worker ignored SIGTERM for {grace:?}; killing it");
-                                signal_group(pgid, libc::SIGKILL);
-                                break child.wait().await;
+                    exit = exits.recv() => {
+                        let Some(RankExit { rank, status }) = exit else { break };
+                        remaining -= 1;
+                        server.rank_finished(&trial_id, rank);
+                        match status {
+                            Ok(s) if s.success() => {}
+                            Ok(_) if requested > StopLevel::Run => {}
+                            Ok(s) => {
+                                if failure.is_none() && remaining > 0 {
+                                    tracing::warn!(trial = %trial_id, rank, "{}; stopping the other ranks", describe_exit(s));
+                                    signal_all(libc::SIGTERM);
+                                    if !kill_armed {
+                                        kill_armed = true;
+                                        kill_at.as_mut().reset(tokio::time::Instant::now() + grace.min(Duration::from_secs(1)));
+                                    }
+                                }
+                                failure.get_or_insert((rank, describe_exit(s)));
+                            }
+                            Err(e) => {
+                                wait_error.get_or_insert(format!("failed to wait for rank {rank}: {e}"));
                             }
                         }
                     }
+                    changed = stop.changed(), if requested < StopLevel::Kill => {
+                        let level = if changed.is_ok() { *stop.borrow_and_update() } else { StopLevel::Kill };
+                        if level <= requested { continue; }
+                        requested = level;
+                        if level == StopLevel::Kill {
+                            signal_all(libc::SIGKILL);
+                        } else {
+                            signal_all(libc::SIGTERM);
+                            if !kill_armed {
+                                kill_armed = true;
+                                kill_at.as_mut().reset(tokio::time::Instant::now() + grace);
+                            }
+                        }
+                    }
+                    _ = &mut kill_at, if kill_armed => {
+                        tracing::warn!(trial = %trial_id, "workers still running after SIGTERM; killing them");
+                        signal_all(libc::SIGKILL);
+                        kill_armed = false;
+                    }
                 }
-            };
-            // Whatever the leader did, no process of the group outlives the trial.
-            signal_group(pgid, libc::SIGKILL);
+            }
+            // Whatever the leaders did, no process of the groups outlives the trial.
+            signal_all(libc::SIGKILL);
+            wait_groups_gone(&pgids).await;
             server.unregister(&trial_id);
-            let outcome = match status {
-                Ok(s) if s.success() => ExitOutcome::Completed,
-                Ok(_) if requested > StopLevel::Run => ExitOutcome::Stopped,
-                Ok(s) => {
-                    let how = match (s.code(), s.signal()) {
-                        (Some(code), _) => format!("exited with code {code}"),
-                        (None, Some(sig)) => format!("was killed by signal {sig}"),
-                        _ => "ended".to_string(),
-                    };
-                    let tail = log_tail(&log_path, 20);
-                    let tail = if tail.is_empty() { String::new() } else { format!("; last log lines ({}):\n{tail}", log_path.display()) };
-                    ExitOutcome::Failed(format!("rank 0 {how}{tail}"))
+            let outcome = match (failure, wait_error) {
+                (Some((rank, how)), _) => {
+                    let log = &log_paths[rank as usize];
+                    let tail = log_tail(log, 20);
+                    let tail = if tail.is_empty() { String::new() } else { format!("; last log lines ({}):\n{tail}", log.display()) };
+                    ExitOutcome::Failed(format!("rank {rank} {how}{tail}"))
                 }
-                Err(e) => ExitOutcome::Failed(format!("failed to wait for rank 0: {e}")),
+                (None, Some(e)) => ExitOutcome::Failed(e),
+                (None, None) if requested > StopLevel::Run => ExitOutcome::Stopped,
+                (None, None) => ExitOutcome::Completed,
             };
             let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
         });

@@ -94,7 +94,12 @@ impl NodeResources {
     /// Adds `n` GPUs (no NVLink between them), numbered after those present.
     pub fn with_gpus(mut self, n: u32) -> Self {
         let start = self.gpus.len() as u32;
-        self.gpus.extend((start..start + n).map(|index| Gpu { index, name: "declared GPU".into(), memory_bytes: 0, nvlink_peers: Vec::new() }));
+        self.gpus.extend((start..start + n).map(|index| Gpu {
+            index,
+            name: "declared GPU".into(),
+            memory_bytes: 0,
+            nvlink_peers: Vec::new(),
+        }));
         self
     }
 
@@ -477,7 +482,8 @@ impl ResourcePool {
         } else {
             let whole = need / WHOLE_GPU;
             for _ in 0..whole {
-                let mut candidates: Vec<usize> = (0..free.gpu.len()).filter(|&i| free.gpu[i] == WHOLE_GPU && !chosen.contains(&i)).collect();
+                let mut candidates: Vec<usize> =
+                    (0..free.gpu.len()).filter(|&i| free.gpu[i] == WHOLE_GPU && !chosen.contains(&i)).collect();
                 let near = |i: usize| closeness(i) + chosen.iter().filter(|&&c| linked(i, c)).count();
                 if matches!(strategy, PlacementStrategy::Pack | PlacementStrategy::StrictPack) {
                     // Prefer NVLink peers of what is chosen, then GPUs with many free peers.
@@ -570,7 +576,10 @@ mod tests {
     fn a_request_that_can_never_fit_is_refused_with_both_sides() {
         let pool = ResourcePool::new(NodeResources::declared(2.0).with_memory(8.0 * (1u64 << 30) as f64));
         let err = pool.check(&req(2, 1.0, 1.0, PlacementStrategy::Pack)).unwrap_err().to_string();
-        assert_eq!(err, "a trial asks for 2 worker(s) x {CPU: 1, GPU: 1}, but the node has {CPU: 2, GPU: 0, memory: 8.0 GiB}; it can never start");
+        assert_eq!(
+            err,
+            "a trial asks for 2 worker(s) x {CPU: 1, GPU: 1}, but the node has {CPU: 2, GPU: 0, memory: 8.0 GiB}; it can never start"
+        );
         assert!(pool.check(&req(3, 1.0, 0.0, PlacementStrategy::Pack)).is_err());
         assert!(pool.check(&req(2, 1.0, 0.0, PlacementStrategy::Pack)).is_ok());
         let strict = ResourcePool::new(NodeResources::declared(8.0).with_gpus(1));
@@ -580,7 +589,8 @@ mod tests {
 
     #[test]
     fn declared_resources_override_detection() {
-        let node = NodeResources::from_declared(&Resources::from([("CPU".into(), 16.0), ("GPU".into(), 8.0), ("tpu".into(), 2.0)])).unwrap();
+        let node =
+            NodeResources::from_declared(&Resources::from([("CPU".into(), 16.0), ("GPU".into(), 8.0), ("tpu".into(), 2.0)])).unwrap();
         assert_eq!((node.cpus, node.gpus.len(), node.custom["tpu"]), (16.0, 8, 2.0));
         let err = NodeResources::from_declared(&Resources::from([("GPU".into(), 1.5)])).unwrap_err();
         assert_eq!(err.to_string(), "resources.GPU: must be a whole number of GPUs, got 1.5");
@@ -601,7 +611,12 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (1usize..5, 0u8..4, 0u8..25, 0u8..4).prop_map(|(workers, cpu, gpu_tenths, strategy)| Op::Start { workers, cpu, gpu_tenths, strategy }),
+            (1usize..5, 0u8..4, 0u8..25, 0u8..4).prop_map(|(workers, cpu, gpu_tenths, strategy)| Op::Start {
+                workers,
+                cpu,
+                gpu_tenths,
+                strategy
+            }),
             (0usize..8).prop_map(Op::End),
         ]
     }

@@ -102,7 +102,9 @@ impl ScalingConfig {
         if self.num_workers == 0 {
             return err("num_workers", "must be at least 1".into());
         }
-        for (prefix, res) in [("resources_per_worker", self.resources_per_worker.as_ref()), ("trainer_resources", Some(&self.trainer_resources))] {
+        for (prefix, res) in
+            [("resources_per_worker", self.resources_per_worker.as_ref()), ("trainer_resources", Some(&self.trainer_resources))]
+        {
             for (name, &amount) in res.into_iter().flatten() {
                 if !(amount >= 0.0 && amount.is_finite()) {
                     return err(&format!("{prefix}.{name}"), format!("must be a finite amount >= 0, got {amount}"));

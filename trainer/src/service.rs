@@ -9,7 +9,8 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use crate::backend::{Directive, Event, EventKind, Report};
+use crate::aggregate::Aggregator;
+use crate::backend::{Directive, Event};
 use crate::checkpoint::{persist_checkpoint, CheckpointError};
 use crate::proto::reporter_server::{Reporter, ReporterServer};
 use crate::proto::{self, ReportReply, ReportRequest};
@@ -19,15 +20,13 @@ pub const MAX_REPORT_BYTES: usize = 1 << 20;
 
 struct Registration {
     token: String,
-    world_size: u32,
     trial_dir: PathBuf,
-    events: mpsc::UnboundedSender<Event>,
-    next_iteration: u64,
+    aggregator: Aggregator,
 }
 
 #[derive(Default)]
 struct Registry {
-    trials: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Registration>>>>,
+    trials: RwLock<HashMap<String, Arc<Registration>>>,
 }
 
 /// The report service, listening on loopback; one per driver, shared by all
@@ -86,9 +85,18 @@ impl ReportServer {
         start_iteration: u64,
         events: mpsc::UnboundedSender<Event>,
     ) {
-        let reg = Registration { token, world_size, trial_dir, events, next_iteration: start_iteration + 1 };
+        let aggregator = Aggregator::new(trial_id, world_size, start_iteration, events);
+        let reg = Registration { token, trial_dir, aggregator };
         if let Ok(mut map) = self.registry.trials.write() {
-            map.insert(trial_id.to_string(), Arc::new(tokio::sync::Mutex::new(reg)));
+            map.insert(trial_id.to_string(), Arc::new(reg));
+        }
+    }
+
+    /// A rank of `trial_id` has exited: its steps no longer wait for it.
+    pub(crate) fn rank_finished(&self, trial_id: &str, rank: u32) {
+        let reg = self.registry.trials.read().ok().and_then(|m| m.get(trial_id).cloned());
+        if let Some(reg) = reg {
+            reg.aggregator.rank_finished(rank);
         }
     }
 
@@ -132,20 +140,16 @@ impl Reporter for Service {
         let Some(reg) = reg else {
             return refuse(Status::not_found(format!("unknown trial `{}`", r.trial_id)));
         };
-        let mut reg = reg.lock().await;
         if !tokens_equal(&reg.token, &r.token) {
             return refuse(Status::unauthenticated(format!("wrong token for trial `{}`", r.trial_id)));
-        }
-        if r.rank >= reg.world_size {
-            return refuse(Status::invalid_argument(format!(
-                "rank {} out of range: trial `{}` has {} workers",
-                r.rank, r.trial_id, reg.world_size
-            )));
         }
         if let Some(bad) = r.metrics.keys().find(|k| k.is_empty() || k.len() > 256) {
             return refuse(Status::invalid_argument(format!("invalid metric name {bad:?}")));
         }
-        let iteration = reg.next_iteration;
+        let iteration = match reg.aggregator.next_iteration(r.rank) {
+            Ok(i) => i,
+            Err(e) => return refuse(Status::invalid_argument(e.to_string())),
+        };
         let checkpoint = if r.checkpoint_dir.is_empty() {
             None
         } else {
@@ -161,13 +165,10 @@ impl Reporter for Service {
                 Err(e) => return refuse(Status::internal(e.to_string())),
             }
         };
-        let (tx, rx) = oneshot::channel();
-        let report = Report { rank: r.rank, training_iteration: iteration, metrics: r.metrics.into_iter().collect(), checkpoint };
-        let event = Event { trial_id: r.trial_id.clone(), kind: EventKind::Report { report, reply: tx } };
-        if reg.events.send(event).is_err() {
-            return Err(Status::unavailable("the driver is shutting down"));
-        }
-        reg.next_iteration += 1;
+        let rx = match reg.aggregator.arrive(r.rank, iteration, r.metrics.into_iter().collect(), checkpoint) {
+            Ok(rx) => rx,
+            Err(e) => return refuse(Status::invalid_argument(e.to_string())),
+        };
         drop(reg);
         let directive = rx.await.unwrap_or(Directive::Stop);
         let directive = match directive {
@@ -231,10 +232,10 @@ mod tests {
         // A good report goes through, is numbered 1, and gets the driver's answer.
         let answer = tokio::spawn(async move {
             let ev = rx.recv().await.unwrap();
-            let EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
+            let crate::EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
             assert_eq!(report.training_iteration, 1);
             assert_eq!(report.metrics["loss"], 0.5);
-            reply.send(Directive::Stop).unwrap();
+            reply.send(Directive::Stop);
         });
         let reply = client.report(request("secret", 0)).await.unwrap().into_inner();
         assert_eq!(reply.directive, proto::Directive::Stop as i32);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use schedulers::Stopper;
 use search::{Config, Mode};
-use trainer::{Context, FunctionBackend, ProcessConfig, TrainResult};
+use trainer::{Context, FunctionBackend, ProcessConfig, ScalingConfig, TrainResult};
 
 pub use crate::experiment::{Algorithm, SchedulerKind};
 
@@ -131,29 +131,52 @@ impl Default for RunConfig {
     }
 }
 
-/// What each trial runs.
+/// What each trial runs, and how it scales: a Rust function (one thread per
+/// worker) or an external command (one process per worker), with a
+/// [`ScalingConfig`] (one single-CPU worker by default).
 #[derive(Clone, Debug)]
-pub enum Trainable {
-    /// A Rust function, on its own thread per trial.
+pub struct Trainable {
+    pub(crate) kind: TrainableKind,
+    pub(crate) scaling: ScalingConfig,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum TrainableKind {
     Function(FunctionBackend),
-    /// An external command per trial, reporting over gRPC.
     Command(ProcessConfig),
 }
 
 impl Trainable {
-    /// A Rust training function.
+    /// A Rust training function, run once per worker (rank) of each trial.
     pub fn function<F>(f: F) -> Self
     where
         F: Fn(&mut Context) -> TrainResult + Send + Sync + 'static,
     {
-        Trainable::Function(FunctionBackend::new(f))
+        Self { kind: TrainableKind::Function(FunctionBackend::new(f)), scaling: ScalingConfig::default() }
     }
+
     /// A worker command, e.g. `["python", "train.py"]`.
     pub fn command<I, S>(command: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        Trainable::Command(ProcessConfig::new(command.into_iter().map(Into::into).collect()))
+        Self::process(ProcessConfig::new(command.into_iter().map(Into::into).collect()))
+    }
+
+    /// A worker command with every process setting.
+    pub fn process(config: ProcessConfig) -> Self {
+        Self { kind: TrainableKind::Command(config), scaling: ScalingConfig::default() }
+    }
+
+    /// Sets the workers per trial and what each needs.
+    pub fn scaling(mut self, scaling: ScalingConfig) -> Self {
+        self.scaling = scaling;
+        self
+    }
+
+    /// The scaling config.
+    pub fn scaling_config(&self) -> &ScalingConfig {
+        &self.scaling
     }
 }

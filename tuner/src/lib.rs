@@ -21,7 +21,9 @@ pub use tuner::Tuner;
 
 /// Re-exports for writing trainables without naming the other crates.
 pub use search::{Domain, Mode, Space};
-pub use trainer::{Context, ReportError, TrainResult};
+pub use trainer::{
+    Context, DistBackend, NodeResources, PlacementStrategy, ReduceOp, ReportError, Resources, ScalingConfig, TorchConfig, TrainResult,
+};
 
 /// Errors of running or restoring a sweep.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +40,12 @@ pub enum TuneError {
     /// A result query failed.
     #[error(transparent)]
     Query(#[from] QueryError),
+    /// The scaling config breaks a rule.
+    #[error("trainer.{}: {}", .0.key, .0.message)]
+    Scaling(#[from] trainer::ScalingError),
+    /// A trial's bundles can never fit on the node.
+    #[error(transparent)]
+    Resources(#[from] trainer::ResourceError),
     /// A fresh run would overwrite an experiment.
     #[error("experiment directory {0} already exists; resume it with `nestor resume {0}` or pick another experiment.name")]
     Exists(PathBuf),

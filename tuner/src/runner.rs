@@ -8,11 +8,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use schedulers::{Decision, Scheduler, Stopper, TrialStatus, TrialView};
 use search::{Metrics, Searcher, Suggestion, TrialResult};
-use trainer::{Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Report, StopLevel, TrialHandle};
+use trainer::{
+    Allocation, Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Reply, Report, Request, ResourcePool, StopLevel, TrialHandle,
+};
 
 use crate::files::{FileWrite, Flusher};
 use crate::progress::Progress;
@@ -38,12 +40,14 @@ pub(crate) fn trial_id(index: u64) -> String {
 /// A result stored in the current burst, and the worker waiting on it.
 struct Stored {
     result: TrialResult,
-    reply: oneshot::Sender<Directive>,
+    reply: Reply,
 }
 
 struct Running {
     record: TrialRecord,
     handle: TrialHandle,
+    /// Held until every process of the trial is gone.
+    allocation: Allocation,
     started: Instant,
     last_report: Instant,
     /// Set when this run must end; the reason decides the final state.
@@ -80,6 +84,10 @@ pub(crate) struct Runner {
     pub progress: Progress,
     /// Trials TERMINATED and ERROR so far (including before a resume).
     pub finished: (u64, u64),
+    /// The node's resources; a trial starts only with all its bundles.
+    pub pool: ResourcePool,
+    /// What each trial asks for.
+    pub request: Request,
 }
 
 /// How the loop ended.
@@ -122,8 +130,9 @@ impl Runner {
             .map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source })?;
 
         loop {
-            // Admit trials while there are free slots.
+            // Admit trials while there are free slots and resources for all of a trial's bundles.
             while !stopping && running.len() < self.max_concurrent {
+                let Some(allocation) = self.pool.try_allocate(&self.request) else { break };
                 let record = if let Some(r) = self.pending.pop_front() {
                     r
                 } else if !searcher_done && self.next_index < self.max_trials {
@@ -138,17 +147,22 @@ impl Runner {
                             files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: record.config.clone() });
                             record
                         }
-                        Suggestion::Wait => break,
+                        Suggestion::Wait => {
+                            self.pool.release(&allocation);
+                            break;
+                        }
                         Suggestion::Finished => {
+                            self.pool.release(&allocation);
                             searcher_done = true;
                             break;
                         }
                     }
                 } else {
+                    self.pool.release(&allocation);
                     searcher_done = true;
                     break;
                 };
-                self.launch(record, &events_tx, &mut running, &mut ended)?;
+                self.launch(record, allocation, &events_tx, &mut running, &mut ended)?;
             }
             // Group commit for the burst just handled; after admitting, so a
             // freed slot is refilled without waiting for the flush.
@@ -219,9 +233,7 @@ impl Runner {
                                     let result = self.store_report(r, report, &mut files)?;
                                     reports.push(Stored { result, reply });
                                 }
-                                None => {
-                                    let _ = reply.send(Directive::Stop);
-                                }
+                                None => reply.send(Directive::Stop),
                             },
                             EventKind::Exited(outcome) => {
                                 // A trial's own results are decided on before its end.
@@ -304,6 +316,7 @@ impl Runner {
     fn launch(
         &mut self,
         mut record: TrialRecord,
+        allocation: Allocation,
         events: &mpsc::UnboundedSender<Event>,
         running: &mut HashMap<String, Running>,
         ended: &mut Vec<TrialRecord>,
@@ -320,15 +333,17 @@ impl Runner {
             trial_dir: self.trial_dir(&record.id),
             checkpoint: record.latest_checkpoint.as_ref().map(|c| c.path.clone()),
             start_iteration: record.latest_checkpoint.as_ref().map_or(0, |c| c.iteration),
+            workers: allocation.workers.clone(),
         };
         match self.backend.launch(spec, events.clone()) {
             Ok(handle) => {
                 self.store.put_trial(&record)?;
                 self.progress.trial_started(&record);
                 let now = Instant::now();
-                running.insert(record.id.clone(), Running { record, handle, started: now, last_report: now, ending: None });
+                running.insert(record.id.clone(), Running { record, handle, allocation, started: now, last_report: now, ending: None });
             }
             Err(e) => {
+                self.pool.release(&allocation);
                 // The trial could not start: it is an error, the sweep goes on.
                 record.status = TrialStatus::Error;
                 record.error = Some(e.to_string());
@@ -366,7 +381,7 @@ impl Runner {
                 Some(r) => self.decide(r, &result),
                 None => Directive::Stop,
             };
-            let _ = reply.send(directive);
+            reply.send(directive);
         }
         Ok(())
     }
@@ -381,6 +396,8 @@ impl Runner {
         first_error: &mut Option<String>,
     ) -> Result<(), TuneError> {
         let Some(mut r) = running.remove(trial_id) else { return Ok(()) };
+        // The backend reports an exit only once every process is gone.
+        self.pool.release(&r.allocation);
         let rec = &mut r.record;
         rec.time_total_s += r.started.elapsed().as_secs_f64().min(f64::MAX);
         let (status, error) = match (r.ending.take(), outcome) {

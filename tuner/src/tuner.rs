@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use schedulers::{CombinedStopper, Fifo, MetricThresholds, Scheduler, Stopper};
 use search::{BasicVariantGenerator, ConcurrencyLimiter, Searcher, Space};
-use trainer::{Backend, ProcessBackend, ProcessConfig};
+use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool};
 
-use crate::config::{ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
+use crate::config::{ProgressMode, RunConfig, Stop, Trainable, TrainableKind, TuneConfig};
 use crate::experiment::{ExperimentFile, Resolved, SchedulerKind, SearchSection, TrainerSection};
 use crate::result_grid::ResultGrid;
 use crate::runner::{Finish, Runner};
@@ -49,6 +49,7 @@ pub struct Tuner {
     origin: String,
     custom_searcher: Option<Box<dyn Searcher>>,
     custom_scheduler: Option<Box<dyn Scheduler>>,
+    resources: Option<NodeResources>,
 }
 
 impl std::fmt::Debug for Tuner {
@@ -72,6 +73,7 @@ impl Tuner {
             origin: "experiment".into(),
             custom_searcher: None,
             custom_scheduler: None,
+            resources: None,
         }
     }
 
@@ -89,6 +91,7 @@ impl Tuner {
             origin: resolved.origin,
             custom_searcher: None,
             custom_scheduler: None,
+            resources: None,
         }
     }
 
@@ -144,6 +147,13 @@ impl Tuner {
     /// rule as [`Tuner::with_searcher`]).
     pub fn with_scheduler(mut self, scheduler: Box<dyn Scheduler>) -> Self {
         self.custom_scheduler = Some(scheduler);
+        self
+    }
+
+    /// Declares the node's resources (overriding detection, and the file's
+    /// `[resources]`): how many trials fit at once, and which GPUs they get.
+    pub fn resources(mut self, node: NodeResources) -> Self {
+        self.resources = Some(node);
         self
     }
 
@@ -209,9 +219,19 @@ impl Tuner {
         };
         let trainable = match (self.trainable.take(), &file.trainer) {
             (Some(t), _) => t,
-            (None, Some(t)) => Trainable::Command(process_config(t, &self.origin)?),
+            (None, Some(t)) => Trainable::process(process_config(t, &self.origin)?).scaling(t.scaling()),
             (None, None) => return Err(TuneError::NoTrainer),
         };
+        trainable.scaling.validate()?;
+        let node = match (self.resources.take(), file.resources.is_empty()) {
+            (Some(node), _) => node,
+            (None, false) => NodeResources::from_declared(&file.resources)?,
+            (None, true) => NodeResources::detect(),
+        };
+        let pool = ResourcePool::new(node);
+        let request = Request::from_scaling(&trainable.scaling);
+        // A trial that can never fit is refused now, not left pending.
+        pool.check(&request)?;
         // Absolute, so workers with another working directory find their trial directory.
         let exp_dir = std::path::absolute(self.experiment_dir()).map_err(|source| TuneError::Io { path: self.experiment_dir(), source })?;
         let store_dir = exp_dir.join("store");
@@ -252,16 +272,21 @@ impl Tuner {
             store.flush()?;
             store
         };
-        let backend: Arc<dyn Backend> = match trainable {
-            Trainable::Function(f) => Arc::new(f),
-            Trainable::Command(c) => {
+        let backend: Arc<dyn Backend> = match trainable.kind {
+            TrainableKind::Function(f) => Arc::new(f),
+            TrainableKind::Command(mut c) => {
+                c.use_gpu = trainable.scaling.use_gpu;
                 Arc::new(ProcessBackend::start(c).await.map_err(|source| TuneError::Io { path: PathBuf::from("<report server>"), source })?)
             }
         };
         let mut stoppers: Vec<Box<dyn Stopper>> = vec![Box::new(MetricThresholds(file.stop.clone()))];
         stoppers.extend(self.custom_stop.take());
-        let max_concurrent =
-            file.experiment.max_concurrent_trials.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        // Trials run as the node's resources allow, capped by max_concurrent_trials.
+        let fit = {
+            let mut probe = pool.clone();
+            std::iter::from_fn(|| probe.try_allocate(&request)).take(100_000).count().max(1)
+        };
+        let max_concurrent = file.experiment.max_concurrent_trials.unwrap_or(usize::MAX).min(fit);
         let mut progress = crate::progress::Progress::new(self.progress, file.experiment.metric.clone());
         let planned = searcher.total_trials().unwrap_or(file.experiment.num_samples);
         progress.note(&format!(
@@ -287,6 +312,8 @@ impl Tuner {
             next_index,
             progress,
             finished,
+            pool,
+            request,
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
@@ -321,6 +348,11 @@ fn process_config(t: &TrainerSection, origin: &str) -> Result<ProcessConfig, Tun
     c.env = t.env.clone();
     c.working_dir = t.working_dir.clone();
     c.grace_period = Duration::from_secs_f64(t.grace_period_s);
+    c.use_gpu = t.use_gpu;
+    c.torch = t.torch();
+    if let Some(bind) = t.report_bind {
+        c.report_bind = bind;
+    }
     Ok(c)
 }
 

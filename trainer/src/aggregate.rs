@@ -1,0 +1,181 @@
+//! A trial's step aggregator: collects every rank's report of a step, and
+//! hands the step to the driver once all ranks (that are still running) have
+//! reported it. Shared by the gRPC service and in-process workers.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::backend::{Directive, Event, EventKind, Reply, Report};
+
+/// Why a rank's report was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ArriveError {
+    /// The rank is outside the trial's world.
+    #[error("rank {rank} out of range: trial `{trial}` has {world_size} workers")]
+    Rank { trial: String, rank: u32, world_size: u32 },
+    /// Two reports of one rank for the same step (concurrent calls).
+    #[error("rank {rank} reported step {iteration} twice")]
+    Duplicate { rank: u32, iteration: u64 },
+}
+
+struct Step {
+    arrived: Vec<bool>,
+    /// (rank, metrics) of the lowest rank so far.
+    metrics: Option<(u32, BTreeMap<String, f64>)>,
+    checkpoint: Option<PathBuf>,
+    waiters: Vec<oneshot::Sender<Directive>>,
+}
+
+struct State {
+    /// Next iteration per rank.
+    next: Vec<u64>,
+    /// Ranks that have ended: no step waits for them.
+    finished: Vec<bool>,
+    steps: BTreeMap<u64, Step>,
+}
+
+/// One trial's aggregator.
+pub(crate) struct Aggregator {
+    trial_id: String,
+    world_size: u32,
+    events: mpsc::UnboundedSender<Event>,
+    state: Mutex<State>,
+}
+
+impl Aggregator {
+    pub(crate) fn new(trial_id: &str, world_size: u32, start_iteration: u64, events: mpsc::UnboundedSender<Event>) -> Self {
+        let n = world_size as usize;
+        Self {
+            trial_id: trial_id.to_string(),
+            world_size,
+            events,
+            state: Mutex::new(State { next: vec![start_iteration + 1; n], finished: vec![false; n], steps: BTreeMap::new() }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent state (no partial updates), so poison is ignored.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn check_rank(&self, rank: u32) -> Result<usize, ArriveError> {
+        if rank < self.world_size {
+            Ok(rank as usize)
+        } else {
+            Err(ArriveError::Rank { trial: self.trial_id.clone(), rank, world_size: self.world_size })
+        }
+    }
+
+    /// The iteration `rank`'s next report will be (its checkpoint goes to
+    /// that iteration's directory before it arrives).
+    pub(crate) fn next_iteration(&self, rank: u32) -> Result<u64, ArriveError> {
+        let r = self.check_rank(rank)?;
+        Ok(self.lock().next[r])
+    }
+
+    /// `rank` reports `iteration`; the receiver gets the driver's decision
+    /// once the step is complete and decided on.
+    pub(crate) fn arrive(
+        &self,
+        rank: u32,
+        iteration: u64,
+        metrics: BTreeMap<String, f64>,
+        checkpoint: Option<PathBuf>,
+    ) -> Result<oneshot::Receiver<Directive>, ArriveError> {
+        let r = self.check_rank(rank)?;
+        let (tx, rx) = oneshot::channel();
+        let mut st = self.lock();
+        if st.next[r] != iteration {
+            return Err(ArriveError::Duplicate { rank, iteration });
+        }
+        st.next[r] += 1;
+        let n = self.world_size as usize;
+        let step = st.steps.entry(iteration).or_insert_with(|| Step {
+            arrived: vec![false; n],
+            metrics: None,
+            checkpoint: None,
+            waiters: Vec::new(),
+        });
+        step.arrived[r] = true;
+        if step.metrics.as_ref().is_none_or(|(lowest, _)| rank < *lowest) {
+            step.metrics = Some((rank, metrics));
+        }
+        if checkpoint.is_some() {
+            step.checkpoint = checkpoint;
+        }
+        step.waiters.push(tx);
+        self.complete_ready(&mut st);
+        Ok(rx)
+    }
+
+    /// `rank` has ended: steps no longer wait for it.
+    pub(crate) fn rank_finished(&self, rank: u32) {
+        let Ok(r) = self.check_rank(rank) else { return };
+        let mut st = self.lock();
+        st.finished[r] = true;
+        self.complete_ready(&mut st);
+    }
+
+    /// Sends every step that all live ranks have reported, in order.
+    fn complete_ready(&self, st: &mut State) {
+        while let Some((&iteration, step)) = st.steps.first_key_value() {
+            let done = step.arrived.iter().zip(&st.finished).all(|(a, f)| *a || *f);
+            if !done {
+                return;
+            }
+            let Some((_, step)) = st.steps.remove_entry(&iteration) else { return };
+            let Some((rank, metrics)) = step.metrics else { continue };
+            let report = Report { rank, training_iteration: iteration, metrics, checkpoint: step.checkpoint };
+            let event = Event { trial_id: self.trial_id.clone(), kind: EventKind::Report { report, reply: Reply::new(step.waiters) } };
+            // A driver that is gone drops the reply: the ranks read Stop.
+            let _ = self.events.send(event);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(v: f64) -> BTreeMap<String, f64> {
+        BTreeMap::from([("loss".to_string(), v)])
+    }
+
+    #[test]
+    fn a_step_goes_out_once_every_rank_reported_it_with_rank_0s_metrics() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let agg = Aggregator::new("t", 3, 4, tx);
+        assert_eq!(agg.next_iteration(2).unwrap(), 5);
+        let r2 = agg.arrive(2, 5, metrics(2.0), Some(PathBuf::from("ck"))).unwrap();
+        let r1 = agg.arrive(1, 5, metrics(1.0), None).unwrap();
+        assert!(rx.try_recv().is_err(), "rank 0 has not reported yet");
+        let r0 = agg.arrive(0, 5, metrics(0.5), None).unwrap();
+        let ev = rx.try_recv().unwrap();
+        let EventKind::Report { report, reply } = ev.kind else { panic!("a report") };
+        assert_eq!((report.rank, report.training_iteration, report.metrics["loss"]), (0, 5, 0.5));
+        assert_eq!(report.checkpoint, Some(PathBuf::from("ck")));
+        reply.send(Directive::Stop);
+        for mut r in [r0, r1, r2] {
+            assert_eq!(r.try_recv().unwrap(), Directive::Stop, "every rank gets the decision");
+        }
+        assert_eq!(agg.arrive(0, 5, metrics(0.0), None).unwrap_err(), ArriveError::Duplicate { rank: 0, iteration: 5 });
+        assert!(matches!(agg.arrive(3, 6, metrics(0.0), None), Err(ArriveError::Rank { .. })));
+    }
+
+    #[test]
+    fn a_finished_rank_is_not_waited_for() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let agg = Aggregator::new("t", 2, 0, tx);
+        let _r1 = agg.arrive(1, 1, metrics(1.0), None).unwrap();
+        agg.rank_finished(0);
+        let EventKind::Report { report, .. } = rx.try_recv().unwrap().kind else { panic!("a report") };
+        assert_eq!((report.rank, report.training_iteration), (1, 1), "the lowest live rank's metrics");
+        // Dropping the reply stops the waiting ranks.
+        let mut r = agg.arrive(1, 2, metrics(1.0), None).unwrap();
+        drop(rx.try_recv().unwrap());
+        assert!(r.try_recv().is_err());
+    }
+}
