@@ -44,7 +44,7 @@ fn acknowledged_results_are_stored(exp_dir: &Path) -> usize {
     for t in store.trials().unwrap() {
         let log = std::fs::read_to_string(exp_dir.join("trials").join(&t.id).join("logs/rank-0.log")).unwrap_or_default();
         let stored: Vec<u64> = store.results(&t.id).unwrap().iter().map(|r| r.training_iteration).collect();
-        for step in log.lines().filter_map(|l| l.strip_prefix("acked step ")).map(|s| s.parse::<u64>().unwrap()) {
+        for step in log.lines().filter_map(|l| l.strip_prefix("rank 0: acked step ")).map(|s| s.parse::<u64>().unwrap()) {
             assert!(stored.contains(&step), "{}: step {step} was acknowledged but is not stored ({stored:?})", t.id);
             checked += 1;
         }

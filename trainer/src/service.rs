@@ -242,4 +242,64 @@ mod tests {
         assert_eq!(reply.training_iteration, 1);
         answer.await.unwrap();
     }
+
+    /// A message whose `metrics` field (5) is a number: not a map of doubles.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Malformed {
+        #[prost(uint32, tag = "1")]
+        version: u32,
+        #[prost(string, tag = "2")]
+        trial_id: String,
+        #[prost(string, tag = "3")]
+        token: String,
+        #[prost(uint64, tag = "5")]
+        metrics: u64,
+    }
+
+    #[tokio::test]
+    async fn malformed_and_huge_messages_are_refused() {
+        let (server, mut rx, mut client, _dir) = setup().await;
+        let mut grpc = tonic::client::Grpc::new(tonic::transport::Channel::from_shared(server.url()).unwrap().connect().await.unwrap());
+        grpc.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<Malformed, ReportReply>::default();
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static("/nestor.v1.Reporter/Report");
+        let bad = Malformed { version: 1, trial_id: "t1".into(), token: "secret".into(), metrics: 7 };
+        let status = grpc.unary(Request::new(bad), path, codec).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+        assert!(status.message().contains("decode"), "{}", status.message());
+
+        // 100 MB of metrics in one message.
+        let huge = ReportRequest { metrics: [("m".repeat(100 << 20), 1.0)].into_iter().collect(), ..request("secret", 0) };
+        let status = client.report(huge).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+        assert!(rx.try_recv().is_err(), "nothing reached the trial");
+    }
+
+    #[tokio::test]
+    async fn ranks_are_answered_together_once_all_have_reported() {
+        let server = ReportServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let dir = tempfile::tempdir().unwrap();
+        server.register("t1", "secret".into(), 2, dir.path().to_path_buf(), 0, tx);
+        let shard = tempfile::tempdir().unwrap();
+        std::fs::write(shard.path().join("w.bin"), b"rank 1").unwrap();
+        let mut c1 = ReporterClient::connect(server.url()).await.unwrap();
+        let ckpt = shard.path().display().to_string();
+        let rank1 = tokio::spawn(async move {
+            c1.report(ReportRequest { checkpoint_dir: ckpt, metrics: [("loss".to_string(), 9.0)].into(), ..request("secret", 1) }).await
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(rx.try_recv().is_err(), "rank 0 has not reported");
+        let mut c0 = ReporterClient::connect(server.url()).await.unwrap();
+        let rank0 = tokio::spawn(async move { c0.report(request("secret", 0)).await });
+        let ev = rx.recv().await.unwrap();
+        let crate::EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
+        assert_eq!((report.rank, report.metrics["loss"]), (0, 0.5), "rank 0's metrics are the trial's");
+        let ckpt = report.checkpoint.unwrap();
+        assert_eq!(std::fs::read(ckpt.join("rank-1/w.bin")).unwrap(), b"rank 1");
+        reply.send(Directive::Continue);
+        for r in [rank0.await.unwrap().unwrap(), rank1.await.unwrap().unwrap()] {
+            assert_eq!(r.into_inner().directive, proto::Directive::Continue as i32);
+        }
+    }
 }

@@ -109,7 +109,12 @@ struct Failure {
 impl From<TuneError> for Failure {
     fn from(e: TuneError) -> Self {
         let code = match &e {
-            TuneError::Experiment(_) | TuneError::Search(_) | TuneError::Exists(_) | TuneError::NoTrainer => 2,
+            TuneError::Experiment(_)
+            | TuneError::Search(_)
+            | TuneError::Scaling(_)
+            | TuneError::Resources(_)
+            | TuneError::Exists(_)
+            | TuneError::NoTrainer => 2,
             TuneError::Store(crate::store::StoreError::Missing(_)) => 2,
             TuneError::Interrupted(_) => 130,
             _ => 1,

@@ -4,11 +4,17 @@
 //! - `steps` (int, default 5): iterations to run;
 //! - `sleep_ms` (int, default 0): time per iteration;
 //! - `checkpoint` (bool): save `{"step": n}` with every report and resume from it;
-//! - `fail_at` (int): exit with code 3 at this iteration, after printing to stderr;
+//! - `fail_at` (int): exit with code 3 at this iteration, after printing to stderr
+//!   (rank `fail_rank` only, default 0);
 //! - `nan_at` (int): report NaN at this iteration;
 //! - `omit_metric` (bool): report `other` instead of `loss`;
 //! - `ignore_sigterm` (bool): ignore SIGTERM;
-//! - `leak_child` (bool): start a `sleep 300` that outlives this process.
+//! - `leak_child` (bool): start a `sleep 300` that outlives this process;
+//! - `dump_env` (bool): write `rank-<r>.json` in the trial directory with this
+//!   rank's torchrun and nestor variables, its pid and its leaked child's pid.
+//!
+//! Ranks other than 0 report `loss + 100 * rank`, so a test can tell whose
+//! metrics became the trial's.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,15 +30,34 @@ fn main() -> anyhow::Result<()> {
     let fail_at: Option<u64> = ctx.param("fail_at").ok();
     let nan_at: Option<u64> = ctx.param("nan_at").ok();
     let omit: bool = ctx.param("omit_metric").unwrap_or(false);
+    let rank = ctx.world_rank();
+    let fail_rank: u32 = ctx.param("fail_rank").unwrap_or(0);
+    let fail_at = fail_at.filter(|_| rank == fail_rank);
     if ctx.param::<bool>("ignore_sigterm").unwrap_or(false) {
         // SAFETY: setting a signal disposition to SIG_IGN has no preconditions.
         unsafe {
             libc::signal(libc::SIGTERM, libc::SIG_IGN);
         }
     }
+    let mut leaked = None;
     if ctx.param::<bool>("leak_child").unwrap_or(false) {
         // Deliberately never waited for: nestor must clean it up.
-        std::mem::forget(std::process::Command::new("sleep").arg("300").spawn()?);
+        let child = std::process::Command::new("sleep").arg("300").spawn()?;
+        leaked = Some(child.id());
+        std::mem::forget(child);
+    }
+    if ctx.param::<bool>("dump_env").unwrap_or(false) {
+        let var = |k: &str| std::env::var(k).ok();
+        let dump = serde_json::json!({
+            "RANK": var("RANK"), "WORLD_SIZE": var("WORLD_SIZE"), "LOCAL_RANK": var("LOCAL_RANK"),
+            "LOCAL_WORLD_SIZE": var("LOCAL_WORLD_SIZE"), "NODE_RANK": var("NODE_RANK"),
+            "MASTER_ADDR": var("MASTER_ADDR"), "MASTER_PORT": var("MASTER_PORT"),
+            "CUDA_VISIBLE_DEVICES": var("CUDA_VISIBLE_DEVICES"), "OMP_NUM_THREADS": var("OMP_NUM_THREADS"),
+            "NESTOR_TORCH_BACKEND": var("NESTOR_TORCH_BACKEND"), "NESTOR_TRIAL_ID": var("NESTOR_TRIAL_ID"),
+            "pid": std::process::id(), "child": leaked, "local_rank": ctx.local_rank(), "world_size": ctx.world_size(),
+        });
+        let path = ctx.trial_dir().join(format!("rank-{rank}.json"));
+        std::fs::write(&path, dump.to_string())?;
     }
     let mut start = 0u64;
     if let Some(dir) = ctx.checkpoint() {
@@ -41,13 +66,14 @@ fn main() -> anyhow::Result<()> {
         eprintln!("resumed from {} at step {start}", dir.display());
     }
     let scratch = std::env::temp_dir().join(format!("fixture-{}-{}", ctx.trial_id(), std::process::id()));
+    let offset = 100.0 * f64::from(rank);
     for step in start + 1..=steps {
         std::thread::sleep(Duration::from_millis(sleep_ms));
         if fail_at == Some(step) {
             eprintln!("fixture: failing on purpose at step {step}");
             std::process::exit(3);
         }
-        let loss = if nan_at == Some(step) { f64::NAN } else { (x - 0.3).powi(2) + 1.0 / step as f64 };
+        let loss = if nan_at == Some(step) { f64::NAN } else { (x - 0.3).powi(2) + 1.0 / step as f64 + offset };
         let name = if omit { "other" } else { "loss" };
         let ckpt: Option<PathBuf> = if checkpoint {
             std::fs::create_dir_all(&scratch)?;
@@ -57,7 +83,7 @@ fn main() -> anyhow::Result<()> {
             None
         };
         match ctx.report([(name, loss), ("step", step as f64)], ckpt.as_deref()) {
-            Ok(()) => eprintln!("acked step {step}"),
+            Ok(()) => eprintln!("rank {rank}: acked step {step}"),
             Err(ReportError::Stopped) => break,
             Err(e) => return Err(e.into()),
         }
