@@ -26,6 +26,17 @@ pub fn checkpoint_dir_name(iteration: u64) -> String {
     format!("checkpoint_{iteration:06}")
 }
 
+/// The shard of `checkpoint` that rank `rank` resumes from: its own, or rank
+/// 0's when it saved none (data-parallel code often saves on rank 0 only).
+pub fn shard_for(checkpoint: &Path, rank: u32) -> PathBuf {
+    let own = checkpoint.join(format!("rank-{rank}"));
+    if rank == 0 || own.is_dir() {
+        own
+    } else {
+        checkpoint.join("rank-0")
+    }
+}
+
 /// Copies `src` to `<trial_dir>/checkpoint_NNNNNN/rank-<rank>/`, synced to
 /// disk, and returns the `checkpoint_NNNNNN` directory. The copy is written
 /// under a temporary name and renamed into place, so a crash never leaves a

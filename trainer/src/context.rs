@@ -86,7 +86,7 @@ impl Context {
             trial_id: spec.trial_id.clone(),
             config: spec.config.clone(),
             trial_dir: spec.trial_dir.clone(),
-            checkpoint: spec.checkpoint.as_ref().map(|c| c.join(format!("rank-{rank}"))),
+            checkpoint: spec.checkpoint.as_ref().map(|c| crate::checkpoint::shard_for(c, rank)),
             rank,
             local_rank: rank,
             world_size: spec.world_size(),

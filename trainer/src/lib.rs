@@ -27,7 +27,7 @@ pub mod proto {
 }
 
 pub use backend::{Backend, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Reply, Report, StopLevel, TrialHandle};
-pub use checkpoint::{checkpoint_dir_name, persist_checkpoint, CheckpointError};
+pub use checkpoint::{checkpoint_dir_name, persist_checkpoint, shard_for, CheckpointError};
 pub use collective::{CollectiveError, ReduceOp};
 pub use context::{Context, ReportError};
 pub use function::{FunctionBackend, TrainFn, TrainResult};

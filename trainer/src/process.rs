@@ -182,7 +182,7 @@ impl ProcessBackend {
             .process_group(0)
             .kill_on_drop(false);
         match &spec.checkpoint {
-            Some(c) => cmd.env("NESTOR_CHECKPOINT", c.join(format!("rank-{rank}"))),
+            Some(c) => cmd.env("NESTOR_CHECKPOINT", crate::checkpoint::shard_for(c, rank)),
             None => cmd.env_remove("NESTOR_CHECKPOINT"),
         };
         if let Some(dir) = &cfg.working_dir {

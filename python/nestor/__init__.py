@@ -1,0 +1,195 @@
+"""nestor's worker client: what a training process started by ``nestor run``
+calls to learn its trial and to report each step (Ray Train's
+``ray.train`` functions, for nestor).
+
+Every rank of a trial calls :func:`report` once per step; rank 0's metrics
+are the trial's. Outside nestor (``NESTOR_ADDR`` unset) the same calls work
+locally: :func:`report` prints the metrics to stderr and returns.
+"""
+
+import json
+import math
+import numbers
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
+
+__all__ = ["TrainContext", "ReportError", "get_context", "get_config", "get_checkpoint", "report"]
+__version__ = "0.1.0"
+
+
+class ReportError(RuntimeError):
+    """The driver refused a report (bad input, wrong token) or cannot be reached."""
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """Who this worker is: Ray Train's ``TrainContext``."""
+
+    world_rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    trial_id: str
+    trial_dir: str
+    config: Dict[str, Any] = field(default_factory=dict)
+
+    def get_world_rank(self) -> int:
+        return self.world_rank
+
+    def get_local_rank(self) -> int:
+        return self.local_rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+    def get_local_world_size(self) -> int:
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self.node_rank
+
+    def get_trial_id(self) -> str:
+        return self.trial_id
+
+    def get_trial_dir(self) -> str:
+        return self.trial_dir
+
+
+def _int_env(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ReportError(f"{name}={value!r} is not a number") from None
+
+
+_context: Optional[TrainContext] = None
+
+
+def get_context() -> TrainContext:
+    """This worker's rank, world size, trial and config."""
+    global _context
+    if _context is None:
+        rank = _int_env("RANK", 0)
+        world = _int_env("WORLD_SIZE", 1)
+        _context = TrainContext(
+            world_rank=rank,
+            local_rank=_int_env("LOCAL_RANK", rank),
+            world_size=world,
+            local_world_size=_int_env("LOCAL_WORLD_SIZE", world),
+            node_rank=_int_env("NODE_RANK", 0),
+            trial_id=os.environ.get("NESTOR_TRIAL_ID", "local"),
+            trial_dir=os.environ.get("NESTOR_TRIAL_DIR", os.getcwd()),
+            config=_load_config(),
+        )
+    return _context
+
+
+def _load_config() -> Dict[str, Any]:
+    text = os.environ.get("NESTOR_CONFIG")
+    if not text:
+        return {}
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportError(f"NESTOR_CONFIG is not JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ReportError("NESTOR_CONFIG is not a JSON object")
+    return config
+
+
+def get_config() -> Dict[str, Any]:
+    """The trial's hyperparameters (a dict; nested tables are nested dicts)."""
+    return get_context().config
+
+
+def get_checkpoint() -> Optional[str]:
+    """A local directory holding this rank's checkpoint to resume from, or None
+    on a fresh start."""
+    path = os.environ.get("NESTOR_CHECKPOINT")
+    if path and os.path.isdir(path):
+        return path
+    return None
+
+
+def _metrics(metrics: Mapping[str, Any]) -> Dict[str, float]:
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"nestor.report: metrics must be a dict of name -> number, not {type(metrics).__name__}")
+    out = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"nestor.report: metric names must be non-empty strings, got {name!r}")
+        if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+            value = value.item()  # a 0-d tensor or numpy scalar
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"nestor.report: metric {name!r} is {type(value).__name__} {value!r}, not a number")
+        out[name] = float(value)
+    return out
+
+
+class _Channel:
+    def __init__(self):
+        import grpc
+
+        from . import _proto
+
+        addr = os.environ["NESTOR_ADDR"]
+        target = addr.split("://", 1)[1] if "://" in addr else addr
+        self._grpc = grpc
+        self._proto = _proto
+        self._channel = grpc.insecure_channel(target)
+        self._call = self._channel.unary_unary(
+            _proto.REPORT_METHOD,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=_proto.ReportReply.FromString,
+        )
+        self._token = os.environ.get("NESTOR_TOKEN", "")
+
+    def report(self, ctx: TrainContext, metrics: Dict[str, float], checkpoint: str) -> int:
+        request = self._proto.ReportRequest(
+            version=self._proto.PROTOCOL_VERSION,
+            trial_id=ctx.trial_id,
+            token=self._token,
+            rank=ctx.world_rank,
+            metrics=metrics,
+            checkpoint_dir=checkpoint,
+        )
+        try:
+            reply = self._call(request, wait_for_ready=True)
+        except self._grpc.RpcError as e:
+            raise ReportError(f"report refused ({e.code().name}): {e.details()}") from None
+        return reply.directive
+
+
+_channel: Optional[_Channel] = None
+
+
+def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None:
+    """Reports one step of this rank: metrics (name -> number; NaN allowed) and
+    optionally a directory holding this step's checkpoint (copied before this
+    returns, so it may be reused). Blocks until every rank has reported the
+    step and the driver has decided; raises ``SystemExit(0)`` when the trial
+    must stop, so training ends cleanly."""
+    global _channel
+    values = _metrics(metrics)
+    path = ""
+    if checkpoint is not None:
+        path = os.fspath(getattr(checkpoint, "path", checkpoint))
+        if not os.path.isdir(path):
+            raise ReportError(f"nestor.report: checkpoint {path} is not a directory")
+        path = os.path.abspath(path)
+    ctx = get_context()
+    if not os.environ.get("NESTOR_ADDR"):
+        shown = {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}
+        print(f"nestor (local): rank {ctx.world_rank}: {json.dumps(shown)}" + (f" checkpoint={path}" if path else ""), file=sys.stderr)
+        return
+    if _channel is None:
+        _channel = _Channel()
+    directive = _channel.report(ctx, values, path)
+    if directive != 1:
+        raise SystemExit(0)

@@ -1,0 +1,56 @@
+"""The report-channel messages (``trainer/proto/nestor.proto``), built from a
+descriptor at import time so the client needs no generated code and no
+protoc, and works with any protobuf runtime from 4.25 on."""
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+_F = descriptor_pb2.FieldDescriptorProto
+
+REPORT_METHOD = "/nestor.v1.Reporter/Report"
+PROTOCOL_VERSION = 1
+
+
+def _field(msg, name, number, type_, label=_F.LABEL_OPTIONAL, type_name=None):
+    f = msg.field.add(name=name, number=number, type=type_, label=label)
+    if type_name:
+        f.type_name = type_name
+    return f
+
+
+def _file():
+    fdp = descriptor_pb2.FileDescriptorProto(name="nestor/v1/nestor.proto", package="nestor.v1", syntax="proto3")
+    req = fdp.message_type.add(name="ReportRequest")
+    _field(req, "version", 1, _F.TYPE_UINT32)
+    _field(req, "trial_id", 2, _F.TYPE_STRING)
+    _field(req, "token", 3, _F.TYPE_STRING)
+    _field(req, "rank", 4, _F.TYPE_UINT32)
+    entry = req.nested_type.add(name="MetricsEntry")
+    entry.options.map_entry = True
+    _field(entry, "key", 1, _F.TYPE_STRING)
+    _field(entry, "value", 2, _F.TYPE_DOUBLE)
+    _field(req, "metrics", 5, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".nestor.v1.ReportRequest.MetricsEntry")
+    _field(req, "checkpoint_dir", 6, _F.TYPE_STRING)
+    enum = fdp.enum_type.add(name="Directive")
+    for i, name in enumerate(["DIRECTIVE_UNSPECIFIED", "DIRECTIVE_CONTINUE", "DIRECTIVE_STOP"]):
+        enum.value.add(name=name, number=i)
+    reply = fdp.message_type.add(name="ReportReply")
+    _field(reply, "directive", 1, _F.TYPE_ENUM, type_name=".nestor.v1.Directive")
+    _field(reply, "training_iteration", 2, _F.TYPE_UINT64)
+    return fdp
+
+
+_pool = descriptor_pool.DescriptorPool()
+_pool.Add(_file())
+
+
+def _message(name):
+    desc = _pool.FindMessageTypeByName(name)
+    if hasattr(message_factory, "GetMessageClass"):
+        return message_factory.GetMessageClass(desc)
+    return message_factory.MessageFactory(_pool).GetPrototype(desc)  # protobuf < 4.22
+
+
+ReportRequest = _message("nestor.v1.ReportRequest")
+ReportReply = _message("nestor.v1.ReportReply")
+DIRECTIVE_CONTINUE = 1
+DIRECTIVE_STOP = 2

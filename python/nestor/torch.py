@@ -1,0 +1,113 @@
+"""PyTorch data parallelism for nestor workers (Ray Train's
+``ray.train.torch``): the process group from nestor's environment, device
+placement, DistributedDataParallel and DistributedSampler."""
+
+import datetime
+import os
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+from . import get_context
+
+__all__ = ["get_device", "init_process_group", "prepare_model", "prepare_data_loader"]
+
+
+def get_device() -> torch.device:
+    """This worker's device: its first GPU (``CUDA_VISIBLE_DEVICES`` holds just
+    its bundle's GPUs, so that is ``cuda:0``), or the CPU."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "") != "" and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def init_process_group() -> None:
+    """Joins the trial's process group (``MASTER_ADDR``/``MASTER_PORT``, the
+    backend and timeout nestor was configured with); a no-op with one worker
+    or when already joined."""
+    ctx = get_context()
+    if ctx.world_size <= 1 or not dist.is_available() or dist.is_initialized():
+        return
+    device = get_device()
+    backend = os.environ.get("NESTOR_TORCH_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
+    timeout = datetime.timedelta(seconds=float(os.environ.get("NESTOR_COLLECTIVE_TIMEOUT_S", "1800")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend, init_method="env://", rank=ctx.world_rank, world_size=ctx.world_size, timeout=timeout)
+
+
+def prepare_model(model: torch.nn.Module, move_to_device: bool = True, parallel_strategy: Optional[str] = "ddp", **ddp_kwargs: Any):
+    """Moves ``model`` to this worker's device and, with several workers,
+    wraps it in DistributedDataParallel (joining the process group first)."""
+    init_process_group()
+    device = get_device()
+    if move_to_device:
+        model = model.to(device)
+    if parallel_strategy == "ddp" and get_context().world_size > 1:
+        if device.type == "cuda":
+            ddp_kwargs.setdefault("device_ids", [device])
+        model = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+    return model
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        moved = [_to_device(b, device) for b in batch]
+        return type(batch)(moved) if not hasattr(batch, "_fields") else type(batch)(*moved)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+class _DeviceLoader:
+    """A DataLoader whose batches arrive on the device, and whose distributed
+    sampler moves to the next epoch at each pass."""
+
+    def __init__(self, loader: DataLoader, device: torch.device):
+        self.loader = loader
+        self.device = device
+        self._epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        sampler = self.loader.sampler
+        if isinstance(sampler, DistributedSampler):
+            sampler.set_epoch(self._epoch)
+        self._epoch += 1
+        for batch in self.loader:
+            yield _to_device(batch, self.device)
+
+
+def prepare_data_loader(loader: DataLoader, add_dist_sampler: bool = True, move_to_device: bool = True):
+    """With several workers, rebuilds ``loader`` with a DistributedSampler (each
+    rank gets its own shard; shuffling kept if the loader shuffled), and
+    moves every batch to this worker's device."""
+    ctx = get_context()
+    if add_dist_sampler and ctx.world_size > 1 and not isinstance(loader.sampler, DistributedSampler):
+        init_process_group()
+        shuffle = isinstance(loader.sampler, RandomSampler)
+        sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.world_rank, shuffle=shuffle)
+        loader = DataLoader(
+            loader.dataset,
+            batch_size=loader.batch_size,
+            sampler=sampler,
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory,
+            drop_last=loader.drop_last,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            generator=loader.generator,
+        )
+    if move_to_device:
+        return _DeviceLoader(loader, get_device())
+    return loader

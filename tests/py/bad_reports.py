@@ -1,0 +1,41 @@
+"""A nestor trial that sends bad reports through the Python client, then good
+ones. Each refusal must be a clear error, and only the good reports stored."""
+
+import dataclasses
+import math
+import os
+
+import nestor
+
+
+def expect(kind, fn, needle):
+    try:
+        fn()
+    except kind as e:
+        assert needle in str(e), f"{needle!r} not in {e!r}"
+        print(f"refused: {e}", flush=True)
+        return
+    raise AssertionError(f"{fn} was not refused")
+
+
+expect(TypeError, lambda: nestor.report({"loss": "abc"}), "metric 'loss' is str 'abc', not a number")
+expect(TypeError, lambda: nestor.report({"loss": [1.0]}), "metric 'loss' is list")
+expect(TypeError, lambda: nestor.report({"": 1.0}), "metric names must be non-empty strings")
+expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}, checkpoint="/no/such/dir"), "is not a directory")
+
+token = os.environ["NESTOR_TOKEN"]
+os.environ["NESTOR_TOKEN"] = "wrong"
+expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}), "UNAUTHENTICATED")
+os.environ["NESTOR_TOKEN"] = token
+nestor._channel = None
+
+ctx = nestor.get_context()
+nestor._context = dataclasses.replace(ctx, trial_id="trial_99999")
+expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}), "NOT_FOUND")
+nestor._context = dataclasses.replace(ctx, world_rank=5)
+expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}), "rank 5 out of range")
+nestor._context = ctx
+
+nestor.report({"loss": math.nan})
+nestor.report({"loss": 1.0, "extra": 2})
+print("done", flush=True)

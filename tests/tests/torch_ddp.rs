@@ -1,0 +1,153 @@
+//! The PyTorch example for real: a Python environment with torch, grpcio and
+//! the `nestor` client (created once by `examples/torch_ddp/venv.sh` and
+//! cached outside the checkout), then `nestor run examples/torch_ddp/sweep.toml`
+//! with 2 DistributedDataParallel workers (gloo) per trial.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::*;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The virtualenv's directory (created on first use; several GB the first time).
+fn venv() -> &'static Path {
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
+    VENV.get_or_init(|| {
+        let out = Command::new("bash").arg(repo().join("examples/torch_ddp/venv.sh")).output().expect("run venv.sh");
+        assert!(out.status.success(), "examples/torch_ddp/venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+/// `nestor ARGS` from the repository root, with the virtualenv first on PATH.
+fn nestor_in_venv(args: &[&str]) -> Command {
+    let path = format!("{}:{}", venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let mut c = Command::new(nestor_bin());
+    c.args(args).current_dir(repo()).env("PATH", path);
+    c
+}
+
+/// (epoch -> param_sum) from one rank's log, and whether it joined a 2-rank group.
+fn rank_log(exp: &Path, trial: &str, rank: u32) -> (BTreeMap<u64, String>, String) {
+    let log = std::fs::read_to_string(exp.join(format!("trials/{trial}/logs/rank-{rank}.log"))).unwrap();
+    let mut sums = BTreeMap::new();
+    for line in log.lines().filter(|l| l.starts_with("epoch ")) {
+        let epoch: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let sum = line.rsplit("param_sum=").next().unwrap().to_string();
+        sums.insert(epoch, sum);
+    }
+    (sums, log)
+}
+
+#[test]
+fn the_ddp_sweep_runs_with_both_ranks_in_one_process_group_and_in_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().display().to_string();
+    let out = nestor_in_venv(&["run", "examples/torch_ddp/sweep.toml", "--storage", &storage, "--plain"]).output().unwrap();
+    let stdout = ok(out);
+    assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
+    let exp = dir.path().join("torch-ddp");
+    for t in 0..4 {
+        let trial = format!("trial_{t:05}");
+        let (sums0, log0) = rank_log(&exp, &trial, 0);
+        let (sums1, log1) = rank_log(&exp, &trial, 1);
+        for log in [&log0, &log1] {
+            assert!(log.contains("process group world=2 backend=gloo rank_sum=3"), "{trial}: {log}");
+        }
+        assert_eq!(sums0.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4], "{trial}: {log0}");
+        assert_eq!(sums0, sums1, "{trial}: the ranks' parameters differ after some epoch");
+    }
+    let rows = export(dir.path(), &format!("{storage}/torch-ddp"));
+    assert_eq!(rows.len(), 16, "4 trials x 4 epochs, one result per step");
+    let best: serde_json::Value = serde_json::from_str(&ok(nestor(dir.path(), &["best", "torch-ddp", "--json"]))).unwrap();
+    let ckpt = best["checkpoint"].as_str().unwrap();
+    assert!(ckpt.ends_with("checkpoint_000004"), "{ckpt}");
+    assert!(Path::new(ckpt).join("rank-0/state.pt").is_file());
+}
+
+#[test]
+fn an_interrupted_ddp_trial_resumes_both_ranks_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().display().to_string();
+    let mut child = nestor_in_venv(&[
+        "run",
+        "examples/torch_ddp/sweep.toml",
+        "--storage",
+        &storage,
+        "--plain",
+        "--set",
+        "experiment.num_samples=1",
+        "--set",
+        "experiment.name=ddp-resume",
+        "--set",
+        "space.epochs=6",
+        "--set",
+        "stop.training_iteration=6",
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let exp = dir.path().join("ddp-resume");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !exp.join("trials/trial_00000/checkpoint_000002").exists() {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint after 120 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    signal(child.id(), libc::SIGINT);
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let grid = tuner::ResultGrid::load(&exp).unwrap();
+    let trial = grid.get("trial_00000").unwrap();
+    assert_eq!(trial.status.as_str(), "PENDING");
+    let resumed_from = trial.checkpoint().unwrap().to_path_buf();
+    let done = resumed_from.file_name().unwrap().to_string_lossy()["checkpoint_".len()..].parse::<u64>().unwrap();
+    assert!(done < 6, "the trial finished before the interrupt");
+
+    let out = nestor_in_venv(&["resume", &exp.display().to_string(), "--plain"]).output().unwrap();
+    let stdout = ok(out);
+    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}");
+    for rank in 0..2 {
+        let (sums, log) = rank_log(&exp, "trial_00000", rank);
+        // Rank 1 saved no shard: it resumes from rank 0's.
+        let expected = format!("rank {rank}: resumed from {}/rank-0 after epoch {done}", resumed_from.display());
+        assert!(log.contains(&expected), "{expected}\n{log}");
+        assert_eq!(sums.keys().max(), Some(&6));
+    }
+    let grid = tuner::ResultGrid::load(&exp).unwrap();
+    let iters: Vec<u64> = grid.get("trial_00000").unwrap().history.iter().map(|r| r.training_iteration).collect();
+    assert_eq!(iters, (1..=6).collect::<Vec<_>>(), "results after the checkpoint are superseded, not doubled");
+}
+
+#[test]
+fn bad_reports_from_python_are_refused_clearly_and_store_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = repo().join("tests/py/bad_reports.py");
+    let python = venv().join("bin/python");
+    std::fs::write(
+        dir.path().join("sweep.toml"),
+        format!(
+            "[experiment]\nname = \"bad\"\nmetric = \"loss\"\nmode = \"min\"\n\n[space]\nx = 1\n\n[trainer]\ncommand = [\"{}\", \"{}\"]\n",
+            python.display(),
+            script.display()
+        ),
+    )
+    .unwrap();
+    let stdout = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]));
+    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}");
+    let log = std::fs::read_to_string(dir.path().join("runs/bad/trials/trial_00000/logs/rank-0.log")).unwrap();
+    assert_eq!(log.matches("refused: ").count(), 7, "{log}");
+    assert!(log.contains("done"), "{log}");
+    let rows = export(dir.path(), "runs/bad");
+    assert_eq!(rows.len(), 2, "only the good reports are stored: {rows:?}");
+    assert_eq!(rows[0]["loss"], "NaN");
+    assert_eq!((rows[1]["loss"].as_f64(), rows[1]["extra"].as_f64()), (Some(1.0), Some(2.0)));
+}
