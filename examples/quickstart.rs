@@ -1,16 +1,17 @@
 //! The quickstart: tune a small neural network on the red-wine quality data
-//! set, 24 trials, in-process Rust trainables, and print the best config, its
-//! validation RMSE and its checkpoint.
+//! set, 32 trials, each a 2-worker data-parallel run of in-process Rust
+//! workers (gradients averaged with `all_reduce`), and print the best config,
+//! its validation RMSE and its checkpoint.
 //!
 //! ```text
-//! cargo run --release --example quickstart [-- --trials N --epochs E --storage DIR]
+//! cargo run --release --example quickstart [-- --trials N --epochs E --workers W --storage DIR]
 //! ```
 
 use std::sync::Arc;
 
 use anyhow::Result;
 use nestor_examples::{space, train, WineData};
-use tuner::{Mode, RunConfig, Scope, Stop, Trainable, TuneConfig, Tuner};
+use tuner::{Mode, RunConfig, ScalingConfig, Scope, Stop, Trainable, TuneConfig, Tuner};
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -20,19 +21,22 @@ fn arg(name: &str) -> Option<String> {
 fn main() -> Result<()> {
     let trials: u64 = arg("--trials").map_or(Ok(32), |s| s.parse())?;
     let epochs: u64 = arg("--epochs").map_or(Ok(40), |s| s.parse())?;
+    let workers: u32 = arg("--workers").map_or(Ok(2), |s| s.parse())?;
     let storage = arg("--storage").unwrap_or_else(|| "nestor-runs".into());
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     let name = arg("--name").unwrap_or_else(|| format!("wine-quickstart-{stamp}"));
 
     let data = Arc::new(WineData::load()?);
-    println!("Tuning an MLP on red-wine quality: {} training samples, {trials} trials x {epochs} epochs", data.n_train());
-    let trainable = Trainable::function(move |ctx| train(ctx, &data));
+    println!(
+        "Tuning an MLP on red-wine quality: {} training samples, {trials} trials x {epochs} epochs, {workers} data-parallel workers per trial",
+        data.n_train()
+    );
+    let trainable = Trainable::function(move |ctx| train(ctx, &data)).scaling(ScalingConfig::workers(workers));
     let grid = Tuner::new(trainable, space(epochs))
         .tune_config(TuneConfig {
             metric: Some("val_rmse".into()),
             mode: Some(Mode::Min),
             num_samples: trials,
-            max_concurrent_trials: Some(2),
             seed: Some(42),
             ..Default::default()
         })

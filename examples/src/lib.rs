@@ -11,10 +11,11 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use candle_core::{DType, Device, Module, Tensor, Var, D};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{AdamW, Linear, Optimizer, ParamsAdamW};
 use search::{Domain, Space};
-use trainer::{Context, ReportError, TrainResult};
+use trainer::{Context, ReduceOp, ReportError, TrainResult};
 
 /// Number of input features.
 pub const FEATURES: usize = 11;
@@ -119,6 +120,17 @@ impl Mlp {
         Ok(l2.forward(&l1.forward(x)?.relu()?)?)
     }
 
+    /// Gradients of the squared error summed over `part`, divided by `global`
+    /// (zeros when `part` is empty).
+    fn local_grads(&self, data: &WineData, part: &[u32], global: usize) -> Result<GradStore> {
+        let ids = Tensor::new(if part.is_empty() { &[0u32][..] } else { part }, &Device::Cpu)?;
+        let x = data.x_train.index_select(&ids, 0)?;
+        let y = data.y_train.index_select(&ids, 0)?;
+        let scale = if part.is_empty() { 0.0 } else { 1.0 / global as f64 };
+        let loss = ((self.forward(&x)? - y)?.sqr()?.sum_all()? * scale)?;
+        Ok(loss.to_dtype(DType::F32)?.backward()?)
+    }
+
     fn save(&self, path: &Path) -> Result<()> {
         let map: HashMap<String, Tensor> = NAMES.iter().zip(&self.vars).map(|(n, v)| (n.to_string(), v.as_tensor().clone())).collect();
         candle_core::safetensors::save(&map, path)?;
@@ -152,9 +164,16 @@ pub fn space(epochs: u64) -> Space {
         .unwrap_or_default()
 }
 
-/// One trial: trains with the context's config, reporting `val_rmse` and
-/// `train_rmse` every epoch and checkpointing every `checkpoint_every`
-/// epochs (and the last). Resumes from the context's checkpoint.
+/// One worker of a trial: trains with the context's config, reporting
+/// `val_rmse` and `train_rmse` every epoch and checkpointing every
+/// `checkpoint_every` epochs (and the last). Resumes from the context's
+/// checkpoint.
+///
+/// Data-parallel: each global batch of `batch_size` samples is split across
+/// the trial's ranks, and the gradients are summed with `all_reduce` before
+/// every rank takes the same optimizer step, so N workers compute what one
+/// worker computes on the whole batch. Rank 0 writes the checkpoint (the
+/// ranks' weights are identical); every rank resumes from it.
 pub fn train(ctx: &mut Context, data: &WineData) -> TrainResult {
     let lr: f64 = ctx.param("lr")?;
     let hidden: usize = ctx.param("hidden")?;
@@ -162,6 +181,7 @@ pub fn train(ctx: &mut Context, data: &WineData) -> TrainResult {
     let weight_decay: f64 = ctx.param("weight_decay")?;
     let epochs: u64 = ctx.param("epochs")?;
     let checkpoint_every: u64 = ctx.param("checkpoint_every").unwrap_or(5);
+    let (rank, world) = (ctx.world_rank() as usize, ctx.world_size() as usize);
     let model = Mlp::new(hidden, 7)?;
     let mut opt = AdamW::new(model.vars.clone(), ParamsAdamW { lr, weight_decay, ..Default::default() })?;
     let mut start = 0;
@@ -171,26 +191,42 @@ pub fn train(ctx: &mut Context, data: &WineData) -> TrainResult {
         start = state["epoch"].as_u64().unwrap_or(0);
     }
     // Written here, then copied by `report` into the trial's checkpoint_NNNNNN.
-    let scratch = ctx.trial_dir().join("scratch");
+    let scratch = ctx.trial_dir().join(format!("scratch-rank-{rank}"));
     std::fs::create_dir_all(&scratch)?;
     let mut order: Vec<u32> = (0..data.n_train as u32).collect();
     let mut rng = Rng(11);
     for _ in 0..start {
         rng.shuffle(&mut order);
     }
+    let mut flat: Vec<f32> = Vec::new();
     let result = (|| -> TrainResult {
         for epoch in start + 1..=epochs {
             rng.shuffle(&mut order);
             for chunk in order.chunks(batch) {
-                let ids = Tensor::new(chunk, &Device::Cpu)?;
-                let x = data.x_train.index_select(&ids, 0)?;
-                let y = data.y_train.index_select(&ids, 0)?;
-                let loss = (model.forward(&x)? - y)?.sqr()?.mean(D::Minus2)?.sum_all()?;
-                opt.backward_step(&loss.to_dtype(DType::F32)?)?;
+                // This rank's share of the global batch; the loss is scaled by the
+                // global batch size, so the summed gradients are the global mean's.
+                let part = &chunk[chunk.len() * rank / world..chunk.len() * (rank + 1) / world];
+                let mut grads = model.local_grads(data, part, chunk.len())?;
+                if world > 1 {
+                    flat.clear();
+                    for v in &model.vars {
+                        let g = grads.get(v.as_tensor()).context("a parameter has no gradient")?;
+                        flat.extend(g.flatten_all()?.to_vec1::<f32>()?);
+                    }
+                    ctx.all_reduce(&mut flat, ReduceOp::Sum)?;
+                    let mut offset = 0;
+                    for v in &model.vars {
+                        let n = v.as_tensor().elem_count();
+                        let g = Tensor::from_slice(&flat[offset..offset + n], v.as_tensor().shape(), &Device::Cpu)?;
+                        grads.insert(v.as_tensor(), g);
+                        offset += n;
+                    }
+                }
+                opt.step(&grads)?;
             }
             let val = rmse(&model, &data.x_val, &data.y_val)?;
             let train = rmse(&model, &data.x_train, &data.y_train)?;
-            let ckpt = if epoch % checkpoint_every == 0 || epoch == epochs {
+            let ckpt = if rank == 0 && (epoch % checkpoint_every == 0 || epoch == epochs) {
                 model.save(&scratch.join("model.safetensors"))?;
                 std::fs::write(scratch.join("state.json"), serde_json::json!({ "epoch": epoch }).to_string())?;
                 Some(scratch.as_path())

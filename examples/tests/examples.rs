@@ -66,3 +66,80 @@ fn wine_toml_runs_through_nestor_with_worker_processes() {
     let ckpt = best["checkpoint"].as_str().unwrap();
     assert!(Path::new(ckpt).join("rank-0/model.safetensors").is_file(), "{ckpt}");
 }
+
+/// Two data-parallel workers, each on half of every batch with gradients
+/// summed by `all_reduce`, train the same model as one worker on the whole
+/// batch: the same validation RMSE at every epoch, up to float rounding.
+#[test]
+fn two_data_parallel_workers_match_one_worker_on_the_same_global_batch() {
+    let data = std::sync::Arc::new(nestor_examples::WineData::load().unwrap());
+    let storage = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({ "lr": 0.01, "hidden": 16, "batch_size": 64, "weight_decay": 0.001, "epochs": 8 });
+    let run = |workers: u32| {
+        let data = std::sync::Arc::clone(&data);
+        trainer::Trainer::function(move |ctx| nestor_examples::train(ctx, &data))
+            .scaling(trainer::ScalingConfig::workers(workers))
+            .resources(trainer::NodeResources::declared(4.0))
+            .config(config.clone())
+            .storage(storage.path())
+            .name(format!("w{workers}"))
+            .fit()
+            .unwrap()
+    };
+    let (one, two) = (run(1), run(2));
+    assert_eq!(one.history.len(), 8);
+    assert_eq!(two.history.len(), 8);
+    let first = one.history[0].metrics["val_rmse"];
+    let last = one.history[7].metrics["val_rmse"];
+    assert!(last < first, "the model learns: {first} -> {last}");
+    for (a, b) in one.history.iter().zip(&two.history) {
+        let (x, y) = (a.metrics["val_rmse"], b.metrics["val_rmse"]);
+        assert!((x - y).abs() < 1e-4 * x.max(1.0), "epoch {}: 1 worker {x}, 2 workers {y}", a.training_iteration);
+    }
+    // A different split of the work, not the same computation twice: the 2-worker run's checkpoint resumes on 1 worker.
+    let resumed = {
+        let data = std::sync::Arc::clone(&data);
+        trainer::Trainer::function(move |ctx| nestor_examples::train(ctx, &data))
+            .config(serde_json::json!({ "lr": 0.01, "hidden": 16, "batch_size": 64, "weight_decay": 0.001, "epochs": 10 }))
+            .resources(trainer::NodeResources::declared(4.0))
+            .storage(storage.path())
+            .name("resumed")
+            .resume_from_checkpoint(two.checkpoint.clone().unwrap())
+            .fit()
+            .unwrap()
+    };
+    assert_eq!(resumed.history.iter().map(|s| s.training_iteration).collect::<Vec<_>>(), [9, 10]);
+}
+
+/// A `Trainer` inside a sweep: every trial is a 2-worker run.
+#[test]
+fn a_trainer_runs_inside_a_sweep() {
+    let data = std::sync::Arc::new(nestor_examples::WineData::load().unwrap());
+    let storage = tempfile::tempdir().unwrap();
+    let trainer = trainer::Trainer::function(move |ctx| {
+        assert_eq!(ctx.world_size(), 2);
+        nestor_examples::train(ctx, &data)
+    })
+    .scaling(trainer::ScalingConfig::workers(2));
+    let grid = tuner::Tuner::new(trainer.into(), nestor_examples::space(3))
+        .tune_config(tuner::TuneConfig {
+            metric: Some("val_rmse".into()),
+            mode: Some(tuner::Mode::Min),
+            num_samples: 3,
+            seed: Some(5),
+            ..Default::default()
+        })
+        .run_config(tuner::RunConfig {
+            name: "in-sweep".into(),
+            storage: storage.path().into(),
+            progress: tuner::ProgressMode::Quiet,
+            ..Default::default()
+        })
+        .resources(trainer::NodeResources::declared(4.0))
+        .fit()
+        .unwrap();
+    assert_eq!(grid.num_terminated(), 3);
+    for t in grid.iter() {
+        assert_eq!(t.history.len(), 3, "{}", t.trial_id);
+    }
+}

@@ -19,6 +19,7 @@ mod process;
 mod resources;
 mod scaling;
 mod service;
+mod trainer;
 
 /// The report-channel protocol, generated from `proto/nestor.proto`.
 #[allow(missing_docs, clippy::all)]
@@ -35,3 +36,4 @@ pub use process::{ProcessBackend, ProcessConfig};
 pub use resources::{Allocation, Gpu, NodeResources, Request, ResourceError, ResourcePool, Source, WorkerBundle};
 pub use scaling::{DistBackend, PlacementStrategy, Resources, ScalingConfig, ScalingError, TorchConfig};
 pub use service::ReportServer;
+pub use trainer::{Step, TrainError, TrainLoop, TrainOutput, Trainer};

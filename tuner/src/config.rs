@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use schedulers::Stopper;
 use search::{Config, Mode};
-use trainer::{Context, FunctionBackend, ProcessConfig, ScalingConfig, TrainResult};
+use trainer::{Context, FunctionBackend, ProcessConfig, ScalingConfig, TrainLoop, TrainResult, Trainer};
 
 pub use crate::experiment::{Algorithm, SchedulerKind};
 
@@ -136,14 +136,16 @@ impl Default for RunConfig {
 /// [`ScalingConfig`] (one single-CPU worker by default).
 #[derive(Clone, Debug)]
 pub struct Trainable {
-    pub(crate) kind: TrainableKind,
+    pub(crate) kind: TrainLoop,
     pub(crate) scaling: ScalingConfig,
 }
 
-#[derive(Clone, Debug)]
-pub(crate) enum TrainableKind {
-    Function(FunctionBackend),
-    Command(ProcessConfig),
+/// A [`Trainer`] in a sweep: its train loop and scaling, once per trial.
+impl From<Trainer> for Trainable {
+    fn from(t: Trainer) -> Self {
+        let (kind, scaling) = t.into_parts();
+        Self { kind, scaling }
+    }
 }
 
 impl Trainable {
@@ -152,7 +154,7 @@ impl Trainable {
     where
         F: Fn(&mut Context) -> TrainResult + Send + Sync + 'static,
     {
-        Self { kind: TrainableKind::Function(FunctionBackend::new(f)), scaling: ScalingConfig::default() }
+        Self { kind: TrainLoop::Function(FunctionBackend::new(f)), scaling: ScalingConfig::default() }
     }
 
     /// A worker command, e.g. `["python", "train.py"]`.
@@ -166,7 +168,7 @@ impl Trainable {
 
     /// A worker command with every process setting.
     pub fn process(config: ProcessConfig) -> Self {
-        Self { kind: TrainableKind::Command(config), scaling: ScalingConfig::default() }
+        Self { kind: TrainLoop::Process(config), scaling: ScalingConfig::default() }
     }
 
     /// Sets the workers per trial and what each needs.

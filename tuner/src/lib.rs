@@ -22,7 +22,8 @@ pub use tuner::Tuner;
 /// Re-exports for writing trainables without naming the other crates.
 pub use search::{Domain, Mode, Space};
 pub use trainer::{
-    Context, DistBackend, NodeResources, PlacementStrategy, ReduceOp, ReportError, Resources, ScalingConfig, TorchConfig, TrainResult,
+    Context, DistBackend, NodeResources, PlacementStrategy, ReduceOp, ReportError, Resources, ScalingConfig, TorchConfig, TrainOutput,
+    TrainResult, Trainer,
 };
 
 /// Errors of running or restoring a sweep.

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use schedulers::{CombinedStopper, Fifo, MetricThresholds, Scheduler, Stopper};
 use search::{BasicVariantGenerator, ConcurrencyLimiter, Searcher, Space};
-use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool};
+use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, TrainLoop};
 
-use crate::config::{ProgressMode, RunConfig, Stop, Trainable, TrainableKind, TuneConfig};
+use crate::config::{ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
 use crate::experiment::{ExperimentFile, Resolved, SchedulerKind, SearchSection, TrainerSection};
 use crate::result_grid::ResultGrid;
 use crate::runner::{Finish, Runner};
@@ -273,8 +273,8 @@ impl Tuner {
             store
         };
         let backend: Arc<dyn Backend> = match trainable.kind {
-            TrainableKind::Function(f) => Arc::new(f),
-            TrainableKind::Command(mut c) => {
+            TrainLoop::Function(f) => Arc::new(f),
+            TrainLoop::Process(mut c) => {
                 c.use_gpu = trainable.scaling.use_gpu;
                 Arc::new(ProcessBackend::start(c).await.map_err(|source| TuneError::Io { path: PathBuf::from("<report server>"), source })?)
             }

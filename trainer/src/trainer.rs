@@ -1,0 +1,360 @@
+//! `Trainer`: one data-parallel training run on its own, without a sweep
+//! (Ray Train's `TorchTrainer(...).fit()`).
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::backend::{Backend, Directive, EventKind, ExitOutcome, LaunchSpec, StopLevel};
+use crate::context::Context;
+use crate::function::{FunctionBackend, TrainResult};
+use crate::process::{ProcessBackend, ProcessConfig};
+use crate::resources::{NodeResources, Request, ResourceError, ResourcePool};
+use crate::scaling::{ScalingConfig, ScalingError};
+
+/// What each worker of a run executes.
+#[derive(Debug, Clone)]
+pub enum TrainLoop {
+    /// A Rust function, one thread per rank.
+    Function(FunctionBackend),
+    /// An external command, one process per rank.
+    Process(ProcessConfig),
+}
+
+/// One training run: a train loop, its scaling, its config.
+///
+/// ```no_run
+/// use trainer::{ReduceOp, ScalingConfig, Trainer};
+///
+/// let out = Trainer::function(|ctx| {
+///     let mut grad = vec![ctx.world_rank() as f32; 4];
+///     for step in 0..10 {
+///         ctx.all_reduce(&mut grad, ReduceOp::Mean)?;       // data-parallel across the workers
+///         ctx.report([("loss", 1.0 / (step + 1) as f64)], None)?;
+///     }
+///     Ok(())
+/// })
+/// .scaling(ScalingConfig::workers(2))
+/// .config(serde_json::json!({ "lr": 0.01 }))
+/// .fit()?;
+/// println!("{:?} {:?}", out.metrics, out.checkpoint);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Trainer {
+    train_loop: TrainLoop,
+    scaling: ScalingConfig,
+    config: Value,
+    storage: PathBuf,
+    name: Option<String>,
+    resources: Option<NodeResources>,
+    resume_from: Option<PathBuf>,
+}
+
+/// One step of a finished run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// 1-based iteration.
+    pub training_iteration: u64,
+    /// Rank 0's metrics.
+    pub metrics: BTreeMap<String, f64>,
+    /// The step's checkpoint directory, if it had one.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// What a finished run leaves: Ray Train's `Result`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainOutput {
+    /// The last step's metrics.
+    pub metrics: Option<BTreeMap<String, f64>>,
+    /// Every step, in order.
+    pub history: Vec<Step>,
+    /// The latest checkpoint (`.../checkpoint_NNNNNN`, a shard per rank).
+    pub checkpoint: Option<PathBuf>,
+    /// The run's directory: logs, `result.jsonl`, checkpoints.
+    pub path: PathBuf,
+}
+
+/// Why a run did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The scaling config breaks a rule.
+    #[error("scaling config: {0}")]
+    Scaling(#[from] ScalingError),
+    /// The workers can never fit on the node.
+    #[error(transparent)]
+    Resources(#[from] ResourceError),
+    /// The workers could not start.
+    #[error(transparent)]
+    Launch(#[from] crate::LaunchError),
+    /// A file or the runtime failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The run's directory exists already.
+    #[error("run directory {0} already exists; pick another name")]
+    Exists(PathBuf),
+    /// A worker failed; the message names the rank, with its log tail.
+    #[error("training failed: {message}")]
+    Failed {
+        /// The failure.
+        message: String,
+        /// What the run reported before it failed.
+        output: Box<TrainOutput>,
+    },
+    /// Stopped by Ctrl-C.
+    #[error("training interrupted")]
+    Interrupted(Box<TrainOutput>),
+}
+
+impl Trainer {
+    /// A run of a Rust function on each worker.
+    pub fn function<F>(f: F) -> Self
+    where
+        F: Fn(&mut Context) -> TrainResult + Send + Sync + 'static,
+    {
+        Self::new(TrainLoop::Function(FunctionBackend::new(f)))
+    }
+
+    /// A run of `command` on each worker (one process per rank).
+    pub fn command<I, S>(command: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::new(TrainLoop::Process(ProcessConfig::new(command.into_iter().map(Into::into).collect())))
+    }
+
+    /// A run of `train_loop` with one worker and an empty config.
+    pub fn new(train_loop: TrainLoop) -> Self {
+        Self {
+            train_loop,
+            scaling: ScalingConfig::default(),
+            config: Value::Object(Default::default()),
+            storage: PathBuf::from("nestor-runs"),
+            name: None,
+            resources: None,
+            resume_from: None,
+        }
+    }
+
+    /// Sets the workers and what each needs.
+    pub fn scaling(mut self, scaling: ScalingConfig) -> Self {
+        self.scaling = scaling;
+        self
+    }
+
+    /// Sets the config the workers read (`ctx.config()`, `NESTOR_CONFIG`).
+    pub fn config(mut self, config: Value) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Where runs go (default `./nestor-runs`).
+    pub fn storage(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.storage = dir.into();
+        self
+    }
+
+    /// The run's name: its directory under the storage (default `train-<time>`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Declares the node's resources instead of detecting them.
+    pub fn resources(mut self, node: NodeResources) -> Self {
+        self.resources = Some(node);
+        self
+    }
+
+    /// Starts from a checkpoint (`.../checkpoint_NNNNNN`) of an earlier run.
+    pub fn resume_from_checkpoint(mut self, checkpoint: impl Into<PathBuf>) -> Self {
+        self.resume_from = Some(checkpoint.into());
+        self
+    }
+
+    /// The train loop and scaling, for running this trainer inside a sweep.
+    pub fn into_parts(self) -> (TrainLoop, ScalingConfig) {
+        (self.train_loop, self.scaling)
+    }
+
+    /// Runs to the end. Blocks; builds its own tokio runtime.
+    pub fn fit(self) -> Result<TrainOutput, TrainError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|source| TrainError::Io { path: PathBuf::from("<runtime>"), source })?;
+        rt.block_on(self.fit_async())
+    }
+
+    /// Runs to the end inside an existing tokio runtime.
+    pub async fn fit_async(self) -> Result<TrainOutput, TrainError> {
+        self.scaling.validate()?;
+        let node = self.resources.clone().unwrap_or_else(NodeResources::detect);
+        let mut pool = ResourcePool::new(node);
+        let request = Request::from_scaling(&self.scaling);
+        pool.check(&request)?;
+        let Some(allocation) = pool.try_allocate(&request) else {
+            return Err(ResourceError::NeverFits { asked: format!("{request:?}"), has: pool.node().describe() }.into());
+        };
+        let name = self.name.clone().unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            format!("train-{t}")
+        });
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| TrainError::Io { path, source }
+        };
+        let dir = std::path::absolute(self.storage.join(&name)).map_err(io(&self.storage))?;
+        if dir.exists() {
+            return Err(TrainError::Exists(dir));
+        }
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let start_iteration = self.resume_from.as_deref().and_then(checkpoint_iteration).unwrap_or(0);
+        let spec = LaunchSpec {
+            trial_id: name,
+            config: self.config.clone(),
+            trial_dir: dir.clone(),
+            checkpoint: self.resume_from.clone(),
+            start_iteration,
+            workers: allocation.workers.clone(),
+        };
+        let backend: Arc<dyn Backend> = match self.train_loop {
+            TrainLoop::Function(f) => Arc::new(f),
+            TrainLoop::Process(mut c) => {
+                c.use_gpu = self.scaling.use_gpu;
+                Arc::new(ProcessBackend::start(c).await.map_err(io(Path::new("<report server>")))?)
+            }
+        };
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let handle = backend.launch(spec, tx)?;
+        let results_path = dir.join("result.jsonl");
+        let mut results = std::fs::File::create(&results_path).map_err(io(&results_path))?;
+        let mut out = TrainOutput { metrics: None, history: Vec::new(), checkpoint: self.resume_from.clone(), path: dir };
+        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(io(Path::new("<signal>")))?;
+        let mut interrupted = false;
+        let outcome = loop {
+            tokio::select! {
+                _ = sigint.recv(), if !interrupted => {
+                    interrupted = true;
+                    handle.stop(StopLevel::Graceful);
+                }
+                ev = events.recv() => match ev.map(|e| e.kind) {
+                    Some(EventKind::Report { report, reply }) => {
+                        let mut metrics = report.metrics;
+                        metrics.insert("training_iteration".into(), report.training_iteration as f64);
+                        let line = serde_json::json!({
+                            "training_iteration": report.training_iteration,
+                            "metrics": metrics.iter().map(|(k, v)| (k.clone(), if v.is_finite() { serde_json::json!(v) } else { serde_json::json!(v.to_string()) })).collect::<serde_json::Map<_, _>>(),
+                            "checkpoint": report.checkpoint,
+                        });
+                        // Durable before the workers go on.
+                        writeln!(results, "{line}").and_then(|()| results.sync_data()).map_err(io(&results_path))?;
+                        if report.checkpoint.is_some() {
+                            out.checkpoint.clone_from(&report.checkpoint);
+                        }
+                        out.metrics = Some(metrics.clone());
+                        out.history.push(Step { training_iteration: report.training_iteration, metrics, checkpoint: report.checkpoint });
+                        reply.send(if interrupted { Directive::Stop } else { Directive::Continue });
+                    }
+                    Some(EventKind::Exited(outcome)) => break outcome,
+                    None => break ExitOutcome::Failed("the workers' channel closed".into()),
+                }
+            }
+        };
+        pool.release(&allocation);
+        match outcome {
+            ExitOutcome::Failed(message) => Err(TrainError::Failed { message, output: Box::new(out) }),
+            _ if interrupted => Err(TrainError::Interrupted(Box::new(out))),
+            _ => Ok(out),
+        }
+    }
+}
+
+/// 7 for `.../checkpoint_000007`.
+fn checkpoint_iteration(path: &Path) -> Option<u64> {
+    path.file_name()?.to_str()?.strip_prefix("checkpoint_")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ReduceOp;
+
+    #[test]
+    fn a_data_parallel_function_run_on_its_own() {
+        let storage = tempfile::tempdir().unwrap();
+        let out = Trainer::function(|ctx| {
+            let lr: f64 = ctx.param("lr")?;
+            let mut w = 0.0f32;
+            let scratch = ctx.trial_dir().join(format!("scratch-{}", ctx.world_rank()));
+            std::fs::create_dir_all(&scratch)?;
+            for _ in 0..3 {
+                // Each rank's gradient differs; the mean is the same everywhere.
+                let mut g = [ctx.world_rank() as f32 + 1.0];
+                ctx.all_reduce(&mut g, ReduceOp::Mean)?;
+                w -= lr as f32 * g[0];
+                std::fs::write(scratch.join("w"), w.to_string())?;
+                ctx.report([("w", f64::from(w)), ("rank", f64::from(ctx.world_rank()))], Some(&scratch))?;
+            }
+            Ok(())
+        })
+        .scaling(ScalingConfig::workers(3))
+        .resources(NodeResources::declared(3.0))
+        .config(serde_json::json!({ "lr": 0.5 }))
+        .storage(storage.path())
+        .name("solo")
+        .fit()
+        .unwrap();
+        assert_eq!(out.history.len(), 3);
+        let m = out.metrics.unwrap();
+        assert_eq!((m["w"], m["rank"], m["training_iteration"]), (-3.0, 0.0, 3.0), "mean gradient 2 x lr 0.5 x 3 steps, rank 0's metrics");
+        let ckpt = out.checkpoint.unwrap();
+        assert!(ckpt.ends_with("checkpoint_000003"));
+        for r in 0..3 {
+            assert_eq!(std::fs::read_to_string(ckpt.join(format!("rank-{r}/w"))).unwrap(), "-3", "every rank's shard, in sync");
+        }
+        assert_eq!(std::fs::read_to_string(out.path.join("result.jsonl")).unwrap().lines().count(), 3);
+
+        // A failing rank fails the run, naming it; the others stop.
+        let err = Trainer::function(|ctx| {
+            for step in 0..100 {
+                if ctx.world_rank() == 1 && step == 2 {
+                    return Err("diverged".into());
+                }
+                ctx.barrier()?;
+                ctx.report([("step", f64::from(step))], None)?;
+            }
+            Ok(())
+        })
+        .scaling(ScalingConfig::workers(2))
+        .resources(NodeResources::declared(2.0))
+        .storage(storage.path())
+        .name("fails")
+        .fit()
+        .unwrap_err();
+        match err {
+            TrainError::Failed { message, output } => {
+                assert_eq!(message, "rank 1: diverged");
+                assert_eq!(output.history.len(), 2);
+            }
+            other => panic!("{other}"),
+        }
+        let err = Trainer::function(|_| Ok(())).scaling(ScalingConfig::workers(0)).fit().unwrap_err();
+        assert_eq!(err.to_string(), "scaling config: num_workers: must be at least 1");
+        let err =
+            Trainer::function(|_| Ok(())).scaling(ScalingConfig::gpu_workers(1)).resources(NodeResources::declared(2.0)).fit().unwrap_err();
+        assert!(matches!(err, TrainError::Resources(ResourceError::NeverFits { .. })), "{err}");
+    }
+}
