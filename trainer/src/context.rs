@@ -45,6 +45,48 @@ pub enum ReportError {
     },
 }
 
+/// A worker's report stream: requests out, one reply each back.
+struct Session {
+    requests: tokio::sync::mpsc::Sender<proto::ReportRequest>,
+    replies: tonic::Streaming<proto::ReportReply>,
+}
+
+fn status_error(s: &tonic::Status) -> ReportError {
+    match s.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled => {
+            ReportError::Transport(s.message().to_string())
+        }
+        _ => ReportError::Refused(s.message().to_string()),
+    }
+}
+
+/// Sends one report on the session (opening it first if needed) and waits for its reply.
+async fn exchange(
+    client: &mut proto::reporter_client::ReporterClient<tonic::transport::Channel>,
+    session: &mut Option<Session>,
+    request: proto::ReportRequest,
+) -> Result<proto::ReportReply, ReportError> {
+    if session.is_none() {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let replies = client.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await.map_err(|s| status_error(&s))?.into_inner();
+        *session = Some(Session { requests: tx, replies });
+    }
+    let Some(s) = session.as_mut() else { return Err(ReportError::Transport("no report stream".into())) };
+    let result = match s.requests.send(request).await {
+        Ok(()) => match s.replies.message().await {
+            Ok(Some(reply)) => Ok(reply),
+            Ok(None) => Err(ReportError::Transport("the driver closed the report stream".into())),
+            Err(status) => Err(status_error(&status)),
+        },
+        Err(_) => Err(ReportError::Transport("the report stream is closed".into())),
+    };
+    if result.is_err() {
+        // A refusal ends the stream; the next report opens a new one.
+        *session = None;
+    }
+    result
+}
+
 /// What the ranks of one in-process run share.
 pub(crate) struct Group {
     pub(crate) aggregator: Aggregator,
@@ -56,7 +98,13 @@ pub(crate) struct Group {
 
 enum Transport {
     InProcess(Arc<Group>),
-    Grpc { rt: Box<tokio::runtime::Runtime>, client: proto::reporter_client::ReporterClient<tonic::transport::Channel>, token: String },
+    Grpc {
+        rt: Box<tokio::runtime::Runtime>,
+        client: proto::reporter_client::ReporterClient<tonic::transport::Channel>,
+        token: String,
+        /// The open report stream (opened on first use, reopened after a refusal).
+        session: Option<Session>,
+    },
 }
 
 /// A worker's view of its trial: config, rank, checkpoint to resume from,
@@ -134,7 +182,12 @@ impl Context {
             local_rank,
             world_size,
             trial_dir_ready: std::cell::Cell::new(false),
-            transport: Transport::Grpc { rt: Box::new(rt), client: proto::reporter_client::ReporterClient::new(channel), token },
+            transport: Transport::Grpc {
+                rt: Box::new(rt),
+                client: proto::reporter_client::ReporterClient::new(channel),
+                token,
+                session: None,
+            },
         })
     }
 
@@ -246,7 +299,7 @@ impl Context {
                     directive
                 }
             }
-            Transport::Grpc { rt, client, token } => {
+            Transport::Grpc { rt, client, token, session } => {
                 let request = proto::ReportRequest {
                     version: 1,
                     trial_id: self.trial_id.clone(),
@@ -255,13 +308,8 @@ impl Context {
                     metrics: metrics.into_iter().collect(),
                     checkpoint_dir: checkpoint.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
                 };
-                let reply = rt.block_on(client.report(request)).map_err(|s| match s.code() {
-                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled => {
-                        ReportError::Transport(s.message().to_string())
-                    }
-                    _ => ReportError::Refused(s.message().to_string()),
-                })?;
-                match proto::Directive::try_from(reply.into_inner().directive) {
+                let reply = rt.block_on(exchange(client, session, request))?;
+                match proto::Directive::try_from(reply.directive) {
                     Ok(proto::Directive::Continue) => Directive::Continue,
                     _ => Directive::Stop,
                 }

@@ -52,7 +52,12 @@ impl ReportServer {
         let service = ReporterServer::new(Service { registry: Arc::clone(&registry) }).max_decoding_message_size(MAX_REPORT_BYTES);
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            // Reports are small request/response pairs: no Nagle delay on them.
+            let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
+                conn.inspect(|c| {
+                    let _ = c.set_nodelay(true);
+                })
+            });
             let result = tonic::transport::Server::builder()
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, async {
@@ -124,58 +129,91 @@ fn tokens_equal(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Checks one report, persists its checkpoint shard, hands it to its trial's
+/// aggregator and waits for the driver's decision. A refusal is logged with
+/// the sender and changes nothing.
+async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<ReportReply, Status> {
+    let refuse = |status: Status| {
+        tracing::warn!(%peer, trial = %r.trial_id, rank = r.rank, reason = %status.message(), "report refused");
+        Err(status)
+    };
+    if r.version != 1 {
+        return refuse(Status::invalid_argument(format!("unsupported protocol version {} (this driver speaks 1)", r.version)));
+    }
+    let reg = registry.trials.read().ok().and_then(|m| m.get(&r.trial_id).cloned());
+    let Some(reg) = reg else {
+        return refuse(Status::not_found(format!("unknown trial `{}`", r.trial_id)));
+    };
+    if !tokens_equal(&reg.token, &r.token) {
+        return refuse(Status::unauthenticated(format!("wrong token for trial `{}`", r.trial_id)));
+    }
+    if let Some(bad) = r.metrics.keys().find(|k| k.is_empty() || k.len() > 256) {
+        return refuse(Status::invalid_argument(format!("invalid metric name {bad:?}")));
+    }
+    let iteration = match reg.aggregator.next_iteration(r.rank) {
+        Ok(i) => i,
+        Err(e) => return refuse(Status::invalid_argument(e.to_string())),
+    };
+    let checkpoint = if r.checkpoint_dir.is_empty() {
+        None
+    } else {
+        let src = PathBuf::from(&r.checkpoint_dir);
+        let trial_dir = reg.trial_dir.clone();
+        let rank = r.rank;
+        let persisted = tokio::task::spawn_blocking(move || persist_checkpoint(&src, &trial_dir, iteration, rank))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        match persisted {
+            Ok(dir) => Some(dir),
+            Err(e @ CheckpointError::NotADirectory(_)) => return refuse(Status::invalid_argument(e.to_string())),
+            Err(e) => return refuse(Status::internal(e.to_string())),
+        }
+    };
+    let rx = match reg.aggregator.arrive(r.rank, iteration, r.metrics.into_iter().collect(), checkpoint) {
+        Ok(rx) => rx,
+        Err(e) => return refuse(Status::invalid_argument(e.to_string())),
+    };
+    drop(reg);
+    let directive = match rx.await.unwrap_or(Directive::Stop) {
+        Directive::Continue => proto::Directive::Continue,
+        Directive::Stop => proto::Directive::Stop,
+    };
+    Ok(ReportReply { directive: directive as i32, training_iteration: iteration })
+}
+
+type ReplyStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<ReportReply, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl Reporter for Service {
     async fn report(&self, request: Request<ReportRequest>) -> Result<Response<ReportReply>, Status> {
         let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
-        let r = request.into_inner();
-        let refuse = |status: Status| {
-            tracing::warn!(%peer, trial = %r.trial_id, rank = r.rank, reason = %status.message(), "report refused");
-            Err(status)
-        };
-        if r.version != 1 {
-            return refuse(Status::invalid_argument(format!("unsupported protocol version {} (this driver speaks 1)", r.version)));
-        }
-        let reg = self.registry.trials.read().ok().and_then(|m| m.get(&r.trial_id).cloned());
-        let Some(reg) = reg else {
-            return refuse(Status::not_found(format!("unknown trial `{}`", r.trial_id)));
-        };
-        if !tokens_equal(&reg.token, &r.token) {
-            return refuse(Status::unauthenticated(format!("wrong token for trial `{}`", r.trial_id)));
-        }
-        if let Some(bad) = r.metrics.keys().find(|k| k.is_empty() || k.len() > 256) {
-            return refuse(Status::invalid_argument(format!("invalid metric name {bad:?}")));
-        }
-        let iteration = match reg.aggregator.next_iteration(r.rank) {
-            Ok(i) => i,
-            Err(e) => return refuse(Status::invalid_argument(e.to_string())),
-        };
-        let checkpoint = if r.checkpoint_dir.is_empty() {
-            None
-        } else {
-            let src = PathBuf::from(&r.checkpoint_dir);
-            let trial_dir = reg.trial_dir.clone();
-            let rank = r.rank;
-            let persisted = tokio::task::spawn_blocking(move || persist_checkpoint(&src, &trial_dir, iteration, rank))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
-            match persisted {
-                Ok(dir) => Some(dir),
-                Err(e @ CheckpointError::NotADirectory(_)) => return refuse(Status::invalid_argument(e.to_string())),
-                Err(e) => return refuse(Status::internal(e.to_string())),
+        handle(&self.registry, request.into_inner(), &peer).await.map(Response::new)
+    }
+
+    type SessionStream = ReplyStream;
+
+    async fn session(&self, request: Request<tonic::Streaming<ReportRequest>>) -> Result<Response<ReplyStream>, Status> {
+        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        let inbound = request.into_inner();
+        let registry = Arc::clone(&self.registry);
+        // One reply per request, in order, produced as the reply stream is polled;
+        // after a refusal (or a broken stream) the stream ends.
+        let replies = futures_util::stream::unfold(Some(inbound), move |inbound| {
+            let (registry, peer) = (Arc::clone(&registry), peer.clone());
+            async move {
+                let mut inbound = inbound?;
+                let request = match inbound.message().await {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return None,
+                    Err(status) => return Some((Err(status), None)),
+                };
+                match handle(&registry, request, &peer).await {
+                    Ok(reply) => Some((Ok(reply), Some(inbound))),
+                    Err(status) => Some((Err(status), None)),
+                }
             }
-        };
-        let rx = match reg.aggregator.arrive(r.rank, iteration, r.metrics.into_iter().collect(), checkpoint) {
-            Ok(rx) => rx,
-            Err(e) => return refuse(Status::invalid_argument(e.to_string())),
-        };
-        drop(reg);
-        let directive = rx.await.unwrap_or(Directive::Stop);
-        let directive = match directive {
-            Directive::Continue => proto::Directive::Continue,
-            Directive::Stop => proto::Directive::Stop,
-        };
-        Ok(Response::new(ReportReply { directive: directive as i32, training_iteration: iteration }))
+        });
+        Ok(Response::new(Box::pin(replies)))
     }
 }
 

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tuner::{Domain, Mode, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
+use tuner::{Domain, Mode, NodeResources, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -47,7 +47,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         e2.lock().map_err(|_| "poisoned")?.push(Instant::now());
         Ok(())
     });
+    // Each trial is one single-CPU worker; declare enough CPUs for `concurrency` of them.
     let tuner = Tuner::new(trainable, space)
+        .resources(NodeResources::declared(concurrency as f64))
         .tune_config(TuneConfig {
             metric: Some("loss".into()),
             mode: Some(Mode::Min),

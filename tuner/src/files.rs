@@ -45,12 +45,21 @@ impl Flusher {
                 unsafe {
                     libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
                 }
-                let mut columns: HashMap<PathBuf, Vec<String>> = HashMap::new();
+                let mut open: HashMap<PathBuf, TrialFiles> = HashMap::new();
                 while let Ok(batch) = file_rx.recv() {
                     for f in batch {
-                        if let Err(e) = write_file(&f, &mut columns) {
+                        if let Err(e) = write_file(&f, &mut open) {
                             tracing::warn!(error = %e, "could not write a trial file");
                         }
+                    }
+                    // Each batch reaches the files before the next is taken; handles stay open for the next.
+                    for files in open.values_mut() {
+                        if let Err(e) = files.flush() {
+                            tracing::warn!(error = %e, "could not write a trial file");
+                        }
+                    }
+                    if open.len() > 256 {
+                        open.clear();
                     }
                 }
             })
@@ -64,6 +73,15 @@ impl Flusher {
     /// queue up and form the next burst.
     pub(crate) fn make_durable(&self) -> Result<(), crate::store::StoreError> {
         self.store.flush()
+    }
+
+    /// The same on a blocking thread; the outcome arrives on `done`, and the
+    /// loop goes on storing the next batch meanwhile.
+    pub(crate) fn make_durable_in_background(&self, done: tokio::sync::mpsc::UnboundedSender<Result<(), crate::store::StoreError>>) {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = done.send(store.flush());
+        });
     }
 
     /// Queues files for the writer thread.
@@ -82,11 +100,6 @@ impl Flusher {
     }
 }
 
-fn append(path: &Path, text: &str) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-    f.write_all(text.as_bytes())
-}
-
 /// One CSV field, quoted when it holds a comma, quote or newline.
 pub(crate) fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
@@ -96,7 +109,31 @@ pub(crate) fn csv_field(s: &str) -> String {
     }
 }
 
-fn write_file(f: &FileWrite, columns: &mut HashMap<PathBuf, Vec<String>>) -> std::io::Result<()> {
+/// A trial's open `result.jsonl` and `progress.csv`, and the CSV's columns.
+struct TrialFiles {
+    jsonl: std::io::BufWriter<std::fs::File>,
+    csv: std::io::BufWriter<std::fs::File>,
+    columns: Option<Vec<String>>,
+}
+
+impl TrialFiles {
+    fn open(trial_dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(trial_dir)?;
+        let append = |name: &str| std::fs::OpenOptions::new().create(true).append(true).open(trial_dir.join(name));
+        // A resumed trial keeps the columns its file started with.
+        let columns = std::fs::read_to_string(trial_dir.join("progress.csv"))
+            .ok()
+            .and_then(|t| t.lines().next().map(|h| h.split(',').map(String::from).collect::<Vec<_>>()));
+        Ok(Self { jsonl: std::io::BufWriter::new(append("result.jsonl")?), csv: std::io::BufWriter::new(append("progress.csv")?), columns })
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.jsonl.flush()?;
+        self.csv.flush()
+    }
+}
+
+fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, TrialFiles>) -> std::io::Result<()> {
     match f {
         FileWrite::Snapshot { path, json } => {
             let tmp = path.with_extension("json.tmp");
@@ -113,38 +150,29 @@ fn write_file(f: &FileWrite, columns: &mut HashMap<PathBuf, Vec<String>>) -> std
             std::fs::write(trial_dir.join("params.json"), text + "\n")
         }
         FileWrite::Result { trial_dir, result } => {
-            std::fs::create_dir_all(trial_dir)?;
-            let line = serde_json::to_string(result).unwrap_or_default();
-            append(&trial_dir.join("result.jsonl"), &(line + "\n"))?;
-            let csv = trial_dir.join("progress.csv");
-            let cols = match columns.get(trial_dir) {
-                Some(c) => c.clone(),
-                None => {
-                    let existing = std::fs::read_to_string(&csv)
-                        .ok()
-                        .and_then(|t| t.lines().next().map(|h| h.split(',').map(String::from).collect::<Vec<_>>()));
-                    let cols = match existing {
-                        Some(c) => c,
-                        None => {
-                            let mut c = vec!["trial_id".to_string(), "training_iteration".to_string()];
-                            c.extend(result.metrics.keys().filter(|k| *k != "training_iteration").cloned());
-                            append(&csv, &(c.iter().map(|s| csv_field(s)).collect::<Vec<_>>().join(",") + "\n"))?;
-                            c
-                        }
-                    };
-                    columns.insert(trial_dir.clone(), cols.clone());
-                    cols
-                }
+            let files = match open.entry(trial_dir.clone()) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(TrialFiles::open(trial_dir)?),
             };
-            let row: Vec<String> = cols
+            serde_json::to_writer(&mut files.jsonl, result)?;
+            files.jsonl.write_all(b"\n")?;
+            if files.columns.is_none() {
+                let mut c = vec!["trial_id".to_string(), "training_iteration".to_string()];
+                c.extend(result.metrics.keys().filter(|k| *k != "training_iteration").cloned());
+                writeln!(files.csv, "{}", c.iter().map(|s| csv_field(s)).collect::<Vec<_>>().join(","))?;
+                files.columns = Some(c);
+            }
+            let row: Vec<String> = files
+                .columns
                 .iter()
+                .flatten()
                 .map(|c| match c.as_str() {
                     "trial_id" => csv_field(&result.trial_id),
                     "training_iteration" => result.training_iteration.to_string(),
                     other => result.metrics.get(other).map(|v| v.to_string()).unwrap_or_default(),
                 })
                 .collect();
-            append(&csv, &(row.join(",") + "\n"))
+            writeln!(files.csv, "{}", row.join(","))
         }
     }
 }

@@ -18,7 +18,7 @@ use trainer::{
 
 use crate::files::{FileWrite, Flusher};
 use crate::progress::Progress;
-use crate::store::{CheckpointRecord, Store, TrialRecord, RECORD_VERSION};
+use crate::store::{CheckpointRecord, Store, StoreError, TrialRecord, RECORD_VERSION};
 use crate::TuneError;
 
 /// The live-status file in the experiment directory, present while a sweep runs.
@@ -41,6 +41,37 @@ pub(crate) fn trial_id(index: u64) -> String {
 struct Stored {
     result: TrialResult,
     reply: Reply,
+}
+
+/// Results and trial ends waiting to be durable, and the flush under way.
+/// One flush runs at a time, off the loop; what arrives meanwhile forms the
+/// next batch, flushed as soon as the current one is done.
+struct Commits {
+    /// Stored since the last flush started.
+    reports: Vec<Stored>,
+    /// Trials that ended since the last flush started: shown as ended once durable.
+    ended: Vec<TrialRecord>,
+    /// The batch being flushed now.
+    inflight: Option<Batch>,
+    flushed_tx: mpsc::UnboundedSender<Result<(), StoreError>>,
+    flushed_rx: mpsc::UnboundedReceiver<Result<(), StoreError>>,
+}
+
+struct Batch {
+    reports: Vec<Stored>,
+    ended: Vec<TrialRecord>,
+}
+
+impl Commits {
+    fn new() -> Self {
+        let (flushed_tx, flushed_rx) = mpsc::unbounded_channel();
+        Self { reports: Vec::new(), ended: Vec::new(), inflight: None, flushed_tx, flushed_rx }
+    }
+
+    /// Whether `trial`'s results are stored but not yet decided on.
+    fn holds(&self, trial: &str) -> bool {
+        self.reports.iter().chain(self.inflight.iter().flat_map(|b| &b.reports)).any(|p| p.result.trial_id == trial)
+    }
 }
 
 struct Running {
@@ -114,11 +145,9 @@ impl Runner {
         tokio::pin!(budget);
         let ended_timer = tokio::time::sleep_until(far);
         tokio::pin!(ended_timer);
-        // Results stored in this burst, waiting for the flush before anyone acts on them.
-        let mut reports: Vec<Stored> = Vec::new();
+        // Results and ends waiting for a flush before anyone acts on them.
+        let mut commits = Commits::new();
         let mut files: Vec<FileWrite> = Vec::new();
-        // Trials that ended since the last flush: shown as ended once durable.
-        let mut ended: Vec<TrialRecord> = Vec::new();
         let mut ended_deadline: Option<tokio::time::Instant> = None;
         let mut last_snapshot = String::new();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -162,15 +191,15 @@ impl Runner {
                     searcher_done = true;
                     break;
                 };
-                self.launch(record, allocation, &events_tx, &mut running, &mut ended)?;
+                self.launch(record, allocation, &events_tx, &mut running, &mut commits.ended)?;
             }
             // Group commit for the burst just handled; after admitting, so a
             // freed slot is refilled without waiting for the flush.
-            self.commit(&flusher, &mut running, &mut reports, &mut ended, false)?;
+            self.start_flush(&flusher, &mut commits, false);
             flusher.write_files(std::mem::take(&mut files));
             // A trial's end rides on the next flush for results, or gets its
             // own within END_FLUSH_DELAY.
-            if ended.is_empty() {
+            if commits.ended.is_empty() {
                 ended_deadline = None;
             } else if ended_deadline.is_none() {
                 let at = tokio::time::Instant::now() + END_FLUSH_DELAY;
@@ -204,7 +233,7 @@ impl Runner {
                             r.record.status = TrialStatus::Pending;
                             self.store.put_trial(&r.record)?;
                         }
-                        self.commit(&flusher, &mut running, &mut reports, &mut ended, true)?;
+                        self.commit_now(&flusher, &mut running, &mut commits).await?;
                         files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
                         flusher.write_files(std::mem::take(&mut files));
                         flusher.close().await;
@@ -221,7 +250,13 @@ impl Runner {
                     }
                 }
                 _ = &mut ended_timer, if ended_deadline.is_some() => {
-                    self.commit(&flusher, &mut running, &mut reports, &mut ended, true)?;
+                    self.start_flush(&flusher, &mut commits, true);
+                }
+                Some(flushed) = commits.flushed_rx.recv() => {
+                    if let Some(batch) = commits.inflight.take() {
+                        self.finish_flush(&mut running, batch, flushed)?;
+                    }
+                    self.start_flush(&flusher, &mut commits, false);
                 }
                 ev = events.recv() => {
                     let Some(ev) = ev else { break };
@@ -231,16 +266,16 @@ impl Runner {
                             EventKind::Report { report, reply } => match running.get_mut(&ev.trial_id) {
                                 Some(r) => {
                                     let result = self.store_report(r, report, &mut files)?;
-                                    reports.push(Stored { result, reply });
+                                    commits.reports.push(Stored { result, reply });
                                 }
                                 None => reply.send(Directive::Stop),
                             },
                             EventKind::Exited(outcome) => {
                                 // A trial's own results are decided on before its end.
-                                if reports.iter().any(|p| p.result.trial_id == ev.trial_id) {
-                                    self.commit(&flusher, &mut running, &mut reports, &mut ended, false)?;
+                                if commits.holds(&ev.trial_id) {
+                                    self.commit_now(&flusher, &mut running, &mut commits).await?;
                                 }
-                                self.on_exit(&ev.trial_id, outcome, &mut running, &mut ended, &mut stopping, &mut first_error)?;
+                                self.on_exit(&ev.trial_id, outcome, &mut running, &mut commits.ended, &mut stopping, &mut first_error)?;
                             }
                         }
                         next = events.try_recv().ok();
@@ -257,7 +292,7 @@ impl Runner {
             }
         }
         self.store.put_meta("scheduler", &self.scheduler.save())?;
-        self.commit(&flusher, &mut running, &mut reports, &mut ended, true)?;
+        self.commit_now(&flusher, &mut running, &mut commits).await?;
         files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
         flusher.write_files(std::mem::take(&mut files));
         flusher.close().await;
@@ -357,31 +392,49 @@ impl Runner {
         Ok(())
     }
 
-    /// Makes the burst durable, then lets the scheduler, stoppers and searcher
-    /// see each of its results and answers the workers. `force` flushes for
-    /// ended trials alone too.
-    fn commit(
-        &mut self,
-        flusher: &Flusher,
-        running: &mut HashMap<String, Running>,
-        reports: &mut Vec<Stored>,
-        ended: &mut Vec<TrialRecord>,
-        force: bool,
-    ) -> Result<(), TuneError> {
-        let ends_wait = force && !ended.is_empty();
-        if reports.is_empty() && !ends_wait {
-            return Ok(());
+    /// Starts flushing what is stored so far (off the loop), unless a flush is
+    /// under way; trial ends ride along. `force` flushes for ended trials
+    /// alone too.
+    fn start_flush(&self, flusher: &Flusher, c: &mut Commits, force: bool) {
+        if c.inflight.is_some() || (c.reports.is_empty() && !(force && !c.ended.is_empty())) {
+            return;
         }
+        c.inflight = Some(Batch { reports: std::mem::take(&mut c.reports), ended: std::mem::take(&mut c.ended) });
+        flusher.make_durable_in_background(c.flushed_tx.clone());
+    }
+
+    /// A batch is durable: the scheduler, stoppers and searcher see each of its
+    /// results, and the workers get their answers.
+    fn finish_flush(
+        &mut self,
+        running: &mut HashMap<String, Running>,
+        mut batch: Batch,
+        flushed: Result<(), StoreError>,
+    ) -> Result<(), TuneError> {
         // On failure the waiting workers' answers are dropped, which they
         // read as Stop: nothing not durable is ever acknowledged.
-        flusher.make_durable()?;
-        self.show_ended(ended);
-        for Stored { result, reply } in reports.drain(..) {
+        flushed?;
+        self.show_ended(&mut batch.ended);
+        for Stored { result, reply } in batch.reports {
             let directive = match running.get_mut(&result.trial_id) {
                 Some(r) => self.decide(r, &result),
                 None => Directive::Stop,
             };
             reply.send(directive);
+        }
+        Ok(())
+    }
+
+    /// Makes everything stored so far durable and acts on it, now.
+    async fn commit_now(&mut self, flusher: &Flusher, running: &mut HashMap<String, Running>, c: &mut Commits) -> Result<(), TuneError> {
+        if let Some(batch) = c.inflight.take() {
+            let flushed = c.flushed_rx.recv().await.unwrap_or(Ok(()));
+            self.finish_flush(running, batch, flushed)?;
+        }
+        if !c.reports.is_empty() || !c.ended.is_empty() {
+            let batch = Batch { reports: std::mem::take(&mut c.reports), ended: std::mem::take(&mut c.ended) };
+            let flushed = flusher.make_durable();
+            self.finish_flush(running, batch, flushed)?;
         }
         Ok(())
     }

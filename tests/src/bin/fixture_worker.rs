@@ -10,6 +10,7 @@
 //! - `omit_metric` (bool): report `other` instead of `loss`;
 //! - `ignore_sigterm` (bool): ignore SIGTERM;
 //! - `leak_child` (bool): start a `sleep 300` that outlives this process;
+//! - `quiet` (bool): no log line per step (for benchmarks);
 //! - `dump_env` (bool): write `rank-<r>.json` in the trial directory with this
 //!   rank's torchrun and nestor variables, its pid and its leaked child's pid.
 //!
@@ -30,6 +31,7 @@ fn main() -> anyhow::Result<()> {
     let fail_at: Option<u64> = ctx.param("fail_at").ok();
     let nan_at: Option<u64> = ctx.param("nan_at").ok();
     let omit: bool = ctx.param("omit_metric").unwrap_or(false);
+    let quiet: bool = ctx.param("quiet").unwrap_or(false);
     let rank = ctx.world_rank();
     let fail_rank: u32 = ctx.param("fail_rank").unwrap_or(0);
     let fail_at = fail_at.filter(|_| rank == fail_rank);
@@ -83,6 +85,7 @@ fn main() -> anyhow::Result<()> {
             None
         };
         match ctx.report([(name, loss), ("step", step as f64)], ckpt.as_deref()) {
+            Ok(()) if quiet => {}
             Ok(()) => eprintln!("rank {rank}: acked step {step}"),
             Err(ReportError::Stopped) => break,
             Err(e) => return Err(e.into()),

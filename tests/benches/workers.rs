@@ -1,0 +1,137 @@
+//! Worker groups, measured:
+//!
+//! 1. start: the time from a trial's launch to all N worker processes
+//!    running (spawned and exec'd: `launch` returns), and to the first
+//!    report of all N ranks having arrived over gRPC (the aggregated step),
+//!    for N = 1, 4, 16, with a trivial worker (the fixture: one report, exit);
+//! 2. throughput: 16 single-worker trials reporting as fast as they can
+//!    through the whole Tuner (every result stored in sled and flushed
+//!    before its worker's report returns); and one 16-rank trial doing the
+//!    same (a result per step of all 16 ranks).
+//!
+//! ```text
+//! cargo bench -p nestor-tests --bench workers [-- --reps R --steps S]
+//! ```
+
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use trainer::{Backend, Directive, EventKind, LaunchSpec, ProcessBackend, ProcessConfig, WorkerBundle};
+use tuner::{Mode, NodeResources, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+fn worker() -> &'static str {
+    env!("CARGO_BIN_EXE_fixture-worker")
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn start_times(n: u32, reps: u64) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
+    let backend = ProcessBackend::start(ProcessConfig::new(vec![worker().to_string()])).await?;
+    let dir = tempfile::tempdir()?;
+    let (mut spawned, mut reported) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut spec = LaunchSpec::new(format!("t{rep}"), serde_json::json!({ "x": 0.5, "steps": 1 }), dir.path().join(format!("t{rep}")));
+        spec.workers = vec![WorkerBundle::cpus(1.0); n as usize];
+        let t0 = Instant::now();
+        let _handle = backend.launch(spec, tx)?;
+        spawned.push(t0.elapsed().as_secs_f64() * 1e3);
+        loop {
+            match rx.recv().await.map(|e| e.kind) {
+                Some(EventKind::Report { reply, .. }) => {
+                    reported.push(t0.elapsed().as_secs_f64() * 1e3);
+                    reply.send(Directive::Stop);
+                }
+                Some(EventKind::Exited(_)) | None => break,
+            }
+        }
+    }
+    Ok((spawned, reported))
+}
+
+fn throughput(trials: u64, workers: u32, steps: u64, in_process: bool) -> Result<(f64, u64), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let space = Space::builder().constant("x", 0.5).constant("steps", steps).constant("quiet", true).build()?;
+    let trainable = if in_process {
+        Trainable::function(|ctx| {
+            let steps: u64 = ctx.param("steps")?;
+            for step in 1..=steps {
+                ctx.report([("loss", 1.0 / step as f64)], None)?;
+            }
+            Ok(())
+        })
+    } else {
+        Trainable::command([worker()])
+    }
+    .scaling(tuner::ScalingConfig::workers(workers));
+    let grid = Tuner::new(trainable, space)
+        .resources(NodeResources::declared(16.0))
+        .tune_config(TuneConfig {
+            metric: Some("loss".into()),
+            mode: Some(Mode::Min),
+            num_samples: trials,
+            seed: Some(0),
+            ..Default::default()
+        })
+        .run_config(RunConfig {
+            name: "throughput".into(),
+            storage: dir.path().into(),
+            progress: ProgressMode::Quiet,
+            ..Default::default()
+        })
+        .fit()?;
+    // From the first stored result to the last, by their timestamps.
+    let mut stamps: Vec<f64> = grid.iter().flat_map(|t| t.history.iter().map(|r| r.metrics["timestamp"])).collect();
+    stamps.sort_by(f64::total_cmp);
+    let n = stamps.len() as u64;
+    let span = stamps.last().copied().unwrap_or(0.0) - stamps.first().copied().unwrap_or(0.0);
+    Ok((n as f64 / span.max(1e-9), n))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let reps = arg("--reps", 30);
+    let steps = arg("--steps", 2000);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    println!("start of a trial's worker group ({reps} launches each; median / p90 in ms)");
+    println!("{:>8} {:>22} {:>28}", "workers", "all running (spawned)", "all N first reports in");
+    for n in [1u32, 4, 16] {
+        let (mut s, mut r) = rt.block_on(start_times(n, reps))?;
+        println!(
+            "{n:>8} {:>10.2} / {:<10.2} {:>14.2} / {:<10.2}",
+            percentile(&mut s, 0.5),
+            percentile(&mut s, 0.9),
+            percentile(&mut r, 0.5),
+            percentile(&mut r, 0.9)
+        );
+    }
+    drop(rt);
+    let t = Instant::now();
+    let (rate, n) = throughput(16, 1, steps, true)?;
+    println!(
+        "(the driver alone: 16 in-process trials x {steps} steps: {n} results persisted, {rate:.0} results/s, {:.1} s in all)",
+        t.elapsed().as_secs_f64()
+    );
+    let t = Instant::now();
+    let (rate, n) = throughput(16, 1, steps, false)?;
+    println!(
+        "16 single-worker trials x {steps} steps: {n} results persisted, {rate:.0} results/s ({:.1} s in all)",
+        t.elapsed().as_secs_f64()
+    );
+    let t = Instant::now();
+    let (rate, n) = throughput(1, 16, steps, false)?;
+    println!(
+        "1 trial x 16 ranks x {steps} steps: {n} results persisted ({} reports), {rate:.0} results/s, {:.0} reports/s ({:.1} s in all)",
+        n * 16,
+        rate * 16.0,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
