@@ -63,13 +63,13 @@ fn status_error(s: &tonic::Status) -> ReportError {
 /// Sends one report on the session (opening it first if needed) and waits for its reply.
 async fn exchange(
     client: &mut proto::reporter_client::ReporterClient<tonic::transport::Channel>,
-    session: &mut Option<Session>,
+    session: &mut Option<Box<Session>>,
     request: proto::ReportRequest,
 ) -> Result<proto::ReportReply, ReportError> {
     if session.is_none() {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let replies = client.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await.map_err(|s| status_error(&s))?.into_inner();
-        *session = Some(Session { requests: tx, replies });
+        *session = Some(Box::new(Session { requests: tx, replies }));
     }
     let Some(s) = session.as_mut() else { return Err(ReportError::Transport("no report stream".into())) };
     let result = match s.requests.send(request).await {
@@ -103,7 +103,7 @@ enum Transport {
         client: proto::reporter_client::ReporterClient<tonic::transport::Channel>,
         token: String,
         /// The open report stream (opened on first use, reopened after a refusal).
-        session: Option<Session>,
+        session: Option<Box<Session>>,
     },
 }
 
