@@ -396,7 +396,8 @@ impl Runner {
     /// under way; trial ends ride along. `force` flushes for ended trials
     /// alone too.
     fn start_flush(&self, flusher: &Flusher, c: &mut Commits, force: bool) {
-        if c.inflight.is_some() || (c.reports.is_empty() && !(force && !c.ended.is_empty())) {
+        let ends_only = force && !c.ended.is_empty();
+        if c.inflight.is_some() || (c.reports.is_empty() && !ends_only) {
             return;
         }
         c.inflight = Some(Batch { reports: std::mem::take(&mut c.reports), ended: std::mem::take(&mut c.ended) });
