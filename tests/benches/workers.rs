@@ -44,14 +44,9 @@ async fn start_times(n: u32, reps: u64) -> Result<(Vec<f64>, Vec<f64>), Box<dyn 
         let t0 = Instant::now();
         let _handle = backend.launch(spec, tx)?;
         spawned.push(t0.elapsed().as_secs_f64() * 1e3);
-        loop {
-            match rx.recv().await.map(|e| e.kind) {
-                Some(EventKind::Report { reply, .. }) => {
-                    reported.push(t0.elapsed().as_secs_f64() * 1e3);
-                    reply.send(Directive::Stop);
-                }
-                Some(EventKind::Exited(_)) | None => break,
-            }
+        while let Some(EventKind::Report { reply, .. }) = rx.recv().await.map(|e| e.kind) {
+            reported.push(t0.elapsed().as_secs_f64() * 1e3);
+            reply.send(Directive::Stop);
         }
     }
     Ok((spawned, reported))
