@@ -1,0 +1,93 @@
+"""Time from `nestor run` to the 2-worker DDP trial's first report, against
+the same two ranks started by hand with the same environment (torchrun's
+variables, no nestor): the cost nestor adds to a trial's start.
+
+    VENV=$(examples/torch_ddp/venv.sh)
+    cargo build --release
+    "$VENV/bin/python" examples/torch_ddp/bench_first_report.py [--reps 5]
+
+Both runs train one epoch of examples/torch_ddp/train.py; "first report" is
+the moment both ranks are about to make their first report (train.py prints
+it), so the same work is timed on both sides.
+"""
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CONFIG = {"lr": 0.01, "hidden": 32, "batch_size": 64, "epochs": 1, "seed": 0}
+FIRST = re.compile(r"rank (\d+): first report at ([0-9.]+)")
+
+
+def first_reports(text):
+    return {int(m.group(1)): float(m.group(2)) for m in FIRST.finditer(text)}
+
+
+def with_nestor(storage, i):
+    sets = [f"experiment.num_samples=1", f"experiment.name=bench-{i}", "space.epochs=1", "stop.training_iteration=1"]
+    for k, v in CONFIG.items():
+        if k != "epochs":
+            sets.append(f"space.{k}={v}")
+    args = [os.path.join(REPO, "target/release/nestor"), "run", "examples/torch_ddp/sweep.toml", "--storage", storage, "--plain"]
+    for s in sets:
+        args += ["--set", s]
+    t0 = time.time()
+    subprocess.run(args, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    logs = os.path.join(storage, f"bench-{i}", "trials", "trial_00000", "logs")
+    times = {}
+    for r in (0, 1):
+        with open(os.path.join(logs, f"rank-{r}.log")) as f:
+            times.update(first_reports(f.read()))
+    return max(times.values()) - t0
+
+
+def by_hand():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NESTOR_")}
+    t0 = time.time()
+    procs = []
+    for rank in (0, 1):
+        env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", NODE_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+                   NESTOR_CONFIG=json.dumps(CONFIG))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "train.py")], env=env, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+    times = {}
+    for p in procs:
+        out, _ = p.communicate()
+        times.update(first_reports(out))
+        if p.returncode != 0:
+            raise SystemExit(f"a rank started by hand failed with code {p.returncode}")
+    return max(times.values()) - t0
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=5)
+    reps = parser.parse_args().reps
+    nestor_times, hand_times = [], []
+    with tempfile.TemporaryDirectory() as storage:
+        for i in range(reps):
+            # Alternate, so drift on the machine hits both alike.
+            hand_times.append(by_hand())
+            nestor_times.append(with_nestor(storage, i))
+    hand, nestor = statistics.median(hand_times), statistics.median(nestor_times)
+    print(f"first report of a 2-worker DDP trial (median of {reps}):")
+    print(f"  two ranks started by hand: {hand:.3f} s   ({', '.join(f'{t:.3f}' for t in hand_times)})")
+    print(f"  nestor run sweep.toml:     {nestor:.3f} s   ({', '.join(f'{t:.3f}' for t in nestor_times)})")
+    print(f"  nestor's share: {nestor - hand:+.3f} s ({(nestor / hand - 1) * 100:+.1f} %)")
+
+
+if __name__ == "__main__":
+    main()
