@@ -2,6 +2,7 @@
 //! `broadcast` and `barrier` over `f32` slices. Results are the same on
 //! every rank and from run to run: contributions are combined in rank order.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -34,6 +35,9 @@ pub enum CollectiveError {
     NotInProcess,
 }
 
+/// Spins before a rank sleeps waiting for the others (a few microseconds).
+const SPIN: u32 = 20_000;
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Reduce(ReduceOp),
@@ -52,6 +56,8 @@ struct State {
 /// The collective group of one trial's in-process ranks.
 pub(crate) struct Collective {
     world_size: usize,
+    /// `State::generation`, readable without the lock (for a short spin before sleeping).
+    generation: AtomicU64,
     state: Mutex<State>,
     cv: Condvar,
     stop: watch::Receiver<StopLevel>,
@@ -62,6 +68,7 @@ impl Collective {
         let n = world_size as usize;
         Self {
             world_size: n,
+            generation: AtomicU64::new(0),
             state: Mutex::new(State {
                 generation: 0,
                 arrived: 0,
@@ -133,8 +140,19 @@ impl Collective {
             st.arrived = 0;
             st.kind = None;
             st.generation += 1;
+            self.generation.store(st.generation, Ordering::Release);
             self.cv.notify_all();
         } else {
+            // The other ranks are usually microseconds behind: spin briefly
+            // before sleeping on the condvar (a wake-up costs far more).
+            drop(st);
+            for _ in 0..SPIN {
+                if self.generation.load(Ordering::Acquire) != generation {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            st = self.lock();
             while st.generation == generation {
                 if let Some(why) = &st.aborted {
                     return Err(CollectiveError::Aborted(why.clone()));
