@@ -24,6 +24,10 @@ use crate::TuneError;
 /// The live-status file in the experiment directory, present while a sweep runs.
 pub(crate) const SNAPSHOT: &str = "status.json";
 
+/// Batches up to this many results are flushed on the loop itself; larger
+/// ones off it, while the next batch forms.
+const INLINE_FLUSH: usize = 2;
+
 /// Longest a trial's end waits for a flush when no worker is waiting for one.
 const END_FLUSH_DELAY: Duration = Duration::from_millis(20);
 
@@ -401,7 +405,12 @@ impl Runner {
             return;
         }
         c.inflight = Some(Batch { reports: std::mem::take(&mut c.reports), ended: std::mem::take(&mut c.ended) });
-        flusher.make_durable_in_background(c.flushed_tx.clone());
+        if c.inflight.as_ref().is_some_and(|b| b.reports.len() <= INLINE_FLUSH) {
+            // A small batch: a flush right here answers sooner than a hand-off to another thread.
+            let _ = c.flushed_tx.send(flusher.make_durable());
+        } else {
+            flusher.make_durable_in_background(c.flushed_tx.clone());
+        }
     }
 
     /// A batch is durable: the scheduler, stoppers and searcher see each of its
