@@ -23,7 +23,7 @@ pub(crate) enum FileWrite {
     /// A file to delete.
     Remove { path: PathBuf },
     /// One result line for `result.jsonl` and `progress.csv`.
-    Result { trial_dir: PathBuf, result: TrialResult },
+    Result { trial_dir: std::sync::Arc<Path>, result: std::sync::Arc<TrialResult> },
 }
 
 /// Group commit and files for people: one flush makes a burst of results
@@ -150,11 +150,11 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, TrialFiles>) -> std::io
             std::fs::write(trial_dir.join("params.json"), text + "\n")
         }
         FileWrite::Result { trial_dir, result } => {
-            let files = match open.entry(trial_dir.clone()) {
+            let files = match open.entry(trial_dir.to_path_buf()) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(TrialFiles::open(trial_dir)?),
             };
-            serde_json::to_writer(&mut files.jsonl, result)?;
+            serde_json::to_writer(&mut files.jsonl, &**result)?;
             files.jsonl.write_all(b"\n")?;
             if files.columns.is_none() {
                 let mut c = vec!["trial_id".to_string(), "training_iteration".to_string()];

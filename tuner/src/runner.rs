@@ -43,7 +43,7 @@ pub(crate) fn trial_id(index: u64) -> String {
 
 /// A result stored in the current burst, and the worker waiting on it.
 struct Stored {
-    result: TrialResult,
+    result: Arc<TrialResult>,
     reply: Reply,
 }
 
@@ -80,6 +80,8 @@ impl Commits {
 
 struct Running {
     record: TrialRecord,
+    /// `<experiment>/trials/<id>`.
+    dir: Arc<std::path::Path>,
     handle: TrialHandle,
     /// Held until every process of the trial is gone.
     allocation: Allocation,
@@ -379,7 +381,8 @@ impl Runner {
                 self.store.put_trial(&record)?;
                 self.progress.trial_started(&record);
                 let now = Instant::now();
-                running.insert(record.id.clone(), Running { record, handle, allocation, started: now, last_report: now, ending: None });
+                let dir = Arc::from(self.trial_dir(&record.id));
+                running.insert(record.id.clone(), Running { record, dir, handle, allocation, started: now, last_report: now, ending: None });
             }
             Err(e) => {
                 self.pool.release(&allocation);
@@ -505,7 +508,7 @@ impl Runner {
     }
 
     /// Stores one report as a result (not yet durable) and returns it.
-    fn store_report(&mut self, r: &mut Running, report: Report, files: &mut Vec<FileWrite>) -> Result<TrialResult, TuneError> {
+    fn store_report(&mut self, r: &mut Running, report: Report, files: &mut Vec<FileWrite>) -> Result<Arc<TrialResult>, TuneError> {
         let now = Instant::now();
         let rec = &mut r.record;
         let mut metrics: Metrics = report.metrics;
@@ -532,7 +535,8 @@ impl Runner {
         rec.last_result = Some(result.clone());
         // The trial's record is rewritten at its start and end only; in between,
         // its results and checkpoints trees are the truth (see Store::refresh_trial).
-        files.push(FileWrite::Result { trial_dir: self.trial_dir(&rec.id), result: result.clone() });
+        let result = Arc::new(result);
+        files.push(FileWrite::Result { trial_dir: Arc::clone(&r.dir), result: Arc::clone(&result) });
         Ok(result)
     }
 
