@@ -91,42 +91,51 @@ fn throughput(trials: u64, workers: u32, steps: u64, in_process: bool) -> Result
     Ok((n as f64 / span.max(1e-9), n))
 }
 
+/// `--only start|driver|processes|ranks` runs one part.
+fn part(name: &str) -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).is_none_or(|p| p == name)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reps = arg("--reps", 30);
     let steps = arg("--steps", 2000);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    println!("start of a trial's worker group ({reps} launches each; median / p90 in ms)");
-    println!("{:>8} {:>22} {:>28}", "workers", "all running (spawned)", "all N first reports in");
-    for n in [1u32, 4, 16] {
-        let (mut s, mut r) = rt.block_on(start_times(n, reps))?;
+    if part("start") {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        println!("start of a trial's worker group ({reps} launches each; median / p90 in ms)");
+        println!("{:>8} {:>22} {:>28}", "workers", "all running (spawned)", "all N first reports in");
+        for n in [1u32, 4, 16] {
+            let (mut s, mut r) = rt.block_on(start_times(n, reps))?;
+            println!(
+                "{n:>8} {:>10.2} / {:<10.2} {:>14.2} / {:<10.2}",
+                percentile(&mut s, 0.5),
+                percentile(&mut s, 0.9),
+                percentile(&mut r, 0.5),
+                percentile(&mut r, 0.9)
+            );
+        }
+    }
+    if part("driver") {
+        let t = Instant::now();
+        let (rate, n) = throughput(16, 1, steps, true)?;
+        let secs = t.elapsed().as_secs_f64();
+        println!("(the driver alone: 16 in-process trials x {steps} steps: {n} results persisted, {rate:.0} results/s, {secs:.1} s in all)");
+    }
+    if part("processes") {
+        let t = Instant::now();
+        let (rate, n) = throughput(16, 1, steps, false)?;
+        let secs = t.elapsed().as_secs_f64();
+        println!("16 single-worker trials x {steps} steps: {n} results persisted, {rate:.0} results/s ({secs:.1} s in all)");
+    }
+    if part("ranks") {
+        let t = Instant::now();
+        let (rate, n) = throughput(1, 16, steps, false)?;
+        let secs = t.elapsed().as_secs_f64();
         println!(
-            "{n:>8} {:>10.2} / {:<10.2} {:>14.2} / {:<10.2}",
-            percentile(&mut s, 0.5),
-            percentile(&mut s, 0.9),
-            percentile(&mut r, 0.5),
-            percentile(&mut r, 0.9)
+            "1 trial x 16 ranks x {steps} steps: {n} results persisted ({} reports), {rate:.0} results/s, {:.0} reports/s ({secs:.1} s in all)",
+            n * 16,
+            rate * 16.0
         );
     }
-    drop(rt);
-    let t = Instant::now();
-    let (rate, n) = throughput(16, 1, steps, true)?;
-    println!(
-        "(the driver alone: 16 in-process trials x {steps} steps: {n} results persisted, {rate:.0} results/s, {:.1} s in all)",
-        t.elapsed().as_secs_f64()
-    );
-    let t = Instant::now();
-    let (rate, n) = throughput(16, 1, steps, false)?;
-    println!(
-        "16 single-worker trials x {steps} steps: {n} results persisted, {rate:.0} results/s ({:.1} s in all)",
-        t.elapsed().as_secs_f64()
-    );
-    let t = Instant::now();
-    let (rate, n) = throughput(1, 16, steps, false)?;
-    println!(
-        "1 trial x 16 ranks x {steps} steps: {n} results persisted ({} reports), {rate:.0} results/s, {:.0} reports/s ({:.1} s in all)",
-        n * 16,
-        rate * 16.0,
-        t.elapsed().as_secs_f64()
-    );
     Ok(())
 }
