@@ -15,6 +15,10 @@
 
 use std::time::Instant;
 
+// The allocator of the `nestor` binary, so the driver here is the one users run.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use tokio::sync::mpsc;
 use trainer::{Backend, Directive, EventKind, LaunchSpec, ProcessBackend, ProcessConfig, WorkerBundle};
 use tuner::{Mode, NodeResources, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
@@ -119,7 +123,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let (rate, n) = throughput(16, 1, steps, true)?;
         let secs = t.elapsed().as_secs_f64();
-        println!("(the driver alone: 16 in-process trials x {steps} steps: {n} results persisted, {rate:.0} results/s, {secs:.1} s in all)");
+        println!(
+            "(the driver alone: 16 in-process trials x {steps} steps: {n} results persisted, {rate:.0} results/s, {secs:.1} s in all)"
+        );
     }
     if part("processes") {
         let t = Instant::now();

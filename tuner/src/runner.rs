@@ -255,14 +255,17 @@ impl Runner {
                         r.handle.stop(StopLevel::Graceful);
                     }
                 }
-                _ = &mut ended_timer, if ended_deadline.is_some() => {
-                    self.start_flush(&flusher, &mut commits, true);
-                }
+                // Not while a flush is under way: its end starts the next one.
                 Some(flushed) = commits.flushed_rx.recv() => {
                     if let Some(batch) = commits.inflight.take() {
                         self.finish_flush(&mut running, batch, flushed)?;
                     }
                     self.start_flush(&flusher, &mut commits, false);
+                }
+                // Not while a flush is under way (its end starts the next one): a
+                // ready timer would otherwise win every turn of this biased select.
+                _ = &mut ended_timer, if ended_deadline.is_some() && commits.inflight.is_none() => {
+                    self.start_flush(&flusher, &mut commits, true);
                 }
                 ev = events.recv() => {
                     let Some(ev) = ev else { break };
@@ -382,7 +385,8 @@ impl Runner {
                 self.progress.trial_started(&record);
                 let now = Instant::now();
                 let dir = Arc::from(self.trial_dir(&record.id));
-                running.insert(record.id.clone(), Running { record, dir, handle, allocation, started: now, last_report: now, ending: None });
+                running
+                    .insert(record.id.clone(), Running { record, dir, handle, allocation, started: now, last_report: now, ending: None });
             }
             Err(e) => {
                 self.pool.release(&allocation);

@@ -214,3 +214,38 @@ fn searchers_and_schedulers_of_your_own_plug_in() {
         assert_eq!(t.status.as_str(), "TERMINATED");
     }
 }
+
+/// A stress test of the group commit: trials ending alone (no result rides
+/// with their end) while other trials keep flushes in flight all the time.
+/// The sweep finishes, with every result stored.
+#[test]
+fn trials_ending_while_results_stream_in_all_finish_with_every_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let trainable = Trainable::function(|ctx| {
+            let x: f64 = ctx.param("x")?;
+            if x < 0.0 {
+                // Busy: results all the time, so flushes are always under way.
+                for step in 0..200 {
+                    ctx.report([("loss", x + f64::from(step))], None)?;
+                }
+            } else {
+                // Quiet: one result, then an end that comes alone.
+                ctx.report([("loss", x)], None)?;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Ok(())
+        });
+        let grid = Tuner::new(trainable, Space::builder().param("x", Domain::uniform(-1.0, 1.0)).build().unwrap())
+            .resources(tuner::NodeResources::declared(16.0))
+            .tune_config(TuneConfig { max_concurrent_trials: Some(16), ..tune(200, 3) })
+            .run_config(run(&storage, "many", Stop::new()))
+            .fit();
+        let _ = tx.send(grid.map(|g| (g.num_terminated(), g.iter().map(|t| t.history.len()).collect::<Vec<_>>())));
+    });
+    let (terminated, lengths) = rx.recv_timeout(std::time::Duration::from_secs(120)).expect("the sweep stalled").unwrap();
+    assert_eq!(terminated, 200);
+    assert!(lengths.iter().all(|&n| n == 1 || n == 200), "{lengths:?}");
+}
