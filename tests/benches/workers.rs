@@ -1,9 +1,10 @@
 //! Worker groups, measured:
 //!
 //! 1. start: the time from a trial's launch to all N worker processes
-//!    running (spawned and exec'd: `launch` returns), and to the first
-//!    report of all N ranks having arrived over gRPC (the aggregated step),
-//!    for N = 1, 4, 16, with a trivial worker (the fixture: one report, exit);
+//!    running (spawned and exec'd: `launch` returns) with a trivial program
+//!    (`sleep`), and to the first report of all N ranks having arrived over
+//!    gRPC (the aggregated step) with the fixture worker (one report, exit),
+//!    for N = 1, 4, 16;
 //! 2. throughput: 16 single-worker trials reporting as fast as they can
 //!    through the whole Tuner (every result stored in sled and flushed
 //!    before its worker's report returns); and one 16-rank trial doing the
@@ -37,8 +38,11 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-async fn start_times(n: u32, reps: u64) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
-    let backend = ProcessBackend::start(ProcessConfig::new(vec![worker().to_string()])).await?;
+/// Launches a trial of `n` workers `reps` times: the times (ms) until `launch`
+/// returned (every process spawned and exec'd) and until the first step of
+/// all ranks arrived (only for a program that reports).
+async fn start_times(n: u32, reps: u64, command: &[&str], reports: bool) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
+    let backend = ProcessBackend::start(ProcessConfig::new(command.iter().map(|s| s.to_string()).collect())).await?;
     let dir = tempfile::tempdir()?;
     let (mut spawned, mut reported) = (Vec::new(), Vec::new());
     for rep in 0..reps {
@@ -46,11 +50,19 @@ async fn start_times(n: u32, reps: u64) -> Result<(Vec<f64>, Vec<f64>), Box<dyn 
         let mut spec = LaunchSpec::new(format!("t{rep}"), serde_json::json!({ "x": 0.5, "steps": 1 }), dir.path().join(format!("t{rep}")));
         spec.workers = vec![WorkerBundle::cpus(1.0); n as usize];
         let t0 = Instant::now();
-        let _handle = backend.launch(spec, tx)?;
+        let handle = backend.launch(spec, tx)?;
         spawned.push(t0.elapsed().as_secs_f64() * 1e3);
-        while let Some(EventKind::Report { reply, .. }) = rx.recv().await.map(|e| e.kind) {
-            reported.push(t0.elapsed().as_secs_f64() * 1e3);
-            reply.send(Directive::Stop);
+        if !reports {
+            handle.stop(trainer::StopLevel::Kill);
+        }
+        while let Some(kind) = rx.recv().await.map(|e| e.kind) {
+            match kind {
+                EventKind::Report { reply, .. } => {
+                    reported.push(t0.elapsed().as_secs_f64() * 1e3);
+                    reply.send(Directive::Stop);
+                }
+                EventKind::Exited(_) => break,
+            }
         }
     }
     Ok((spawned, reported))
@@ -107,11 +119,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if part("start") {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         println!("start of a trial's worker group ({reps} launches each; median / p90 in ms)");
-        println!("{:>8} {:>22} {:>28}", "workers", "all running (spawned)", "all N first reports in");
+        println!("{:>8} {:>26} {:>34}", "workers", "all running (`sleep 5`)", "all N first reports (fixture)");
         for n in [1u32, 4, 16] {
-            let (mut s, mut r) = rt.block_on(start_times(n, reps))?;
+            let (mut s, _) = rt.block_on(start_times(n, reps, &["sleep", "5"], false))?;
+            let (_, mut r) = rt.block_on(start_times(n, reps, &[worker()], true))?;
             println!(
-                "{n:>8} {:>10.2} / {:<10.2} {:>14.2} / {:<10.2}",
+                "{n:>8} {:>12.2} / {:<12.2} {:>16.2} / {:<12.2}",
                 percentile(&mut s, 0.5),
                 percentile(&mut s, 0.9),
                 percentile(&mut r, 0.5),
