@@ -54,6 +54,8 @@ pub struct NodeResources {
     pub custom: BTreeMap<String, f64>,
     /// Detected or declared.
     pub source: Source,
+    /// What GPU detection found, for people: the GPUs, or why there are none.
+    pub gpu_note: String,
 }
 
 /// Errors of declaring resources or of a run that can never fit.
@@ -88,7 +90,14 @@ impl NodeResources {
     /// A declared node with `cpus` CPUs, the detected memory, and no GPUs
     /// or custom resources until added.
     pub fn declared(cpus: f64) -> Self {
-        Self { cpus, memory_bytes: detect_memory(), gpus: Vec::new(), custom: BTreeMap::new(), source: Source::Declared }
+        Self {
+            cpus,
+            memory_bytes: detect_memory(),
+            gpus: Vec::new(),
+            custom: BTreeMap::new(),
+            source: Source::Declared,
+            gpu_note: "declared".into(),
+        }
     }
 
     /// Adds `n` GPUs (no NVLink between them), numbered after those present.
@@ -125,7 +134,7 @@ impl NodeResources {
     /// (TOML `[resources]`); what is not declared is detected.
     pub fn from_declared(declared: &Resources) -> Result<Self, ResourceError> {
         let detected = Self::detect();
-        let mut node = Self { source: Source::Declared, custom: BTreeMap::new(), ..detected };
+        let mut node = Self { source: Source::Declared, custom: BTreeMap::new(), gpu_note: "declared".into(), ..detected };
         for (name, &amount) in declared {
             let invalid = |message: String| ResourceError::Invalid { name: name.clone(), message };
             if !(amount >= 0.0 && amount.is_finite()) {
@@ -177,8 +186,8 @@ fn gib(bytes: f64) -> String {
 }
 
 fn detect_now() -> NodeResources {
-    let gpus = detect_gpus();
-    NodeResources { cpus: detect_cpus(), memory_bytes: detect_memory(), gpus, custom: BTreeMap::new(), source: Source::Detected }
+    let (gpus, gpu_note) = detect_gpus();
+    NodeResources { cpus: detect_cpus(), memory_bytes: detect_memory(), gpus, custom: BTreeMap::new(), source: Source::Detected, gpu_note }
 }
 
 /// CPUs: the scheduler affinity, capped by a cgroup CPU quota (v2 `cpu.max`
@@ -221,21 +230,23 @@ fn detect_memory() -> f64 {
     }
 }
 
-/// GPUs through NVML (loaded at run time); none, said once, where there is no
-/// NVIDIA driver.
-fn detect_gpus() -> Vec<Gpu> {
+/// GPUs through NVML (loaded at run time), and a note for people: the GPUs
+/// found, or why there are none (no NVIDIA driver: CPU-only).
+fn detect_gpus() -> (Vec<Gpu>, String) {
     let nvml = match nvml_wrapper::Nvml::init() {
         Ok(n) => n,
         Err(e) => {
-            tracing::info!("no NVIDIA GPUs available (NVML: {e}); running CPU-only");
-            return Vec::new();
+            let note = format!("no NVIDIA GPUs (NVML: {e}); running CPU-only");
+            tracing::info!("{note}");
+            return (Vec::new(), note);
         }
     };
     let count = match nvml.device_count() {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!("NVML could not count GPUs ({e}); running CPU-only");
-            return Vec::new();
+            let note = format!("NVML could not count the GPUs ({e}); running CPU-only");
+            tracing::warn!("{note}");
+            return (Vec::new(), note);
         }
     };
     let mut gpus = Vec::new();
@@ -267,12 +278,19 @@ fn detect_gpus() -> Vec<Gpu> {
         }
         gpu.nvlink_peers.sort_unstable();
     }
-    tracing::info!(
+    let note = format!(
         "{} GPU(s): {}",
         gpus.len(),
-        gpus.iter().map(|g| format!("{} {} ({})", g.index, g.name, gib(g.memory_bytes as f64))).collect::<Vec<_>>().join(", ")
+        gpus.iter()
+            .map(|g| {
+                let links = if g.nvlink_peers.is_empty() { String::new() } else { format!(", NVLink to {:?}", g.nvlink_peers) };
+                format!("{} {} ({}{links})", g.index, g.name, gib(g.memory_bytes as f64))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     );
-    gpus
+    tracing::info!("{note}");
+    (gpus, note)
 }
 
 /// What one worker was given.

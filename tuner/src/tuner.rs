@@ -228,6 +228,7 @@ impl Tuner {
             (None, false) => NodeResources::from_declared(&file.resources)?,
             (None, true) => NodeResources::detect(),
         };
+        let (node_description, node_gpus) = (node.describe(), node.gpu_note.clone());
         let pool = ResourcePool::new(node);
         let request = Request::from_scaling(&trainable.scaling);
         // A trial that can never fit is refused now, not left pending.
@@ -289,6 +290,7 @@ impl Tuner {
         let max_concurrent = file.experiment.max_concurrent_trials.unwrap_or(usize::MAX).min(fit);
         let mut progress = crate::progress::Progress::new(self.progress, file.experiment.metric.clone());
         let planned = searcher.total_trials().unwrap_or(file.experiment.num_samples);
+        progress.note(&format!("nestor: node {}, {}", node_description, node_gpus));
         progress.note(&format!(
             "nestor: {} {} ({} trials, {} at a time)",
             if resuming { "resuming" } else { "experiment" },
