@@ -107,7 +107,30 @@ fn throughput(trials: u64, workers: u32, steps: u64, in_process: bool) -> Result
     Ok((n as f64 / span.max(1e-9), n))
 }
 
-/// `--only start|driver|processes|ranks` runs one part.
+/// From a rank's failure (its exit) to the run reported failed with every
+/// process of its group gone, for a group of `n` whose other ranks handle
+/// SIGTERM (or ignore it, and so are killed after the one-second cap).
+fn failure_time(n: u32, ignore_sigterm: bool) -> Result<f64, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let err = trainer::Trainer::command([worker()])
+        .scaling(tuner::ScalingConfig::workers(n))
+        .resources(NodeResources::declared(f64::from(n)))
+        .config(
+            serde_json::json!({ "x": 0.5, "steps": 1000, "sleep_ms": 20, "fail_at": 10, "fail_rank": 1, "ignore_sigterm": ignore_sigterm }),
+        )
+        .storage(dir.path())
+        .name("fails")
+        .fit()
+        .err()
+        .ok_or("the run did not fail")?;
+    let done = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64();
+    let log = std::fs::read_to_string(dir.path().join("fails/logs/rank-1.log"))?;
+    let failed: f64 = log.split("(t=").nth(1).and_then(|s| s.split(')').next()).ok_or("no failure time")?.parse()?;
+    assert!(err.to_string().contains("rank 1 exited with code 3"), "{err}");
+    Ok((done - failed) * 1e3)
+}
+
+/// `--only start|driver|processes|ranks|failure` runs one part.
 fn part(name: &str) -> bool {
     let args: Vec<String> = std::env::args().collect();
     args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).is_none_or(|p| p == name)
@@ -129,6 +152,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 percentile(&mut s, 0.9),
                 percentile(&mut r, 0.5),
                 percentile(&mut r, 0.9)
+            );
+        }
+    }
+    if part("failure") {
+        for (n, ignore) in [(2u32, false), (16, false), (2, true)] {
+            let mut t: Vec<f64> = (0..5).map(|_| failure_time(n, ignore)).collect::<Result<_, _>>()?;
+            let how = if ignore { "ignore SIGTERM" } else { "exit on SIGTERM" };
+            println!(
+                "a rank fails in a group of {n} (the others {how}): run failed, group gone after {:.1} ms (median of 5)",
+                percentile(&mut t, 0.5)
             );
         }
     }

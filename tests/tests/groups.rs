@@ -14,7 +14,8 @@ use common::*;
 use serde_json::Value;
 
 fn rank_dump(exp: &Path, trial: &str, rank: u32) -> Value {
-    let path = exp.join("trials").join(trial).join(format!("rank-{rank}.json"));
+    let dir = if trial.is_empty() { exp.to_path_buf() } else { exp.join("trials").join(trial) };
+    let path = dir.join(format!("rank-{rank}.json"));
     serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
@@ -187,4 +188,39 @@ fn trials_wait_for_resources_and_one_that_can_never_fit_is_refused() {
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains(expected), "{extra}: {err}");
     }
+}
+
+#[test]
+fn a_trainer_runs_worker_processes_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    // Six ranks, some steps apart: every rank lives until the run ends (a rank
+    // spawned from a short-lived thread would die with it, by PR_SET_PDEATHSIG).
+    let out = trainer::Trainer::command([worker()])
+        .scaling(trainer::ScalingConfig::workers(6))
+        .resources(trainer::NodeResources::declared(6.0))
+        .config(serde_json::json!({ "x": 0.5, "steps": 3, "sleep_ms": 100, "checkpoint": true, "dump_env": true }))
+        .storage(dir.path())
+        .name("solo")
+        .fit()
+        .unwrap();
+    let steps: Vec<u64> = out.history.iter().map(|s| s.training_iteration).collect();
+    assert_eq!(steps, [1, 2, 3]);
+    let m = out.metrics.unwrap();
+    assert!((m["loss"] - (0.04 + 1.0 / 3.0)).abs() < 1e-12, "rank 0's metrics: {m:?}");
+    let ckpt = out.checkpoint.unwrap();
+    for r in 0..6 {
+        assert!(ckpt.join(format!("rank-{r}/state.json")).is_file());
+        assert_eq!(rank_dump(&dir.path().join("solo"), "", r)["WORLD_SIZE"], "6");
+    }
+
+    // A rank that fails fails the run, naming it.
+    let err = trainer::Trainer::command([worker()])
+        .scaling(trainer::ScalingConfig::workers(2))
+        .resources(trainer::NodeResources::declared(2.0))
+        .config(serde_json::json!({ "x": 0.5, "steps": 5, "fail_at": 2, "fail_rank": 1 }))
+        .storage(dir.path())
+        .name("fails")
+        .fit()
+        .unwrap_err();
+    assert!(err.to_string().starts_with("training failed: rank 1 exited with code 3"), "{err}");
 }

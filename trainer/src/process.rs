@@ -204,29 +204,6 @@ impl ProcessBackend {
     }
 }
 
-/// Spawns every command, in rank order; four or more on two threads.
-fn spawn_all(mut commands: Vec<tokio::process::Command>) -> Vec<std::io::Result<tokio::process::Child>> {
-    if commands.len() < 4 {
-        return commands.iter_mut().map(tokio::process::Command::spawn).collect();
-    }
-    let runtime = tokio::runtime::Handle::current();
-    let half = commands.len() / 2;
-    let (first, second) = commands.split_at_mut(half);
-    let n_second = second.len();
-    std::thread::scope(|scope| {
-        let helper = scope.spawn(|| {
-            let _guard = runtime.enter();
-            second.iter_mut().map(tokio::process::Command::spawn).collect::<Vec<_>>()
-        });
-        let mut out: Vec<_> = first.iter_mut().map(tokio::process::Command::spawn).collect();
-        match helper.join() {
-            Ok(rest) => out.extend(rest),
-            Err(_) => out.extend((0..n_second).map(|_| Err(std::io::Error::other("spawning thread panicked")))),
-        }
-        out
-    })
-}
-
 impl Backend for ProcessBackend {
     /// Starts one process per rank, each in its own process group, with the
     /// torchrun variables, its bundle's `CUDA_VISIBLE_DEVICES` and
@@ -249,9 +226,10 @@ impl Backend for ProcessBackend {
         self.server.register(&spec.trial_id, token, world_size, spec.trial_dir.clone(), spec.start_iteration, events.clone());
         let (exits_tx, mut exits) = mpsc::unbounded_channel::<RankExit>();
         let mut pgids = Vec::with_capacity(commands.len());
-        // Each spawn waits for its child's exec; with several ranks, two threads
-        // overlap those waits.
-        let spawned = spawn_all(commands);
+        // From this thread only: PR_SET_PDEATHSIG fires when the thread that
+        // spawned a child exits, so a short-lived helper thread would take the
+        // ranks it started with it.
+        let spawned: Vec<_> = commands.iter_mut().map(tokio::process::Command::spawn).collect();
         if let Some(source) = spawned.iter().find_map(|r| r.as_ref().err()) {
             // All or nothing: the ranks that did start go at once.
             let source = std::io::Error::new(source.kind(), source.to_string());

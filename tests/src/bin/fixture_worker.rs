@@ -72,7 +72,8 @@ fn main() -> anyhow::Result<()> {
     for step in start + 1..=steps {
         std::thread::sleep(Duration::from_millis(sleep_ms));
         if fail_at == Some(step) {
-            eprintln!("fixture: failing on purpose at step {step}");
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            eprintln!("fixture: failing on purpose at step {step} (t={t:.6})");
             std::process::exit(3);
         }
         let loss = if nan_at == Some(step) { f64::NAN } else { (x - 0.3).powi(2) + 1.0 / step as f64 + offset };
