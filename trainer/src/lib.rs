@@ -36,4 +36,4 @@ pub use process::{ProcessBackend, ProcessConfig};
 pub use resources::{Allocation, Gpu, NodeResources, Request, ResourceError, ResourcePool, Source, WorkerBundle};
 pub use scaling::{DistBackend, PlacementStrategy, Resources, ScalingConfig, ScalingError, TorchConfig};
 pub use service::ReportServer;
-pub use trainer::{Step, TrainError, TrainLoop, TrainOutput, Trainer};
+pub use trainer::{driver_runtime, Step, TrainError, TrainLoop, TrainOutput, Trainer};

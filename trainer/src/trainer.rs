@@ -190,11 +190,7 @@ impl Trainer {
 
     /// Runs to the end. Blocks; builds its own tokio runtime.
     pub fn fit(self) -> Result<TrainOutput, TrainError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(|source| TrainError::Io { path: PathBuf::from("<runtime>"), source })?;
+        let rt = driver_runtime().map_err(|source| TrainError::Io { path: PathBuf::from("<runtime>"), source })?;
         rt.block_on(self.fit_async())
     }
 
@@ -280,6 +276,13 @@ impl Trainer {
             _ => Ok(out),
         }
     }
+}
+
+/// The runtime a blocking `fit` drives its run on: the loop on the calling
+/// thread (which spawns the workers, and must outlive them), two workers for
+/// the report server and the process monitors.
+pub fn driver_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()
 }
 
 /// 7 for `.../checkpoint_000007`.

@@ -190,11 +190,7 @@ impl Tuner {
     /// Runs the sweep to the end and returns its results. Blocks; builds its
     /// own tokio runtime (use [`Tuner::fit_async`] inside one).
     pub fn fit(self) -> Result<ResultGrid, TuneError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(|source| TuneError::Io { path: PathBuf::from("<runtime>"), source })?;
+        let rt = trainer::driver_runtime().map_err(|source| TuneError::Io { path: PathBuf::from("<runtime>"), source })?;
         rt.block_on(self.fit_async())
     }
 
