@@ -65,6 +65,11 @@ fn the_ddp_sweep_runs_with_both_ranks_in_one_process_group_and_in_sync() {
         }
         assert_eq!(sums0.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4], "{trial}: {log0}");
         assert_eq!(sums0, sums1, "{trial}: the ranks' parameters differ after some epoch");
+        // Each rank trained on its own shard (DistributedSampler): their training losses differ.
+        let losses = |log: &str| -> Vec<String> {
+            log.lines().filter_map(|l| l.split("train_loss=").nth(1).and_then(|r| r.split_whitespace().next()).map(String::from)).collect()
+        };
+        assert_ne!(losses(&log0), losses(&log1), "{trial}: both ranks saw the same batches");
     }
     let rows = export(dir.path(), &format!("{storage}/torch-ddp"));
     assert_eq!(rows.len(), 16, "4 trials x 4 epochs, one result per step");
