@@ -6,9 +6,11 @@ variables, no nestor): the cost nestor adds to a trial's start.
     cargo build --release
     "$VENV/bin/python" examples/torch_ddp/bench_first_report.py [--reps 5]
 
-Both runs train one epoch of examples/torch_ddp/train.py; "first report" is
+Every run trains one epoch of examples/torch_ddp/train.py; "first report" is
 the moment both ranks are about to make their first report (train.py prints
-it), so the same work is timed on both sides.
+it), so the same work is timed on every side. A third run starts the ranks
+by hand with nestor's file rendezvous (`NESTOR_RENDEZVOUS_FILE`), to tell
+what nestor's rendezvous saves from what its driver costs.
 """
 
 import argparse
@@ -50,7 +52,7 @@ def with_nestor(storage, i):
     return max(times.values()) - t0
 
 
-def by_hand():
+def by_hand(rendezvous=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -61,14 +63,16 @@ def by_hand():
         env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", NODE_RANK="0",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
                    NESTOR_CONFIG=json.dumps(CONFIG))
+        if rendezvous:
+            env["NESTOR_RENDEZVOUS_FILE"] = rendezvous
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "train.py")], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     times = {}
     for p in procs:
-        out, _ = p.communicate()
+        out, err = p.communicate()
         times.update(first_reports(out))
         if p.returncode != 0:
-            raise SystemExit(f"a rank started by hand failed with code {p.returncode}")
+            raise SystemExit(f"a rank started by hand failed with code {p.returncode}:\n{err[-2000:]}")
     return max(times.values()) - t0
 
 
@@ -76,17 +80,20 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     reps = parser.parse_args().reps
-    nestor_times, hand_times = [], []
+    nestor_times, hand_times, file_times = [], [], []
     with tempfile.TemporaryDirectory() as storage:
         for i in range(reps):
-            # Alternate, so drift on the machine hits both alike.
+            # Interleaved, so drift on the machine hits all alike.
             hand_times.append(by_hand())
             nestor_times.append(with_nestor(storage, i))
-    hand, nestor = statistics.median(hand_times), statistics.median(nestor_times)
+            file_times.append(by_hand(os.path.join(storage, f"rendezvous-{i}")))
+    hand, nestor, file = (statistics.median(t) for t in (hand_times, nestor_times, file_times))
+    show = lambda ts: ", ".join(f"{t:.2f}" for t in ts)
     print(f"first report of a 2-worker DDP trial (median of {reps}):")
-    print(f"  two ranks started by hand: {hand:.3f} s   ({', '.join(f'{t:.3f}' for t in hand_times)})")
-    print(f"  nestor run sweep.toml:     {nestor:.3f} s   ({', '.join(f'{t:.3f}' for t in nestor_times)})")
-    print(f"  nestor's share: {nestor - hand:+.3f} s ({(nestor / hand - 1) * 100:+.1f} %)")
+    print(f"  two ranks started by hand (env:// rendezvous):  {hand:.3f} s   ({show(hand_times)})")
+    print(f"  nestor run sweep.toml:                          {nestor:.3f} s   ({show(nestor_times)})")
+    print(f"  by hand, with nestor's file rendezvous:         {file:.3f} s   ({show(file_times)})")
+    print(f"  nestor against the ranks by hand: {nestor - hand:+.3f} s ({(nestor / hand - 1) * 100:+.1f} %)")
 
 
 if __name__ == "__main__":

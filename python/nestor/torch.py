@@ -24,9 +24,10 @@ def get_device() -> torch.device:
 
 
 def init_process_group() -> None:
-    """Joins the trial's process group (``MASTER_ADDR``/``MASTER_PORT``, the
-    backend and timeout nestor was configured with); a no-op with one worker
-    or when already joined."""
+    """Joins the trial's process group (through ``NESTOR_RENDEZVOUS_FILE`` when
+    nestor gives one, else ``MASTER_ADDR``/``MASTER_PORT``), with the backend
+    and timeout nestor was configured with; a no-op with one worker or when
+    already joined."""
     ctx = get_context()
     if ctx.world_size <= 1 or not dist.is_available() or dist.is_initialized():
         return
@@ -35,7 +36,12 @@ def init_process_group() -> None:
     timeout = datetime.timedelta(seconds=float(os.environ.get("NESTOR_COLLECTIVE_TIMEOUT_S", "1800")))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend, init_method="env://", rank=ctx.world_rank, world_size=ctx.world_size, timeout=timeout)
+    # nestor names a fresh file per launch when all ranks share a node: a file
+    # store meets at once, where the TCP store's clients back off (up to about
+    # half a second) when they come before rank 0 listens.
+    rendezvous = os.environ.get("NESTOR_RENDEZVOUS_FILE")
+    init_method = f"file://{rendezvous}" if rendezvous else "env://"
+    dist.init_process_group(backend=backend, init_method=init_method, rank=ctx.world_rank, world_size=ctx.world_size, timeout=timeout)
 
 
 def prepare_model(model: torch.nn.Module, move_to_device: bool = True, parallel_strategy: Optional[str] = "ddp", **ddp_kwargs: Any):

@@ -61,6 +61,10 @@ fn each_rank_gets_the_torchrun_environment_and_its_own_gpus() {
             assert!(all_gpus.insert(gpus.to_string()), "GPU {gpus} handed out twice while both trials ran");
         }
         assert_eq!(r0["MASTER_PORT"], r1["MASTER_PORT"], "one rendezvous per trial");
+        let rendezvous = r0["NESTOR_RENDEZVOUS_FILE"].as_str().unwrap();
+        assert_eq!(r1["NESTOR_RENDEZVOUS_FILE"], rendezvous);
+        assert!(rendezvous.starts_with(exp.join("trials").join(trial).to_str().unwrap()), "{rendezvous}");
+        assert!(!Path::new(rendezvous).exists(), "the rendezvous file is removed with the group");
         ports.insert(r0["MASTER_PORT"].as_str().unwrap().to_string());
         for r in 0..2 {
             let log = std::fs::read_to_string(exp.join(format!("trials/{trial}/logs/rank-{r}.log"))).unwrap();

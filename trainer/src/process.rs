@@ -142,6 +142,7 @@ impl ProcessBackend {
         rank: u32,
         token: &str,
         master_port: u16,
+        rendezvous: &Path,
         log_path: &Path,
     ) -> Result<tokio::process::Command, LaunchError> {
         let cfg = &self.config;
@@ -166,6 +167,7 @@ impl ProcessBackend {
             .env("NODE_RANK", "0")
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", master_port.to_string())
+            .env("NESTOR_RENDEZVOUS_FILE", rendezvous)
             .env("CUDA_VISIBLE_DEVICES", bundle.cuda_visible_devices())
             .env("OMP_NUM_THREADS", bundle.omp_threads().to_string())
             .env("NESTOR_ADDR", self.server.url())
@@ -219,9 +221,11 @@ impl Backend for ProcessBackend {
         let world_size = spec.world_size();
         let master_port = free_port();
         let log_paths: Vec<PathBuf> = (0..world_size).map(|r| logs.join(format!("rank-{r}.log"))).collect();
+        // A fresh file per launch: a store file left by an earlier run would hold its keys.
+        let rendezvous = logs.join(format!(".rendezvous-{}", &token[..16]));
         let mut commands = Vec::with_capacity(world_size as usize);
         for rank in 0..world_size {
-            commands.push(self.command(&spec, rank, &token, master_port, &log_paths[rank as usize])?);
+            commands.push(self.command(&spec, rank, &token, master_port, &rendezvous, &log_paths[rank as usize])?);
         }
         self.server.register(&spec.trial_id, token, world_size, spec.trial_dir.clone(), spec.start_iteration, events.clone());
         let (exits_tx, mut exits) = mpsc::unbounded_channel::<RankExit>();
@@ -314,6 +318,7 @@ impl Backend for ProcessBackend {
             // Whatever the leaders did, no process of the groups outlives the trial.
             signal_all(libc::SIGKILL);
             wait_groups_gone(&pgids).await;
+            let _ = std::fs::remove_file(&rendezvous);
             server.unregister(&trial_id);
             let outcome = match (failure, wait_error) {
                 (Some((rank, how)), _) => {

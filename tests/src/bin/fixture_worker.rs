@@ -55,7 +55,7 @@ fn main() -> anyhow::Result<()> {
             "LOCAL_WORLD_SIZE": var("LOCAL_WORLD_SIZE"), "NODE_RANK": var("NODE_RANK"),
             "MASTER_ADDR": var("MASTER_ADDR"), "MASTER_PORT": var("MASTER_PORT"),
             "CUDA_VISIBLE_DEVICES": var("CUDA_VISIBLE_DEVICES"), "OMP_NUM_THREADS": var("OMP_NUM_THREADS"),
-            "NESTOR_TORCH_BACKEND": var("NESTOR_TORCH_BACKEND"), "NESTOR_TRIAL_ID": var("NESTOR_TRIAL_ID"),
+            "NESTOR_TORCH_BACKEND": var("NESTOR_TORCH_BACKEND"), "NESTOR_RENDEZVOUS_FILE": var("NESTOR_RENDEZVOUS_FILE"), "NESTOR_TRIAL_ID": var("NESTOR_TRIAL_ID"),
             "pid": std::process::id(), "child": leaked, "local_rank": ctx.local_rank(), "world_size": ctx.world_size(),
         });
         let path = ctx.trial_dir().join(format!("rank-{rank}.json"));
