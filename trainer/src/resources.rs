@@ -394,6 +394,29 @@ pub struct ResourcePool {
     free: Free,
 }
 
+/// Books a bundle's CPU, memory and custom resources from `free` (its GPUs are
+/// placed apart); `None` when one does not fit. Returns the custom amounts.
+fn take_non_gpu(free: &mut Free, alloc: &mut Allocation, r: &Resources) -> Option<BTreeMap<String, f64>> {
+    let cpu = units(r.get("CPU").copied().unwrap_or(0.0), CPU_UNITS);
+    let memory = r.get("memory").copied().unwrap_or(0.0).max(0.0) as u64;
+    free.cpu = free.cpu.checked_sub(cpu)?;
+    free.memory = free.memory.checked_sub(memory)?;
+    alloc.cpu += cpu;
+    alloc.memory += memory;
+    let mut custom = BTreeMap::new();
+    for (name, &amount) in r.iter().filter(|(k, _)| !matches!(k.as_str(), "CPU" | "GPU" | "memory")) {
+        let u = units(amount, CUSTOM_UNITS);
+        if u == 0 {
+            continue;
+        }
+        let slot = free.custom.get_mut(name)?;
+        *slot = slot.checked_sub(u)?;
+        *alloc.custom.entry(name.clone()).or_insert(0) += u;
+        custom.insert(name.clone(), amount);
+    }
+    Some(custom)
+}
+
 fn units(v: f64, scale: f64) -> u64 {
     (v * scale).round().max(0.0) as u64
 }
@@ -433,34 +456,17 @@ impl ResourcePool {
     pub fn try_allocate(&mut self, request: &Request) -> Option<Allocation> {
         let mut free = self.free.clone();
         let mut alloc = Allocation { workers: Vec::new(), cpu: 0, memory: 0, custom: BTreeMap::new(), gpu: Vec::new() };
-        for r in std::iter::once(&request.trainer).chain(&request.workers) {
-            let cpu = units(r.get("CPU").copied().unwrap_or(0.0), CPU_UNITS);
-            let memory = r.get("memory").copied().unwrap_or(0.0).max(0.0) as u64;
-            free.cpu = free.cpu.checked_sub(cpu)?;
-            free.memory = free.memory.checked_sub(memory)?;
-            alloc.cpu += cpu;
-            alloc.memory += memory;
-            let mut custom = BTreeMap::new();
-            for (name, &amount) in r.iter().filter(|(k, _)| !matches!(k.as_str(), "CPU" | "GPU" | "memory")) {
-                let u = units(amount, CUSTOM_UNITS);
-                if u == 0 {
-                    continue;
-                }
-                let slot = free.custom.get_mut(name)?;
-                *slot = slot.checked_sub(u)?;
-                *alloc.custom.entry(name.clone()).or_insert(0) += u;
-                custom.insert(name.clone(), amount);
-            }
-            if std::ptr::eq(r, &request.trainer) {
-                continue;
-            }
+        // The trainer's share: no GPU (refused by ScalingConfig::validate).
+        take_non_gpu(&mut free, &mut alloc, &request.trainer)?;
+        for r in &request.workers {
+            let custom = take_non_gpu(&mut free, &mut alloc, r)?;
             let gpu = r.get("GPU").copied().unwrap_or(0.0);
             let (gpus, share) = self.place_gpus(&mut free, &mut alloc, gpu, request.strategy)?;
             alloc.workers.push(WorkerBundle {
                 cpus: r.get("CPU").copied().unwrap_or(0.0),
                 gpus,
                 gpu_share: share,
-                memory_bytes: memory as f64,
+                memory_bytes: r.get("memory").copied().unwrap_or(0.0).max(0.0),
                 custom,
             });
         }
