@@ -125,6 +125,8 @@ pub(crate) struct Runner {
     pub pool: ResourcePool,
     /// What each trial asks for.
     pub request: Request,
+    /// Trials started while earlier ends were not yet shown; shown after them.
+    pub deferred_starts: Vec<TrialRecord>,
 }
 
 /// How the loop ended.
@@ -197,7 +199,9 @@ impl Runner {
                     searcher_done = true;
                     break;
                 };
-                self.launch(record, allocation, &events_tx, &mut running, &mut commits.ended)?;
+                // A start is shown after the ends not yet shown (they wait to be durable).
+                let ends_pending = !commits.ended.is_empty() || commits.inflight.as_ref().is_some_and(|b| !b.ended.is_empty());
+                self.launch(record, allocation, &events_tx, &mut running, &mut commits.ended, ends_pending)?;
             }
             // Group commit for the burst just handled; after admitting, so a
             // freed slot is refilled without waiting for the flush.
@@ -355,6 +359,9 @@ impl Runner {
             }
             self.progress.trial_ended(&r);
         }
+        for r in std::mem::take(&mut self.deferred_starts) {
+            self.progress.trial_started(&r);
+        }
     }
 
     fn launch(
@@ -364,6 +371,7 @@ impl Runner {
         events: &mpsc::UnboundedSender<Event>,
         running: &mut HashMap<String, Running>,
         ended: &mut Vec<TrialRecord>,
+        ends_pending: bool,
     ) -> Result<(), TuneError> {
         let restart = record.status != TrialStatus::Pending || record.started_at.is_some();
         if restart {
@@ -382,7 +390,11 @@ impl Runner {
         match self.backend.launch(spec, events.clone()) {
             Ok(handle) => {
                 self.store.put_trial(&record)?;
-                self.progress.trial_started(&record);
+                if ends_pending {
+                    self.deferred_starts.push(record.clone());
+                } else {
+                    self.progress.trial_started(&record);
+                }
                 let now = Instant::now();
                 let dir = Arc::from(self.trial_dir(&record.id));
                 running

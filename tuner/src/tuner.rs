@@ -312,6 +312,7 @@ impl Tuner {
             finished,
             pool,
             request,
+            deferred_starts: Vec::new(),
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
