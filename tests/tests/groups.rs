@@ -75,6 +75,12 @@ fn each_rank_gets_the_torchrun_environment_and_its_own_gpus() {
         }
     }
     assert_eq!(all_gpus, ["0", "1", "2", "3"].map(String::from).into_iter().collect());
+    // The store keeps each trial's bundles; `nestor status` shows them.
+    let grid = tuner::ResultGrid::load(&exp).unwrap();
+    let held: BTreeSet<u32> = grid.iter().flat_map(|t| t.resources.iter().flat_map(|b| b.gpus.clone())).collect();
+    assert_eq!(held, [0, 1, 2, 3].into_iter().collect());
+    let status = ok(nestor(dir.path(), &["status", "runs/gpus"]));
+    assert_eq!(status.matches(" 2 gpu:").count(), 2, "{status}");
     assert_eq!(ports.len(), 2, "a port per trial");
     // The trial's result is rank 0's (the others report loss + 100 * rank), one per step.
     let rows = export(dir.path(), "runs/gpus");

@@ -200,6 +200,19 @@ impl serde::Serialize for MetricsRef<'_> {
     }
 }
 
+/// `2`, or `2 gpu:0,1` when its ranks hold GPUs (`-` before its first start).
+fn workers_summary(bundles: &[trainer::WorkerBundle]) -> String {
+    if bundles.is_empty() {
+        return "-".into();
+    }
+    let gpus: Vec<String> = bundles.iter().filter(|b| !b.gpus.is_empty()).map(|b| b.cuda_visible_devices()).collect();
+    if gpus.is_empty() {
+        bundles.len().to_string()
+    } else {
+        format!("{} gpu:{}", bundles.len(), gpus.join(","))
+    }
+}
+
 fn abs(p: &Path) -> String {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
 }
@@ -237,8 +250,17 @@ fn status(dir: &Path) -> Result<(), Failure> {
     let counts: Vec<String> = grid.counts().iter().map(|(s, n)| format!("{n} {s}")).collect();
     writeln!(out, "Experiment {}: {} trials ({})", abs(dir), grid.len(), counts.join(", ")).map_err(out_err)?;
     let metric = grid.metric.clone();
-    writeln!(out, "{:<12} {:<10} {:>5} {:>8} {:<14} config", "trial", "status", "iter", "restarts", metric.as_deref().unwrap_or("metrics"))
-        .map_err(out_err)?;
+    writeln!(
+        out,
+        "{:<12} {:<10} {:>5} {:>8} {:<10} {:<14} config",
+        "trial",
+        "status",
+        "iter",
+        "restarts",
+        "workers",
+        metric.as_deref().unwrap_or("metrics")
+    )
+    .map_err(out_err)?;
     for t in grid.iter() {
         let iter = t.history.last().map_or(0, |r| r.training_iteration);
         let m = match (&metric, &t.metrics) {
@@ -248,8 +270,18 @@ fn status(dir: &Path) -> Result<(), Failure> {
             }
             _ => String::new(),
         };
-        writeln!(out, "{:<12} {:<10} {:>5} {:>8} {:<14} {}", t.trial_id, t.status.as_str(), iter, t.restarts, m, config_summary(&t.config))
-            .map_err(out_err)?;
+        writeln!(
+            out,
+            "{:<12} {:<10} {:>5} {:>8} {:<10} {:<14} {}",
+            t.trial_id,
+            t.status.as_str(),
+            iter,
+            t.restarts,
+            workers_summary(&t.resources),
+            m,
+            config_summary(&t.config)
+        )
+        .map_err(out_err)?;
         if let Some(e) = &t.error {
             writeln!(out, "    error: {}", e.lines().next().unwrap_or("")).map_err(out_err)?;
         }

@@ -68,6 +68,8 @@ pub struct TrialOutcome {
     pub error: Option<String>,
     /// How many times it was restarted.
     pub restarts: u32,
+    /// The bundles of its latest run, one per rank.
+    pub resources: Vec<trainer::WorkerBundle>,
     /// Its last result's metrics.
     pub metrics: Option<Metrics>,
     /// Its metric history (results superseded by a restart left out).
@@ -165,6 +167,7 @@ impl ResultGrid {
                 status: t.status,
                 error: t.error,
                 restarts: t.restarts,
+                resources: t.resources,
                 history,
                 checkpoints,
             });
@@ -245,6 +248,7 @@ mod tests {
             status: TrialStatus::Terminated,
             error: None,
             restarts: 0,
+            resources: Vec::new(),
             metrics: None,
             history: losses
                 .iter()

@@ -379,6 +379,7 @@ impl Runner {
         }
         record.status = TrialStatus::Running;
         record.started_at = Some(now_unix());
+        record.resources = allocation.workers.clone();
         let spec = LaunchSpec {
             trial_id: record.id.clone(),
             config: record.config.clone(),

@@ -92,6 +92,9 @@ pub struct TrialRecord {
     pub last_result: Option<TrialResult>,
     /// Its latest committed checkpoint.
     pub latest_checkpoint: Option<CheckpointRecord>,
+    /// The bundles of its latest run, one per rank (CPUs, GPUs, memory, custom).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<trainer::WorkerBundle>,
 }
 
 impl TrialRecord {
@@ -112,6 +115,7 @@ impl TrialRecord {
             time_total_s: 0.0,
             last_result: None,
             latest_checkpoint: None,
+            resources: Vec::new(),
         }
     }
 }
