@@ -101,7 +101,7 @@ fn a_failing_rank_stops_its_group_at_once_and_leaves_no_process() {
     let text = sweep(
         "fails",
         "num_samples = 1\nseed = 1",
-        "x = 0.5\nsteps = 600\nsleep_ms = 100\nfail_at = 2\nfail_rank = 1\nignore_sigterm = true\nleak_child = true\ndump_env = true",
+        "x = 0.5\nsteps = 600\nsleep_ms = 100\nfail_at = 2\nfail_rank = 1\nignore_sigterm = true\nleak_child = true\ndump_env = true\ncheckpoint = true",
         "num_workers = 2",
     )
     .replace("grace_period_s = 1.0", "grace_period_s = 30.0");
@@ -113,7 +113,11 @@ fn a_failing_rank_stops_its_group_at_once_and_leaves_no_process() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("1 trials (1 ERROR)"), "{stdout}");
     let grid = tuner::ResultGrid::load(&dir.path().join("runs/fails")).unwrap();
-    let error = grid.get("trial_00000").unwrap().error.clone().unwrap();
+    let trial = grid.get("trial_00000").unwrap();
+    // Rank 0 reported step 2 (with its shard); rank 1 died first: step 2 is no result, its checkpoint never committed.
+    assert_eq!(trial.history.iter().map(|r| r.training_iteration).collect::<Vec<_>>(), [1]);
+    assert!(trial.checkpoint().unwrap().ends_with("checkpoint_000001"));
+    let error = trial.error.clone().unwrap();
     assert!(error.starts_with("rank 1 exited with code 3"), "{error}");
     assert!(error.contains("fixture: failing on purpose at step 2"), "the rank's log tail: {error}");
     assert!(error.contains("rank-1.log"), "{error}");

@@ -30,6 +30,8 @@ struct Step {
 }
 
 struct State {
+    /// Set when a rank failed: no step completes any more.
+    failed: bool,
     /// Next iteration per rank.
     next: Vec<u64>,
     /// Ranks that have ended: no step waits for them.
@@ -52,7 +54,12 @@ impl Aggregator {
             trial_id: trial_id.to_string(),
             world_size,
             events,
-            state: Mutex::new(State { next: vec![start_iteration + 1; n], finished: vec![false; n], steps: BTreeMap::new() }),
+            state: Mutex::new(State {
+                failed: false,
+                next: vec![start_iteration + 1; n],
+                finished: vec![false; n],
+                steps: BTreeMap::new(),
+            }),
         }
     }
 
@@ -111,7 +118,17 @@ impl Aggregator {
         Ok(rx)
     }
 
-    /// `rank` has ended: steps no longer wait for it.
+    /// A rank failed: the steps it never reported are dropped (their waiting
+    /// ranks read Stop), and none completes any more. A step without every
+    /// rank's report, and so maybe without every rank's checkpoint shard, is
+    /// never a result.
+    pub(crate) fn fail(&self) {
+        let mut st = self.lock();
+        st.failed = true;
+        st.steps.clear();
+    }
+
+    /// `rank` has ended cleanly: steps no longer wait for it.
     pub(crate) fn rank_finished(&self, rank: u32) {
         let Ok(r) = self.check_rank(rank) else { return };
         let mut st = self.lock();
@@ -121,6 +138,11 @@ impl Aggregator {
 
     /// Sends every step that all live ranks have reported, in order.
     fn complete_ready(&self, st: &mut State) {
+        if st.failed {
+            // Dropping the waiters tells the ranks to stop.
+            st.steps.clear();
+            return;
+        }
         while let Some((&iteration, step)) = st.steps.first_key_value() {
             let done = step.arrived.iter().zip(&st.finished).all(|(a, f)| *a || *f);
             if !done {
@@ -177,5 +199,18 @@ mod tests {
         let mut r = agg.arrive(1, 2, metrics(1.0), None).unwrap();
         drop(rx.try_recv().unwrap());
         assert!(r.try_recv().is_err());
+    }
+
+    #[test]
+    fn after_a_rank_fails_no_step_completes() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let agg = Aggregator::new("t", 2, 0, tx);
+        let mut waiting = agg.arrive(0, 1, metrics(1.0), Some(PathBuf::from("ck"))).unwrap();
+        agg.fail();
+        assert!(matches!(waiting.try_recv(), Err(oneshot::error::TryRecvError::Closed)), "rank 0 is told to stop");
+        let mut late = agg.arrive(0, 2, metrics(1.0), None).unwrap();
+        agg.rank_finished(1);
+        assert!(rx.try_recv().is_err(), "the step rank 1 never reported is not a result");
+        assert!(matches!(late.try_recv(), Err(oneshot::error::TryRecvError::Closed)));
     }
 }

@@ -131,10 +131,13 @@ impl Backend for FunctionBackend {
                         }
                         group.failed.store(true, Ordering::Release);
                         group.collective.abort(format!("rank {rank} failed: {msg}"));
+                        group.aggregator.fail();
                     }
-                    None => group.collective.abort(format!("rank {rank} has returned")),
+                    None => {
+                        group.collective.abort(format!("rank {rank} has returned"));
+                        group.aggregator.rank_finished(rank);
+                    }
                 }
-                group.aggregator.rank_finished(rank);
                 if exit.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
                     let failure = exit.failure.lock().ok().and_then(|mut f| f.take());
                     let outcome = match failure {

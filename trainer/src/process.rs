@@ -274,11 +274,11 @@ impl Backend for ProcessBackend {
                     exit = exits.recv() => {
                         let Some(RankExit { rank, status }) = exit else { break };
                         remaining -= 1;
-                        server.rank_finished(&trial_id, rank);
                         match status {
-                            Ok(s) if s.success() => {}
-                            Ok(_) if requested > StopLevel::Run => {}
+                            Ok(s) if s.success() => server.rank_finished(&trial_id, rank),
+                            Ok(_) if requested > StopLevel::Run => server.rank_failed(&trial_id),
                             Ok(s) => {
+                                server.rank_failed(&trial_id);
                                 if failure.is_none() && remaining > 0 {
                                     tracing::warn!(trial = %trial_id, rank, "{}; stopping the other ranks", describe_exit(s));
                                     signal_all(libc::SIGTERM);
@@ -290,6 +290,7 @@ impl Backend for ProcessBackend {
                                 failure.get_or_insert((rank, describe_exit(s)));
                             }
                             Err(e) => {
+                                server.rank_failed(&trial_id);
                                 wait_error.get_or_insert(format!("failed to wait for rank {rank}: {e}"));
                             }
                         }

@@ -97,12 +97,22 @@ impl ReportServer {
         }
     }
 
-    /// A rank of `trial_id` has exited: its steps no longer wait for it.
+    /// A rank of `trial_id` has exited cleanly: its steps no longer wait for it.
     pub(crate) fn rank_finished(&self, trial_id: &str, rank: u32) {
-        let reg = self.registry.trials.read().ok().and_then(|m| m.get(trial_id).cloned());
-        if let Some(reg) = reg {
+        if let Some(reg) = self.registration(trial_id) {
             reg.aggregator.rank_finished(rank);
         }
+    }
+
+    /// A rank of `trial_id` has failed: no step of the run completes any more.
+    pub(crate) fn rank_failed(&self, trial_id: &str) {
+        if let Some(reg) = self.registration(trial_id) {
+            reg.aggregator.fail();
+        }
+    }
+
+    fn registration(&self, trial_id: &str) -> Option<Arc<Registration>> {
+        self.registry.trials.read().ok().and_then(|m| m.get(trial_id).cloned())
     }
 
     pub(crate) fn unregister(&self, trial_id: &str) {
