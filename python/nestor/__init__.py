@@ -143,6 +143,10 @@ class _Channel:
         self._grpc = grpc
         self._proto = _proto
         self._channel = grpc.insecure_channel(target)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=float(os.environ.get("NESTOR_CONNECT_TIMEOUT_S", "30")))
+        except grpc.FutureTimeoutError:
+            raise ReportError(f"cannot reach the nestor driver at {addr} (NESTOR_ADDR)") from None
         self._call = self._channel.unary_unary(
             _proto.REPORT_METHOD,
             request_serializer=lambda m: m.SerializeToString(),

@@ -38,4 +38,10 @@ nestor._context = ctx
 
 nestor.report({"loss": math.nan})
 nestor.report({"loss": 1.0, "extra": 2})
+
+# A driver that cannot be reached: a clear error, not a hang.
+os.environ["NESTOR_ADDR"] = "http://127.0.0.1:1"
+os.environ["NESTOR_CONNECT_TIMEOUT_S"] = "1"
+nestor._channel = None
+expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}), "cannot reach the nestor driver at http://127.0.0.1:1")
 print("done", flush=True)

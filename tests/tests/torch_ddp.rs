@@ -149,7 +149,7 @@ fn bad_reports_from_python_are_refused_clearly_and_store_nothing() {
     let stdout = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]));
     assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}");
     let log = std::fs::read_to_string(dir.path().join("runs/bad/trials/trial_00000/logs/rank-0.log")).unwrap();
-    assert_eq!(log.matches("refused: ").count(), 7, "{log}");
+    assert_eq!(log.matches("refused: ").count(), 8, "{log}");
     assert!(log.contains("done"), "{log}");
     let rows = export(dir.path(), "runs/bad");
     assert_eq!(rows.len(), 2, "only the good reports are stored: {rows:?}");
