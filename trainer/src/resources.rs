@@ -201,13 +201,26 @@ fn detect_cpus() -> f64 {
 fn cgroup_cpu_quota() -> Option<f64> {
     let read = |p: &str| std::fs::read_to_string(p).ok();
     if let Some(text) = read("/sys/fs/cgroup/cpu.max") {
-        let mut parts = text.split_whitespace();
-        let quota = parts.next()?;
-        let period: f64 = parts.next()?.parse().ok()?;
-        return if quota == "max" { None } else { Some(quota.parse::<f64>().ok()? / period) };
+        return parse_cpu_max(&text);
     }
-    let quota: f64 = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")?.trim().parse().ok()?;
-    let period: f64 = read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")?.trim().parse().ok()?;
+    parse_cfs_quota(&read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")?, &read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")?)
+}
+
+/// cgroup v2 `cpu.max`: `"150000 100000"` is 1.5 CPUs; `"max 100000"` no limit.
+fn parse_cpu_max(text: &str) -> Option<f64> {
+    let mut parts = text.split_whitespace();
+    let quota = parts.next()?;
+    let period: f64 = parts.next()?.parse().ok()?;
+    if quota == "max" || period <= 0.0 {
+        None
+    } else {
+        Some(quota.parse::<f64>().ok()? / period)
+    }
+}
+
+/// cgroup v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us` (quota -1: no limit).
+fn parse_cfs_quota(quota: &str, period: &str) -> Option<f64> {
+    let (quota, period): (f64, f64) = (quota.trim().parse().ok()?, period.trim().parse().ok()?);
     (quota > 0.0 && period > 0.0).then(|| quota / period)
 }
 
@@ -255,12 +268,14 @@ fn detect_gpus() -> (Vec<Gpu>, String) {
         let Ok(dev) = nvml.device_by_index(index) else { continue };
         let name = dev.name().unwrap_or_else(|_| "unknown GPU".into());
         let memory_bytes = dev.memory_info().map_or(0, |m| m.total);
-        bus_ids.push((index, dev.pci_info().map(|p| p.bus_id.to_lowercase()).unwrap_or_default()));
+        bus_ids.push((index, dev.pci_info().map(|p| p.bus_id).unwrap_or_default()));
         gpus.push(Gpu { index, name, memory_bytes, nvlink_peers: Vec::new() });
     }
     // NVLink: each active link's remote PCI bus id names a peer GPU.
-    for gpu in &mut gpus {
+    let mut links: Vec<(u32, Vec<String>)> = Vec::new();
+    for gpu in &gpus {
         let Ok(dev) = nvml.device_by_index(gpu.index) else { continue };
+        let mut remote = Vec::new();
         for link in 0..18 {
             let l = dev.link_wrapper_for(link);
             match l.is_active() {
@@ -268,15 +283,15 @@ fn detect_gpus() -> (Vec<Gpu>, String) {
                 Ok(false) => continue,
                 Err(_) => break,
             }
-            let Ok(remote) = l.remote_pci_info() else { continue };
-            let remote = remote.bus_id.to_lowercase();
-            if let Some(&(peer, _)) = bus_ids.iter().find(|(_, b)| !b.is_empty() && *b == remote) {
-                if peer != gpu.index && !gpu.nvlink_peers.contains(&peer) {
-                    gpu.nvlink_peers.push(peer);
-                }
+            if let Ok(pci) = l.remote_pci_info() {
+                remote.push(pci.bus_id);
             }
         }
-        gpu.nvlink_peers.sort_unstable();
+        links.push((gpu.index, remote));
+    }
+    let peers = nvlink_peers(&bus_ids, &links);
+    for gpu in &mut gpus {
+        gpu.nvlink_peers = peers.get(&gpu.index).cloned().unwrap_or_default();
     }
     let note = format!(
         "{} GPU(s): {}",
@@ -291,6 +306,29 @@ fn detect_gpus() -> (Vec<Gpu>, String) {
     );
     tracing::info!("{note}");
     (gpus, note)
+}
+
+/// Each GPU's NVLink peers, from every GPU's PCI bus id and the remote bus
+/// ids of its active links (a link to an NVSwitch or the CPU names no GPU).
+/// Bus ids compare case-insensitively; NVML pads them differently by call.
+fn nvlink_peers(bus_ids: &[(u32, String)], links: &[(u32, Vec<String>)]) -> BTreeMap<u32, Vec<u32>> {
+    let norm = |b: &str| {
+        let b = b.trim().to_ascii_lowercase();
+        // `00000000:1B:00.0` and `0000:1b:00.0` name the same device.
+        match b.split_once(':') {
+            Some((domain, rest)) => format!("{:0>8}:{rest}", domain.trim_start_matches('0')),
+            None => b,
+        }
+    };
+    let by_bus: BTreeMap<String, u32> = bus_ids.iter().filter(|(_, b)| !b.is_empty()).map(|(i, b)| (norm(b), *i)).collect();
+    let mut out = BTreeMap::new();
+    for (gpu, remotes) in links {
+        let mut peers: Vec<u32> = remotes.iter().filter_map(|r| by_bus.get(&norm(r)).copied()).filter(|p| p != gpu).collect();
+        peers.sort_unstable();
+        peers.dedup();
+        out.insert(*gpu, peers);
+    }
+    out
 }
 
 /// What one worker was given.
@@ -609,6 +647,28 @@ mod tests {
         let strict = ResourcePool::new(NodeResources::declared(8.0).with_gpus(1));
         assert!(strict.check(&req(2, 1.0, 0.5, PlacementStrategy::StrictSpread)).is_err(), "two workers cannot avoid sharing one GPU");
         assert!(strict.check(&req(2, 1.0, 0.5, PlacementStrategy::Pack)).is_ok());
+    }
+
+    #[test]
+    fn cgroup_quotas_and_nvlink_topology_parse() {
+        assert_eq!(parse_cpu_max("150000 100000\n"), Some(1.5));
+        assert_eq!(parse_cpu_max("max 100000\n"), None);
+        assert_eq!(parse_cfs_quota("200000\n", "100000\n"), Some(2.0));
+        assert_eq!(parse_cfs_quota("-1\n", "100000\n"), None);
+        // Two NVLink pairs (0-1, 2-3); GPU 3 also links to an NVSwitch (no GPU); ids padded two ways.
+        let bus = |i: u32, b: &str| (i, b.to_string());
+        let ids = [bus(0, "00000000:1B:00.0"), bus(1, "00000000:1C:00.0"), bus(2, "00000000:3D:00.0"), bus(3, "00000000:3E:00.0")];
+        let links = [
+            (0, vec!["0000:1c:00.0".to_string(), "00000000:1C:00.0".to_string()]),
+            (1, vec!["00000000:1B:00.0".to_string()]),
+            (2, vec!["00000000:3E:00.0".to_string()]),
+            (3, vec!["00000000:3D:00.0".to_string(), "00000000:C5:00.0".to_string()]),
+        ];
+        let peers = nvlink_peers(&ids, &links);
+        assert_eq!(peers[&0], [1]);
+        assert_eq!(peers[&1], [0]);
+        assert_eq!(peers[&2], [3]);
+        assert_eq!(peers[&3], [2]);
     }
 
     #[test]
