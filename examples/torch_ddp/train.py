@@ -46,20 +46,22 @@ def main() -> None:
     ctx = nestor.get_context()
     torch.manual_seed(config["seed"])
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, config["hidden"]), torch.nn.Tanh(), torch.nn.Linear(config["hidden"], 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    start_epoch = 0
+    start_epoch, state = 0, None
     checkpoint = nestor.get_checkpoint()
     if checkpoint is not None:
-        state = torch.load(os.path.join(checkpoint, "state.pt"), weights_only=True)
+        state = torch.load(os.path.join(checkpoint, "state.pt"), map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"]
         print(f"rank {ctx.world_rank}: resumed from {checkpoint} after epoch {start_epoch}", flush=True)
 
     model = nestor.torch.prepare_model(model)
+    # The optimizer over the placed parameters; its saved state follows them to the device.
+    optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
     if dist.is_initialized():
         # Every rank adds its rank + 1: the sum shows who joined the group.
-        joined = torch.tensor([float(ctx.world_rank + 1)])
+        joined = torch.tensor([float(ctx.world_rank + 1)], device=nestor.torch.get_device())  # NCCL needs it on the GPU
         dist.all_reduce(joined)
         print(f"rank {ctx.world_rank}: process group world={dist.get_world_size()} backend={dist.get_backend()} rank_sum={int(joined.item())}", flush=True)
 
