@@ -242,9 +242,10 @@ impl Trainer {
         let mut interrupted = false;
         let outcome = loop {
             tokio::select! {
-                _ = sigint.recv(), if !interrupted => {
+                _ = sigint.recv() => {
+                    // Once: stop gracefully; again: kill every worker.
+                    handle.stop(if interrupted { StopLevel::Kill } else { StopLevel::Graceful });
                     interrupted = true;
-                    handle.stop(StopLevel::Graceful);
                 }
                 ev = events.recv() => match ev.map(|e| e.kind) {
                     Some(EventKind::Report { report, reply }) => {
