@@ -243,8 +243,13 @@ impl Trainer {
         let outcome = loop {
             tokio::select! {
                 _ = sigint.recv() => {
-                    // Once: stop gracefully; again: kill every worker.
-                    handle.stop(if interrupted { StopLevel::Kill } else { StopLevel::Graceful });
+                    if interrupted {
+                        // Again: kill every worker process (their groups are signalled
+                        // before this returns) and give up on threads that do not report.
+                        handle.stop(StopLevel::Kill);
+                        break ExitOutcome::Stopped;
+                    }
+                    handle.stop(StopLevel::Graceful);
                     interrupted = true;
                 }
                 ev = events.recv() => match ev.map(|e| e.kind) {
