@@ -483,11 +483,12 @@ impl ResourcePool {
 
     /// Refuses a request that would not fit even on the idle node.
     pub fn check(&self, request: &Request) -> Result<(), ResourceError> {
-        let mut empty = Self::new(self.node.clone());
-        match empty.try_allocate(request) {
-            Some(_) => Ok(()),
-            None => Err(ResourceError::NeverFits { asked: request.describe(), has: self.node.describe() }),
-        }
+        Self::new(self.node.clone()).try_allocate(request).map(|_| ()).ok_or_else(|| self.never_fits(request))
+    }
+
+    /// The error for a request the idle node cannot hold.
+    pub fn never_fits(&self, request: &Request) -> ResourceError {
+        ResourceError::NeverFits { asked: request.describe(), has: self.node.describe() }
     }
 
     /// Allocates every bundle of `request`, or nothing (`None`: not now).

@@ -200,10 +200,8 @@ impl Trainer {
         let node = self.resources.clone().unwrap_or_else(NodeResources::detect);
         let mut pool = ResourcePool::new(node);
         let request = Request::from_scaling(&self.scaling);
-        pool.check(&request)?;
-        let Some(allocation) = pool.try_allocate(&request) else {
-            return Err(ResourceError::NeverFits { asked: format!("{request:?}"), has: pool.node().describe() }.into());
-        };
+        // The pool is idle: what does not fit now never will.
+        let allocation = pool.try_allocate(&request).ok_or_else(|| pool.never_fits(&request))?;
         let name = self.name.clone().unwrap_or_else(|| {
             let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             format!("train-{t}")

@@ -347,7 +347,6 @@ fn process_config(t: &TrainerSection, origin: &str) -> Result<ProcessConfig, Tun
     c.env = t.env.clone();
     c.working_dir = t.working_dir.clone();
     c.grace_period = Duration::from_secs_f64(t.grace_period_s);
-    c.use_gpu = t.use_gpu;
     c.torch = t.torch();
     if let Some(bind) = t.report_bind {
         c.report_bind = bind;
