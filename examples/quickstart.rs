@@ -49,8 +49,8 @@ fn main() -> Result<()> {
     println!("Best trial: {}", best.trial_id);
     println!("  config:     {}", best.config);
     println!("  val_rmse:   {val:.4}");
-    let ckpt = best.checkpoint().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()));
-    println!("  checkpoint: {}", ckpt.map_or_else(|| "none".into(), |p| p.display().to_string()));
+    let ckpt = best.best_checkpoint("val_rmse", Mode::Min).map(|c| c.uri.as_str());
+    println!("  checkpoint: {}", ckpt.unwrap_or("none"));
     println!("  results:    {}", grid.experiment_dir.display());
     Ok(())
 }

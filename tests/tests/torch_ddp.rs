@@ -113,7 +113,7 @@ fn an_interrupted_ddp_trial_resumes_both_ranks_from_its_checkpoint() {
     let grid = tuner::ResultGrid::load(&exp).unwrap();
     let trial = grid.get("trial_00000").unwrap();
     assert_eq!(trial.status.as_str(), "PENDING");
-    let resumed_from = trial.checkpoint().unwrap().to_path_buf();
+    let resumed_from = std::path::PathBuf::from(trial.checkpoint().unwrap());
     let done = resumed_from.file_name().unwrap().to_string_lossy()["checkpoint_".len()..].parse::<u64>().unwrap();
     assert!(done < 6, "the trial finished before the interrupt");
 

@@ -3,12 +3,11 @@
 //! reported it. Shared by the gRPC service and in-process workers.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::backend::{Directive, Event, EventKind, Reply, Report};
+use crate::backend::{CheckpointRef, Directive, Event, EventKind, Reply, Report};
 
 /// Why a rank's report was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -21,14 +20,18 @@ pub(crate) enum ArriveError {
     Duplicate { rank: u32, iteration: u64 },
 }
 
+#[derive(Debug)]
 struct Step {
     arrived: Vec<bool>,
     /// (rank, metrics) of the lowest rank so far.
     metrics: Option<(u32, BTreeMap<String, f64>)>,
-    checkpoint: Option<PathBuf>,
+    /// The checkpoint's URI and the ranks that saved a shard of it.
+    checkpoint: Option<String>,
+    shards: Vec<u32>,
     waiters: Vec<oneshot::Sender<Directive>>,
 }
 
+#[derive(Debug)]
 struct State {
     /// Set when a rank failed: no step completes any more.
     failed: bool,
@@ -40,6 +43,7 @@ struct State {
 }
 
 /// One trial's aggregator.
+#[derive(Debug)]
 pub(crate) struct Aggregator {
     trial_id: String,
     world_size: u32,
@@ -90,7 +94,7 @@ impl Aggregator {
         rank: u32,
         iteration: u64,
         metrics: BTreeMap<String, f64>,
-        checkpoint: Option<PathBuf>,
+        checkpoint: Option<String>,
     ) -> Result<oneshot::Receiver<Directive>, ArriveError> {
         let r = self.check_rank(rank)?;
         let (tx, rx) = oneshot::channel();
@@ -104,6 +108,7 @@ impl Aggregator {
             arrived: vec![false; n],
             metrics: None,
             checkpoint: None,
+            shards: Vec::new(),
             waiters: Vec::new(),
         });
         step.arrived[r] = true;
@@ -112,6 +117,7 @@ impl Aggregator {
         }
         if checkpoint.is_some() {
             step.checkpoint = checkpoint;
+            step.shards.push(rank);
         }
         step.waiters.push(tx);
         self.complete_ready(&mut st);
@@ -126,6 +132,19 @@ impl Aggregator {
         let mut st = self.lock();
         st.failed = true;
         st.steps.clear();
+    }
+
+    /// The running ranks that have reported the fewest steps, when not all
+    /// running ranks are level (the ones a step waits for).
+    pub(crate) fn lagging_ranks(&self) -> Vec<u32> {
+        let st = self.lock();
+        let live: Vec<(u32, u64)> =
+            st.next.iter().zip(&st.finished).enumerate().filter(|(_, (_, f))| !**f).map(|(r, (n, _))| (r as u32, *n)).collect();
+        let (Some(low), Some(high)) = (live.iter().map(|l| l.1).min(), live.iter().map(|l| l.1).max()) else { return Vec::new() };
+        if low == high {
+            return Vec::new();
+        }
+        live.into_iter().filter(|l| l.1 == low).map(|l| l.0).collect()
     }
 
     /// `rank` has ended cleanly: steps no longer wait for it.
@@ -150,7 +169,10 @@ impl Aggregator {
             }
             let Some((_, step)) = st.steps.remove_entry(&iteration) else { return };
             let Some((rank, metrics)) = step.metrics else { continue };
-            let report = Report { rank, training_iteration: iteration, metrics, checkpoint: step.checkpoint };
+            let mut ranks = step.shards;
+            ranks.sort_unstable();
+            let checkpoint = step.checkpoint.map(|uri| CheckpointRef { uri, ranks, world_size: self.world_size });
+            let report = Report { rank, training_iteration: iteration, metrics, checkpoint };
             let event = Event { trial_id: self.trial_id.clone(), kind: EventKind::Report { report, reply: Reply::new(step.waiters) } };
             // A driver that is gone drops the reply: the ranks read Stop.
             let _ = self.events.send(event);
@@ -171,14 +193,15 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let agg = Aggregator::new("t", 3, 4, tx);
         assert_eq!(agg.next_iteration(2).unwrap(), 5);
-        let r2 = agg.arrive(2, 5, metrics(2.0), Some(PathBuf::from("ck"))).unwrap();
+        let r2 = agg.arrive(2, 5, metrics(2.0), Some("ck".to_string())).unwrap();
         let r1 = agg.arrive(1, 5, metrics(1.0), None).unwrap();
         assert!(rx.try_recv().is_err(), "rank 0 has not reported yet");
+        assert_eq!(agg.lagging_ranks(), vec![0], "the step waits for rank 0");
         let r0 = agg.arrive(0, 5, metrics(0.5), None).unwrap();
         let ev = rx.try_recv().unwrap();
         let EventKind::Report { report, reply } = ev.kind else { panic!("a report") };
         assert_eq!((report.rank, report.training_iteration, report.metrics["loss"]), (0, 5, 0.5));
-        assert_eq!(report.checkpoint, Some(PathBuf::from("ck")));
+        assert_eq!(report.checkpoint, Some(CheckpointRef { uri: "ck".into(), ranks: vec![2], world_size: 3 }));
         reply.send(Directive::Stop);
         for mut r in [r0, r1, r2] {
             assert_eq!(r.try_recv().unwrap(), Directive::Stop, "every rank gets the decision");
@@ -205,7 +228,7 @@ mod tests {
     fn after_a_rank_fails_no_step_completes() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let agg = Aggregator::new("t", 2, 0, tx);
-        let mut waiting = agg.arrive(0, 1, metrics(1.0), Some(PathBuf::from("ck"))).unwrap();
+        let mut waiting = agg.arrive(0, 1, metrics(1.0), Some("ck".to_string())).unwrap();
         agg.fail();
         assert!(matches!(waiting.try_recv(), Err(oneshot::error::TryRecvError::Closed)), "rank 0 is told to stop");
         let mut late = agg.arrive(0, 2, metrics(1.0), None).unwrap();

@@ -2,11 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::aggregate::Aggregator;
 use crate::resources::WorkerBundle;
+use crate::storage::Storage;
 
 /// The driver's answer to a report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,19 +38,35 @@ pub struct LaunchSpec {
     /// One bundle per worker, in rank order: the run's world size is its
     /// length (at least one worker runs).
     pub workers: Vec<WorkerBundle>,
+    /// Where this trial's checkpoints go (default: `trial_dir`).
+    pub storage: Storage,
+    /// Directories workers may checkpoint from besides the trial directory,
+    /// the temporary directory and the working directory.
+    pub checkpoint_roots: Vec<PathBuf>,
 }
 
 impl LaunchSpec {
     /// A fresh run of `trial_id` with one single-CPU worker.
     pub fn new(trial_id: impl Into<String>, config: Value, trial_dir: impl Into<PathBuf>) -> Self {
+        let trial_dir = trial_dir.into();
         Self {
             trial_id: trial_id.into(),
             config,
-            trial_dir: trial_dir.into(),
+            storage: Storage::local(&trial_dir),
+            trial_dir,
             checkpoint: None,
             start_iteration: 0,
             workers: vec![WorkerBundle::cpus(1.0)],
+            checkpoint_roots: Vec::new(),
         }
+    }
+
+    /// The directories rank workers may checkpoint from (`working_dir`: the
+    /// workers' working directory, the driver's when `None`).
+    pub(crate) fn roots(&self, working_dir: Option<&std::path::Path>) -> Vec<PathBuf> {
+        let mut roots = crate::checkpoint::default_roots(&self.trial_dir, working_dir);
+        roots.extend(self.checkpoint_roots.iter().cloned());
+        roots
     }
 
     /// The number of workers (ranks).
@@ -98,9 +117,21 @@ pub struct Report {
     pub training_iteration: u64,
     /// The metrics (rank 0's: they are the trial's).
     pub metrics: BTreeMap<String, f64>,
-    /// `<trial_dir>/checkpoint_NNNNNN` when any rank reported a checkpoint
-    /// with this step; it holds a `rank-<r>/` shard for each of them.
-    pub checkpoint: Option<PathBuf>,
+    /// The step's checkpoint, when any rank reported one; every shard is
+    /// persisted in storage, and the checkpoint is committed once this
+    /// report is stored.
+    pub checkpoint: Option<CheckpointRef>,
+}
+
+/// A checkpoint whose shards are all persisted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRef {
+    /// Its location: `<storage>/.../checkpoint_NNNNNN` (a local path or a URL).
+    pub uri: String,
+    /// The ranks that saved a shard (`rank-<r>/`), ascending.
+    pub ranks: Vec<u32>,
+    /// The world size of the run that saved it.
+    pub world_size: u32,
 }
 
 /// How a trial's run ended, once every one of its processes or threads is gone.
@@ -155,12 +186,20 @@ pub struct TrialHandle {
     stop: watch::Sender<StopLevel>,
     /// Process groups to SIGKILL at once on [`StopLevel::Kill`].
     groups: Vec<i32>,
+    /// The run's step aggregator: which ranks a step waits for.
+    steps: Option<Arc<Aggregator>>,
 }
 
 impl TrialHandle {
-    pub(crate) fn new(groups: Vec<i32>) -> (Self, watch::Receiver<StopLevel>) {
+    pub(crate) fn new(groups: Vec<i32>, steps: Option<Arc<Aggregator>>) -> (Self, watch::Receiver<StopLevel>) {
         let (tx, rx) = watch::channel(StopLevel::Run);
-        (Self { stop: tx, groups }, rx)
+        (Self { stop: tx, groups, steps }, rx)
+    }
+
+    /// The ranks the run is waiting for: those that have reported the fewest
+    /// steps among the ranks still running (empty when all are level).
+    pub fn lagging_ranks(&self) -> Vec<u32> {
+        self.steps.as_ref().map(|a| a.lagging_ranks()).unwrap_or_default()
     }
 
     /// Asks the trial to stop at `level` (never lowers an earlier request).

@@ -10,6 +10,27 @@ pub enum CheckpointError {
     /// The reported path does not exist or is not a directory.
     #[error("checkpoint {0} is not a directory")]
     NotADirectory(PathBuf),
+    /// The reported path lies outside every directory a worker may
+    /// checkpoint from.
+    #[error("checkpoint {} is outside the directories a worker may checkpoint from ({})", path.display(), roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", "))]
+    Outside {
+        /// The path as reported.
+        path: PathBuf,
+        /// The allowed directories.
+        roots: Vec<PathBuf>,
+    },
+    /// The checkpoint is not below this experiment's storage.
+    #[error("checkpoint {0} is not below this experiment's storage")]
+    Foreign(String),
+    /// The object store refused or failed a transfer.
+    #[error("checkpoint transfer {uri} failed: {source}")]
+    Upload {
+        /// The object.
+        uri: String,
+        /// Why.
+        #[source]
+        source: object_store::Error,
+    },
     /// Copying failed.
     #[error("failed to persist checkpoint {path}: {source}")]
     Io {
@@ -35,6 +56,33 @@ pub fn shard_for(checkpoint: &Path, rank: u32) -> PathBuf {
     } else {
         checkpoint.join("rank-0")
     }
+}
+
+/// Checks a reported checkpoint directory: it must exist, be a directory,
+/// and lie (after resolving links) below one of `roots`. Returns its
+/// resolved path.
+pub fn check_source(src: &Path, roots: &[PathBuf]) -> Result<PathBuf, CheckpointError> {
+    let resolved = src.canonicalize().map_err(|_| CheckpointError::NotADirectory(src.to_path_buf()))?;
+    if !resolved.is_dir() {
+        return Err(CheckpointError::NotADirectory(src.to_path_buf()));
+    }
+    let inside = roots.iter().filter_map(|r| r.canonicalize().ok()).any(|r| resolved.starts_with(&r));
+    if inside || roots.is_empty() {
+        Ok(resolved)
+    } else {
+        Err(CheckpointError::Outside { path: src.to_path_buf(), roots: roots.to_vec() })
+    }
+}
+
+/// The directories a worker may checkpoint from by default: its trial
+/// directory, the temporary directory and the working directory.
+pub fn default_roots(trial_dir: &Path, working_dir: Option<&Path>) -> Vec<PathBuf> {
+    let mut roots = vec![trial_dir.to_path_buf(), std::env::temp_dir()];
+    match working_dir {
+        Some(w) => roots.push(w.to_path_buf()),
+        None => roots.extend(std::env::current_dir().ok()),
+    }
+    roots
 }
 
 /// Copies `src` to `<trial_dir>/checkpoint_NNNNNN/rank-<rank>/`, synced to
@@ -104,5 +152,21 @@ mod tests {
         assert!(matches!(persist_checkpoint(&missing, trial.path(), 8, 0), Err(CheckpointError::NotADirectory(_))));
         assert!(matches!(persist_checkpoint(&src.path().join("model.bin"), trial.path(), 8, 0), Err(CheckpointError::NotADirectory(_))));
         assert!(!trial.path().join("checkpoint_000008").exists());
+    }
+
+    #[test]
+    fn a_source_must_lie_below_a_root() {
+        let root = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        fs::create_dir_all(root.path().join("ck")).unwrap();
+        fs::create_dir_all(other.path().join("ck")).unwrap();
+        let roots = vec![root.path().to_path_buf()];
+        assert!(check_source(&root.path().join("ck"), &roots).is_ok());
+        let err = check_source(&other.path().join("ck"), &roots).unwrap_err();
+        assert!(matches!(err, CheckpointError::Outside { .. }), "{err}");
+        // A link out of a root is judged by where it leads.
+        std::os::unix::fs::symlink(other.path().join("ck"), root.path().join("link")).unwrap();
+        assert!(matches!(check_source(&root.path().join("link"), &roots), Err(CheckpointError::Outside { .. })));
+        assert!(matches!(check_source(&root.path().join("nope"), &roots), Err(CheckpointError::NotADirectory(_))));
     }
 }

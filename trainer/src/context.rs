@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use crate::aggregate::Aggregator;
 use crate::backend::{Directive, StopLevel};
-use crate::checkpoint::{persist_checkpoint, CheckpointError};
+use crate::checkpoint::{check_source, CheckpointError};
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::proto;
 
@@ -89,7 +89,12 @@ async fn exchange(
 
 /// What the ranks of one in-process run share.
 pub(crate) struct Group {
-    pub(crate) aggregator: Aggregator,
+    pub(crate) aggregator: Arc<Aggregator>,
+    /// Where the trial's checkpoints go, and the directories ranks may checkpoint from.
+    pub(crate) storage: crate::storage::Storage,
+    pub(crate) roots: Vec<PathBuf>,
+    /// The driver's runtime, for uploads to an object store.
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
     pub(crate) collective: Collective,
     /// Set when a rank has failed: the others stop at their next report.
     pub(crate) failed: AtomicBool,
@@ -288,7 +293,18 @@ impl Context {
                 let refused = |e: crate::aggregate::ArriveError| ReportError::Refused(e.to_string());
                 let iteration = group.aggregator.next_iteration(self.rank).map_err(refused)?;
                 let checkpoint = match checkpoint {
-                    Some(dir) => Some(persist_checkpoint(dir, &self.trial_dir, iteration, self.rank)?),
+                    Some(dir) => {
+                        let src = check_source(dir, &group.roots)?;
+                        let upload = group.storage.upload_shard(&src, iteration, self.rank);
+                        Some(match &group.runtime {
+                            Some(rt) => rt.block_on(upload)?,
+                            None => tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .map_err(|e| ReportError::Transport(e.to_string()))?
+                                .block_on(upload)?,
+                        })
+                    }
                     None => None,
                 };
                 let rx = group.aggregator.arrive(self.rank, iteration, metrics, checkpoint).map_err(refused)?;

@@ -91,10 +91,14 @@ impl Backend for FunctionBackend {
     /// the first rank to fail makes the others stop (their collectives abort
     /// and their next report returns `Stopped`) and names the run's error.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
-        let (handle, stop) = TrialHandle::new(Vec::new());
         let world_size = spec.world_size();
+        let aggregator = Arc::new(Aggregator::new(&spec.trial_id, world_size, spec.start_iteration, events.clone()));
+        let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(&aggregator)));
         let group = Arc::new(Group {
-            aggregator: Aggregator::new(&spec.trial_id, world_size, spec.start_iteration, events.clone()),
+            aggregator,
+            storage: spec.storage.clone(),
+            roots: spec.roots(None),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             collective: Collective::new(world_size, stop.clone()),
             failed: AtomicBool::new(false),
             stop: stop.clone(),

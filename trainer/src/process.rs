@@ -86,8 +86,8 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29500)
 }
 
-/// The last `n` lines of a log file.
-pub(crate) fn log_tail(path: &Path, n: usize) -> String {
+/// The last `n` lines of a log file (empty when it cannot be read).
+pub fn log_tail(path: &Path, n: usize) -> String {
     let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let _ = f.seek(SeekFrom::Start(len.saturating_sub(8192)));
@@ -227,7 +227,8 @@ impl Backend for ProcessBackend {
         for rank in 0..world_size {
             commands.push(self.command(&spec, rank, &token, master_port, &rendezvous, &log_paths[rank as usize])?);
         }
-        self.server.register(&spec.trial_id, token, world_size, spec.trial_dir.clone(), spec.start_iteration, events.clone());
+        let roots = spec.roots(cfg.working_dir.as_deref());
+        let steps = self.server.register(&spec, token, roots, events.clone());
         let (exits_tx, mut exits) = mpsc::unbounded_channel::<RankExit>();
         let mut pgids = Vec::with_capacity(commands.len());
         // From this thread only: PR_SET_PDEATHSIG fires when the thread that
@@ -255,7 +256,7 @@ impl Backend for ProcessBackend {
             });
         }
         drop(exits_tx);
-        let (handle, mut stop) = TrialHandle::new(pgids.iter().copied().filter(|&g| g > 0).collect());
+        let (handle, mut stop) = TrialHandle::new(pgids.iter().copied().filter(|&g| g > 0).collect(), Some(steps));
         let server = Arc::clone(&self.server);
         let grace = cfg.grace_period;
         let trial_id = spec.trial_id;

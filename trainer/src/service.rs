@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::{mpsc, oneshot};
@@ -11,7 +11,8 @@ use tonic::{Request, Response, Status};
 
 use crate::aggregate::Aggregator;
 use crate::backend::{Directive, Event};
-use crate::checkpoint::{persist_checkpoint, CheckpointError};
+use crate::checkpoint::{check_source, CheckpointError};
+use crate::storage::Storage;
 use crate::proto::reporter_server::{Reporter, ReporterServer};
 use crate::proto::{self, ReportReply, ReportRequest};
 
@@ -20,8 +21,10 @@ pub const MAX_REPORT_BYTES: usize = 1 << 20;
 
 struct Registration {
     token: String,
-    trial_dir: PathBuf,
-    aggregator: Aggregator,
+    storage: Storage,
+    /// Directories the ranks may checkpoint from.
+    roots: Vec<PathBuf>,
+    aggregator: Arc<Aggregator>,
 }
 
 #[derive(Default)]
@@ -81,20 +84,20 @@ impl ReportServer {
         format!("http://{}", self.addr)
     }
 
+    /// Registers a run of `spec.trial_id` and returns its step aggregator.
     pub(crate) fn register(
         &self,
-        trial_id: &str,
+        spec: &crate::LaunchSpec,
         token: String,
-        world_size: u32,
-        trial_dir: PathBuf,
-        start_iteration: u64,
+        roots: Vec<PathBuf>,
         events: mpsc::UnboundedSender<Event>,
-    ) {
-        let aggregator = Aggregator::new(trial_id, world_size, start_iteration, events);
-        let reg = Registration { token, trial_dir, aggregator };
+    ) -> Arc<Aggregator> {
+        let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events));
+        let reg = Registration { token, storage: spec.storage.clone(), roots, aggregator: Arc::clone(&aggregator) };
         if let Ok(mut map) = self.registry.trials.write() {
-            map.insert(trial_id.to_string(), Arc::new(reg));
+            map.insert(spec.trial_id.clone(), Arc::new(reg));
         }
+        aggregator
     }
 
     /// A rank of `trial_id` has exited cleanly: its steps no longer wait for it.
@@ -167,16 +170,14 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<Rep
     let checkpoint = if r.checkpoint_dir.is_empty() {
         None
     } else {
-        let src = PathBuf::from(&r.checkpoint_dir);
-        let trial_dir = reg.trial_dir.clone();
-        let rank = r.rank;
-        let persisted = tokio::task::spawn_blocking(move || persist_checkpoint(&src, &trial_dir, iteration, rank))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
-        match persisted {
-            Ok(dir) => Some(dir),
+        let src = match check_source(Path::new(&r.checkpoint_dir), &reg.roots) {
+            Ok(src) => src,
+            Err(e) => return refuse(Status::invalid_argument(e.to_string())),
+        };
+        match reg.storage.upload_shard(&src, iteration, r.rank).await {
+            Ok(uri) => Some(uri),
             Err(e @ CheckpointError::NotADirectory(_)) => return refuse(Status::invalid_argument(e.to_string())),
-            Err(e) => return refuse(Status::internal(e.to_string())),
+            Err(e) => return refuse(Status::unavailable(e.to_string())),
         }
     };
     let rx = match reg.aggregator.arrive(r.rank, iteration, r.metrics.into_iter().collect(), checkpoint) {
@@ -236,7 +237,8 @@ mod tests {
         let server = ReportServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
         let dir = tempfile::tempdir().unwrap();
-        server.register("t1", "secret".into(), 1, dir.path().to_path_buf(), 0, tx);
+        let spec = crate::LaunchSpec::new("t1", serde_json::json!({}), dir.path());
+        server.register(&spec, "secret".into(), spec.roots(None), tx);
         let client = ReporterClient::connect(server.url()).await.unwrap();
         (server, rx, client, dir)
     }
@@ -271,6 +273,14 @@ mod tests {
         let status =
             client.report(ReportRequest { checkpoint_dir: missing.display().to_string(), ..request("secret", 0) }).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().ends_with("is not a directory"), "{}", status.message());
+        // A directory the worker has no business checkpointing from.
+        let status = client.report(ReportRequest { checkpoint_dir: "/etc".into(), ..request("secret", 0) }).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().starts_with("checkpoint /etc is outside the directories a worker may checkpoint from ("), "{}", status.message());
+        let file = dir.path().join("file.txt");
+        std::fs::write(&file, b"x").unwrap();
+        let status = client.report(ReportRequest { checkpoint_dir: file.display().to_string(), ..request("secret", 0) }).await.unwrap_err();
         assert!(status.message().ends_with("is not a directory"), "{}", status.message());
         let huge = ReportRequest { metrics: (0..40_000).map(|i| (format!("metric_{i:08}"), 1.0)).collect(), ..request("secret", 0) };
         assert!(client.report(huge).await.is_err(), "oversized reports are refused");
@@ -328,7 +338,9 @@ mod tests {
         let server = ReportServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let dir = tempfile::tempdir().unwrap();
-        server.register("t1", "secret".into(), 2, dir.path().to_path_buf(), 0, tx);
+        let mut spec = crate::LaunchSpec::new("t1", serde_json::json!({}), dir.path());
+        spec.workers = vec![crate::WorkerBundle::cpus(1.0); 2];
+        server.register(&spec, "secret".into(), spec.roots(None), tx);
         let shard = tempfile::tempdir().unwrap();
         std::fs::write(shard.path().join("w.bin"), b"rank 1").unwrap();
         let mut c1 = ReporterClient::connect(server.url()).await.unwrap();
@@ -344,7 +356,8 @@ mod tests {
         let crate::EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
         assert_eq!((report.rank, report.metrics["loss"]), (0, 0.5), "rank 0's metrics are the trial's");
         let ckpt = report.checkpoint.unwrap();
-        assert_eq!(std::fs::read(ckpt.join("rank-1/w.bin")).unwrap(), b"rank 1");
+        assert_eq!((ckpt.ranks.as_slice(), ckpt.world_size), (&[1][..], 2), "rank 1 alone saved a shard");
+        assert_eq!(std::fs::read(Path::new(&ckpt.uri).join("rank-1/w.bin")).unwrap(), b"rank 1");
         reply.send(Directive::Continue);
         for r in [rank0.await.unwrap().unwrap(), rank1.await.unwrap().unwrap()] {
             assert_eq!(r.into_inner().directive, proto::Directive::Continue as i32);

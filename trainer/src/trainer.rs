@@ -223,6 +223,8 @@ impl Trainer {
             checkpoint: self.resume_from.clone(),
             start_iteration,
             workers: allocation.workers.clone(),
+            storage: crate::Storage::local(&dir),
+            checkpoint_roots: Vec::new(),
         };
         let backend: Arc<dyn Backend> = match self.train_loop {
             TrainLoop::Function(f) => Arc::new(f),
@@ -252,20 +254,22 @@ impl Trainer {
                 }
                 ev = events.recv() => match ev.map(|e| e.kind) {
                     Some(EventKind::Report { report, reply }) => {
+                        // Local storage: the checkpoint's URI is its directory.
+                        let checkpoint = report.checkpoint.map(|c| PathBuf::from(c.uri));
                         let mut metrics = report.metrics;
                         metrics.insert("training_iteration".into(), report.training_iteration as f64);
                         let line = serde_json::json!({
                             "training_iteration": report.training_iteration,
                             "metrics": metrics.iter().map(|(k, v)| (k.clone(), if v.is_finite() { serde_json::json!(v) } else { serde_json::json!(v.to_string()) })).collect::<serde_json::Map<_, _>>(),
-                            "checkpoint": report.checkpoint,
+                            "checkpoint": checkpoint,
                         });
                         // Durable before the workers go on.
                         writeln!(results, "{line}").and_then(|()| results.sync_data()).map_err(io(&results_path))?;
-                        if report.checkpoint.is_some() {
-                            out.checkpoint.clone_from(&report.checkpoint);
+                        if checkpoint.is_some() {
+                            out.checkpoint.clone_from(&checkpoint);
                         }
                         out.metrics = Some(metrics.clone());
-                        out.history.push(Step { training_iteration: report.training_iteration, metrics, checkpoint: report.checkpoint });
+                        out.history.push(Step { training_iteration: report.training_iteration, metrics, checkpoint });
                         reply.send(if interrupted { Directive::Stop } else { Directive::Continue });
                     }
                     Some(EventKind::Exited(outcome)) => break outcome,

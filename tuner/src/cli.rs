@@ -114,6 +114,7 @@ impl From<TuneError> for Failure {
             | TuneError::Scaling(_)
             | TuneError::Resources(_)
             | TuneError::Exists(_)
+            | TuneError::Storage(_)
             | TuneError::NoTrainer => 2,
             TuneError::Store(crate::store::StoreError::Missing(_)) => 2,
             TuneError::Interrupted(_) => 130,
@@ -217,6 +218,15 @@ fn abs(p: &Path) -> String {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
 }
 
+/// A checkpoint's location as people use it: URLs as they are, paths absolute.
+fn location(uri: &str) -> String {
+    if uri.contains("://") {
+        uri.to_string()
+    } else {
+        abs(Path::new(uri))
+    }
+}
+
 fn print_summary(grid: &ResultGrid, dir: &Path) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     let counts: Vec<String> = grid.counts().iter().map(|(s, n)| format!("{n} {s}")).collect();
@@ -229,7 +239,8 @@ fn print_summary(grid: &ResultGrid, dir: &Path) -> Result<(), Failure> {
                 let iter = best.history.last().map_or(0, |r| r.training_iteration);
                 writeln!(out, "Best trial {}: {metric}={} at iteration {iter}", best.trial_id, fmt_num(value)).map_err(out_err)?;
                 writeln!(out, "  config: {}", config_summary(&best.config)).map_err(out_err)?;
-                let ck = best.checkpoint().map_or_else(|| "none".to_string(), abs);
+                let best_ck = best.best_checkpoint(&metric, grid.mode.unwrap_or_default()).map(|c| c.uri.as_str());
+                let ck = best_ck.or(best.checkpoint()).map_or_else(|| "none".to_string(), location);
                 writeln!(out, "  checkpoint: {ck}").map_err(out_err)?;
             }
             Err(e) => writeln!(out, "No best trial: {e}").map_err(out_err)?,
@@ -252,11 +263,12 @@ fn status(dir: &Path) -> Result<(), Failure> {
     let metric = grid.metric.clone();
     writeln!(
         out,
-        "{:<12} {:<10} {:>5} {:>8} {:<10} {:<14} config",
+        "{:<12} {:<10} {:>5} {:>8} {:>8} {:<10} {:<14} config",
         "trial",
         "status",
         "iter",
         "restarts",
+        "failures",
         "workers",
         metric.as_deref().unwrap_or("metrics")
     )
@@ -272,11 +284,12 @@ fn status(dir: &Path) -> Result<(), Failure> {
         };
         writeln!(
             out,
-            "{:<12} {:<10} {:>5} {:>8} {:<10} {:<14} {}",
+            "{:<12} {:<10} {:>5} {:>8} {:>8} {:<10} {:<14} {}",
             t.trial_id,
             t.status.as_str(),
             iter,
             t.restarts,
+            t.failures,
             workers_summary(&t.resources),
             m,
             config_summary(&t.config)
@@ -284,6 +297,8 @@ fn status(dir: &Path) -> Result<(), Failure> {
         .map_err(out_err)?;
         if let Some(e) = &t.error {
             writeln!(out, "    error: {}", e.lines().next().unwrap_or("")).map_err(out_err)?;
+        } else if let Some(f) = &t.last_failure {
+            writeln!(out, "    last failure: {}", f.lines().next().unwrap_or("")).map_err(out_err)?;
         }
     }
     Ok(())
@@ -331,14 +346,20 @@ fn best(dir: &Path, metric: Option<&str>, mode: Option<Mode>, scope: Scope, as_j
     let best: &TrialOutcome = grid.best_result(metric, mode, scope)?;
     let metric = metric.map(String::from).or(grid.metric.clone()).unwrap_or_default();
     let metrics = best.metrics.as_ref().map(metrics_json).unwrap_or(Value::Null);
-    let checkpoint = best.checkpoint().map(abs);
+    let ranked = best.best_checkpoints(&metric, mode.or(grid.mode).unwrap_or_default());
+    let checkpoint = ranked.first().map(|c| location(&c.uri));
     let mut out = std::io::stdout().lock();
     if as_json {
+        let checkpoints: Vec<Value> = ranked
+            .iter()
+            .map(|c| json!({ "uri": location(&c.uri), "training_iteration": c.iteration, "metrics": metrics_json(&c.metrics) }))
+            .collect();
         let v = json!({
             "trial_id": best.trial_id,
             "config": best.config,
             "metrics": metrics,
             "checkpoint": checkpoint,
+            "checkpoints": checkpoints,
         });
         writeln!(out, "{v}").map_err(out_err)?;
     } else {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use schedulers::Stopper;
+use serde::{Deserialize, Serialize};
 use search::{Config, Mode};
 use trainer::{Context, FunctionBackend, ProcessConfig, ScalingConfig, TrainLoop, TrainResult, Trainer};
 
@@ -104,13 +105,83 @@ pub enum ProgressMode {
     Quiet,
 }
 
+/// Which checkpoints to keep: Ray's `CheckpointConfig` (TOML `[checkpoint]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Committed checkpoints kept per trial (default: all). The latest is
+    /// always kept; beyond it, the best by `score_attribute` (or the newest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_to_keep: Option<usize>,
+    /// The metric that ranks checkpoints (default: their age).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score_attribute: Option<String>,
+    /// `max` (default) or `min`.
+    #[serde(default = "max_mode")]
+    pub score_order: Mode,
+    /// Directories workers may checkpoint from, besides the trial directory,
+    /// the temporary directory and the workers' working directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_dirs: Vec<PathBuf>,
+}
+
+fn max_mode() -> Mode {
+    Mode::Max
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self { num_to_keep: None, score_attribute: None, score_order: Mode::Max, allowed_dirs: Vec::new() }
+    }
+}
+
+impl CheckpointConfig {
+    pub(crate) fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// What happens when a trial's workers fail: Ray's `FailureConfig` (TOML
+/// `[failure]`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailureConfig {
+    /// Restarts of a failed trial from its latest committed checkpoint
+    /// before it is ERROR (`-1`: no limit; default 0).
+    #[serde(default)]
+    pub max_failures: i64,
+    /// A trial some rank of which has not reported for this long is hung:
+    /// its group is killed and counts as failed (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_timeout_s: Option<f64>,
+}
+
+impl FailureConfig {
+    pub(crate) fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether a trial that has failed `failures` times may restart.
+    pub fn may_restart(&self, failures: u32) -> bool {
+        self.max_failures < 0 || i64::from(failures) < self.max_failures
+    }
+}
+
 /// Where and how the sweep runs: Ray's `RunConfig`.
 #[derive(Debug)]
 pub struct RunConfig {
     /// The experiment's name; its directory is `<storage>/<name>`.
     pub name: String,
-    /// Where experiments go.
+    /// Where experiments go (the result store, logs and, unless
+    /// `storage_url` says otherwise, checkpoints).
     pub storage: PathBuf,
+    /// Checkpoints go to `<storage_url>/<name>/trials/<id>/` instead:
+    /// `s3://bucket/prefix`, `gs://...`, `az://...`.
+    pub storage_url: Option<String>,
+    /// Which checkpoints to keep.
+    pub checkpoint: CheckpointConfig,
+    /// Restarts after failures, hang detection.
+    pub failure: FailureConfig,
     /// Stop criteria.
     pub stop: Stop,
     /// End the sweep at the first trial error.
@@ -124,6 +195,9 @@ impl Default for RunConfig {
         Self {
             name: "experiment".into(),
             storage: PathBuf::from("nestor-runs"),
+            storage_url: None,
+            checkpoint: CheckpointConfig::default(),
+            failure: FailureConfig::default(),
             stop: Stop::new(),
             fail_fast: false,
             progress: ProgressMode::Auto,

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use search::{Config, Mode, Space};
+
+use crate::config::{CheckpointConfig, FailureConfig};
 use trainer::{DistBackend, NodeResources, PlacementStrategy, Resources, ScalingConfig, TorchConfig};
 
 /// Errors in an experiment file or its overrides. Each names the file and the
@@ -75,6 +77,12 @@ pub struct ExperimentFile {
     /// `memory` in bytes, custom names); what is not declared is detected.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: BTreeMap<String, f64>,
+    /// `[checkpoint]`: which checkpoints to keep, where workers may save them.
+    #[serde(default, skip_serializing_if = "CheckpointConfig::is_default")]
+    pub checkpoint: CheckpointConfig,
+    /// `[failure]`: restarts after failures, hang detection.
+    #[serde(default, skip_serializing_if = "FailureConfig::is_default")]
+    pub failure: FailureConfig,
 }
 
 /// `[experiment]`.
@@ -101,9 +109,14 @@ pub struct ExperimentSection {
     /// Sampling seed; chosen at random (and recorded) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
-    /// Where experiments go (default `./nestor-runs`).
+    /// Where experiments go (default `./nestor-runs`): a local directory, or
+    /// `s3://bucket/prefix` (`gs://`, `az://`) for checkpoints, with the
+    /// result store and logs under `local_dir`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<String>,
+    /// The local directory when `storage` is a URL (default `./nestor-runs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_dir: Option<String>,
     /// Stop the whole sweep at the first trial error.
     #[serde(default, skip_serializing_if = "is_false")]
     pub fail_fast: bool,
@@ -120,8 +133,25 @@ impl Default for ExperimentSection {
             time_budget_s: None,
             seed: None,
             storage: None,
+            local_dir: None,
             fail_fast: false,
         }
+    }
+}
+
+impl ExperimentSection {
+    /// Where the experiment's local directory goes: `storage` when it is a
+    /// path, else `local_dir`.
+    pub fn local_root(&self) -> String {
+        match &self.storage {
+            Some(s) if !s.contains("://") => s.clone(),
+            _ => self.local_dir.clone().unwrap_or_else(|| "nestor-runs".into()),
+        }
+    }
+
+    /// The object-store URL checkpoints go to, when `storage` is one.
+    pub fn storage_url(&self) -> Option<&str> {
+        self.storage.as_deref().filter(|s| s.contains("://") && !s.starts_with("file://"))
     }
 }
 
@@ -328,6 +358,30 @@ impl ExperimentFile {
         if let Some(t) = e.time_budget_s {
             if !(t > 0.0 && t.is_finite()) {
                 return Err(invalid("experiment.time_budget_s", format!("must be a positive number of seconds, got {t}")));
+            }
+        }
+        if let Some(url) = e.storage_url() {
+            trainer::Storage::parse(url).map_err(|err| invalid("experiment.storage", err.to_string()))?;
+        }
+        let c = &self.checkpoint;
+        if c.num_to_keep == Some(0) {
+            return Err(invalid("checkpoint.num_to_keep", "must be at least 1 (leave it out to keep every checkpoint)".into()));
+        }
+        if c.score_attribute.as_deref() == Some("") {
+            return Err(invalid("checkpoint.score_attribute", "must name a metric".into()));
+        }
+        for (i, d) in c.allowed_dirs.iter().enumerate() {
+            if !d.is_dir() {
+                return Err(invalid(&format!("checkpoint.allowed_dirs[{i}]"), format!("{} is not a directory", d.display())));
+            }
+        }
+        let f = &self.failure;
+        if f.max_failures < -1 {
+            return Err(invalid("failure.max_failures", format!("must be -1 (no limit) or more, got {}", f.max_failures)));
+        }
+        if let Some(t) = f.hang_timeout_s {
+            if !(t > 0.0 && t.is_finite()) {
+                return Err(invalid("failure.hang_timeout_s", format!("must be a positive number of seconds, got {t}")));
             }
         }
         if self.search.max_concurrent == Some(0) {

@@ -8,13 +8,14 @@ mod experiment;
 mod files;
 mod progress;
 mod result_grid;
+mod retention;
 mod runner;
 pub mod store;
 mod tuner;
 
 use std::path::PathBuf;
 
-pub use config::{Algorithm, ProgressMode, RunConfig, SchedulerKind, Stop, Trainable, TuneConfig};
+pub use config::{Algorithm, CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerKind, Stop, Trainable, TuneConfig};
 pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, SchedulerSection, SearchSection, TrainerSection};
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
 pub use tuner::Tuner;
@@ -47,6 +48,9 @@ pub enum TuneError {
     /// A trial's bundles can never fit on the node.
     #[error(transparent)]
     Resources(#[from] trainer::ResourceError),
+    /// The checkpoint storage cannot be used.
+    #[error(transparent)]
+    Storage(trainer::StorageError),
     /// A fresh run would overwrite an experiment.
     #[error("experiment directory {0} already exists; resume it with `nestor resume {0}` or pick another experiment.name")]
     Exists(PathBuf),

@@ -66,8 +66,12 @@ pub struct TrialOutcome {
     pub status: TrialStatus,
     /// Why it failed.
     pub error: Option<String>,
-    /// How many times it was restarted.
+    /// How many times it was restarted (after failures or a resume).
     pub restarts: u32,
+    /// How many of its runs failed (and were restarted, or ended it).
+    pub failures: u32,
+    /// Why its latest failed run failed.
+    pub last_failure: Option<String>,
     /// The bundles of its latest run, one per rank.
     pub resources: Vec<trainer::WorkerBundle>,
     /// Its last result's metrics.
@@ -81,24 +85,33 @@ pub struct TrialOutcome {
 }
 
 impl TrialOutcome {
-    /// The latest committed checkpoint directory.
-    pub fn checkpoint(&self) -> Option<&Path> {
-        self.checkpoints.last().map(|c| c.path.as_path())
+    /// The latest committed checkpoint: a local directory or a URL.
+    pub fn checkpoint(&self) -> Option<&str> {
+        self.checkpoints.last().map(|c| c.uri.as_str())
+    }
+
+    /// The committed checkpoints, best on `metric` first (NaN or missing
+    /// last; ties: the newer first), each with the metrics reported with it.
+    pub fn best_checkpoints(&self, metric: &str, mode: Mode) -> Vec<&CheckpointRecord> {
+        let score = |c: &CheckpointRecord| {
+            let v = if metric == "training_iteration" {
+                Some(c.iteration as f64)
+            } else {
+                c.metrics.get(metric).copied().or_else(|| {
+                    // Records from before metrics were kept with checkpoints.
+                    self.history.iter().find(|r| r.training_iteration == c.iteration).and_then(|r| r.metric(metric))
+                })
+            };
+            v.filter(|v| !v.is_nan()).map_or(f64::NEG_INFINITY, |v| mode.score(v))
+        };
+        let mut ranked: Vec<&CheckpointRecord> = self.checkpoints.iter().collect();
+        ranked.sort_by(|a, b| score(b).total_cmp(&score(a)).then(b.iteration.cmp(&a.iteration)));
+        ranked
     }
 
     /// The committed checkpoint whose result scores best on `metric`.
     pub fn best_checkpoint(&self, metric: &str, mode: Mode) -> Option<&CheckpointRecord> {
-        let score = |c: &CheckpointRecord| {
-            self.history
-                .iter()
-                .find(|r| r.training_iteration == c.iteration)
-                .and_then(|r| r.metric(metric))
-                .map_or(f64::NEG_INFINITY, |v| mode.score(v))
-        };
-        self.checkpoints.iter().fold(None, |best: Option<&CheckpointRecord>, c| match best {
-            Some(b) if score(b) >= score(c) => Some(b),
-            _ => Some(c),
-        })
+        self.best_checkpoints(metric, mode).into_iter().next()
     }
 
     /// This trial's score on `metric` under `scope`; `None` when it has no
@@ -167,6 +180,8 @@ impl ResultGrid {
                 status: t.status,
                 error: t.error,
                 restarts: t.restarts,
+                failures: t.failures,
+                last_failure: t.last_failure.clone(),
                 resources: t.resources,
                 history,
                 checkpoints,
@@ -248,6 +263,8 @@ mod tests {
             status: TrialStatus::Terminated,
             error: None,
             restarts: 0,
+            failures: 0,
+            last_failure: None,
             resources: Vec::new(),
             metrics: None,
             history: losses

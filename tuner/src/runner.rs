@@ -13,8 +13,11 @@ use tokio::sync::mpsc;
 use schedulers::{Decision, Scheduler, Stopper, TrialStatus, TrialView};
 use search::{Metrics, Searcher, Suggestion, TrialResult};
 use trainer::{
-    Allocation, Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Reply, Report, Request, ResourcePool, StopLevel, TrialHandle,
+    Allocation, Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Reply, Report, Request, ResourcePool, StopLevel, Storage,
+    TrialHandle,
 };
+
+use crate::config::{CheckpointConfig, FailureConfig};
 
 use crate::files::{FileWrite, Flusher};
 use crate::progress::Progress;
@@ -99,6 +102,17 @@ enum Ending {
     Interrupted,
     /// The trial broke a rule (e.g. no metric): ERROR with this message.
     Failed(String),
+    /// No report within the hang timeout: killed, and a failure like a
+    /// rank's death (restarted while `max_failures` allows).
+    Hung(String),
+}
+
+/// A trial whose checkpoint is being fetched from an object store before it
+/// (re)starts, and how the fetch went (the checkpoint's local directory).
+struct Restored {
+    record: TrialRecord,
+    allocation: Allocation,
+    fetched: Result<PathBuf, String>,
 }
 
 /// Everything the loop needs, built by the Tuner.
@@ -127,6 +141,12 @@ pub(crate) struct Runner {
     pub request: Request,
     /// Trials started while earlier ends were not yet shown; shown after them.
     pub deferred_starts: Vec<TrialRecord>,
+    /// The experiment's checkpoint storage: `<storage>/<name>`.
+    pub storage: Storage,
+    /// Which checkpoints to keep; where workers may save them.
+    pub checkpoint: CheckpointConfig,
+    /// Restarts after failures; hang detection.
+    pub failure: FailureConfig,
 }
 
 /// How the loop ended.
@@ -165,10 +185,13 @@ impl Runner {
             .map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source })?;
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source })?;
+        // Trials waiting for their checkpoint to arrive from an object store.
+        let (restored_tx, mut restored_rx) = mpsc::unbounded_channel::<Restored>();
+        let mut restoring: usize = 0;
 
         loop {
             // Admit trials while there are free slots and resources for all of a trial's bundles.
-            while !stopping && running.len() < self.max_concurrent {
+            while !stopping && running.len() + restoring < self.max_concurrent {
                 let Some(allocation) = self.pool.try_allocate(&self.request) else { break };
                 let record = if let Some(r) = self.pending.pop_front() {
                     r
@@ -201,7 +224,26 @@ impl Runner {
                 };
                 // A start is shown after the ends not yet shown (they wait to be durable).
                 let ends_pending = !commits.ended.is_empty() || commits.inflight.as_ref().is_some_and(|b| !b.ended.is_empty());
-                self.launch(record, allocation, &events_tx, &mut running, &mut commits.ended, ends_pending)?;
+                match self.checkpoint_to_fetch(&record) {
+                    Err(msg) => {
+                        self.pool.release(&allocation);
+                        self.give_up(record, msg, &mut commits.ended, &mut stopping, &mut first_error, &mut running)?;
+                    }
+                    Ok(Some(uri)) => {
+                        // From an object store: fetched off the loop, launched when it is here.
+                        restoring += 1;
+                        let (storage, tx) = (self.storage.clone(), restored_tx.clone());
+                        let scratch = self.trial_dir(&record.id).join("restore");
+                        tokio::spawn(async move {
+                            let fetched = storage.fetch_checkpoint(&uri, &scratch).await.map_err(|e| e.to_string());
+                            let _ = tx.send(Restored { record, allocation, fetched });
+                        });
+                    }
+                    Ok(None) => {
+                        let local = record.latest_checkpoint.as_ref().map(|c| PathBuf::from(&c.uri));
+                        self.launch(record, allocation, local, &events_tx, &mut running, &mut commits.ended, ends_pending)?;
+                    }
+                }
             }
             // Group commit for the burst just handled; after admitting, so a
             // freed slot is refilled without waiting for the flush.
@@ -216,10 +258,10 @@ impl Runner {
                 ended_deadline = Some(at);
                 ended_timer.as_mut().reset(at);
             }
-            if running.is_empty() && (stopping || (searcher_done && self.pending.is_empty())) {
+            if running.is_empty() && restoring == 0 && (stopping || (searcher_done && self.pending.is_empty())) {
                 break;
             }
-            if running.is_empty() {
+            if running.is_empty() && restoring == 0 {
                 // The searcher waits on trials, yet none runs: it can never proceed.
                 tracing::warn!("the searcher is waiting but no trial is running; ending the sweep");
                 break;
@@ -243,6 +285,7 @@ impl Runner {
                             r.record.status = TrialStatus::Pending;
                             self.store.put_trial(&r.record)?;
                         }
+                        // Trials still fetching their checkpoint were never started: they stay as stored.
                         self.commit_now(&flusher, &mut running, &mut commits).await?;
                         files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
                         flusher.write_files(std::mem::take(&mut files));
@@ -257,6 +300,26 @@ impl Runner {
                     for r in running.values_mut() {
                         r.ending.get_or_insert(Ending::Stopped);
                         r.handle.stop(StopLevel::Graceful);
+                    }
+                }
+                Some(Restored { record, allocation, fetched }) = restored_rx.recv() => {
+                    restoring -= 1;
+                    match fetched {
+                        _ if stopping => {
+                            // Never started: it stays as stored, resumed later.
+                            self.pool.release(&allocation);
+                        }
+                        Ok(local) => {
+                            let ends_pending = !commits.ended.is_empty() || commits.inflight.as_ref().is_some_and(|b| !b.ended.is_empty());
+                            self.launch(record, allocation, Some(local), &events_tx, &mut running, &mut commits.ended, ends_pending)?;
+                        }
+                        Err(msg) => {
+                            self.pool.release(&allocation);
+                            let id = record.id.clone();
+                            let msg = format!("could not fetch checkpoint: {msg}");
+                            self.failed_run(record, msg, &mut commits.ended, &mut stopping, &mut first_error, &mut running)?;
+                            tracing::debug!(trial = %id, "checkpoint fetch failed");
+                        }
                     }
                 }
                 // Not while a flush is under way: its end starts the next one.
@@ -295,6 +358,7 @@ impl Runner {
                     }
                 }
                 _ = tick.tick() => {
+                    self.detect_hangs(&mut running);
                     self.progress.refresh(running.values().map(|r| &r.record));
                     let snapshot = self.snapshot(&running);
                     if snapshot != last_snapshot {
@@ -364,10 +428,31 @@ impl Runner {
         }
     }
 
+    /// The checkpoint a (re)starting trial must fetch from an object store
+    /// first (`None`: none, or local); an error when its checkpoint cannot
+    /// serve this trial's number of workers.
+    fn checkpoint_to_fetch(&self, record: &TrialRecord) -> Result<Option<String>, String> {
+        let Some(c) = &record.latest_checkpoint else { return Ok(None) };
+        let workers = self.request.workers.len().max(1) as u32;
+        if let Some(need) = c.required_world_size() {
+            if need != workers {
+                return Err(format!(
+                    "checkpoint {} holds the shards of {need} ranks ({}), but the trial now runs {workers} worker(s); \
+                     restore it with trainer.num_workers = {need}",
+                    c.uri,
+                    c.ranks.iter().map(|r| format!("rank-{r}")).collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        Ok(if self.storage.is_local() { None } else { Some(c.uri.clone()) })
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
         mut record: TrialRecord,
         allocation: Allocation,
+        checkpoint: Option<PathBuf>,
         events: &mpsc::UnboundedSender<Event>,
         running: &mut HashMap<String, Running>,
         ended: &mut Vec<TrialRecord>,
@@ -384,9 +469,11 @@ impl Runner {
             trial_id: record.id.clone(),
             config: record.config.clone(),
             trial_dir: self.trial_dir(&record.id),
-            checkpoint: record.latest_checkpoint.as_ref().map(|c| c.path.clone()),
+            checkpoint,
             start_iteration: record.latest_checkpoint.as_ref().map_or(0, |c| c.iteration),
             workers: allocation.workers.clone(),
+            storage: self.storage.join(&format!("trials/{}", record.id)),
+            checkpoint_roots: self.checkpoint.allowed_dirs.clone(),
         };
         match self.backend.launch(spec, events.clone()) {
             Ok(handle) => {
@@ -445,12 +532,19 @@ impl Runner {
         // read as Stop: nothing not durable is ever acknowledged.
         flushed?;
         self.show_ended(&mut batch.ended);
+        let mut committed = Vec::new();
         for Stored { result, reply } in batch.reports {
             let directive = match running.get_mut(&result.trial_id) {
                 Some(r) => self.decide(r, &result),
                 None => Directive::Stop,
             };
             reply.send(directive);
+            if let Some(uri) = &result.checkpoint {
+                committed.push((result.trial_id.clone(), uri.clone(), result.training_iteration));
+            }
+        }
+        for (trial, uri, iteration) in committed {
+            self.after_commit(&trial, &uri, iteration)?;
         }
         Ok(())
     }
@@ -481,46 +575,155 @@ impl Runner {
         let Some(mut r) = running.remove(trial_id) else { return Ok(()) };
         // The backend reports an exit only once every process is gone.
         self.pool.release(&r.allocation);
-        let rec = &mut r.record;
-        rec.time_total_s += r.started.elapsed().as_secs_f64().min(f64::MAX);
-        let (status, error) = match (r.ending.take(), outcome) {
-            (Some(Ending::Interrupted), ExitOutcome::Failed(_) | ExitOutcome::Stopped | ExitOutcome::Completed) => {
-                (TrialStatus::Pending, None)
+        r.record.time_total_s += r.started.elapsed().as_secs_f64().min(f64::MAX);
+        let mut rec = r.record;
+        match (r.ending.take(), outcome) {
+            (Some(Ending::Interrupted), _) => {
+                rec.status = TrialStatus::Pending;
+                self.store.put_trial(&rec)?;
+                ended.push(rec);
             }
-            (Some(Ending::Failed(msg)), _) => (TrialStatus::Error, Some(msg)),
-            (_, ExitOutcome::Failed(msg)) => (TrialStatus::Error, Some(msg)),
-            (_, ExitOutcome::Completed | ExitOutcome::Stopped) => (TrialStatus::Terminated, None),
-        };
-        rec.status = status;
-        rec.error = error.clone();
-        if status.is_finished() {
-            rec.ended_at = Some(now_unix());
-        }
-        self.store.put_trial(rec)?;
-        let v = view(rec);
-        match status {
-            TrialStatus::Terminated => {
-                self.scheduler.on_trial_complete(&v, rec.last_result.as_ref());
+            (Some(Ending::Failed(msg)), _) | (Some(Ending::Stopped), ExitOutcome::Failed(msg)) => {
+                self.give_up(rec, msg, ended, stopping, first_error, running)?;
+            }
+            (Some(Ending::Hung(msg)), _) | (None, ExitOutcome::Failed(msg)) => {
+                self.failed_run(rec, msg, ended, stopping, first_error, running)?;
+            }
+            (_, ExitOutcome::Completed | ExitOutcome::Stopped) => {
+                rec.status = TrialStatus::Terminated;
+                rec.error = None;
+                rec.ended_at = Some(now_unix());
+                self.store.put_trial(&rec)?;
+                self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref());
                 self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
+                ended.push(rec);
             }
-            TrialStatus::Error => {
-                self.scheduler.on_trial_error(&v);
-                self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
-                if first_error.is_none() {
-                    *first_error = Some(format!("{}: {}", rec.id, error.unwrap_or_default()));
-                }
-                if self.fail_fast && !*stopping {
-                    *stopping = true;
-                    self.progress.note("fail_fast: a trial failed; stopping the sweep");
-                    for other in running.values_mut() {
-                        other.ending.get_or_insert(Ending::Stopped);
-                        other.handle.stop(StopLevel::Graceful);
-                    }
-                }
-            }
-            _ => {}
         }
-        ended.push(r.record);
+        Ok(())
+    }
+
+    /// A run of `rec` failed: it restarts from its latest committed
+    /// checkpoint while `max_failures` allows (and the sweep goes on), else
+    /// it is ERROR.
+    fn failed_run(
+        &mut self,
+        mut rec: TrialRecord,
+        msg: String,
+        ended: &mut Vec<TrialRecord>,
+        stopping: &mut bool,
+        first_error: &mut Option<String>,
+        running: &mut HashMap<String, Running>,
+    ) -> Result<(), TuneError> {
+        if *stopping || !self.failure.may_restart(rec.failures) {
+            return self.give_up(rec, msg, ended, stopping, first_error, running);
+        }
+        rec.failures += 1;
+        rec.status = TrialStatus::Pending;
+        let first_line = msg.lines().next().unwrap_or_default().to_string();
+        rec.last_failure = Some(msg);
+        self.store.put_trial(&rec)?;
+        let from = rec.latest_checkpoint.as_ref().map_or_else(
+            || "the start".to_string(),
+            |c| c.uri.rsplit('/').next().unwrap_or(&c.uri).to_string(),
+        );
+        let count = if self.failure.max_failures < 0 {
+            format!("failure {}", rec.failures)
+        } else {
+            format!("failure {} of {}", rec.failures, self.failure.max_failures)
+        };
+        self.progress.note(&format!("{}: {first_line}; restarting from {from} ({count})", rec.id));
+        // Before anything new: its resources were just released.
+        self.pending.push_front(rec);
+        Ok(())
+    }
+
+    /// `rec` is ERROR for good.
+    fn give_up(
+        &mut self,
+        mut rec: TrialRecord,
+        msg: String,
+        ended: &mut Vec<TrialRecord>,
+        stopping: &mut bool,
+        first_error: &mut Option<String>,
+        running: &mut HashMap<String, Running>,
+    ) -> Result<(), TuneError> {
+        rec.status = TrialStatus::Error;
+        rec.error = Some(msg.clone());
+        rec.ended_at = Some(now_unix());
+        self.store.put_trial(&rec)?;
+        self.scheduler.on_trial_error(&view(&rec));
+        self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
+        if first_error.is_none() {
+            *first_error = Some(format!("{}: {msg}", rec.id));
+        }
+        if self.fail_fast && !*stopping {
+            *stopping = true;
+            self.progress.note("fail_fast: a trial failed; stopping the sweep");
+            for other in running.values_mut() {
+                other.ending.get_or_insert(Ending::Stopped);
+                other.handle.stop(StopLevel::Graceful);
+            }
+        }
+        ended.push(rec);
+        Ok(())
+    }
+
+    /// Kills the runs that have not completed a step within the hang
+    /// timeout; each counts as a failure naming the ranks it waited for.
+    fn detect_hangs(&mut self, running: &mut HashMap<String, Running>) {
+        let Some(limit) = self.failure.hang_timeout_s else { return };
+        for r in running.values_mut() {
+            if r.ending.is_some() || r.last_report.elapsed().as_secs_f64() < limit {
+                continue;
+            }
+            let lagging = r.handle.lagging_ranks();
+            let after = r.record.last_result.as_ref().map_or(0, |l| l.training_iteration);
+            let mut msg = format!("hung: no report for {limit} s (failure.hang_timeout_s) after iteration {after}");
+            if !lagging.is_empty() {
+                let ranks: Vec<String> = lagging.iter().map(u32::to_string).collect();
+                msg.push_str(&format!("; waiting on rank {}", ranks.join(", ")));
+            }
+            let log = r.dir.join("logs").join(format!("rank-{}.log", lagging.first().copied().unwrap_or(0)));
+            let tail = trainer::log_tail(&log, 20);
+            if !tail.is_empty() {
+                msg.push_str(&format!("; last log lines ({}):\n{tail}", log.display()));
+            }
+            tracing::warn!(trial = %r.record.id, "{}", msg.lines().next().unwrap_or_default());
+            r.ending = Some(Ending::Hung(msg));
+            // A hung rank has nothing left to save: kill the group now.
+            r.handle.stop(StopLevel::Kill);
+        }
+    }
+
+    /// After a checkpoint of `trial_id` is durable: marks it committed for
+    /// other tools and applies `num_to_keep` (the records go first, durably;
+    /// then the files).
+    fn after_commit(&mut self, trial_id: &str, uri: &str, iteration: u64) -> Result<(), TuneError> {
+        let marker = serde_json::json!({ "trial_id": trial_id, "training_iteration": iteration, "committed_at": now_unix() });
+        let (storage, at) = (self.storage.clone(), uri.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = storage.mark_committed(&at, marker.to_string().into_bytes()).await {
+                tracing::warn!(checkpoint = %at, error = %e, "could not write the commit marker");
+            }
+        });
+        let Some(keep) = self.checkpoint.num_to_keep else { return Ok(()) };
+        let committed = self.store.checkpoints(trial_id)?;
+        let doomed = crate::retention::doomed(&committed, keep, self.checkpoint.score_attribute.as_deref(), self.checkpoint.score_order);
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        for c in &doomed {
+            self.store.remove_checkpoint(trial_id, c.iteration)?;
+        }
+        self.store.flush()?;
+        for c in doomed {
+            let storage = self.storage.clone();
+            tokio::spawn(async move {
+                if let Err(e) = storage.delete_checkpoint(&c.uri).await {
+                    tracing::warn!(checkpoint = %c.uri, error = %e, "could not delete a checkpoint beyond num_to_keep");
+                }
+            });
+        }
         Ok(())
     }
 
@@ -539,13 +742,20 @@ impl Runner {
             seq: rec.num_results,
             training_iteration: report.training_iteration,
             metrics,
-            checkpoint: report.checkpoint.as_ref().map(|p| p.display().to_string()),
+            checkpoint: report.checkpoint.as_ref().map(|c| c.uri.clone()),
         };
         // Durable before anyone acts on it: stored here, flushed by `commit`.
         self.store.put_result(&result)?;
         rec.num_results += 1;
-        if let Some(path) = report.checkpoint {
-            let ckpt = CheckpointRecord { version: RECORD_VERSION, iteration: report.training_iteration, path };
+        if let Some(c) = report.checkpoint {
+            let ckpt = CheckpointRecord {
+                version: RECORD_VERSION,
+                iteration: report.training_iteration,
+                uri: c.uri,
+                ranks: c.ranks,
+                world_size: c.world_size,
+                metrics: result.metrics.clone(),
+            };
             self.store.put_checkpoint(&rec.id, &ckpt)?;
             rec.latest_checkpoint = Some(ckpt);
         }

@@ -15,7 +15,7 @@ use serde_json::Value;
 use sled::Transactional;
 
 use schedulers::TrialStatus;
-use search::{Config, TrialResult};
+use search::{Config, Metrics, TrialResult};
 
 /// Version written into every record.
 pub const RECORD_VERSION: u32 = 1;
@@ -50,15 +50,46 @@ pub enum StoreError {
     Missing(PathBuf),
 }
 
-/// A committed checkpoint.
+/// A committed checkpoint: every shard it names is persisted in storage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
     /// Record version.
     pub version: u32,
     /// Iteration it was reported with.
     pub iteration: u64,
-    /// The checkpoint directory (`.../checkpoint_NNNNNN`), holding `rank-<r>/` shards.
-    pub path: PathBuf,
+    /// Its location (`.../checkpoint_NNNNNN`, holding `rank-<r>/` shards):
+    /// a local directory or a URL such as `s3://bucket/prefix/...`.
+    #[serde(alias = "path")]
+    pub uri: String,
+    /// The ranks that saved a shard.
+    #[serde(default = "rank_0")]
+    pub ranks: Vec<u32>,
+    /// The world size of the run that saved it.
+    #[serde(default = "one")]
+    pub world_size: u32,
+    /// The metrics reported with it.
+    #[serde(default, with = "search::metrics_serde")]
+    pub metrics: Metrics,
+}
+
+fn rank_0() -> Vec<u32> {
+    vec![0]
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl CheckpointRecord {
+    /// The number of workers a restore from it needs: any, when only rank 0
+    /// saved a shard (every rank reads it), else the saving run's.
+    pub fn required_world_size(&self) -> Option<u32> {
+        if self.ranks.iter().all(|&r| r == 0) {
+            None
+        } else {
+            Some(self.world_size)
+        }
+    }
 }
 
 /// Everything the store knows about one trial.
@@ -84,6 +115,12 @@ pub struct TrialRecord {
     pub error: Option<String>,
     /// How many times it was restarted (after an interruption or failure).
     pub restarts: u32,
+    /// How many of its runs failed (a rank died, exited non-zero or hung).
+    #[serde(default)]
+    pub failures: u32,
+    /// Why its latest failed run failed (it was restarted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
     /// Results stored so far (the next result's sequence number).
     pub num_results: u64,
     /// Training time accumulated over all runs, in seconds.
@@ -111,6 +148,8 @@ impl TrialRecord {
             ended_at: None,
             error: None,
             restarts: 0,
+            failures: 0,
+            last_failure: None,
             num_results: 0,
             time_total_s: 0.0,
             last_result: None,
@@ -152,15 +191,24 @@ fn series_prefix(trial_id: &str) -> Vec<u8> {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store at `path`.
+    /// Opens (creating if needed) the store at `path`. A lock still held
+    /// for a moment by a store just closed (sled's flusher thread lets go
+    /// shortly after the last handle) is waited for, up to a second.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db =
-            sled::Config::new().path(path).cache_capacity(8 << 20).flush_every_ms(Some(500)).open().map_err(|source| match &source {
-                sled::Error::Io(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") => {
-                    StoreError::Locked(path.to_path_buf())
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let db = loop {
+            let opened = sled::Config::new().path(path).cache_capacity(8 << 20).flush_every_ms(Some(500)).open();
+            match opened {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") => {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(StoreError::Locked(path.to_path_buf()));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                _ => StoreError::Sled { path: path.to_path_buf(), source },
-            })?;
+                Err(source) => return Err(StoreError::Sled { path: path.to_path_buf(), source }),
+            }
+        };
         let tree = |name: &str| db.open_tree(name).map_err(|source| StoreError::Sled { path: path.to_path_buf(), source });
         Ok(Self {
             path: path.to_path_buf(),
@@ -332,6 +380,12 @@ impl Store {
         Ok(())
     }
 
+    /// Uncommits a checkpoint (before its files are deleted).
+    pub fn remove_checkpoint(&self, trial_id: &str, iteration: u64) -> Result<(), StoreError> {
+        self.checkpoints.remove(series_key(trial_id, iteration)).map_err(self.sled_err())?;
+        Ok(())
+    }
+
     /// A trial's committed checkpoints, oldest first.
     pub fn checkpoints(&self, trial_id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
         self.series(&self.checkpoints, trial_id)
@@ -411,12 +465,16 @@ mod tests {
             store.put_result(&result("t", seq, seq + 1, seq as f64)).unwrap();
         }
         store.put_result(&result("t0", 0, 1, 9.0)).unwrap();
-        store.put_checkpoint("t", &CheckpointRecord { version: 1, iteration: 2, path: "c2".into() }).unwrap();
-        store.put_checkpoint("t", &CheckpointRecord { version: 1, iteration: 4, path: "c4".into() }).unwrap();
+        store.put_checkpoint("t", &CheckpointRecord { version: 1, iteration: 2, uri: "c2".into(), ranks: vec![0], world_size: 1, metrics: Default::default() }).unwrap();
+        store.put_checkpoint("t", &CheckpointRecord { version: 1, iteration: 4, uri: "c4".into(), ranks: vec![0], world_size: 1, metrics: Default::default() }).unwrap();
         store.refresh_trial(&mut rec).unwrap();
         assert_eq!(rec.num_results, 5);
         assert_eq!(rec.last_result.unwrap().training_iteration, 5);
         assert_eq!(rec.latest_checkpoint.unwrap().iteration, 4);
+        // Records written before ranks and metrics were kept still read.
+        let old: CheckpointRecord = serde_json::from_str(r#"{"version":1,"iteration":3,"path":"/x/checkpoint_000003"}"#).unwrap();
+        assert_eq!((old.uri.as_str(), old.ranks.as_slice(), old.world_size), ("/x/checkpoint_000003", &[0][..], 1));
+        assert_eq!(old.required_world_size(), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use schedulers::{CombinedStopper, Fifo, MetricThresholds, Scheduler, Stopper};
 use search::{BasicVariantGenerator, ConcurrencyLimiter, Searcher, Space};
-use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, TrainLoop};
+use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, Storage, TrainLoop};
 
 use crate::config::{ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
 use crate::experiment::{ExperimentFile, Resolved, SchedulerKind, SearchSection, TrainerSection};
@@ -125,8 +125,16 @@ impl Tuner {
     pub fn run_config(mut self, c: RunConfig) -> Self {
         let e = &mut self.file.experiment;
         e.name = c.name;
-        e.storage = Some(c.storage.display().to_string());
+        match c.storage_url {
+            Some(url) => {
+                e.storage = Some(url);
+                e.local_dir = Some(c.storage.display().to_string());
+            }
+            None => e.storage = Some(c.storage.display().to_string()),
+        }
         e.fail_fast = c.fail_fast;
+        self.file.checkpoint = c.checkpoint;
+        self.file.failure = c.failure;
         let Stop { thresholds, custom } = c.stop;
         self.file.stop = thresholds;
         self.custom_stop = custom;
@@ -168,8 +176,7 @@ impl Tuner {
         if let Some(d) = &self.restore_dir {
             return d.clone();
         }
-        let storage = self.file.experiment.storage.clone().unwrap_or_else(|| "nestor-runs".into());
-        Path::new(&storage).join(&self.file.experiment.name)
+        Path::new(&self.file.experiment.local_root()).join(&self.file.experiment.name)
     }
 
     /// Reopens an experiment after a crash or Ctrl-C: finished trials are
@@ -232,6 +239,15 @@ impl Tuner {
         // Absolute, so workers with another working directory find their trial directory.
         let exp_dir = std::path::absolute(self.experiment_dir()).map_err(|source| TuneError::Io { path: self.experiment_dir(), source })?;
         let store_dir = exp_dir.join("store");
+        // Checkpoints: an object store must answer before anything is written.
+        let storage = match file.experiment.storage_url() {
+            Some(url) => {
+                let root = Storage::parse(url).map_err(TuneError::Storage)?.join(&file.experiment.name);
+                root.probe().await.map_err(TuneError::Storage)?;
+                root
+            }
+            None => Storage::local(&exp_dir),
+        };
         let mut pending = VecDeque::new();
         let mut next_index = 0;
         let mut finished = (0, 0);
@@ -267,6 +283,10 @@ impl Tuner {
             store.put_experiment(&text)?;
             store.put_meta("searcher", &searcher.save())?;
             store.flush()?;
+            if !storage.is_local() {
+                // Beside the checkpoints, for tools that only see the bucket.
+                storage.put_bytes("experiment.toml", text.into_bytes()).await.map_err(TuneError::Storage)?;
+            }
             store
         };
         let backend: Arc<dyn Backend> = match trainable.kind {
@@ -313,6 +333,9 @@ impl Tuner {
             pool,
             request,
             deferred_starts: Vec::new(),
+            storage,
+            checkpoint: file.checkpoint.clone(),
+            failure: file.failure.clone(),
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
