@@ -106,24 +106,30 @@ impl Storage {
             max_retries: 3,
             retry_timeout: Duration::from_secs(30),
         };
-        let options = object_store::ClientOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(300));
+        // Timeouts as config keys: client options given whole would replace
+        // what the environment set (e.g. AWS_ALLOW_HTTP).
+        use object_store::ClientConfigKey::{ConnectTimeout, Timeout};
+        let (connect, total) = ("5s", "300s");
         let built: Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
             "s3" | "s3a" => object_store::aws::AmazonS3Builder::from_env()
                 .with_url(&base)
                 .with_retry(retry)
-                .with_client_options(options)
+                .with_config(object_store::aws::AmazonS3ConfigKey::Client(ConnectTimeout), connect)
+                .with_config(object_store::aws::AmazonS3ConfigKey::Client(Timeout), total)
                 .build()
                 .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             "gs" => object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(&base)
                 .with_retry(retry)
-                .with_client_options(options)
+                .with_config(object_store::gcp::GoogleConfigKey::Client(ConnectTimeout), connect)
+                .with_config(object_store::gcp::GoogleConfigKey::Client(Timeout), total)
                 .build()
                 .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             "az" | "azure" | "abfs" | "abfss" => object_store::azure::MicrosoftAzureBuilder::from_env()
                 .with_url(&base)
                 .with_retry(retry)
-                .with_client_options(options)
+                .with_config(object_store::azure::AzureConfigKey::Client(ConnectTimeout), connect)
+                .with_config(object_store::azure::AzureConfigKey::Client(Timeout), total)
                 .build()
                 .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             other => return Err(invalid(format!("unknown scheme `{other}://` (use a local path, s3://, gs:// or az://)"))),

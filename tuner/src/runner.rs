@@ -147,6 +147,8 @@ pub(crate) struct Runner {
     pub checkpoint: CheckpointConfig,
     /// Restarts after failures; hang detection.
     pub failure: FailureConfig,
+    /// Commit markers and deletions under way; the sweep ends after them.
+    pub background: tokio::task::JoinSet<()>,
 }
 
 /// How the loop ended.
@@ -370,6 +372,7 @@ impl Runner {
         }
         self.store.put_meta("scheduler", &self.scheduler.save())?;
         self.commit_now(&flusher, &mut running, &mut commits).await?;
+        while self.background.join_next().await.is_some() {}
         files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
         flusher.write_files(std::mem::take(&mut files));
         flusher.close().await;
@@ -700,8 +703,9 @@ impl Runner {
     /// then the files).
     fn after_commit(&mut self, trial_id: &str, uri: &str, iteration: u64) -> Result<(), TuneError> {
         let marker = serde_json::json!({ "trial_id": trial_id, "training_iteration": iteration, "committed_at": now_unix() });
+        while self.background.try_join_next().is_some() {}
         let (storage, at) = (self.storage.clone(), uri.to_string());
-        tokio::spawn(async move {
+        self.background.spawn(async move {
             if let Err(e) = storage.mark_committed(&at, marker.to_string().into_bytes()).await {
                 tracing::warn!(checkpoint = %at, error = %e, "could not write the commit marker");
             }
@@ -718,7 +722,7 @@ impl Runner {
         self.store.flush()?;
         for c in doomed {
             let storage = self.storage.clone();
-            tokio::spawn(async move {
+            self.background.spawn(async move {
                 if let Err(e) = storage.delete_checkpoint(&c.uri).await {
                     tracing::warn!(checkpoint = %c.uri, error = %e, "could not delete a checkpoint beyond num_to_keep");
                 }

@@ -336,6 +336,7 @@ impl Tuner {
             storage,
             checkpoint: file.checkpoint.clone(),
             failure: file.failure.clone(),
+            background: tokio::task::JoinSet::new(),
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),

@@ -3,7 +3,13 @@
 //! - `x` (float): the loss is `(x - 0.3)^2 + 1 / iteration`, deterministic;
 //! - `steps` (int, default 5): iterations to run;
 //! - `sleep_ms` (int, default 0): time per iteration;
-//! - `checkpoint` (bool): save `{"step": n}` with every report and resume from it;
+//! - `checkpoint` (bool): save `{"step": n, "acc": a}` with every report and resume
+//!   from it (`acc`, reported too, sums the losses so far: state that only a
+//!   correct restore carries on);
+//! - `ckpt_mb` (int): add a `blob.bin` of this many MiB to every checkpoint, and log
+//!   `rank r: checkpointing step n` before reporting it;
+//! - `hang_at` (int): rank `fail_rank` stops reporting at this iteration, in a run that
+//!   did not start from a checkpoint;
 //! - `fail_at` (int): exit with code 3 at this iteration, after printing to stderr
 //!   (rank `fail_rank` only, default 0);
 //! - `nan_at` (int): report NaN at this iteration;
@@ -12,7 +18,8 @@
 //! - `leak_child` (bool): start a `sleep 300` that outlives this process;
 //! - `quiet` (bool): no log line per step (for benchmarks);
 //! - `dump_env` (bool): write `rank-<r>.json` in the trial directory with this
-//!   rank's torchrun and nestor variables, its pid and its leaked child's pid.
+//!   rank's torchrun and nestor variables, its pid, its leaked child's pid, its
+//!   checkpoint and when it started.
 //!
 //! Ranks other than 0 report `loss + 100 * rank`, so a test can tell whose
 //! metrics became the trial's.
@@ -35,6 +42,9 @@ fn main() -> anyhow::Result<()> {
     let rank = ctx.world_rank();
     let fail_rank: u32 = ctx.param("fail_rank").unwrap_or(0);
     let fail_at = fail_at.filter(|_| rank == fail_rank);
+    let hang_at: Option<u64> = ctx.param("hang_at").ok().filter(|_| rank == fail_rank && ctx.checkpoint().is_none());
+    let ckpt_mb: usize = ctx.param("ckpt_mb").unwrap_or(0);
+    let started_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     if ctx.param::<bool>("ignore_sigterm").unwrap_or(false) {
         // SAFETY: setting a signal disposition to SIG_IGN has no preconditions.
         unsafe {
@@ -57,14 +67,21 @@ fn main() -> anyhow::Result<()> {
             "CUDA_VISIBLE_DEVICES": var("CUDA_VISIBLE_DEVICES"), "OMP_NUM_THREADS": var("OMP_NUM_THREADS"),
             "NESTOR_TORCH_BACKEND": var("NESTOR_TORCH_BACKEND"), "NESTOR_RENDEZVOUS_FILE": var("NESTOR_RENDEZVOUS_FILE"), "NESTOR_TRIAL_ID": var("NESTOR_TRIAL_ID"),
             "pid": std::process::id(), "child": leaked, "local_rank": ctx.local_rank(), "world_size": ctx.world_size(),
+            "NESTOR_CHECKPOINT": var("NESTOR_CHECKPOINT"), "started_at": started_at,
         });
         let path = ctx.trial_dir().join(format!("rank-{rank}.json"));
         std::fs::write(&path, dump.to_string())?;
     }
     let mut start = 0u64;
+    let mut acc = 0.0f64;
     if let Some(dir) = ctx.checkpoint() {
         let state: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("state.json"))?)?;
         start = state["step"].as_u64().unwrap_or(0);
+        acc = state["acc"].as_f64().unwrap_or(0.0);
+        if ckpt_mb > 0 {
+            let blob = std::fs::metadata(dir.join("blob.bin"))?.len();
+            anyhow::ensure!(blob == (ckpt_mb as u64) << 20, "checkpoint blob has {blob} bytes");
+        }
         eprintln!("resumed from {} at step {start}", dir.display());
     }
     let scratch = std::env::temp_dir().join(format!("fixture-{}-{}", ctx.trial_id(), std::process::id()));
@@ -76,16 +93,27 @@ fn main() -> anyhow::Result<()> {
             eprintln!("fixture: failing on purpose at step {step} (t={t:.6})");
             std::process::exit(3);
         }
+        if hang_at == Some(step) {
+            eprintln!("fixture: hanging on purpose at step {step}");
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
         let loss = if nan_at == Some(step) { f64::NAN } else { (x - 0.3).powi(2) + 1.0 / step as f64 + offset };
+        acc += loss;
         let name = if omit { "other" } else { "loss" };
         let ckpt: Option<PathBuf> = if checkpoint {
             std::fs::create_dir_all(&scratch)?;
-            std::fs::write(scratch.join("state.json"), serde_json::json!({ "step": step }).to_string())?;
+            std::fs::write(scratch.join("state.json"), serde_json::json!({ "step": step, "acc": acc }).to_string())?;
+            if ckpt_mb > 0 {
+                std::fs::write(scratch.join("blob.bin"), vec![step as u8; ckpt_mb << 20])?;
+                eprintln!("rank {rank}: checkpointing step {step}");
+            }
             Some(scratch.clone())
         } else {
             None
         };
-        match ctx.report([(name, loss), ("step", step as f64)], ckpt.as_deref()) {
+        match ctx.report([(name, loss), ("step", step as f64), ("acc", acc)], ckpt.as_deref()) {
             Ok(()) if quiet => {}
             Ok(()) => eprintln!("rank {rank}: acked step {step}"),
             Err(ReportError::Stopped) => break,
