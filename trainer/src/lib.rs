@@ -28,9 +28,10 @@ pub mod proto {
     tonic::include_proto!("nestor.v1");
 }
 
-pub use backend::{Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Reply, Report, StopLevel, TrialHandle};
+pub use backend::{
+    Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Reply, Report, StopLevel, TrialHandle,
+};
 pub use checkpoint::{check_source, checkpoint_dir_name, default_roots, persist_checkpoint, shard_for, CheckpointError};
-pub use storage::{Storage, StorageError, COMMITTED_MARKER};
 pub use collective::{CollectiveError, ReduceOp};
 pub use context::{Context, ReportError};
 pub use function::{FunctionBackend, TrainFn, TrainResult};
@@ -38,4 +39,5 @@ pub use process::{log_tail, ProcessBackend, ProcessConfig};
 pub use resources::{Allocation, Gpu, NodeResources, Request, ResourceError, ResourcePool, Source, WorkerBundle};
 pub use scaling::{DistBackend, PlacementStrategy, Resources, ScalingConfig, ScalingError, TorchConfig};
 pub use service::ReportServer;
+pub use storage::{Storage, StorageError, COMMITTED_MARKER};
 pub use trainer::{driver_runtime, Step, TrainError, TrainLoop, TrainOutput, Trainer};

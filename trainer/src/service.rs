@@ -12,9 +12,9 @@ use tonic::{Request, Response, Status};
 use crate::aggregate::Aggregator;
 use crate::backend::{Directive, Event};
 use crate::checkpoint::{check_source, CheckpointError};
-use crate::storage::Storage;
 use crate::proto::reporter_server::{Reporter, ReporterServer};
 use crate::proto::{self, ReportReply, ReportRequest};
+use crate::storage::Storage;
 
 /// Largest report accepted, in bytes.
 pub const MAX_REPORT_BYTES: usize = 1 << 20;
@@ -277,7 +277,11 @@ mod tests {
         // A directory the worker has no business checkpointing from.
         let status = client.report(ReportRequest { checkpoint_dir: "/etc".into(), ..request("secret", 0) }).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
-        assert!(status.message().starts_with("checkpoint /etc is outside the directories a worker may checkpoint from ("), "{}", status.message());
+        assert!(
+            status.message().starts_with("checkpoint /etc is outside the directories a worker may checkpoint from ("),
+            "{}",
+            status.message()
+        );
         let file = dir.path().join("file.txt");
         std::fs::write(&file, b"x").unwrap();
         let status = client.report(ReportRequest { checkpoint_dir: file.display().to_string(), ..request("secret", 0) }).await.unwrap_err();

@@ -220,10 +220,7 @@ impl Storage {
                 };
                 match tokio::time::timeout(Duration::from_secs(20), attempt).await {
                     Ok(r) => r.map_err(unreachable),
-                    Err(_) => Err(unreachable(object_store::Error::Generic {
-                        store: "storage",
-                        source: "no answer within 20 s".into(),
-                    })),
+                    Err(_) => Err(unreachable(object_store::Error::Generic { store: "storage", source: "no answer within 20 s".into() })),
                 }
             }
         }

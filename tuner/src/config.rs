@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use schedulers::Stopper;
-use serde::{Deserialize, Serialize};
 use search::{Config, Mode};
+use serde::{Deserialize, Serialize};
 use trainer::{Context, FunctionBackend, ProcessConfig, ScalingConfig, TrainLoop, TrainResult, Trainer};
 
 pub use crate::experiment::{Algorithm, SchedulerKind};

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 pub use config::{Algorithm, CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerKind, Stop, Trainable, TuneConfig};
 pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, SchedulerSection, SearchSection, TrainerSection};
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
+pub use schedulers::TrialStatus;
 pub use tuner::Tuner;
 
 /// Re-exports for writing trainables without naming the other crates.

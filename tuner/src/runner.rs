@@ -617,18 +617,20 @@ impl Runner {
         first_error: &mut Option<String>,
         running: &mut HashMap<String, Running>,
     ) -> Result<(), TuneError> {
-        if *stopping || !self.failure.may_restart(rec.failures) {
+        let restartable = !*stopping && self.failure.may_restart(rec.failures);
+        rec.failures += 1;
+        if !restartable {
             return self.give_up(rec, msg, ended, stopping, first_error, running);
         }
-        rec.failures += 1;
         rec.status = TrialStatus::Pending;
-        let first_line = msg.lines().next().unwrap_or_default().to_string();
+        let first_line = msg.lines().next().unwrap_or_default();
+        let first_line = first_line.split("; last log lines").next().unwrap_or_default().to_string();
         rec.last_failure = Some(msg);
         self.store.put_trial(&rec)?;
-        let from = rec.latest_checkpoint.as_ref().map_or_else(
-            || "the start".to_string(),
-            |c| c.uri.rsplit('/').next().unwrap_or(&c.uri).to_string(),
-        );
+        let from = rec
+            .latest_checkpoint
+            .as_ref()
+            .map_or_else(|| "the start".to_string(), |c| c.uri.rsplit('/').next().unwrap_or(&c.uri).to_string());
         let count = if self.failure.max_failures < 0 {
             format!("failure {}", rec.failures)
         } else {

@@ -465,8 +465,32 @@ mod tests {
             store.put_result(&result("t", seq, seq + 1, seq as f64)).unwrap();
         }
         store.put_result(&result("t0", 0, 1, 9.0)).unwrap();
-        store.put_checkpoint("t", &CheckpointRecord { version: 1, iteration: 2, uri: "c2".into(), ranks: vec![0], world_size: 1, metrics: Default::default() }).unwrap();
-        store.put_checkpoint("t", &CheckpointRecord { version: 1, iteration: 4, uri: "c4".into(), ranks: vec![0], world_size: 1, metrics: Default::default() }).unwrap();
+        store
+            .put_checkpoint(
+                "t",
+                &CheckpointRecord {
+                    version: 1,
+                    iteration: 2,
+                    uri: "c2".into(),
+                    ranks: vec![0],
+                    world_size: 1,
+                    metrics: Default::default(),
+                },
+            )
+            .unwrap();
+        store
+            .put_checkpoint(
+                "t",
+                &CheckpointRecord {
+                    version: 1,
+                    iteration: 4,
+                    uri: "c4".into(),
+                    ranks: vec![0],
+                    world_size: 1,
+                    metrics: Default::default(),
+                },
+            )
+            .unwrap();
         store.refresh_trial(&mut rec).unwrap();
         assert_eq!(rec.num_results, 5);
         assert_eq!(rec.last_result.unwrap().training_iteration, 5);

@@ -102,3 +102,118 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     }
     out
 }
+
+/// Runs nestor in `dir` with extra environment variables.
+pub fn nestor_env(dir: &Path, args: &[&str], env: &[(String, String)]) -> Output {
+    Command::new(nestor_bin()).args(args).envs(env.iter().cloned()).current_dir(dir).output().expect("run nestor")
+}
+
+/// Starts nestor in `dir` with `args` and extra environment variables, output captured.
+pub fn spawn_nestor(dir: &Path, args: &[&str], env: &[(String, String)]) -> std::process::Child {
+    Command::new(nestor_bin())
+        .args(args)
+        .envs(env.iter().cloned())
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start nestor")
+}
+
+/// Polls `cond` every 5 ms until it holds; panics with `what` after `secs`.
+pub fn wait_for(what: &str, secs: f64, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+/// A file's text, empty when it does not exist (yet).
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// An S3-compatible server (the `s3-server` binary of this package) on a
+/// loopback port, serving `root` (bucket `bucket`); stopped on drop.
+pub struct S3Server {
+    child: Option<std::process::Child>,
+    /// Its port.
+    pub port: u16,
+    /// The directory it serves; `root/bucket` is the bucket.
+    pub root: PathBuf,
+}
+
+impl S3Server {
+    /// Starts a server on a free port.
+    pub fn start(root: &Path) -> Self {
+        Self::start_on(root, 0)
+    }
+
+    /// Starts a server on `port` (0: a free one).
+    pub fn start_on(root: &Path, port: u16) -> Self {
+        use std::io::BufRead;
+        std::fs::create_dir_all(root.join("bucket")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_s3-server"))
+            .arg(root)
+            .arg(port.to_string())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start s3-server");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().strip_prefix("listening on ").and_then(|p| p.parse().ok()).expect("s3-server prints its port");
+        Self { child: Some(child), port, root: root.to_path_buf() }
+    }
+
+    /// The environment that points object_store's S3 client at this server.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ACCESS_KEY_ID", "nestor".to_string()),
+            ("AWS_SECRET_ACCESS_KEY", "nestor-secret".to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+            ("AWS_ENDPOINT", format!("http://127.0.0.1:{}", self.port)),
+            ("AWS_ALLOW_HTTP", "true".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The files (objects) under `prefix` of the bucket, relative to it, sorted.
+    pub fn objects(&self, prefix: &str) -> Vec<String> {
+        let base = self.root.join("bucket");
+        let mut out = Vec::new();
+        let mut stack = vec![base.join(prefix)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if e.file_type().unwrap().is_dir() {
+                    stack.push(e.path());
+                } else {
+                    out.push(e.path().strip_prefix(&base).unwrap().display().to_string());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
