@@ -39,6 +39,11 @@ pub(crate) fn now_unix() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
+/// `checkpoint_000007` for `.../checkpoint_000007` (a path or a URL).
+pub(crate) fn checkpoint_name(uri: &str) -> &str {
+    uri.trim_end_matches('/').rsplit('/').next().unwrap_or(uri)
+}
+
 /// The trial id of the trial with creation index `index`.
 pub(crate) fn trial_id(index: u64) -> String {
     format!("trial_{index:05}")
@@ -242,7 +247,9 @@ impl Runner {
                         });
                     }
                     Ok(None) => {
-                        let local = record.latest_checkpoint.as_ref().map(|c| PathBuf::from(&c.uri));
+                        // Local storage: found by name in the trial's directory, wherever the experiment now is.
+                        let trial_dir = self.trial_dir(&record.id);
+                        let local = record.latest_checkpoint.as_ref().map(|c| trial_dir.join(checkpoint_name(&c.uri)));
                         self.launch(record, allocation, local, &events_tx, &mut running, &mut commits.ended, ends_pending)?;
                     }
                 }

@@ -289,6 +289,11 @@ impl Tuner {
             }
             store
         };
+        if resuming {
+            // Checkpoints a crash left uncommitted (half uploaded, or beyond
+            // num_to_keep but not yet deleted) go before any trial runs again.
+            collect_garbage(&store, &storage).await?;
+        }
         let backend: Arc<dyn Backend> = match trainable.kind {
             TrainLoop::Function(f) => Arc::new(f),
             TrainLoop::Process(mut c) => {
@@ -343,6 +348,27 @@ impl Tuner {
             Finish::Done => Ok(ResultGrid::from_store(&exp_dir, &store)?),
         }
     }
+}
+
+/// Deletes every checkpoint in storage that the store does not hold as
+/// committed. Checkpoints are matched by name within their trial, so an
+/// experiment directory that moved keeps its checkpoints.
+async fn collect_garbage(store: &Store, storage: &Storage) -> Result<(), TuneError> {
+    let committed = store.all_checkpoints()?;
+    for t in store.trials()? {
+        let trial = storage.join(&format!("trials/{}", t.id));
+        let keep: std::collections::HashSet<String> =
+            committed.get(&t.id).into_iter().flatten().map(|c| crate::runner::checkpoint_name(&c.uri).to_string()).collect();
+        for uri in trial.list_checkpoints().await.map_err(TuneError::Storage)? {
+            if !keep.contains(crate::runner::checkpoint_name(&uri)) {
+                tracing::info!(checkpoint = %uri, "deleting an uncommitted checkpoint");
+                if let Err(e) = trial.delete_checkpoint(&uri).await {
+                    tracing::warn!(checkpoint = %uri, error = %e, "could not delete an uncommitted checkpoint");
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn process_config(t: &TrainerSection, origin: &str) -> Result<ProcessConfig, TuneError> {
