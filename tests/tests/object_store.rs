@@ -76,7 +76,7 @@ fn a_server_killed_mid_upload_fails_the_commit_and_the_previous_checkpoint_stays
     let mut s3 = S3Server::start(&dir.path().join("s3"));
     let space = "x = 0.5\nsteps = 3\ncheckpoint = true\nckpt_mb = 256";
     write(dir.path(), &s3_sweep("cut", space, "env = { RUST_BACKTRACE = \"0\" }"));
-    let mut run = spawn_nestor(dir.path(), &["run", "sweep.toml", "--plain"], &s3.env());
+    let run = spawn_nestor(dir.path(), &["run", "sweep.toml", "--plain"], &s3.env());
     let trial = dir.path().join("local/cut/trials/trial_00000");
     wait_for("checkpoint 1 committed", 60.0, || s3.root.join("bucket/runs/cut/trials/trial_00000/checkpoint_000001/.committed").exists());
     wait_for("the second upload to start", 60.0, || read(&trial.join("logs/rank-0.log")).contains("checkpointing step 2"));
