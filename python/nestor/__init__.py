@@ -35,6 +35,10 @@ class TrainContext:
     trial_id: str
     trial_dir: str
     config: Dict[str, Any] = field(default_factory=dict)
+    #: Iterations already done when this run started (those of the
+    #: checkpoint it resumed from); its first report is iteration
+    #: ``start_iteration + 1``.
+    start_iteration: int = 0
 
     def get_world_rank(self) -> int:
         return self.world_rank
@@ -86,6 +90,7 @@ def get_context() -> TrainContext:
             trial_id=os.environ.get("NESTOR_TRIAL_ID", "local"),
             trial_dir=os.environ.get("NESTOR_TRIAL_DIR", os.getcwd()),
             config=_load_config(),
+            start_iteration=_int_env("NESTOR_START_ITERATION", 0),
         )
     return _context
 

@@ -71,12 +71,14 @@ def _to_device(batch: Any, device: torch.device) -> Any:
 
 class _DeviceLoader:
     """A DataLoader whose batches arrive on the device, and whose distributed
-    sampler moves to the next epoch at each pass."""
+    sampler moves to the next epoch at each pass. Passes are counted from the
+    iterations already done, so a restarted run shuffles as the uninterrupted
+    one would have (one pass per reported iteration)."""
 
     def __init__(self, loader: DataLoader, device: torch.device):
         self.loader = loader
         self.device = device
-        self._epoch = 0
+        self._epoch = get_context().start_iteration
 
     def __len__(self) -> int:
         return len(self.loader)

@@ -156,3 +156,75 @@ fn bad_reports_from_python_are_refused_clearly_and_store_nothing() {
     assert_eq!(rows[0]["loss"], "NaN");
     assert_eq!((rows[1]["loss"].as_f64(), rows[1]["extra"].as_f64()), (Some(1.0), Some(2.0)));
 }
+
+/// The pid of the worker process of `rank` whose environment names `trial_dir`.
+fn rank_pid(trial_dir: &Path, rank: u32) -> Option<u32> {
+    let needle = format!("NESTOR_TRIAL_DIR={}\0", trial_dir.display());
+    let rank_var = format!("\0RANK={rank}\0");
+    processes_mentioning(&trial_dir.display().to_string()).into_iter().find(|pid| {
+        let environ = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()).into_owned();
+        environ.contains(&needle) && environ.contains(&rank_var)
+    })
+}
+
+#[test]
+fn a_ddp_rank_killed_mid_epoch_is_restarted_and_the_trial_ends_as_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().display().to_string();
+    let args = |name: &'static str| {
+        vec![
+            "run".to_string(),
+            "examples/torch_ddp/sweep.toml".into(),
+            "--storage".into(),
+            storage.clone(),
+            "--plain".into(),
+            "--set".into(),
+            "experiment.num_samples=1".into(),
+            "--set".into(),
+            format!("experiment.name={name}"),
+            "--set".into(),
+            "space.epochs=6".into(),
+            "--set".into(),
+            "stop.training_iteration=6".into(),
+            "--set".into(),
+            "failure.max_failures=1".into(),
+        ]
+    };
+    let (faulty, reference) = (args("ddp-kill"), args("ddp-ref"));
+    let strs = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>();
+    let child = nestor_in_venv(&strs(&faulty)).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let exp = dir.path().join("ddp-kill");
+    let trial_dir = exp.join("trials/trial_00000");
+    wait_for("checkpoint 2 committed", 120.0, || trial_dir.join("checkpoint_000002/.committed").exists());
+    let victim = rank_pid(&trial_dir, 1).expect("rank 1 is running");
+    let killed_at = std::time::Instant::now();
+    signal(victim, libc::SIGKILL);
+    // Back: both ranks of a new group running (new pids).
+    wait_for("a new group", 10.0, || {
+        let (r0, r1) = (rank_pid(&trial_dir, 0), rank_pid(&trial_dir, 1));
+        r1.is_some_and(|p| p != victim) && r0.is_some()
+    });
+    let back = killed_at.elapsed().as_secs_f64();
+    assert!(back < 2.0, "the DDP group took {back:.2} s to come back");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("trial_00000: rank 1 was killed by signal 9; restarting from checkpoint_00000"), "{text}");
+
+    ok(nestor_in_venv(&strs(&reference)).output().unwrap());
+    let faulty = tuner::ResultGrid::load(&exp).unwrap();
+    let reference = tuner::ResultGrid::load(&dir.path().join("ddp-ref")).unwrap();
+    let (f, r) = (faulty.get("trial_00000").unwrap(), reference.get("trial_00000").unwrap());
+    assert_eq!((f.failures, f.restarts, r.failures), (1, 1, 0));
+    let iters: Vec<u64> = f.history.iter().map(|x| x.training_iteration).collect();
+    assert_eq!(iters, (1..=6).collect::<Vec<_>>());
+    // Deterministic training restored from the checkpoint: the same numbers, to the bit.
+    for key in ["val_loss", "train_loss"] {
+        let (a, b) = (f.metrics.as_ref().unwrap()[key], r.metrics.as_ref().unwrap()[key]);
+        assert_eq!(a, b, "{key}: restarted {a} vs uninterrupted {b}");
+    }
+    let (sums_f, _) = rank_log(&exp, "trial_00000", 1);
+    let (sums_r, _) = rank_log(&dir.path().join("ddp-ref"), "trial_00000", 1);
+    assert_eq!(sums_f.get(&6), sums_r.get(&6), "rank 1's parameters after epoch 6");
+    assert!(processes_mentioning(&storage).is_empty(), "a worker survived");
+}

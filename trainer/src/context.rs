@@ -120,6 +120,7 @@ pub struct Context {
     config: Value,
     trial_dir: PathBuf,
     checkpoint: Option<PathBuf>,
+    start_iteration: u64,
     rank: u32,
     local_rank: u32,
     world_size: u32,
@@ -140,6 +141,7 @@ impl Context {
             config: spec.config.clone(),
             trial_dir: spec.trial_dir.clone(),
             checkpoint: spec.checkpoint.as_ref().map(|c| crate::checkpoint::shard_for(c, rank)),
+            start_iteration: spec.start_iteration,
             rank,
             local_rank: rank,
             world_size: spec.world_size(),
@@ -167,6 +169,10 @@ impl Context {
                 Err(_) => Ok(default),
             }
         };
+        let start_iteration: u64 = match std::env::var("NESTOR_START_ITERATION") {
+            Ok(v) => v.parse().map_err(|_| ReportError::Environment(format!("NESTOR_START_ITERATION={v:?} is not a number")))?,
+            Err(_) => 0,
+        };
         let rank = num("RANK", 0)?;
         let local_rank = num("LOCAL_RANK", rank)?;
         let world_size = num("WORLD_SIZE", 1)?;
@@ -183,6 +189,7 @@ impl Context {
             config,
             trial_dir,
             checkpoint,
+            start_iteration,
             rank,
             local_rank,
             world_size,
@@ -262,6 +269,12 @@ impl Context {
             self.trial_dir_ready.set(true);
         }
         &self.trial_dir
+    }
+
+    /// Iterations already done when this run started (those of the
+    /// checkpoint it resumed from); its first report is `start_iteration + 1`.
+    pub fn start_iteration(&self) -> u64 {
+        self.start_iteration
     }
 
     /// The checkpoint to resume from (this rank's shard), when the trial is
