@@ -157,6 +157,10 @@ fn bad_reports_from_python_are_refused_clearly_and_store_nothing() {
     assert_eq!((rows[1]["loss"].as_f64(), rows[1]["extra"].as_f64()), (Some(1.0), Some(2.0)));
 }
 
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
 /// The pid of the worker process of `rank` whose environment names `trial_dir`.
 fn rank_pid(trial_dir: &Path, rank: u32) -> Option<u32> {
     let needle = format!("NESTOR_TRIAL_DIR={}\0", trial_dir.display());
@@ -191,7 +195,6 @@ fn a_ddp_rank_killed_mid_epoch_is_restarted_and_the_trial_ends_as_an_uninterrupt
         ]
     };
     let (faulty, reference) = (args("ddp-kill"), args("ddp-ref"));
-    let strs = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>();
     let child = nestor_in_venv(&strs(&faulty)).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let exp = dir.path().join("ddp-kill");
     let trial_dir = exp.join("trials/trial_00000");
