@@ -146,3 +146,29 @@ fn a_driver_killed_while_a_checkpoint_is_persisted_resumes_from_a_whole_one() {
     assert_eq!(t.metrics.as_ref().unwrap()["acc"], expected(3).1);
     assert!(!trial.join("checkpoint_000002/.rank-0.tmp").exists(), "the half copy was replaced");
 }
+
+#[test]
+fn a_checkpoint_of_two_ranks_is_not_restored_on_one() {
+    let dir = tempfile::tempdir().unwrap();
+    // Both ranks save a shard.
+    write(dir.path(), &sweep("shrink", "", "x = 0.5\nsteps = 50\nsleep_ms = 100\ncheckpoint = true", "num_workers = 2"));
+    let run = spawn_run(dir.path());
+    let exp = dir.path().join("runs/shrink");
+    wait_for("checkpoint 2 committed", 30.0, || exp.join("trials/trial_00000/checkpoint_000002/.committed").exists());
+    signal(run.id(), libc::SIGKILL);
+    let _ = run.wait_with_output();
+    wait_for("the workers to follow the driver", 10.0, || processes_mentioning(&dir.path().display().to_string()).is_empty());
+
+    let one_worker = tuner::Trainable::process(trainer::ProcessConfig::new(vec![worker().to_string()])).scaling(tuner::ScalingConfig::workers(1));
+    let grid = tuner::Tuner::restore(&exp, Some(one_worker)).unwrap().progress(tuner::ProgressMode::Quiet).fit().unwrap();
+    let t = grid.get("trial_00000").unwrap();
+    assert_eq!(t.status, TrialStatus::Error);
+    let error = t.error.as_deref().unwrap();
+    assert!(error.starts_with(&format!("checkpoint {}", exp.join("trials/trial_00000/checkpoint_0000").display())), "{error}");
+    assert!(
+        error.ends_with("holds the shards of 2 ranks (rank-0, rank-1), but the trial now runs 1 worker(s); restore it with trainer.num_workers = 2"),
+        "{error}"
+    );
+    // Nothing ran: no third checkpoint, and the committed ones are intact.
+    assert!(t.checkpoints.iter().all(|c| c.iteration <= 3 && c.ranks == vec![0, 1]));
+}

@@ -130,3 +130,21 @@ fn a_worker_program_that_does_not_exist_is_refused_before_any_trial() {
     );
     check_refused(&GOOD.replace("command = [\"true\"]", "command = []"), &[], "trainer.command: must name a program");
 }
+
+#[test]
+fn invalid_checkpoint_and_failure_sections_are_named() {
+    let with = |section: &str| format!("{GOOD}\n{section}\n");
+    check_refused(&with("[checkpoint]\nnum_to_keep = 0"), &[], "sweep.toml: checkpoint.num_to_keep: must be at least 1");
+    check_refused(&with("[checkpoint]\nnum_to_keep = -1"), &[], "invalid value: integer `-1`, expected usize");
+    check_refused(&with("[checkpoint]\nscore_order = \"up\""), &[], "unknown variant `up`, expected `min` or `max`");
+    check_refused(&with("[checkpoint]\nkeep = 2"), &[], "unknown field `keep`");
+    check_refused(&with("[checkpoint]\nscore_attribute = \"\""), &[], "checkpoint.score_attribute: must name a metric");
+    check_refused(
+        &with("[checkpoint]\nallowed_dirs = [\"/no/such/dir\"]"),
+        &[],
+        "checkpoint.allowed_dirs[0]: /no/such/dir is not a directory",
+    );
+    check_refused(&with("[failure]\nmax_failures = -2"), &[], "failure.max_failures: must be -1 (no limit) or more, got -2");
+    check_refused(&with("[failure]\nhang_timeout_s = 0"), &[], "failure.hang_timeout_s: must be a positive number of seconds, got 0");
+    check_refused(GOOD, &["failure.retries=3"], "unknown field `retries`");
+}
