@@ -119,7 +119,7 @@ fn a_trial_without_the_metric_is_an_error_naming_it() {
     ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]));
     let grid = tuner::ResultGrid::load(&dir.path().join("runs/nometric")).unwrap();
     let e = grid.errors()[0].error.clone().unwrap();
-    assert_eq!(e, "trial reported no `loss` (the experiment's metric); it reported: other, step, time_this_iter_s, time_total_s, timestamp, training_iteration");
+    assert_eq!(e, "trial reported no `loss` (the experiment's metric); it reported: acc, other, step, time_this_iter_s, time_total_s, timestamp, training_iteration");
 }
 
 #[test]
