@@ -277,7 +277,8 @@ impl Storage {
 
     /// Makes the checkpoint `uri` available on local disk and returns its
     /// local directory (holding `rank-<r>/` shards): the directory itself for
-    /// local storage, a fresh download below `scratch` for an object store.
+    /// local storage, a fresh download below `scratch` for an object store
+    /// (`scratch` is emptied first: it holds one restored copy at a time).
     pub async fn fetch_checkpoint(&self, uri: &str, scratch: &Path) -> Result<PathBuf, CheckpointError> {
         match &*self.kind {
             Kind::Local(_) => Ok(PathBuf::from(uri)),
@@ -289,8 +290,9 @@ impl Storage {
                     let path = path.to_path_buf();
                     move |source| CheckpointError::Io { path, source }
                 };
-                if dest.exists() {
-                    tokio::fs::remove_dir_all(&dest).await.map_err(io(&dest))?;
+                // `scratch` holds only earlier restores: one copy at a time.
+                if scratch.exists() {
+                    tokio::fs::remove_dir_all(scratch).await.map_err(io(scratch))?;
                 }
                 let prefix = self.object_path(&rel);
                 let listed: Vec<object_store::ObjectMeta> = store
