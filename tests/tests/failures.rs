@@ -159,14 +159,17 @@ fn a_checkpoint_of_two_ranks_is_not_restored_on_one() {
     let _ = run.wait_with_output();
     wait_for("the workers to follow the driver", 10.0, || processes_mentioning(&dir.path().display().to_string()).is_empty());
 
-    let one_worker = tuner::Trainable::process(trainer::ProcessConfig::new(vec![worker().to_string()])).scaling(tuner::ScalingConfig::workers(1));
+    let one_worker =
+        tuner::Trainable::process(trainer::ProcessConfig::new(vec![worker().to_string()])).scaling(tuner::ScalingConfig::workers(1));
     let grid = tuner::Tuner::restore(&exp, Some(one_worker)).unwrap().progress(tuner::ProgressMode::Quiet).fit().unwrap();
     let t = grid.get("trial_00000").unwrap();
     assert_eq!(t.status, TrialStatus::Error);
     let error = t.error.as_deref().unwrap();
     assert!(error.starts_with(&format!("checkpoint {}", exp.join("trials/trial_00000/checkpoint_0000").display())), "{error}");
     assert!(
-        error.ends_with("holds the shards of 2 ranks (rank-0, rank-1), but the trial now runs 1 worker(s); restore it with trainer.num_workers = 2"),
+        error.ends_with(
+            "holds the shards of 2 ranks (rank-0, rank-1), but the trial now runs 1 worker(s); restore it with trainer.num_workers = 2"
+        ),
         "{error}"
     );
     // Nothing ran: no third checkpoint, and the committed ones are intact.

@@ -37,7 +37,7 @@ pub use context::{Context, ReportError};
 pub use function::{FunctionBackend, TrainFn, TrainResult};
 pub use process::{log_tail, ProcessBackend, ProcessConfig};
 pub use resources::{Allocation, Gpu, NodeResources, Request, ResourceError, ResourcePool, Source, WorkerBundle};
-pub use scaling::{DistBackend, PlacementStrategy, Resources, ScalingConfig, ScalingError, TorchConfig};
+pub use scaling::{DistBackend, FailureConfig, PlacementStrategy, Resources, ScalingConfig, ScalingError, TorchConfig};
 pub use service::ReportServer;
 pub use storage::{Storage, StorageError, COMMITTED_MARKER};
 pub use trainer::{driver_runtime, Step, TrainError, TrainLoop, TrainOutput, Trainer};

@@ -201,3 +201,30 @@ mod tests {
         assert_eq!(TorchConfig::default().backend_for(false), DistBackend::Gloo);
     }
 }
+
+/// What happens when a run's workers fail: Ray's `FailureConfig` (TOML
+/// `[failure]`; `Trainer::failure` for a run on its own).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailureConfig {
+    /// Restarts of a failed trial from its latest committed checkpoint
+    /// before it is ERROR (`-1`: no limit; default 0).
+    #[serde(default)]
+    pub max_failures: i64,
+    /// A trial some rank of which has not reported for this long is hung:
+    /// its group is killed and counts as failed (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hang_timeout_s: Option<f64>,
+}
+
+impl FailureConfig {
+    /// Whether every field has its default (nothing to write to a file).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether a trial that has failed `failures` times may restart.
+    pub fn may_restart(&self, failures: u32) -> bool {
+        self.max_failures < 0 || i64::from(failures) < self.max_failures
+    }
+}

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -14,7 +15,7 @@ use crate::context::Context;
 use crate::function::{FunctionBackend, TrainResult};
 use crate::process::{ProcessBackend, ProcessConfig};
 use crate::resources::{NodeResources, Request, ResourceError, ResourcePool};
-use crate::scaling::{ScalingConfig, ScalingError};
+use crate::scaling::{FailureConfig, ScalingConfig, ScalingError};
 
 /// What each worker of a run executes.
 #[derive(Debug, Clone)]
@@ -53,6 +54,7 @@ pub struct Trainer {
     name: Option<String>,
     resources: Option<NodeResources>,
     resume_from: Option<PathBuf>,
+    failure: FailureConfig,
 }
 
 /// One step of a finished run.
@@ -77,6 +79,9 @@ pub struct TrainOutput {
     pub checkpoint: Option<PathBuf>,
     /// The run's directory: logs, `result.jsonl`, checkpoints.
     pub path: PathBuf,
+    /// How many times the workers failed and were restarted from the
+    /// latest checkpoint.
+    pub failures: u32,
 }
 
 /// Why a run did not complete.
@@ -144,7 +149,15 @@ impl Trainer {
             name: None,
             resources: None,
             resume_from: None,
+            failure: FailureConfig::default(),
         }
+    }
+
+    /// Restarts after failures (from the latest checkpoint) and hang
+    /// detection, as in a sweep's `[failure]`.
+    pub fn failure(mut self, failure: FailureConfig) -> Self {
+        self.failure = failure;
+        self
     }
 
     /// Sets the workers and what each needs.
@@ -215,17 +228,6 @@ impl Trainer {
             return Err(TrainError::Exists(dir));
         }
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let start_iteration = self.resume_from.as_deref().and_then(checkpoint_iteration).unwrap_or(0);
-        let spec = LaunchSpec {
-            trial_id: name,
-            config: self.config.clone(),
-            trial_dir: dir.clone(),
-            checkpoint: self.resume_from.clone(),
-            start_iteration,
-            workers: allocation.workers.clone(),
-            storage: crate::Storage::local(&dir),
-            checkpoint_roots: Vec::new(),
-        };
         let backend: Arc<dyn Backend> = match self.train_loop {
             TrainLoop::Function(f) => Arc::new(f),
             TrainLoop::Process(mut c) => {
@@ -233,49 +235,91 @@ impl Trainer {
                 Arc::new(ProcessBackend::start(c).await.map_err(io(Path::new("<report server>")))?)
             }
         };
-        let (tx, mut events) = mpsc::unbounded_channel();
-        let handle = backend.launch(spec, tx)?;
         let results_path = dir.join("result.jsonl");
         let mut results = std::fs::File::create(&results_path).map_err(io(&results_path))?;
-        let mut out = TrainOutput { metrics: None, history: Vec::new(), checkpoint: self.resume_from.clone(), path: dir };
+        let mut out =
+            TrainOutput { metrics: None, history: Vec::new(), checkpoint: self.resume_from.clone(), path: dir.clone(), failures: 0 };
         let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(io(Path::new("<signal>")))?;
         let mut interrupted = false;
+        let hang_limit = self.failure.hang_timeout_s.map(Duration::from_secs_f64);
         let outcome = loop {
-            tokio::select! {
-                _ = sigint.recv() => {
-                    if interrupted {
-                        // Again: kill every worker process (their groups are signalled
-                        // before this returns) and give up on threads that do not report.
-                        handle.stop(StopLevel::Kill);
-                        break ExitOutcome::Stopped;
-                    }
-                    handle.stop(StopLevel::Graceful);
-                    interrupted = true;
-                }
-                ev = events.recv() => match ev.map(|e| e.kind) {
-                    Some(EventKind::Report { report, reply }) => {
-                        // Local storage: the checkpoint's URI is its directory.
-                        let checkpoint = report.checkpoint.map(|c| PathBuf::from(c.uri));
-                        let mut metrics = report.metrics;
-                        metrics.insert("training_iteration".into(), report.training_iteration as f64);
-                        let line = serde_json::json!({
-                            "training_iteration": report.training_iteration,
-                            "metrics": metrics.iter().map(|(k, v)| (k.clone(), if v.is_finite() { serde_json::json!(v) } else { serde_json::json!(v.to_string()) })).collect::<serde_json::Map<_, _>>(),
-                            "checkpoint": checkpoint,
-                        });
-                        // Durable before the workers go on.
-                        writeln!(results, "{line}").and_then(|()| results.sync_data()).map_err(io(&results_path))?;
-                        if checkpoint.is_some() {
-                            out.checkpoint.clone_from(&checkpoint);
+            // One run of the workers; after a failure, the next starts from the latest checkpoint.
+            let start_iteration = out.checkpoint.as_deref().and_then(checkpoint_iteration).unwrap_or(0);
+            let spec = LaunchSpec {
+                trial_id: name.clone(),
+                config: self.config.clone(),
+                trial_dir: dir.clone(),
+                checkpoint: out.checkpoint.clone(),
+                start_iteration,
+                workers: allocation.workers.clone(),
+                storage: crate::Storage::local(&dir),
+                checkpoint_roots: Vec::new(),
+            };
+            let (tx, mut events) = mpsc::unbounded_channel();
+            let handle = backend.launch(spec, tx)?;
+            let mut last_step = tokio::time::Instant::now();
+            let mut hung: Option<String> = None;
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let outcome = loop {
+                tokio::select! {
+                    _ = sigint.recv() => {
+                        if interrupted {
+                            // Again: kill every worker process (their groups are signalled
+                            // before this returns) and give up on threads that do not report.
+                            handle.stop(StopLevel::Kill);
+                            break ExitOutcome::Stopped;
                         }
-                        out.metrics = Some(metrics.clone());
-                        out.history.push(Step { training_iteration: report.training_iteration, metrics, checkpoint });
-                        reply.send(if interrupted { Directive::Stop } else { Directive::Continue });
+                        handle.stop(StopLevel::Graceful);
+                        interrupted = true;
                     }
-                    Some(EventKind::Exited(outcome)) => break outcome,
-                    None => break ExitOutcome::Failed("the workers' channel closed".into()),
+                    _ = tick.tick(), if hang_limit.is_some() && hung.is_none() => {
+                        if hang_limit.is_some_and(|limit| last_step.elapsed() >= limit) {
+                            let ranks: Vec<String> = handle.lagging_ranks().iter().map(u32::to_string).collect();
+                            let waiting = if ranks.is_empty() { String::new() } else { format!("; waiting on rank {}", ranks.join(", ")) };
+                            hung = Some(format!("hung: no report for {} s (failure.hang_timeout_s){waiting}", self.failure.hang_timeout_s.unwrap_or(0.0)));
+                            handle.stop(StopLevel::Kill);
+                        }
+                    }
+                    ev = events.recv() => match ev.map(|e| e.kind) {
+                        Some(EventKind::Report { report, reply }) => {
+                            last_step = tokio::time::Instant::now();
+                            // Local storage: the checkpoint's URI is its directory.
+                            let checkpoint = report.checkpoint.map(|c| PathBuf::from(c.uri));
+                            let mut metrics = report.metrics;
+                            metrics.insert("training_iteration".into(), report.training_iteration as f64);
+                            let line = serde_json::json!({
+                                "training_iteration": report.training_iteration,
+                                "metrics": metrics.iter().map(|(k, v)| (k.clone(), if v.is_finite() { serde_json::json!(v) } else { serde_json::json!(v.to_string()) })).collect::<serde_json::Map<_, _>>(),
+                                "checkpoint": checkpoint,
+                            });
+                            // Durable before the workers go on.
+                            writeln!(results, "{line}").and_then(|()| results.sync_data()).map_err(io(&results_path))?;
+                            if checkpoint.is_some() {
+                                out.checkpoint.clone_from(&checkpoint);
+                            }
+                            out.metrics = Some(metrics.clone());
+                            out.history.push(Step { training_iteration: report.training_iteration, metrics, checkpoint });
+                            reply.send(if interrupted { Directive::Stop } else { Directive::Continue });
+                        }
+                        Some(EventKind::Exited(outcome)) => break outcome,
+                        None => break ExitOutcome::Failed("the workers' channel closed".into()),
+                    }
                 }
+            };
+            let failure = match (hung, outcome) {
+                (Some(msg), _) | (None, ExitOutcome::Failed(msg)) => msg,
+                (None, other) => break other,
+            };
+            if interrupted || !self.failure.may_restart(out.failures) {
+                break ExitOutcome::Failed(failure);
             }
+            out.failures += 1;
+            // Steps after the checkpoint are done again: the history keeps each iteration once.
+            let resumed = out.checkpoint.as_deref().and_then(checkpoint_iteration).unwrap_or(0);
+            out.history.retain(|s| s.training_iteration <= resumed);
+            out.metrics = out.history.last().map(|s| s.metrics.clone());
+            let from = out.checkpoint.as_ref().map_or_else(|| "the start".to_string(), |c| c.display().to_string());
+            tracing::warn!(failure = %failure.lines().next().unwrap_or_default(), "workers failed; restarting from {from}");
         };
         pool.release(&allocation);
         match outcome {
@@ -367,5 +411,63 @@ mod tests {
         let err =
             Trainer::function(|_| Ok(())).scaling(ScalingConfig::gpu_workers(1)).resources(NodeResources::declared(2.0)).fit().unwrap_err();
         assert!(matches!(err, TrainError::Resources(ResourceError::NeverFits { .. })), "{err}");
+    }
+
+    #[test]
+    fn a_failed_run_restarts_from_its_latest_checkpoint() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let storage = tempfile::tempdir().unwrap();
+        let failed_once = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&failed_once);
+        let out = Trainer::function(move |ctx| {
+            // State carried by the checkpoint: the sum of the steps so far.
+            let (mut step, mut acc) = (0u64, 0u64);
+            if let Some(dir) = ctx.checkpoint() {
+                let text = std::fs::read_to_string(dir.join("state"))?;
+                let (s, a) = text.split_once(' ').ok_or("bad state")?;
+                (step, acc) = (s.parse()?, a.parse()?);
+            }
+            assert_eq!(step, ctx.start_iteration(), "the run starts where its checkpoint ends");
+            let scratch = ctx.trial_dir().join(format!("scratch-{}", ctx.world_rank()));
+            std::fs::create_dir_all(&scratch)?;
+            while step < 5 {
+                step += 1;
+                if step == 4 && ctx.world_rank() == 1 && !flag.swap(true, Ordering::SeqCst) {
+                    return Err("rank 1 lost its GPU".into());
+                }
+                acc += step;
+                std::fs::write(scratch.join("state"), format!("{step} {acc}"))?;
+                ctx.report([("acc", acc as f64)], Some(&scratch))?;
+            }
+            Ok(())
+        })
+        .scaling(ScalingConfig::workers(2))
+        .resources(NodeResources::declared(2.0))
+        .failure(FailureConfig { max_failures: 1, hang_timeout_s: None })
+        .storage(storage.path())
+        .name("flaky")
+        .fit()
+        .unwrap();
+        assert!(failed_once.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(out.failures, 1);
+        let iters: Vec<u64> = out.history.iter().map(|s| s.training_iteration).collect();
+        assert_eq!(iters, vec![1, 2, 3, 4, 5], "each iteration once");
+        assert_eq!(out.metrics.unwrap()["acc"], 15.0, "1 + 2 + 3 + 4 + 5, as without the failure");
+
+        // With no restarts left the same failure ends the run.
+        let flag = Arc::new(AtomicBool::new(false));
+        let err = Trainer::function(move |ctx| {
+            if ctx.world_rank() == 0 && !flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err("boom".into());
+            }
+            ctx.report([("x", 1.0)], None)?;
+            Ok(())
+        })
+        .resources(NodeResources::declared(1.0))
+        .storage(storage.path())
+        .name("fatal")
+        .fit()
+        .unwrap_err();
+        assert!(matches!(&err, TrainError::Failed { message, .. } if message.contains("boom")), "{err}");
     }
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use schedulers::Stopper;
 use search::{Config, Mode};
 use serde::{Deserialize, Serialize};
+pub use trainer::FailureConfig;
 use trainer::{Context, FunctionBackend, ProcessConfig, ScalingConfig, TrainLoop, TrainResult, Trainer};
 
 pub use crate::experiment::{Algorithm, SchedulerKind};
@@ -138,32 +139,6 @@ impl Default for CheckpointConfig {
 impl CheckpointConfig {
     pub(crate) fn is_default(&self) -> bool {
         *self == Self::default()
-    }
-}
-
-/// What happens when a trial's workers fail: Ray's `FailureConfig` (TOML
-/// `[failure]`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FailureConfig {
-    /// Restarts of a failed trial from its latest committed checkpoint
-    /// before it is ERROR (`-1`: no limit; default 0).
-    #[serde(default)]
-    pub max_failures: i64,
-    /// A trial some rank of which has not reported for this long is hung:
-    /// its group is killed and counts as failed (default: no limit).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hang_timeout_s: Option<f64>,
-}
-
-impl FailureConfig {
-    pub(crate) fn is_default(&self) -> bool {
-        *self == Self::default()
-    }
-
-    /// Whether a trial that has failed `failures` times may restart.
-    pub fn may_restart(&self, failures: u32) -> bool {
-        self.max_failures < 0 || i64::from(failures) < self.max_failures
     }
 }
 
