@@ -154,6 +154,10 @@ pub(crate) struct Runner {
     pub failure: FailureConfig,
     /// Commit markers and deletions under way; the sweep ends after them.
     pub background: tokio::task::JoinSet<()>,
+    /// Set once no new trial may start (Ctrl-C, time budget, fail_fast).
+    pub stopping: bool,
+    /// The first trial error, for fail_fast's message.
+    pub first_error: Option<String>,
 }
 
 /// How the loop ended.
@@ -171,7 +175,6 @@ impl Runner {
         let flusher = Flusher::spawn(self.store.clone());
         let mut running: HashMap<String, Running> = HashMap::new();
         let mut searcher_done = false;
-        let mut stopping = false;
         let mut interrupts = 0u32;
         // Timers live across turns of the loop: re-creating them every turn
         // would re-register them with the timer driver each time.
@@ -187,7 +190,6 @@ impl Runner {
         let mut last_snapshot = String::new();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut first_error: Option<String> = None;
         let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
             .map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source })?;
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -198,7 +200,7 @@ impl Runner {
 
         loop {
             // Admit trials while there are free slots and resources for all of a trial's bundles.
-            while !stopping && running.len() + restoring < self.max_concurrent {
+            while !self.stopping && running.len() + restoring < self.max_concurrent {
                 let Some(allocation) = self.pool.try_allocate(&self.request) else { break };
                 let record = if let Some(r) = self.pending.pop_front() {
                     r
@@ -234,7 +236,7 @@ impl Runner {
                 match self.checkpoint_to_fetch(&record) {
                     Err(msg) => {
                         self.pool.release(&allocation);
-                        self.give_up(record, msg, &mut commits.ended, &mut stopping, &mut first_error, &mut running)?;
+                        self.give_up(record, msg, &mut commits.ended, &mut running)?;
                     }
                     Ok(Some(uri)) => {
                         // From an object store: fetched off the loop, launched when it is here.
@@ -267,7 +269,7 @@ impl Runner {
                 ended_deadline = Some(at);
                 ended_timer.as_mut().reset(at);
             }
-            if running.is_empty() && restoring == 0 && (stopping || (searcher_done && self.pending.is_empty())) {
+            if running.is_empty() && restoring == 0 && (self.stopping || (searcher_done && self.pending.is_empty())) {
                 break;
             }
             if running.is_empty() && restoring == 0 {
@@ -282,7 +284,7 @@ impl Runner {
                     interrupts += 1;
                     if interrupts == 1 {
                         self.progress.note("Interrupted: stopping running trials (Ctrl-C again to kill them)");
-                        stopping = true;
+                        self.stopping = true;
                         for r in running.values_mut() {
                             r.ending = Some(Ending::Interrupted);
                             r.handle.stop(StopLevel::Graceful);
@@ -303,9 +305,9 @@ impl Runner {
                         return Ok(Finish::Interrupted);
                     }
                 }
-                _ = &mut budget, if !stopping && self.time_budget.is_some() => {
+                _ = &mut budget, if !self.stopping && self.time_budget.is_some() => {
                     self.progress.note("Time budget reached: stopping running trials");
-                    stopping = true;
+                    self.stopping = true;
                     for r in running.values_mut() {
                         r.ending.get_or_insert(Ending::Stopped);
                         r.handle.stop(StopLevel::Graceful);
@@ -314,7 +316,7 @@ impl Runner {
                 Some(Restored { record, allocation, fetched }) = restored_rx.recv() => {
                     restoring -= 1;
                     match fetched {
-                        _ if stopping => {
+                        _ if self.stopping => {
                             // Never started: it stays as stored, resumed later.
                             self.pool.release(&allocation);
                         }
@@ -326,7 +328,7 @@ impl Runner {
                             self.pool.release(&allocation);
                             let id = record.id.clone();
                             let msg = format!("could not fetch checkpoint: {msg}");
-                            self.failed_run(record, msg, &mut commits.ended, &mut stopping, &mut first_error, &mut running)?;
+                            self.failed_run(record, msg, &mut commits.ended, &mut running)?;
                             tracing::debug!(trial = %id, "checkpoint fetch failed");
                         }
                     }
@@ -360,7 +362,7 @@ impl Runner {
                                 if commits.holds(&ev.trial_id) {
                                     self.commit_now(&flusher, &mut running, &mut commits).await?;
                                 }
-                                self.on_exit(&ev.trial_id, outcome, &mut running, &mut commits.ended, &mut stopping, &mut first_error)?;
+                                self.on_exit(&ev.trial_id, outcome, &mut running, &mut commits.ended)?;
                             }
                         }
                         next = events.try_recv().ok();
@@ -387,7 +389,7 @@ impl Runner {
         if interrupts > 0 {
             return Ok(Finish::Interrupted);
         }
-        if let (true, Some(e)) = (self.fail_fast, first_error) {
+        if let (true, Some(e)) = (self.fail_fast, self.first_error.take()) {
             return Err(TuneError::FailFast(e));
         }
         Ok(Finish::Done)
@@ -579,8 +581,6 @@ impl Runner {
         outcome: ExitOutcome,
         running: &mut HashMap<String, Running>,
         ended: &mut Vec<TrialRecord>,
-        stopping: &mut bool,
-        first_error: &mut Option<String>,
     ) -> Result<(), TuneError> {
         let Some(mut r) = running.remove(trial_id) else { return Ok(()) };
         // The backend reports an exit only once every process is gone.
@@ -594,10 +594,10 @@ impl Runner {
                 ended.push(rec);
             }
             (Some(Ending::Failed(msg)), _) | (Some(Ending::Stopped), ExitOutcome::Failed(msg)) => {
-                self.give_up(rec, msg, ended, stopping, first_error, running)?;
+                self.give_up(rec, msg, ended, running)?;
             }
             (Some(Ending::Hung(msg)), _) | (None, ExitOutcome::Failed(msg)) => {
-                self.failed_run(rec, msg, ended, stopping, first_error, running)?;
+                self.failed_run(rec, msg, ended, running)?;
             }
             (_, ExitOutcome::Completed | ExitOutcome::Stopped) => {
                 rec.status = TrialStatus::Terminated;
@@ -620,24 +620,19 @@ impl Runner {
         mut rec: TrialRecord,
         msg: String,
         ended: &mut Vec<TrialRecord>,
-        stopping: &mut bool,
-        first_error: &mut Option<String>,
         running: &mut HashMap<String, Running>,
     ) -> Result<(), TuneError> {
-        let restartable = !*stopping && self.failure.may_restart(rec.failures);
+        let restartable = !self.stopping && self.failure.may_restart(rec.failures);
         rec.failures += 1;
         if !restartable {
-            return self.give_up(rec, msg, ended, stopping, first_error, running);
+            return self.give_up(rec, msg, ended, running);
         }
         rec.status = TrialStatus::Pending;
         let first_line = msg.lines().next().unwrap_or_default();
         let first_line = first_line.split("; last log lines").next().unwrap_or_default().to_string();
         rec.last_failure = Some(msg);
         self.store.put_trial(&rec)?;
-        let from = rec
-            .latest_checkpoint
-            .as_ref()
-            .map_or_else(|| "the start".to_string(), |c| c.uri.rsplit('/').next().unwrap_or(&c.uri).to_string());
+        let from = rec.latest_checkpoint.as_ref().map_or_else(|| "the start".to_string(), |c| checkpoint_name(&c.uri).to_string());
         let count = if self.failure.max_failures < 0 {
             format!("failure {}", rec.failures)
         } else {
@@ -655,8 +650,6 @@ impl Runner {
         mut rec: TrialRecord,
         msg: String,
         ended: &mut Vec<TrialRecord>,
-        stopping: &mut bool,
-        first_error: &mut Option<String>,
         running: &mut HashMap<String, Running>,
     ) -> Result<(), TuneError> {
         rec.status = TrialStatus::Error;
@@ -665,11 +658,11 @@ impl Runner {
         self.store.put_trial(&rec)?;
         self.scheduler.on_trial_error(&view(&rec));
         self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
-        if first_error.is_none() {
-            *first_error = Some(format!("{}: {msg}", rec.id));
+        if self.first_error.is_none() {
+            self.first_error = Some(format!("{}: {msg}", rec.id));
         }
-        if self.fail_fast && !*stopping {
-            *stopping = true;
+        if self.fail_fast && !self.stopping {
+            self.stopping = true;
             self.progress.note("fail_fast: a trial failed; stopping the sweep");
             for other in running.values_mut() {
                 other.ending.get_or_insert(Ending::Stopped);

@@ -342,6 +342,8 @@ impl Tuner {
             checkpoint: file.checkpoint.clone(),
             failure: file.failure.clone(),
             background: tokio::task::JoinSet::new(),
+            stopping: false,
+            first_error: None,
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
