@@ -40,6 +40,7 @@ fn a_killed_rank_restarts_the_group_from_the_last_checkpoint_within_two_seconds(
     let restarted = |r| rank_json(&trial, r).and_then(|j| j["started_at"].as_f64()).filter(|t| *t > killed_at);
     wait_for("both ranks running again", 10.0, || restarted(0).is_some() && restarted(1).is_some());
     let back = restarted(0).unwrap().max(restarted(1).unwrap()) - killed_at;
+    eprintln!("failover: the group was back {:.0} ms after the kill", back * 1e3);
     assert!(back < 2.0, "the group took {back:.3} s to come back");
     for r in 0..2 {
         let from = rank_json(&trial, r).unwrap()["NESTOR_CHECKPOINT"].as_str().unwrap().to_string();

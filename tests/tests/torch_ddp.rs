@@ -208,6 +208,7 @@ fn a_ddp_rank_killed_mid_epoch_is_restarted_and_the_trial_ends_as_an_uninterrupt
         r1.is_some_and(|p| p != victim) && r0.is_some()
     });
     let back = killed_at.elapsed().as_secs_f64();
+    eprintln!("failover: the group was back {:.0} ms after the kill", back * 1e3);
     assert!(back < 2.0, "the DDP group took {back:.2} s to come back");
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -189,6 +189,7 @@ impl Runner {
         let mut ended_deadline: Option<tokio::time::Instant> = None;
         let mut last_snapshot = String::new();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut last_hang_check = Instant::now();
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
             .map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source })?;
@@ -367,8 +368,14 @@ impl Runner {
                         }
                         next = events.try_recv().ok();
                     }
+                    // Under a steady stream of events the tick below may not get a turn.
+                    if last_hang_check.elapsed() >= Duration::from_millis(500) {
+                        last_hang_check = Instant::now();
+                        self.detect_hangs(&mut running);
+                    }
                 }
                 _ = tick.tick() => {
+                    last_hang_check = Instant::now();
                     self.detect_hangs(&mut running);
                     self.progress.refresh(running.values().map(|r| &r.record));
                     let snapshot = self.snapshot(&running);
