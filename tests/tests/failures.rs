@@ -113,6 +113,7 @@ fn after_max_failures_the_trial_is_error_and_the_sweep_goes_on() {
     assert_eq!(iterations(&grid, &failing.trial_id), vec![1]);
     assert_eq!((fine.status, fine.failures), (TrialStatus::Terminated, 0));
     assert_eq!(iterations(&grid, &fine.trial_id), vec![1, 2, 3, 4]);
+    assert!(processes_mentioning(&dir.path().display().to_string()).is_empty(), "a worker survived");
     let status = ok(nestor(dir.path(), &["status", "runs/flaky"]));
     assert!(
         status.lines().any(|l| l.starts_with(&failing.trial_id) && l.contains("ERROR") && l.split_whitespace().nth(4) == Some("3")),

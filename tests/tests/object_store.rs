@@ -68,6 +68,7 @@ fn checkpoints_upload_commit_keep_n_and_restore_after_a_driver_kill() {
     let best: serde_json::Value = serde_json::from_str(&ok(nestor(dir.path(), &["best", "local/s3run", "--json"]))).unwrap();
     assert_eq!(best["checkpoint"], uri(6));
     assert_eq!(best["checkpoints"].as_array().unwrap().len(), 2);
+    assert!(processes_mentioning(&dir.path().display().to_string()).is_empty(), "a worker survived");
 }
 
 #[test]
@@ -90,6 +91,7 @@ fn a_server_killed_mid_upload_fails_the_commit_and_the_previous_checkpoint_stays
     assert!(error.contains("checkpoint transfer s3://bucket/runs/cut/trials/trial_00000/checkpoint_000002/rank-0/"), "{error}");
     assert_eq!(t.history.len(), 1, "step 2 was never a result");
     assert_eq!(t.checkpoints.iter().map(|c| c.iteration).collect::<Vec<_>>(), vec![1], "checkpoint 1 is still the latest");
+    assert!(processes_mentioning(&dir.path().display().to_string()).is_empty(), "a worker survived");
 }
 
 #[test]
