@@ -356,20 +356,27 @@ impl Tuner {
 /// committed. Checkpoints are matched by name within their trial, so an
 /// experiment directory that moved keeps its checkpoints.
 async fn collect_garbage(store: &Store, storage: &Storage) -> Result<(), TuneError> {
+    use futures_util::{StreamExt, TryStreamExt};
     let committed = store.all_checkpoints()?;
-    for t in store.trials()? {
+    let trials = store.trials()?;
+    // Trials one listing each, several at once: an object store answers each in milliseconds.
+    let sweeps = trials.iter().map(|t| {
         let trial = storage.join(&format!("trials/{}", t.id));
         let keep: std::collections::HashSet<String> =
             committed.get(&t.id).into_iter().flatten().map(|c| crate::runner::checkpoint_name(&c.uri).to_string()).collect();
-        for uri in trial.list_checkpoints().await.map_err(TuneError::Storage)? {
-            if !keep.contains(crate::runner::checkpoint_name(&uri)) {
-                tracing::info!(checkpoint = %uri, "deleting an uncommitted checkpoint");
-                if let Err(e) = trial.delete_checkpoint(&uri).await {
-                    tracing::warn!(checkpoint = %uri, error = %e, "could not delete an uncommitted checkpoint");
+        async move {
+            for uri in trial.list_checkpoints().await.map_err(TuneError::Storage)? {
+                if !keep.contains(crate::runner::checkpoint_name(&uri)) {
+                    tracing::info!(checkpoint = %uri, "deleting an uncommitted checkpoint");
+                    if let Err(e) = trial.delete_checkpoint(&uri).await {
+                        tracing::warn!(checkpoint = %uri, error = %e, "could not delete an uncommitted checkpoint");
+                    }
                 }
             }
+            Ok::<(), TuneError>(())
         }
-    }
+    });
+    futures_util::stream::iter(sweeps).buffer_unordered(16).try_collect::<Vec<()>>().await?;
     Ok(())
 }
 
