@@ -97,7 +97,8 @@ fn a_hung_rank_is_killed_after_the_timeout_and_the_trial_restarts() {
 fn after_max_failures_the_trial_is_error_and_the_sweep_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let space = "x = 0.5\nsteps = 4\ncheckpoint = true\nfail_at = { grid = [2, 100] }";
-    write(dir.path(), &sweep("flaky", "max_concurrent_trials = 1", space, "\n[failure]\nmax_failures = 2"));
+    // Two ranks: rank 1 saves its shard of step 2 before rank 0 fails there.
+    write(dir.path(), &sweep("flaky", "max_concurrent_trials = 1", space, "num_workers = 2\n\n[failure]\nmax_failures = 2"));
     let out = nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(stdout.contains("(failure 2 of 2)"), "{stdout}");
@@ -114,6 +115,14 @@ fn after_max_failures_the_trial_is_error_and_the_sweep_goes_on() {
     assert_eq!((fine.status, fine.failures), (TrialStatus::Terminated, 0));
     assert_eq!(iterations(&grid, &fine.trial_id), vec![1, 2, 3, 4]);
     assert!(processes_mentioning(&dir.path().display().to_string()).is_empty(), "a worker survived");
+    // What the failed runs left half written is gone; the committed checkpoint stays.
+    let left: Vec<String> = std::fs::read_dir(dir.path().join("runs/flaky/trials").join(&failing.trial_id))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint_"))
+        .collect();
+    assert_eq!(left, vec!["checkpoint_000001"]);
     let status = ok(nestor(dir.path(), &["status", "runs/flaky"]));
     assert!(
         status.lines().any(|l| l.starts_with(&failing.trial_id) && l.contains("ERROR") && l.split_whitespace().nth(4) == Some("3")),

@@ -3,7 +3,7 @@
 //! before the scheduler sees it, and answers workers once their result is
 //! durable.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,12 +112,28 @@ enum Ending {
     Hung(String),
 }
 
-/// A trial whose checkpoint is being fetched from an object store before it
-/// (re)starts, and how the fetch went (the checkpoint's local directory).
+/// A trial prepared off the loop before it (re)starts: its uncommitted
+/// checkpoints removed (after a failed run), its checkpoint fetched from an
+/// object store; and how that went (the fetched copy's local directory).
 struct Restored {
     record: TrialRecord,
     allocation: Allocation,
-    fetched: Result<PathBuf, String>,
+    fetched: Result<Option<PathBuf>, String>,
+}
+
+/// Deletes the checkpoints below `trial` (a trial's storage) whose names are
+/// not in `keep` (the committed ones): what a failed run or a crash left
+/// half written. Called only while no run of the trial is writing there.
+pub(crate) async fn remove_uncommitted(trial: &Storage, keep: &HashSet<String>) -> Result<(), trainer::StorageError> {
+    for uri in trial.list_checkpoints().await? {
+        if !keep.contains(checkpoint_name(&uri)) {
+            tracing::info!(checkpoint = %uri, "deleting an uncommitted checkpoint");
+            if let Err(e) = trial.delete_checkpoint(&uri).await {
+                tracing::warn!(checkpoint = %uri, error = %e, "could not delete an uncommitted checkpoint");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Everything the loop needs, built by the Tuner.
@@ -158,6 +174,9 @@ pub(crate) struct Runner {
     pub stopping: bool,
     /// The first trial error, for fail_fast's message.
     pub first_error: Option<String>,
+    /// Trials whose last run failed: their storage may hold a checkpoint
+    /// half written, removed before they run again.
+    pub dirty: HashSet<String>,
 }
 
 /// How the loop ended.
@@ -239,20 +258,29 @@ impl Runner {
                         self.pool.release(&allocation);
                         self.give_up(record, msg, &mut commits.ended, &mut running)?;
                     }
-                    Ok(Some(uri)) => {
-                        // From an object store: fetched off the loop, launched when it is here.
+                    Ok(fetch) if fetch.is_some() || self.dirty.contains(&record.id) => {
+                        // Prepared off the loop, launched when ready: the failed run's
+                        // leftovers removed, the checkpoint fetched from an object store.
                         restoring += 1;
-                        let (storage, tx) = (self.storage.clone(), restored_tx.clone());
-                        let scratch = self.trial_dir(&record.id).join("restore");
+                        let tx = restored_tx.clone();
+                        let cleanup = self.dirty.remove(&record.id).then(|| self.cleanup(&record.id)).transpose()?;
+                        let (storage, scratch) = (self.storage.clone(), self.trial_dir(&record.id).join("restore"));
                         tokio::spawn(async move {
-                            let fetched = storage.fetch_checkpoint(&uri, &scratch).await.map_err(|e| e.to_string());
+                            let fetched = async {
+                                if let Some((trial, keep)) = cleanup {
+                                    remove_uncommitted(&trial, &keep).await.map_err(|e| e.to_string())?;
+                                }
+                                match fetch {
+                                    Some(uri) => storage.fetch_checkpoint(&uri, &scratch).await.map(Some).map_err(|e| e.to_string()),
+                                    None => Ok(None),
+                                }
+                            }
+                            .await;
                             let _ = tx.send(Restored { record, allocation, fetched });
                         });
                     }
-                    Ok(None) => {
-                        // Local storage: found by name in the trial's directory, wherever the experiment now is.
-                        let trial_dir = self.trial_dir(&record.id);
-                        let local = record.latest_checkpoint.as_ref().map(|c| trial_dir.join(checkpoint_name(&c.uri)));
+                    Ok(_) => {
+                        let local = self.local_checkpoint(&record);
                         self.launch(record, allocation, local, &events_tx, &mut running, &mut commits.ended, ends_pending)?;
                     }
                 }
@@ -321,16 +349,15 @@ impl Runner {
                             // Never started: it stays as stored, resumed later.
                             self.pool.release(&allocation);
                         }
-                        Ok(local) => {
+                        Ok(fetched) => {
                             let ends_pending = !commits.ended.is_empty() || commits.inflight.as_ref().is_some_and(|b| !b.ended.is_empty());
-                            self.launch(record, allocation, Some(local), &events_tx, &mut running, &mut commits.ended, ends_pending)?;
+                            let local = fetched.or_else(|| self.local_checkpoint(&record));
+                            self.launch(record, allocation, local, &events_tx, &mut running, &mut commits.ended, ends_pending)?;
                         }
                         Err(msg) => {
                             self.pool.release(&allocation);
-                            let id = record.id.clone();
-                            let msg = format!("could not fetch checkpoint: {msg}");
+                            let msg = format!("could not prepare its restart: {msg}");
                             self.failed_run(record, msg, &mut commits.ended, &mut running)?;
-                            tracing::debug!(trial = %id, "checkpoint fetch failed");
                         }
                     }
                 }
@@ -467,6 +494,20 @@ impl Runner {
     }
 
     #[allow(clippy::too_many_arguments)]
+    /// A local checkpoint's directory, found by name in the trial's
+    /// directory (wherever the experiment now is).
+    fn local_checkpoint(&self, record: &TrialRecord) -> Option<PathBuf> {
+        let trial_dir = self.trial_dir(&record.id);
+        record.latest_checkpoint.as_ref().map(|c| trial_dir.join(checkpoint_name(&c.uri)))
+    }
+
+    /// What `remove_uncommitted` needs for `trial_id`: its storage and the
+    /// names of its committed checkpoints.
+    fn cleanup(&self, trial_id: &str) -> Result<(Storage, HashSet<String>), TuneError> {
+        let keep = self.store.checkpoints(trial_id)?.iter().map(|c| checkpoint_name(&c.uri).to_string()).collect();
+        Ok((self.storage.join(&format!("trials/{trial_id}")), keep))
+    }
+
     fn launch(
         &mut self,
         mut record: TrialRecord,
@@ -631,6 +672,8 @@ impl Runner {
     ) -> Result<(), TuneError> {
         let restartable = !self.stopping && self.failure.may_restart(rec.failures);
         rec.failures += 1;
+        // The failed run may have left a checkpoint half written.
+        self.dirty.insert(rec.id.clone());
         if !restartable {
             return self.give_up(rec, msg, ended, running);
         }
@@ -663,6 +706,15 @@ impl Runner {
         rec.error = Some(msg.clone());
         rec.ended_at = Some(now_unix());
         self.store.put_trial(&rec)?;
+        if self.dirty.remove(&rec.id) {
+            // Nothing runs it again: what its last run left half written goes now.
+            let (trial, keep) = self.cleanup(&rec.id)?;
+            self.background.spawn(async move {
+                if let Err(e) = remove_uncommitted(&trial, &keep).await {
+                    tracing::warn!(error = %e, "could not remove uncommitted checkpoints");
+                }
+            });
+        }
         self.scheduler.on_trial_error(&view(&rec));
         self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
         if self.first_error.is_none() {

@@ -344,6 +344,7 @@ impl Tuner {
             background: tokio::task::JoinSet::new(),
             stopping: false,
             first_error: None,
+            dirty: Default::default(),
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
@@ -359,22 +360,12 @@ async fn collect_garbage(store: &Store, storage: &Storage) -> Result<(), TuneErr
     use futures_util::{StreamExt, TryStreamExt};
     let committed = store.all_checkpoints()?;
     let trials = store.trials()?;
-    // Trials one listing each, several at once: an object store answers each in milliseconds.
+    // One listing per trial, several at once: an object store answers each in milliseconds.
     let sweeps = trials.iter().map(|t| {
         let trial = storage.join(&format!("trials/{}", t.id));
         let keep: std::collections::HashSet<String> =
             committed.get(&t.id).into_iter().flatten().map(|c| crate::runner::checkpoint_name(&c.uri).to_string()).collect();
-        async move {
-            for uri in trial.list_checkpoints().await.map_err(TuneError::Storage)? {
-                if !keep.contains(crate::runner::checkpoint_name(&uri)) {
-                    tracing::info!(checkpoint = %uri, "deleting an uncommitted checkpoint");
-                    if let Err(e) = trial.delete_checkpoint(&uri).await {
-                        tracing::warn!(checkpoint = %uri, error = %e, "could not delete an uncommitted checkpoint");
-                    }
-                }
-            }
-            Ok::<(), TuneError>(())
-        }
+        async move { crate::runner::remove_uncommitted(&trial, &keep).await.map_err(TuneError::Storage) }
     });
     futures_util::stream::iter(sweeps).buffer_unordered(16).try_collect::<Vec<()>>().await?;
     Ok(())
