@@ -493,7 +493,6 @@ impl Runner {
         Ok(if self.storage.is_local() { None } else { Some(c.uri.clone()) })
     }
 
-    #[allow(clippy::too_many_arguments)]
     /// A local checkpoint's directory, found by name in the trial's
     /// directory (wherever the experiment now is).
     fn local_checkpoint(&self, record: &TrialRecord) -> Option<PathBuf> {
@@ -508,6 +507,7 @@ impl Runner {
         Ok((self.storage.join(&format!("trials/{trial_id}")), keep))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
         mut record: TrialRecord,
