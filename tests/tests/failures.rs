@@ -50,7 +50,8 @@ fn a_killed_rank_restarts_the_group_from_the_last_checkpoint_within_two_seconds(
     let out = run.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(stdout.contains("trial_00000: rank 1 was killed by signal 9; restarting from checkpoint_0000"), "{stdout}");
+    assert!(stdout.contains("trial_00000: rank 1 was killed by signal 9; log: "), "{stdout}");
+    assert!(stdout.contains("rank-1.log; restarting from checkpoint_0000"), "{stdout}");
     assert!(stdout.contains("(failure 1 of 2)"), "{stdout}");
 
     let grid = ResultGrid::load(&dir.path().join("runs/kill")).unwrap();

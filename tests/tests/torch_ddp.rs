@@ -213,7 +213,8 @@ fn a_ddp_rank_killed_mid_epoch_is_restarted_and_the_trial_ends_as_an_uninterrupt
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(text.contains("trial_00000: rank 1 was killed by signal 9; restarting from checkpoint_00000"), "{text}");
+    assert!(text.contains("trial_00000: rank 1 was killed by signal 9; log: "), "{text}");
+    assert!(text.contains("rank-1.log; restarting from checkpoint_00000"), "{text}");
 
     ok(nestor_in_venv(&strs(&reference)).output().unwrap());
     let faulty = tuner::ResultGrid::load(&exp).unwrap();

@@ -15,6 +15,7 @@ use search::{BasicVariantGenerator, Metrics, Mode, Searcher, Suggestion};
 
 use crate::experiment::ExperimentFile;
 use crate::files::csv_field;
+use crate::progress::headline;
 use crate::progress::{config_summary, fmt_num};
 use crate::result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
 use crate::{ProgressMode, TuneError, Tuner};
@@ -247,7 +248,7 @@ fn print_summary(grid: &ResultGrid, dir: &Path) -> Result<(), Failure> {
         }
     }
     for t in grid.errors() {
-        writeln!(out, "  {} ERROR: {}", t.trial_id, t.error.as_deref().unwrap_or("").lines().next().unwrap_or("")).map_err(out_err)?;
+        writeln!(out, "  {} ERROR: {}", t.trial_id, headline(t.error.as_deref().unwrap_or(""))).map_err(out_err)?;
     }
     Ok(())
 }
@@ -296,9 +297,9 @@ fn status(dir: &Path) -> Result<(), Failure> {
         )
         .map_err(out_err)?;
         if let Some(e) = &t.error {
-            writeln!(out, "    error: {}", e.lines().next().unwrap_or("")).map_err(out_err)?;
+            writeln!(out, "    error: {}", headline(e)).map_err(out_err)?;
         } else if let Some(f) = &t.last_failure {
-            writeln!(out, "    last failure: {}", f.lines().next().unwrap_or("")).map_err(out_err)?;
+            writeln!(out, "    last failure: {}", headline(f)).map_err(out_err)?;
         }
     }
     Ok(())

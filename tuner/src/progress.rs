@@ -96,7 +96,7 @@ impl Progress {
         }
         let mut line = self.line(r);
         if let Some(e) = &r.error {
-            line.push_str(&format!("\n    error: {}", e.lines().next().unwrap_or_default()));
+            line.push_str(&format!("\n    error: {}", headline(e)));
         }
         match self.style {
             Style::Plain => eprintln!("{line}"),
@@ -166,9 +166,27 @@ impl Progress {
     }
 }
 
+/// A trial's error or failure in one line: its first line, with a log tail's
+/// header shortened to where the log is (`...; log: .../rank-0.log`).
+pub(crate) fn headline(message: &str) -> String {
+    let first = message.lines().next().unwrap_or_default();
+    match first.split_once("; last log lines (") {
+        Some((what, rest)) => format!("{what}; log: {}", rest.trim_end_matches(':').trim_end_matches(')')),
+        None => first.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_headline_is_one_line_with_the_log_named() {
+        let msg = "rank 1 exited with code 3; last log lines (/x/logs/rank-1.log):\nTraceback\nValueError: boom";
+        assert_eq!(headline(msg), "rank 1 exited with code 3; log: /x/logs/rank-1.log");
+        assert_eq!(headline("trial reported no `loss`"), "trial reported no `loss`");
+        assert_eq!(headline(""), "");
+    }
 
     #[test]
     fn numbers_and_configs_are_compact() {

@@ -678,8 +678,7 @@ impl Runner {
             return self.give_up(rec, msg, ended, running);
         }
         rec.status = TrialStatus::Pending;
-        let first_line = msg.lines().next().unwrap_or_default();
-        let first_line = first_line.split("; last log lines").next().unwrap_or_default().to_string();
+        let first_line = crate::progress::headline(&msg);
         rec.last_failure = Some(msg);
         self.store.put_trial(&rec)?;
         let from = rec.latest_checkpoint.as_ref().map_or_else(|| "the start".to_string(), |c| checkpoint_name(&c.uri).to_string());
