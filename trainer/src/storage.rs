@@ -158,14 +158,6 @@ impl Storage {
         matches!(&*self.kind, Kind::Local(_))
     }
 
-    /// The local directory, if this is one.
-    pub fn local_dir(&self) -> Option<&Path> {
-        match &*self.kind {
-            Kind::Local(d) => Some(d),
-            Kind::Object { .. } => None,
-        }
-    }
-
     fn object_path(&self, rel: &str) -> ObjPath {
         let Kind::Object { prefix, .. } = &*self.kind else { return ObjPath::from(rel) };
         let mut p = prefix.clone();
