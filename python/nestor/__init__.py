@@ -39,6 +39,13 @@ class TrainContext:
     #: checkpoint it resumed from); its first report is iteration
     #: ``start_iteration + 1``.
     start_iteration: int = 0
+    #: How often, in iterations, to save a checkpoint (``[checkpoint]
+    #: frequency``); 0 leaves it to the training code.
+    checkpoint_frequency: int = 0
+
+    def should_checkpoint(self, iteration: int) -> bool:
+        """Whether ``iteration`` should carry a checkpoint under ``checkpoint_frequency``."""
+        return self.checkpoint_frequency > 0 and iteration % self.checkpoint_frequency == 0
 
     def get_world_rank(self) -> int:
         return self.world_rank
@@ -91,6 +98,7 @@ def get_context() -> TrainContext:
             trial_dir=os.environ.get("NESTOR_TRIAL_DIR", os.getcwd()),
             config=_load_config(),
             start_iteration=_int_env("NESTOR_START_ITERATION", 0),
+            checkpoint_frequency=_int_env("NESTOR_CHECKPOINT_FREQUENCY", 0),
         )
     return _context
 

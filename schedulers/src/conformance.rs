@@ -14,7 +14,8 @@ use crate::scheduler::{Decision, Scheduler, TrialStatus, TrialView};
 /// 2. the same results in the same order give the same decisions (invariant 7);
 /// 3. the saved state carries a `version` and restores into a fresh scheduler,
 ///    after which both decide the rest of the script alike;
-/// 4. `choose_trial_to_run` picks a candidate or none, never out of range.
+/// 4. `choose_trial_to_run` picks a candidate or none, never out of range;
+/// 5. `take_stopped` names only trials of the sweep.
 pub fn check_scheduler<S: Scheduler>(make: impl Fn() -> S, metric: &str, trials: usize, iterations: u64) {
     let config = serde_json::json!({});
     let script: Vec<(usize, TrialResult)> = (1..=iterations)
@@ -49,6 +50,9 @@ pub fn check_scheduler<S: Scheduler>(make: impl Fn() -> S, metric: &str, trials:
                 stopped[*t] = true;
             }
             out.push(d);
+            for id in s.take_stopped() {
+                assert!(ids.contains(&id), "rule 5: take_stopped named {id:?}, not a trial of this sweep");
+            }
         }
         out
     };
@@ -86,20 +90,39 @@ pub fn check_scheduler<S: Scheduler>(make: impl Fn() -> S, metric: &str, trials:
 
     let candidates: Vec<TrialView<'_>> =
         ids.iter().map(|id| TrialView { id, config: &config, status: TrialStatus::Pending, num_results: 0 }).collect();
-    if let Some(i) = a.choose_trial_to_run(&candidates) {
-        assert!(i < candidates.len(), "rule 4: choose_trial_to_run returned {i} of {} candidates", candidates.len());
+    for can_add in [true, false] {
+        if let Some(i) = a.choose_trial_to_run(&candidates, can_add) {
+            assert!(i < candidates.len(), "rule 4: choose_trial_to_run returned {i} of {} candidates", candidates.len());
+        }
+        assert_eq!(a.choose_trial_to_run(&[], can_add), None, "rule 4: nothing to choose from, nothing chosen");
     }
-    assert_eq!(a.choose_trial_to_run(&[]), None, "rule 4: nothing to choose from, nothing chosen");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Fifo;
+    use crate::{AshaConfig, AshaType, Fifo, HyperBandConfig, MedianStoppingConfig, SchedulerConfig};
+    use search::Mode;
 
     #[test]
     fn fifo_conforms() {
         check_scheduler(|| Fifo, "loss", 6, 9);
+    }
+
+    #[test]
+    fn every_configured_scheduler_conforms() {
+        let configs = [
+            SchedulerConfig::Asha(AshaConfig { max_t: 9.0, reduction_factor: 2.0, brackets: 2, ..Default::default() }),
+            SchedulerConfig::Asha(AshaConfig { asha_type: AshaType::Promotion, max_t: 9.0, reduction_factor: 2.0, ..Default::default() }),
+            SchedulerConfig::Hyperband(HyperBandConfig { max_t: 9.0, ..Default::default() }),
+            SchedulerConfig::MedianStopping(MedianStoppingConfig::default()),
+            SchedulerConfig::MedianStopping(MedianStoppingConfig { hard_stop: false, min_samples_required: 1, ..Default::default() }),
+        ];
+        for c in configs {
+            for mode in [Mode::Min, Mode::Max] {
+                check_scheduler(|| c.build(Some("loss"), Some(mode)).unwrap(), "loss", 9, 12);
+            }
+        }
     }
 
     #[test]

@@ -26,7 +26,9 @@ mod tests {
         let v = |id| TrialView { id, config: &c, status: TrialStatus::Pending, num_results: 0 };
         let r = TrialResult { trial_id: "a".into(), seq: 0, training_iteration: 1, metrics: Default::default(), checkpoint: None };
         assert_eq!(Fifo.on_trial_result(&v("a"), &r), Decision::Continue);
-        assert_eq!(Fifo.choose_trial_to_run(&[v("a"), v("b")]), Some(0));
-        assert_eq!(Fifo.choose_trial_to_run(&[]), None);
+        // New trials first; then the paused ones, oldest first.
+        assert_eq!(Fifo.choose_trial_to_run(&[v("a"), v("b")], true), None);
+        assert_eq!(Fifo.choose_trial_to_run(&[v("a"), v("b")], false), Some(0));
+        assert_eq!(Fifo.choose_trial_to_run(&[], false), None);
     }
 }

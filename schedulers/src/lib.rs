@@ -1,15 +1,25 @@
 //! Trial schedulers and stoppers: pure decision logic over results.
 //!
 //! No I/O and no clock of their own: time reaches a scheduler only through
-//! the results it is shown, which is what lets a scheduler be tested exactly
-//! and replayed.
+//! the results it is shown (its `time_attr`), which is what lets a scheduler
+//! be tested exactly and replayed.
 #![warn(missing_docs)]
 
+mod asha;
+mod config;
 pub mod conformance;
 mod fifo;
+mod hyperband;
+mod median;
+mod objective;
 mod scheduler;
 mod stopper;
 
+pub use asha::{Asha, AshaType};
+pub use config::{AshaConfig, ConfigError, HyperBandConfig, MedianStoppingConfig, SchedulerConfig};
 pub use fifo::Fifo;
+pub use hyperband::HyperBand;
+pub use median::MedianStopping;
+pub use objective::{Objective, Score};
 pub use scheduler::{Decision, Scheduler, SchedulerError, TrialStatus, TrialView};
 pub use stopper::{CombinedStopper, FnStopper, MetricThresholds, Stopper};

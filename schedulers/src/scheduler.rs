@@ -96,15 +96,44 @@ pub trait Scheduler: Send {
     /// Called once when a trial ends ERROR.
     fn on_trial_error(&mut self, _trial: &TrialView<'_>) {}
 
-    /// Picks which of the startable trials (PENDING or PAUSED) gets the next
-    /// free slot; returns its index in `candidates`, or `None` to start none.
-    /// By default the first (oldest) one.
-    fn choose_trial_to_run(&mut self, candidates: &[TrialView<'_>]) -> Option<usize> {
-        if candidates.is_empty() {
+    /// Picks which PAUSED trial gets a free slot; returns its index in
+    /// `paused`, or `None` to resume none now. Called whenever a slot is free
+    /// and some trial is paused: first with `can_add` true when the searcher
+    /// may still create a new trial (`None` then lets it), and again with
+    /// `can_add` false once it cannot. Trials restarting after a failure or a
+    /// resume start before any of these. By default: new trials first, then
+    /// the paused ones, oldest first.
+    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
+        if can_add || paused.is_empty() {
             None
         } else {
             Some(0)
         }
+    }
+
+    /// Called once the searcher will create no more trials (it is finished,
+    /// or it waits while nothing runs): a scheduler waiting for more trials
+    /// (a HyperBand bracket still filling) must decide with what it has.
+    fn on_no_more_trials(&mut self) {}
+
+    /// PAUSED trials this scheduler has given up on; the Tuner ends them
+    /// TERMINATED. Polled after every hook.
+    fn take_stopped(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Metrics every result must carry for this scheduler, with the setting
+    /// that names each (`("scheduler.time_attr", "epoch")`). A result
+    /// without one is an error on its trial, raised by the Tuner before the
+    /// scheduler sees the result.
+    fn required_metrics(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    /// Whether this scheduler pauses trials (and so needs them to resume
+    /// from checkpoints).
+    fn pauses_trials(&self) -> bool {
+        false
     }
 
     /// State to persist for resume; must carry a `version` field.
@@ -115,5 +144,41 @@ pub trait Scheduler: Send {
     /// Restores state written by [`Scheduler::save`].
     fn restore(&mut self, _state: &Value) -> Result<(), SchedulerError> {
         Ok(())
+    }
+}
+
+impl<S: Scheduler + ?Sized> Scheduler for Box<S> {
+    fn on_trial_result(&mut self, trial: &TrialView<'_>, result: &TrialResult) -> Decision {
+        (**self).on_trial_result(trial, result)
+    }
+    fn on_trial_add(&mut self, trial: &TrialView<'_>) {
+        (**self).on_trial_add(trial)
+    }
+    fn on_trial_complete(&mut self, trial: &TrialView<'_>, result: Option<&TrialResult>) {
+        (**self).on_trial_complete(trial, result)
+    }
+    fn on_trial_error(&mut self, trial: &TrialView<'_>) {
+        (**self).on_trial_error(trial)
+    }
+    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
+        (**self).choose_trial_to_run(paused, can_add)
+    }
+    fn on_no_more_trials(&mut self) {
+        (**self).on_no_more_trials()
+    }
+    fn take_stopped(&mut self) -> Vec<String> {
+        (**self).take_stopped()
+    }
+    fn required_metrics(&self) -> Vec<(String, String)> {
+        (**self).required_metrics()
+    }
+    fn pauses_trials(&self) -> bool {
+        (**self).pauses_trials()
+    }
+    fn save(&self) -> Value {
+        (**self).save()
+    }
+    fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {
+        (**self).restore(state)
     }
 }

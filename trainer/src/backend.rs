@@ -35,6 +35,9 @@ pub struct LaunchSpec {
     /// Iterations already done (the resumed checkpoint's iteration); the first
     /// report of this run is iteration `start_iteration + 1`.
     pub start_iteration: u64,
+    /// How often, in iterations, the trainable should save a checkpoint
+    /// (`[checkpoint] frequency`; 0: it decides itself).
+    pub checkpoint_frequency: u64,
     /// One bundle per worker, in rank order: the run's world size is its
     /// length (at least one worker runs).
     pub workers: Vec<WorkerBundle>,
@@ -56,6 +59,7 @@ impl LaunchSpec {
             trial_dir,
             checkpoint: None,
             start_iteration: 0,
+            checkpoint_frequency: 0,
             workers: vec![WorkerBundle::cpus(1.0)],
             checkpoint_roots: Vec::new(),
         }
@@ -191,6 +195,12 @@ pub struct TrialHandle {
 }
 
 impl TrialHandle {
+    /// A handle with no processes behind it, for a backend of another kind
+    /// (a simulation): it watches the level `stop` asks for.
+    pub fn detached() -> (Self, watch::Receiver<StopLevel>) {
+        Self::new(Vec::new(), None)
+    }
+
     pub(crate) fn new(groups: Vec<i32>, steps: Option<Arc<Aggregator>>) -> (Self, watch::Receiver<StopLevel>) {
         let (tx, rx) = watch::channel(StopLevel::Run);
         (Self { stop: tx, groups, steps }, rx)
@@ -247,6 +257,9 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
+    /// The backend refused the trial (a simulation without its curve).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Starts trials. Implementations: [`crate::FunctionBackend`] (a Rust closure on
@@ -254,4 +267,15 @@ pub enum LaunchError {
 pub trait Backend: Send + Sync {
     /// Starts one run of a trial. Its reports and its exit arrive on `events`.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError>;
+
+    /// Called by the Tuner when it has acted on every event so far and is
+    /// about to wait for the next. A simulation advances its virtual clock
+    /// to its next event here; real backends do nothing.
+    fn idle(&self) {}
+
+    /// The backend's clock in seconds when it keeps a virtual one (a
+    /// simulation); `None` for the wall clock.
+    fn virtual_now(&self) -> Option<f64> {
+        None
+    }
 }

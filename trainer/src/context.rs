@@ -121,6 +121,7 @@ pub struct Context {
     trial_dir: PathBuf,
     checkpoint: Option<PathBuf>,
     start_iteration: u64,
+    checkpoint_frequency: u64,
     rank: u32,
     local_rank: u32,
     world_size: u32,
@@ -142,6 +143,7 @@ impl Context {
             trial_dir: spec.trial_dir.clone(),
             checkpoint: spec.checkpoint.as_ref().map(|c| crate::checkpoint::shard_for(c, rank)),
             start_iteration: spec.start_iteration,
+            checkpoint_frequency: spec.checkpoint_frequency,
             rank,
             local_rank: rank,
             world_size: spec.world_size(),
@@ -173,6 +175,10 @@ impl Context {
             Ok(v) => v.parse().map_err(|_| ReportError::Environment(format!("NESTOR_START_ITERATION={v:?} is not a number")))?,
             Err(_) => 0,
         };
+        let checkpoint_frequency: u64 = match std::env::var("NESTOR_CHECKPOINT_FREQUENCY") {
+            Ok(v) => v.parse().map_err(|_| ReportError::Environment(format!("NESTOR_CHECKPOINT_FREQUENCY={v:?} is not a number")))?,
+            Err(_) => 0,
+        };
         let rank = num("RANK", 0)?;
         let local_rank = num("LOCAL_RANK", rank)?;
         let world_size = num("WORLD_SIZE", 1)?;
@@ -190,6 +196,7 @@ impl Context {
             trial_dir,
             checkpoint,
             start_iteration,
+            checkpoint_frequency,
             rank,
             local_rank,
             world_size,
@@ -275,6 +282,19 @@ impl Context {
     /// checkpoint it resumed from); its first report is `start_iteration + 1`.
     pub fn start_iteration(&self) -> u64 {
         self.start_iteration
+    }
+
+    /// How often, in iterations, this trial should save a checkpoint
+    /// (`[checkpoint] frequency`, which schedulers that pause trials
+    /// require); 0 when the experiment leaves it to the trainable.
+    pub fn checkpoint_frequency(&self) -> u64 {
+        self.checkpoint_frequency
+    }
+
+    /// Whether iteration `iteration` should carry a checkpoint under
+    /// [`Context::checkpoint_frequency`] (never when it is 0).
+    pub fn should_checkpoint(&self, iteration: u64) -> bool {
+        self.checkpoint_frequency > 0 && iteration.is_multiple_of(self.checkpoint_frequency)
     }
 
     /// The checkpoint to resume from (this rank's shard), when the trial is

@@ -176,6 +176,7 @@ impl ProcessBackend {
             .env("NESTOR_TRIAL_DIR", &spec.trial_dir)
             .env("NESTOR_CONFIG", spec.config.to_string())
             .env("NESTOR_START_ITERATION", spec.start_iteration.to_string())
+            .env("NESTOR_CHECKPOINT_FREQUENCY", spec.checkpoint_frequency.to_string())
             .env("NESTOR_USE_GPU", if cfg.use_gpu { "1" } else { "0" })
             .env("NESTOR_TORCH_BACKEND", cfg.torch.backend_for(cfg.use_gpu).as_str())
             .env("NESTOR_COLLECTIVE_TIMEOUT_S", cfg.torch.timeout_s.to_string())

@@ -251,6 +251,7 @@ impl Trainer {
                 trial_dir: dir.clone(),
                 checkpoint: out.checkpoint.clone(),
                 start_iteration,
+                checkpoint_frequency: 0,
                 workers: allocation.workers.clone(),
                 storage: crate::Storage::local(&dir),
                 checkpoint_roots: Vec::new(),

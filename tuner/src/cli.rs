@@ -50,6 +50,28 @@ enum Command {
         #[arg(long)]
         plain: bool,
     },
+    /// Run an experiment file's sweep on recorded learning curves under a
+    /// virtual clock (its real scheduler and searcher, no training), leaving
+    /// a normal experiment directory behind.
+    Simulate {
+        /// The experiment file (its [trainer] is not used).
+        file: PathBuf,
+        /// JSON lines: {"config": {...}, "metrics": [...], "seconds_per_iteration": s}.
+        #[arg(long)]
+        curves: PathBuf,
+        /// Worker slots (default: experiment.max_concurrent_trials, else 4).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Override a key of the file.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Where experiments go (overrides experiment.storage).
+        #[arg(long)]
+        storage: Option<PathBuf>,
+        /// Print a line per trial start and end.
+        #[arg(long)]
+        plain: bool,
+    },
     /// Continue an interrupted or crashed experiment.
     Resume {
         /// The experiment directory (<storage>/<name>).
@@ -165,6 +187,35 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let dir = tuner.experiment_dir();
             let grid = tuner.fit()?;
             print_summary(&grid, &dir)
+        }
+        Command::Simulate { file, curves, workers, sets, storage, plain } => {
+            let mut sets = sets;
+            if let Some(s) = storage {
+                sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
+            }
+            if let Some(w) = workers {
+                sets.push(format!("experiment.max_concurrent_trials={w}"));
+            }
+            let resolved = ExperimentFile::load(&file, &sets).map_err(TuneError::from)?;
+            let Some(metric) = resolved.file.experiment.metric.clone() else {
+                return Err(Failure {
+                    code: 2,
+                    message: format!("{}: experiment.metric: required to simulate (the curves' values are that metric)", file.display()),
+                });
+            };
+            let curves = crate::simulate::Curves::from_jsonl(&curves, metric).map_err(|e| Failure { code: 2, message: e.to_string() })?;
+            let started = std::time::Instant::now();
+            let tuner = Tuner::from_file(resolved, Some(crate::Trainable::simulated(curves))).progress(if plain {
+                ProgressMode::Plain
+            } else {
+                ProgressMode::Quiet
+            });
+            let dir = tuner.experiment_dir();
+            let grid = tuner.fit()?;
+            print_summary(&grid, &dir)?;
+            let iterations: u64 = grid.iter().map(|t| t.history.len() as u64).sum();
+            println!("Simulated {} trials, {iterations} iterations, in {:.2} s", grid.len(), started.elapsed().as_secs_f64());
+            Ok(())
         }
         Command::Resume { dir, plain } => {
             let tuner = Tuner::restore(&dir, None)?.progress(progress(plain));

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 pub use trainer::FailureConfig;
 use trainer::{Context, FunctionBackend, ProcessConfig, ScalingConfig, TrainLoop, TrainResult, Trainer};
 
-pub use crate::experiment::{Algorithm, SchedulerKind};
+pub use crate::experiment::Algorithm;
+pub use schedulers::SchedulerConfig;
 
 /// What to tune and how: Ray Tune's `TuneConfig`.
 #[derive(Debug, Clone)]
@@ -34,7 +35,7 @@ pub struct TuneConfig {
     /// Cap on the searcher's live trials.
     pub max_concurrent_search: Option<usize>,
     /// The trial scheduler.
-    pub scheduler: SchedulerKind,
+    pub scheduler: SchedulerConfig,
 }
 
 impl Default for TuneConfig {
@@ -49,7 +50,7 @@ impl Default for TuneConfig {
             search: Algorithm::Random,
             points_to_evaluate: Vec::new(),
             max_concurrent_search: None,
-            scheduler: SchedulerKind::Fifo,
+            scheduler: SchedulerConfig::Fifo,
         }
     }
 }
@@ -120,6 +121,11 @@ pub struct CheckpointConfig {
     /// `max` (default) or `min`.
     #[serde(default = "max_mode")]
     pub score_order: Mode,
+    /// How often, in iterations, trials save a checkpoint (Ray's
+    /// `checkpoint_frequency`). Workers read it as `ctx.checkpoint_frequency()`
+    /// (`NESTOR_CHECKPOINT_FREQUENCY`); schedulers that pause trials need it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency: Option<u64>,
     /// Directories workers may checkpoint from, besides the trial directory,
     /// the temporary directory and the workers' working directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -132,7 +138,7 @@ fn max_mode() -> Mode {
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        Self { num_to_keep: None, score_attribute: None, score_order: Mode::Max, allowed_dirs: Vec::new() }
+        Self { num_to_keep: None, score_attribute: None, score_order: Mode::Max, frequency: None, allowed_dirs: Vec::new() }
     }
 }
 
@@ -185,15 +191,24 @@ impl Default for RunConfig {
 /// [`ScalingConfig`] (one single-CPU worker by default).
 #[derive(Clone, Debug)]
 pub struct Trainable {
-    pub(crate) kind: TrainLoop,
+    pub(crate) kind: Kind,
     pub(crate) scaling: ScalingConfig,
+}
+
+/// What a trainable runs.
+#[derive(Clone, Debug)]
+pub(crate) enum Kind {
+    /// Real workers: threads or processes.
+    Train(TrainLoop),
+    /// Learning curves replayed under a virtual clock.
+    Simulated(crate::simulate::Curves),
 }
 
 /// A [`Trainer`] in a sweep: its train loop and scaling, once per trial.
 impl From<Trainer> for Trainable {
     fn from(t: Trainer) -> Self {
         let (kind, scaling) = t.into_parts();
-        Self { kind, scaling }
+        Self { kind: Kind::Train(kind), scaling }
     }
 }
 
@@ -203,7 +218,7 @@ impl Trainable {
     where
         F: Fn(&mut Context) -> TrainResult + Send + Sync + 'static,
     {
-        Self { kind: TrainLoop::Function(FunctionBackend::new(f)), scaling: ScalingConfig::default() }
+        Self { kind: Kind::Train(TrainLoop::Function(FunctionBackend::new(f))), scaling: ScalingConfig::default() }
     }
 
     /// A worker command, e.g. `["python", "train.py"]`.
@@ -217,7 +232,14 @@ impl Trainable {
 
     /// A worker command with every process setting.
     pub fn process(config: ProcessConfig) -> Self {
-        Self { kind: TrainLoop::Process(config), scaling: ScalingConfig::default() }
+        Self { kind: Kind::Train(TrainLoop::Process(config)), scaling: ScalingConfig::default() }
+    }
+
+    /// A simulation: each trial replays its learning curve from `curves`
+    /// under a virtual clock (see [`crate::simulate`]). The sweep's
+    /// `max_concurrent_trials` (default 4) is the number of worker slots.
+    pub fn simulated(curves: crate::simulate::Curves) -> Self {
+        Self { kind: Kind::Simulated(curves), scaling: ScalingConfig::default() }
     }
 
     /// Sets the workers per trial and what each needs.

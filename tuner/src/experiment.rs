@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use schedulers::SchedulerConfig;
 use search::{Config, Mode, Space};
 
 use crate::config::{CheckpointConfig, FailureConfig};
@@ -64,9 +65,10 @@ pub struct ExperimentFile {
     /// `[search]`.
     #[serde(default)]
     pub search: SearchSection,
-    /// `[scheduler]`.
+    /// `[scheduler]`: `type = "fifo" | "asha" | "hyperband" | "median_stopping"`
+    /// and that scheduler's settings.
     #[serde(default)]
-    pub scheduler: SchedulerSection,
+    pub scheduler: SchedulerConfig,
     /// `[stop]`: Ray's dict form, metric -> threshold (stop when `>=`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stop: BTreeMap<String, f64>,
@@ -187,24 +189,6 @@ pub struct SearchSection {
     /// Cap on the searcher's live trials (a concurrency limiter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent: Option<usize>,
-}
-
-/// The scheduler type.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SchedulerKind {
-    /// First in, first out; never stops a trial early.
-    #[default]
-    Fifo,
-}
-
-/// `[scheduler]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SchedulerSection {
-    /// The scheduler.
-    #[serde(rename = "type", default)]
-    pub kind: SchedulerKind,
 }
 
 /// `[trainer]`: a worker command per trial.
@@ -383,6 +367,29 @@ impl ExperimentFile {
             if !(t > 0.0 && t.is_finite()) {
                 return Err(invalid("failure.hang_timeout_s", format!("must be a positive number of seconds, got {t}")));
             }
+        }
+        if c.frequency == Some(0) {
+            return Err(invalid("checkpoint.frequency", "must be at least 1 (leave it out when trials checkpoint as they choose)".into()));
+        }
+        // The scheduler is built (and so checked) here, to refuse it before anything is written.
+        self.scheduler.build(e.metric.as_deref(), e.mode).map_err(|err| invalid(&format!("scheduler.{}", err.key), err.message.clone()))?;
+        if self.scheduler.pauses_trials() && c.frequency.is_none() {
+            let what = match &self.scheduler {
+                SchedulerConfig::Asha(_) => "asha_type = \"promotion\" pauses trials",
+                SchedulerConfig::MedianStopping(_) => "median_stopping with hard_stop = false pauses trials",
+                _ => "hyperband pauses trials",
+            };
+            let key = match &self.scheduler {
+                SchedulerConfig::Asha(_) => "scheduler.asha_type",
+                SchedulerConfig::MedianStopping(_) => "scheduler.hard_stop",
+                _ => "scheduler.type",
+            };
+            return Err(invalid(
+                key,
+                format!(
+                    "{what} and resumes them from their checkpoints: set checkpoint.frequency (how often, in iterations, trials save one)"
+                ),
+            ));
         }
         if self.search.max_concurrent == Some(0) {
             return Err(invalid("search.max_concurrent", "must be at least 1".into()));

@@ -30,12 +30,14 @@ pub(crate) enum FileWrite {
 /// durable; the files under `trials/` are written by a background thread.
 pub(crate) struct Flusher {
     store: Store,
+    /// Whether `make_durable` syncs (false in a simulation).
+    durable: bool,
     file_tx: Option<std::sync::mpsc::Sender<Vec<FileWrite>>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Flusher {
-    pub(crate) fn spawn(store: Store) -> Self {
+    pub(crate) fn spawn(store: Store, durable: bool) -> Self {
         let (file_tx, file_rx) = std::sync::mpsc::channel::<Vec<FileWrite>>();
         let writer = std::thread::Builder::new()
             .name("nestor-files".into())
@@ -65,14 +67,18 @@ impl Flusher {
             })
             .map_err(|e| tracing::error!(error = %e, "cannot start the file writer"))
             .ok();
-        Self { store, file_tx: Some(file_tx), writer }
+        Self { store, durable, file_tx: Some(file_tx), writer }
     }
 
     /// Makes every write so far durable: one flush (fsync) for a whole burst
     /// of results. It blocks the loop for that long, while further events
     /// queue up and form the next burst.
     pub(crate) fn make_durable(&self) -> Result<(), crate::store::StoreError> {
-        self.store.flush()
+        if self.durable {
+            self.store.flush()
+        } else {
+            Ok(())
+        }
     }
 
     /// The same on a blocking thread; the outcome arrives on `done`, and the

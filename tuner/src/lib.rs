@@ -10,13 +10,14 @@ mod progress;
 mod result_grid;
 mod retention;
 mod runner;
+pub mod simulate;
 pub mod store;
 mod tuner;
 
 use std::path::PathBuf;
 
-pub use config::{Algorithm, CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerKind, Stop, Trainable, TuneConfig};
-pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, SchedulerSection, SearchSection, TrainerSection};
+pub use config::{Algorithm, CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig};
+pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, SearchSection, TrainerSection};
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
 pub use schedulers::TrialStatus;
 pub use tuner::Tuner;

@@ -93,8 +93,10 @@ struct Running {
     handle: TrialHandle,
     /// Held until every process of the trial is gone.
     allocation: Allocation,
-    started: Instant,
-    last_report: Instant,
+    /// When this run started, on the runner's clock (seconds).
+    started: f64,
+    /// When it last reported, on the runner's clock.
+    last_report: f64,
     /// Set when this run must end; the reason decides the final state.
     ending: Option<Ending>,
 }
@@ -105,6 +107,9 @@ enum Ending {
     Stopped,
     /// Ctrl-C: back to PENDING, resumed later.
     Interrupted,
+    /// The scheduler paused it: PAUSED, resumed from its checkpoint when
+    /// the scheduler picks it.
+    Paused,
     /// The trial broke a rule (e.g. no metric): ERROR with this message.
     Failed(String),
     /// No report within the hang timeout: killed, and a failure like a
@@ -177,6 +182,16 @@ pub(crate) struct Runner {
     /// Trials whose last run failed: their storage may hold a checkpoint
     /// half written, removed before they run again.
     pub dirty: HashSet<String>,
+    /// PAUSED trials, oldest first: the scheduler picks which resumes.
+    pub paused: Vec<TrialRecord>,
+    /// The scheduler was told no more trials will come.
+    pub told_no_more: bool,
+    /// The scheduler state last written to the store.
+    pub saved_scheduler: String,
+    /// The clock's origin (the backend's virtual clock replaces it).
+    pub origin: Instant,
+    /// Unix time at `origin`.
+    pub unix_origin: f64,
 }
 
 /// How the loop ended.
@@ -191,7 +206,8 @@ pub(crate) enum Finish {
 impl Runner {
     pub(crate) async fn run(mut self) -> Result<Finish, TuneError> {
         let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
-        let flusher = Flusher::spawn(self.store.clone());
+        // A simulation's results are recomputed, not irreplaceable: made durable at its end only.
+        let flusher = Flusher::spawn(self.store.clone(), !self.simulated());
         let mut running: HashMap<String, Running> = HashMap::new();
         let mut searcher_done = false;
         let mut interrupts = 0u32;
@@ -220,35 +236,42 @@ impl Runner {
 
         loop {
             // Admit trials while there are free slots and resources for all of a trial's bundles.
+            self.apply_stopped(&mut running, &mut commits.ended)?;
             while !self.stopping && running.len() + restoring < self.max_concurrent {
                 let Some(allocation) = self.pool.try_allocate(&self.request) else { break };
-                let record = if let Some(r) = self.pending.pop_front() {
-                    r
-                } else if !searcher_done && self.next_index < self.max_trials {
+                let can_add = !searcher_done && self.next_index < self.max_trials;
+                let mut next = self.pending.pop_front();
+                if next.is_none() {
+                    next = self.resume_paused(can_add);
+                }
+                if next.is_none() && can_add {
                     let id = trial_id(self.next_index);
                     match self.searcher.suggest(&id) {
                         Suggestion::Config(config) => {
-                            let record = TrialRecord::new(id, self.next_index, config, now_unix());
+                            let record = TrialRecord::new(id, self.next_index, config, self.unix_now());
                             self.next_index += 1;
                             self.store.create_trial(&record, &self.searcher.save())?;
                             let view = view(&record);
                             self.scheduler.on_trial_add(&view);
                             files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: record.config.clone() });
-                            record
+                            next = Some(record);
                         }
-                        Suggestion::Wait => {
-                            self.pool.release(&allocation);
-                            break;
-                        }
-                        Suggestion::Finished => {
-                            self.pool.release(&allocation);
-                            searcher_done = true;
-                            break;
-                        }
+                        Suggestion::Wait => {}
+                        Suggestion::Finished => searcher_done = true,
                     }
-                } else {
-                    self.pool.release(&allocation);
+                } else if next.is_none() {
                     searcher_done = true;
+                }
+                if next.is_none() && searcher_done && !self.told_no_more {
+                    self.told_no_more = true;
+                    self.scheduler.on_no_more_trials();
+                    self.apply_stopped(&mut running, &mut commits.ended)?;
+                }
+                if next.is_none() {
+                    next = self.resume_paused(false);
+                }
+                let Some(record) = next else {
+                    self.pool.release(&allocation);
                     break;
                 };
                 // A start is shown after the ends not yet shown (they wait to be durable).
@@ -298,6 +321,12 @@ impl Runner {
                 ended_deadline = Some(at);
                 ended_timer.as_mut().reset(at);
             }
+            if running.is_empty() && restoring == 0 && !self.stopping && !self.paused.is_empty() && !self.told_no_more {
+                // Nothing runs and nothing new starts: the scheduler decides with what it has.
+                self.told_no_more = true;
+                self.scheduler.on_no_more_trials();
+                continue;
+            }
             if running.is_empty() && restoring == 0 && (self.stopping || (searcher_done && self.pending.is_empty())) {
                 break;
             }
@@ -307,6 +336,10 @@ impl Runner {
                 break;
             }
 
+            if commits.inflight.is_none() && commits.reports.is_empty() && commits.ended.is_empty() && restoring == 0 {
+                // A simulation's clock moves only once every event so far is acted on.
+                self.backend.idle();
+            }
             tokio::select! {
                 biased;
                 _ = async { tokio::select! { _ = sigint.recv() => {}, _ = sigterm.recv() => {} } } => {
@@ -413,8 +446,17 @@ impl Runner {
                 }
             }
         }
+        if interrupts == 0 && !self.stopping {
+            // Nothing will resume them: the scheduler left them behind.
+            for rec in std::mem::take(&mut self.paused) {
+                self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref());
+                self.terminate_paused(rec, &mut commits.ended)?;
+            }
+        }
         self.store.put_meta("scheduler", &self.scheduler.save())?;
         self.commit_now(&flusher, &mut running, &mut commits).await?;
+        // A simulation syncs here only (a real sweep synced every batch already).
+        self.store.flush()?;
         while self.background.join_next().await.is_some() {}
         files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
         flusher.write_files(std::mem::take(&mut files));
@@ -427,6 +469,74 @@ impl Runner {
             return Err(TuneError::FailFast(e));
         }
         Ok(Finish::Done)
+    }
+
+    /// Seconds on the runner's clock: the wall clock since the sweep
+    /// started, or a simulation's virtual clock.
+    fn clock(&self) -> f64 {
+        self.backend.virtual_now().unwrap_or_else(|| self.origin.elapsed().as_secs_f64())
+    }
+
+    /// Unix time now (virtual in a simulation: its start plus its clock).
+    fn unix_now(&self) -> f64 {
+        match self.backend.virtual_now() {
+            Some(v) => self.unix_origin + v,
+            None => now_unix(),
+        }
+    }
+
+    fn simulated(&self) -> bool {
+        self.backend.virtual_now().is_some()
+    }
+
+    /// Picks a PAUSED trial to resume, as the scheduler chooses.
+    fn resume_paused(&mut self, can_add: bool) -> Option<TrialRecord> {
+        if self.paused.is_empty() {
+            return None;
+        }
+        let views: Vec<TrialView<'_>> = self.paused.iter().map(view).collect();
+        let i = self.scheduler.choose_trial_to_run(&views, can_add)?;
+        (i < self.paused.len()).then(|| self.paused.remove(i))
+    }
+
+    /// Ends the trials the scheduler gave up on: PAUSED ones at once, running
+    /// ones through a graceful stop.
+    fn apply_stopped(&mut self, running: &mut HashMap<String, Running>, ended: &mut Vec<TrialRecord>) -> Result<(), TuneError> {
+        for id in self.scheduler.take_stopped() {
+            if let Some(i) = self.paused.iter().position(|p| p.id == id) {
+                let rec = self.paused.remove(i);
+                self.terminate_paused(rec, ended)?;
+            } else if let Some(r) = running.get_mut(&id) {
+                r.ending.get_or_insert(Ending::Stopped);
+                r.handle.stop(StopLevel::Graceful);
+            }
+        }
+        Ok(())
+    }
+
+    /// A PAUSED trial that will not run again ends TERMINATED.
+    fn terminate_paused(&mut self, mut rec: TrialRecord, ended: &mut Vec<TrialRecord>) -> Result<(), TuneError> {
+        rec.status = TrialStatus::Terminated;
+        rec.ended_at = Some(self.unix_now());
+        self.store.put_trial(&rec)?;
+        self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
+        if let Err(e) = self.store.put_meta("searcher", &self.searcher.save()) {
+            tracing::warn!(error = %e, "could not save the searcher state");
+        }
+        ended.push(rec);
+        Ok(())
+    }
+
+    /// Writes the scheduler's state when it changed, so a resumed sweep
+    /// continues the same schedule (made durable with the next flush).
+    fn save_scheduler(&mut self) -> Result<(), TuneError> {
+        let state = self.scheduler.save();
+        let text = state.to_string();
+        if text != self.saved_scheduler {
+            self.store.put_meta("scheduler", &state)?;
+            self.saved_scheduler = text;
+        }
+        Ok(())
     }
 
     fn trial_dir(&self, id: &str) -> PathBuf {
@@ -518,12 +628,13 @@ impl Runner {
         ended: &mut Vec<TrialRecord>,
         ends_pending: bool,
     ) -> Result<(), TuneError> {
-        let restart = record.status != TrialStatus::Pending || record.started_at.is_some();
+        // A paused trial resuming is not a restart.
+        let restart = record.status != TrialStatus::Paused && (record.status != TrialStatus::Pending || record.started_at.is_some());
         if restart {
             record.restarts += 1;
         }
         record.status = TrialStatus::Running;
-        record.started_at = Some(now_unix());
+        record.started_at = Some(self.unix_now());
         record.resources = allocation.workers.clone();
         let spec = LaunchSpec {
             trial_id: record.id.clone(),
@@ -531,6 +642,7 @@ impl Runner {
             trial_dir: self.trial_dir(&record.id),
             checkpoint,
             start_iteration: record.latest_checkpoint.as_ref().map_or(0, |c| c.iteration),
+            checkpoint_frequency: self.checkpoint.frequency.unwrap_or(0),
             workers: allocation.workers.clone(),
             storage: self.storage.join(&format!("trials/{}", record.id)),
             checkpoint_roots: self.checkpoint.allowed_dirs.clone(),
@@ -543,7 +655,7 @@ impl Runner {
                 } else {
                     self.progress.trial_started(&record);
                 }
-                let now = Instant::now();
+                let now = self.clock();
                 let dir = Arc::from(self.trial_dir(&record.id));
                 running
                     .insert(record.id.clone(), Running { record, dir, handle, allocation, started: now, last_report: now, ending: None });
@@ -553,7 +665,7 @@ impl Runner {
                 // The trial could not start: it is an error, the sweep goes on.
                 record.status = TrialStatus::Error;
                 record.error = Some(e.to_string());
-                record.ended_at = Some(now_unix());
+                record.ended_at = Some(self.unix_now());
                 self.store.put_trial(&record)?;
                 self.scheduler.on_trial_error(&view(&record));
                 self.searcher.on_trial_complete(&record.id, None, true);
@@ -567,12 +679,13 @@ impl Runner {
     /// under way; trial ends ride along. `force` flushes for ended trials
     /// alone too.
     fn start_flush(&self, flusher: &Flusher, c: &mut Commits, force: bool) {
-        let ends_only = force && !c.ended.is_empty();
+        // A simulation has no workers waiting: everything is acted on at once.
+        let ends_only = (force || self.simulated()) && !c.ended.is_empty();
         if c.inflight.is_some() || (c.reports.is_empty() && !ends_only) {
             return;
         }
         c.inflight = Some(Batch { reports: std::mem::take(&mut c.reports), ended: std::mem::take(&mut c.ended) });
-        if c.inflight.as_ref().is_some_and(|b| b.reports.len() <= INLINE_FLUSH) {
+        if self.simulated() || c.inflight.as_ref().is_some_and(|b| b.reports.len() <= INLINE_FLUSH) {
             // A small batch: a flush right here answers sooner than a hand-off to another thread.
             let _ = c.flushed_tx.send(flusher.make_durable());
         } else {
@@ -603,8 +716,11 @@ impl Runner {
                 committed.push((result.trial_id.clone(), uri.clone(), result.training_iteration));
             }
         }
-        for (trial, uri, iteration) in committed {
-            self.after_commit(&trial, &uri, iteration)?;
+        if !self.simulated() {
+            for (trial, uri, iteration) in committed {
+                self.after_commit(&trial, &uri, iteration)?;
+            }
+            self.save_scheduler()?;
         }
         Ok(())
     }
@@ -633,7 +749,7 @@ impl Runner {
         let Some(mut r) = running.remove(trial_id) else { return Ok(()) };
         // The backend reports an exit only once every process is gone.
         self.pool.release(&r.allocation);
-        r.record.time_total_s += r.started.elapsed().as_secs_f64().min(f64::MAX);
+        r.record.time_total_s += (self.clock() - r.started).max(0.0);
         let mut rec = r.record;
         match (r.ending.take(), outcome) {
             (Some(Ending::Interrupted), _) => {
@@ -641,16 +757,23 @@ impl Runner {
                 self.store.put_trial(&rec)?;
                 ended.push(rec);
             }
+            (Some(Ending::Paused), ExitOutcome::Completed | ExitOutcome::Stopped) => {
+                rec.status = TrialStatus::Paused;
+                self.store.put_trial(&rec)?;
+                let at = self.paused.partition_point(|p| p.index < rec.index);
+                self.paused.insert(at, rec.clone());
+                ended.push(rec);
+            }
             (Some(Ending::Failed(msg)), _) | (Some(Ending::Stopped), ExitOutcome::Failed(msg)) => {
                 self.give_up(rec, msg, ended, running)?;
             }
-            (Some(Ending::Hung(msg)), _) | (None, ExitOutcome::Failed(msg)) => {
+            (Some(Ending::Hung(msg)), _) | (None | Some(Ending::Paused), ExitOutcome::Failed(msg)) => {
                 self.failed_run(rec, msg, ended, running)?;
             }
             (_, ExitOutcome::Completed | ExitOutcome::Stopped) => {
                 rec.status = TrialStatus::Terminated;
                 rec.error = None;
-                rec.ended_at = Some(now_unix());
+                rec.ended_at = Some(self.unix_now());
                 self.store.put_trial(&rec)?;
                 self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref());
                 self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
@@ -703,7 +826,7 @@ impl Runner {
     ) -> Result<(), TuneError> {
         rec.status = TrialStatus::Error;
         rec.error = Some(msg.clone());
-        rec.ended_at = Some(now_unix());
+        rec.ended_at = Some(self.unix_now());
         self.store.put_trial(&rec)?;
         if self.dirty.remove(&rec.id) {
             // Nothing runs it again: what its last run left half written goes now.
@@ -735,8 +858,9 @@ impl Runner {
     /// timeout; each counts as a failure naming the ranks it waited for.
     fn detect_hangs(&mut self, running: &mut HashMap<String, Running>) {
         let Some(limit) = self.failure.hang_timeout_s else { return };
+        let now = self.clock();
         for r in running.values_mut() {
-            if r.ending.is_some() || r.last_report.elapsed().as_secs_f64() < limit {
+            if r.ending.is_some() || now - r.last_report < limit {
                 continue;
             }
             let lagging = r.handle.lagging_ranks();
@@ -793,12 +917,12 @@ impl Runner {
 
     /// Stores one report as a result (not yet durable) and returns it.
     fn store_report(&mut self, r: &mut Running, report: Report, files: &mut Vec<FileWrite>) -> Result<Arc<TrialResult>, TuneError> {
-        let now = Instant::now();
+        let (now, unix) = (self.clock(), self.unix_now());
         let rec = &mut r.record;
         let mut metrics: Metrics = report.metrics;
-        metrics.insert("time_this_iter_s".into(), now.duration_since(r.last_report).as_secs_f64());
-        metrics.insert("time_total_s".into(), rec.time_total_s + now.duration_since(r.started).as_secs_f64());
-        metrics.insert("timestamp".into(), now_unix());
+        metrics.insert("time_this_iter_s".into(), (now - r.last_report).max(0.0));
+        metrics.insert("time_total_s".into(), rec.time_total_s + (now - r.started).max(0.0));
+        metrics.insert("timestamp".into(), unix);
         metrics.insert("training_iteration".into(), report.training_iteration as f64);
         r.last_report = now;
         let result = TrialResult {
@@ -842,6 +966,15 @@ impl Runner {
                 return Directive::Stop;
             }
         }
+        for (setting, name) in self.scheduler.required_metrics() {
+            if result.metric(&name).is_none() {
+                let reported: Vec<&str> = result.metrics.keys().map(String::as_str).collect();
+                let msg = format!("trial reported no `{name}` ({setting}); it reported: {}", reported.join(", "));
+                r.ending = Some(Ending::Failed(msg));
+                r.handle.stop(StopLevel::Graceful);
+                return Directive::Stop;
+            }
+        }
         let v = view(&r.record);
         let decision = self.scheduler.on_trial_result(&v, result);
         let stop = self.stopper.should_stop_trial(&result.trial_id, result);
@@ -849,8 +982,12 @@ impl Runner {
         if r.ending.is_some() {
             return Directive::Stop;
         }
-        if stop || decision != Decision::Continue {
+        if stop || decision == Decision::Stop {
             r.ending = Some(Ending::Stopped);
+            return Directive::Stop;
+        }
+        if decision == Decision::Pause {
+            r.ending = Some(Ending::Paused);
             return Directive::Stop;
         }
         Directive::Continue

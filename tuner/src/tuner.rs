@@ -6,14 +6,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use schedulers::{CombinedStopper, Fifo, MetricThresholds, Scheduler, Stopper};
-use search::{BasicVariantGenerator, ConcurrencyLimiter, Searcher, Space};
+use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper};
+use search::{BasicVariantGenerator, ConcurrencyLimiter, Domain, Searcher, Space};
 use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, Storage, TrainLoop};
 
-use crate::config::{ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
-use crate::experiment::{ExperimentFile, Resolved, SchedulerKind, SearchSection, TrainerSection};
+use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
+use crate::experiment::{ExperimentFile, Resolved, SearchSection, TrainerSection};
 use crate::result_grid::ResultGrid;
 use crate::runner::{Finish, Runner};
+use crate::simulate::{ArmSearcher, SimBackend};
 use crate::store::Store;
 use crate::TuneError;
 
@@ -117,7 +118,7 @@ impl Tuner {
             max_concurrent: c.max_concurrent_search,
         };
         self.points = c.points_to_evaluate;
-        self.file.scheduler.kind = c.scheduler;
+        self.file.scheduler = c.scheduler;
         self
     }
 
@@ -210,26 +211,53 @@ impl Tuner {
         let file = &self.file;
         let seed = file.experiment.seed.unwrap_or(0);
         // Check everything before anything is written.
-        let basic = BasicVariantGenerator::new(self.space.clone(), file.experiment.num_samples, seed).with_points(self.points.clone())?;
-        let mut searcher: Box<dyn Searcher> = match (self.custom_searcher.take(), file.search.max_concurrent) {
-            (Some(custom), _) => custom,
-            (None, Some(n)) => Box::new(ConcurrencyLimiter::new(basic, n)),
-            (None, None) => Box::new(basic),
-        };
-        let mut scheduler: Box<dyn Scheduler> = match (self.custom_scheduler.take(), file.scheduler.kind) {
-            (Some(custom), _) => custom,
-            (None, SchedulerKind::Fifo) => Box::new(Fifo),
-        };
         let trainable = match (self.trainable.take(), &file.trainer) {
             (Some(t), _) => t,
             (None, Some(t)) => Trainable::process(process_config(t, &self.origin)?).scaling(t.scaling()),
             (None, None) => return Err(TuneError::NoTrainer),
         };
+        // A curves file with no space of the experiment's own: the space is a choice of its configs.
+        let arms = match &trainable.kind {
+            Kind::Simulated(curves) if self.space.is_empty() => curves.configs(),
+            _ => None,
+        };
+        let space = match &arms {
+            Some(configs) => Space::builder()
+                .param(ArmSearcher::<BasicVariantGenerator>::PARAM, Domain::choice(0..configs.len() as u64))
+                .build()
+                .map_err(search::SearchError::from)?,
+            None => self.space.clone(),
+        };
+        let basic = BasicVariantGenerator::new(space, file.experiment.num_samples, seed).with_points(self.points.clone())?;
+        let basic: Box<dyn Searcher> = match arms {
+            Some(configs) => Box::new(ArmSearcher::new(basic, configs)),
+            None => Box::new(basic),
+        };
+        let mut searcher: Box<dyn Searcher> = match (self.custom_searcher.take(), file.search.max_concurrent) {
+            (Some(custom), _) => custom,
+            (None, Some(n)) => Box::new(ConcurrencyLimiter::new(basic, n)),
+            (None, None) => basic,
+        };
+        let mut scheduler: Box<dyn Scheduler> = match self.custom_scheduler.take() {
+            Some(custom) => custom,
+            None => file.scheduler.build(file.experiment.metric.as_deref(), file.experiment.mode).map_err(|e| {
+                TuneError::Experiment(crate::ExperimentError::Invalid {
+                    file: self.origin.clone(),
+                    key: format!("scheduler.{}", e.key),
+                    message: e.message,
+                })
+            })?,
+        };
         trainable.scaling.validate()?;
-        let node = match (self.resources.take(), file.resources.is_empty()) {
-            (Some(node), _) => node,
-            (None, false) => NodeResources::from_declared(&file.resources)?,
-            (None, true) => NodeResources::detect(),
+        let node = match (self.resources.take(), file.resources.is_empty(), &trainable.kind) {
+            (Some(node), _, _) => node,
+            // A simulation's slots are virtual: max_concurrent_trials of them.
+            (None, _, Kind::Simulated(_)) => {
+                let slots = file.experiment.max_concurrent_trials.unwrap_or(4) as f64;
+                NodeResources::from_declared(&[("CPU".to_string(), slots)].into_iter().collect())?
+            }
+            (None, false, _) => NodeResources::from_declared(&file.resources)?,
+            (None, true, _) => NodeResources::detect(),
         };
         let (node_description, node_gpus) = (node.describe(), node.gpu_note.clone());
         let pool = ResourcePool::new(node);
@@ -249,6 +277,7 @@ impl Tuner {
             None => Storage::local(&exp_dir),
         };
         let mut pending = VecDeque::new();
+        let mut paused = Vec::new();
         let mut next_index = 0;
         let mut finished = (0, 0);
         let store = if resuming {
@@ -267,6 +296,7 @@ impl Tuner {
                 match t.status {
                     schedulers::TrialStatus::Terminated => finished.0 += 1,
                     schedulers::TrialStatus::Error => finished.1 += 1,
+                    schedulers::TrialStatus::Paused => paused.push(t),
                     _ => pending.push_back(t),
                 }
             }
@@ -295,8 +325,9 @@ impl Tuner {
             collect_garbage(&store, &storage).await?;
         }
         let backend: Arc<dyn Backend> = match trainable.kind {
-            TrainLoop::Function(f) => Arc::new(f),
-            TrainLoop::Process(mut c) => {
+            Kind::Simulated(curves) => Arc::new(SimBackend::new(curves)),
+            Kind::Train(TrainLoop::Function(f)) => Arc::new(f),
+            Kind::Train(TrainLoop::Process(mut c)) => {
                 c.use_gpu = trainable.scaling.use_gpu;
                 Arc::new(ProcessBackend::start(c).await.map_err(|source| TuneError::Io { path: PathBuf::from("<report server>"), source })?)
             }
@@ -345,6 +376,11 @@ impl Tuner {
             stopping: false,
             first_error: None,
             dirty: Default::default(),
+            paused,
+            told_no_more: false,
+            saved_scheduler: String::new(),
+            origin: std::time::Instant::now(),
+            unix_origin: crate::runner::now_unix(),
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),

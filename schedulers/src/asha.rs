@@ -1,0 +1,276 @@
+//! ASHA, asynchronous successive halving, in both of its forms: the
+//! stopping type (Ray's `AsyncHyperBandScheduler`) and the promotion type
+//! (the ASHA paper's algorithm, Syne Tune's `type="promotion"`).
+//!
+//! Rungs lie at `grace_period * reduction_factor^k` (below `max_t`) of the
+//! time attribute; with several brackets, bracket `s` starts at rung `s`.
+//! The rules, decided once here and tested:
+//!
+//! - A trial is judged once per report, at the highest rung it has reached
+//!   and not yet been judged at. A report that crosses several rungs is
+//!   judged at the highest; the lower ones are skipped, never judged later
+//!   with a value from after their milestone (Ray judges them later).
+//! - Stopping type: a trial continues when fewer than `reduction_factor`
+//!   results (its own included) are in the rung, or when fewer than
+//!   `ceil(n / reduction_factor)` of the rung's `n` results are strictly
+//!   better than its own: it is in the top 1/rf. Ties continue.
+//! - Promotion type: a trial pauses at each rung. A paused trial is
+//!   promotable when it is among the top `floor(n / reduction_factor)` of its
+//!   rung (ties broken by arrival) and was not promoted from it yet. Whenever
+//!   a slot is free, the promotable trial in the highest rung resumes; only
+//!   when there is none does a new trial start. A trial that is itself the
+//!   next promotion when it reaches its rung continues without pausing.
+//! - A NaN or infinite metric is the worst score: it is never promoted, and
+//!   the stopping type stops the trial at the rung.
+//! - At `max_t` a trial stops (it is complete).
+//! - A result without the metric or the time attribute never reaches the
+//!   scheduler: the Tuner makes it an error on its trial
+//!   ([`Scheduler::required_metrics`]).
+//! - With several brackets, trials are dealt to brackets in a fixed,
+//!   weighted round-robin (Ray's weights, without its random draw), so the
+//!   same sweep always makes the same decisions.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use search::TrialResult;
+
+use crate::objective::{ranked, Objective, Score};
+use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
+
+/// Which ASHA.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AshaType {
+    /// Stop trials below their rung's cutoff (Ray's ASHA).
+    #[default]
+    Stopping,
+    /// Pause trials at each rung, resume the promotable ones (the ASHA paper).
+    Promotion,
+}
+
+/// One result recorded in a rung.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Entry {
+    trial: String,
+    score: Score,
+    promoted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Bracket {
+    /// Rung milestones, ascending, all below `max_t`.
+    milestones: Vec<f64>,
+    /// Per rung, its results in arrival order.
+    rungs: Vec<Vec<Entry>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct TrialState {
+    bracket: usize,
+    /// The lowest rung it has not been judged at.
+    next_rung: usize,
+    /// Ended (complete, stopped or failed): never promoted.
+    #[serde(default)]
+    finished: bool,
+}
+
+/// Asynchronous successive halving; see the module documentation for its rules.
+#[derive(Debug, Clone)]
+pub struct Asha {
+    objective: Objective,
+    max_t: f64,
+    rf: f64,
+    kind: AshaType,
+    weights: Vec<f64>,
+    brackets: Vec<Bracket>,
+    assigned: Vec<u64>,
+    trials: BTreeMap<String, TrialState>,
+}
+
+impl Asha {
+    /// ASHA over `objective`; the parameters are checked by
+    /// [`crate::SchedulerConfig`], which is how schedulers are built from
+    /// settings. `brackets` is at least 1.
+    pub fn new(objective: Objective, kind: AshaType, max_t: f64, grace_period: f64, reduction_factor: f64, brackets: usize) -> Self {
+        let brackets: Vec<Bracket> = (0..brackets.max(1))
+            .map(|s| {
+                let milestones: Vec<f64> =
+                    (s..).map(|k| grace_period * reduction_factor.powi(k as i32)).take_while(|&m| m < max_t).take(64).collect();
+                Bracket { rungs: vec![Vec::new(); milestones.len()], milestones }
+            })
+            .collect();
+        let most = brackets.iter().map(|b| b.milestones.len()).max().unwrap_or(0) as f64;
+        let weights = brackets.iter().map(|b| (b.milestones.len() as f64 - most).exp()).collect();
+        let assigned = vec![0; brackets.len()];
+        Self { objective, max_t, rf: reduction_factor, kind, weights, brackets, assigned, trials: BTreeMap::new() }
+    }
+
+    /// The rung milestones of each bracket.
+    pub fn milestones(&self) -> Vec<Vec<f64>> {
+        self.brackets.iter().map(|b| b.milestones.clone()).collect()
+    }
+
+    fn judge_stopping(&self, rung: &[Entry], score: Score) -> bool {
+        if !score.is_finite() {
+            return false;
+        }
+        let n = rung.len() + 1;
+        if (n as f64) < self.rf {
+            return true;
+        }
+        let keep = (n as f64 / self.rf).ceil() as usize;
+        let better = rung.iter().filter(|e| e.score > score).count();
+        better < keep
+    }
+
+    /// The paused trial to promote next: the highest rung first (across
+    /// brackets, the lower bracket index first on equal milestones), and in
+    /// a rung its best unpromoted trial within the top floor(n/rf).
+    fn next_promotion(&self, eligible: impl Fn(&str) -> bool) -> Option<(usize, usize, usize)> {
+        let mut order: Vec<(usize, usize)> =
+            self.brackets.iter().enumerate().flat_map(|(b, br)| (0..br.rungs.len()).map(move |k| (b, k))).collect();
+        order.sort_by(|a, b| {
+            let (ma, mb) = (self.brackets[a.0].milestones[a.1], self.brackets[b.0].milestones[b.1]);
+            mb.total_cmp(&ma).then(a.0.cmp(&b.0))
+        });
+        for (b, k) in order {
+            let rung = &self.brackets[b].rungs[k];
+            let top = (rung.len() as f64 / self.rf).floor() as usize;
+            let scores: Vec<Score> = rung.iter().map(|e| e.score).collect();
+            for i in ranked(&scores).into_iter().take(top) {
+                let e = &rung[i];
+                let live = self.trials.get(&e.trial).is_some_and(|t| !t.finished);
+                if !e.promoted && e.score.is_finite() && live && eligible(&e.trial) {
+                    return Some((b, k, i));
+                }
+            }
+        }
+        None
+    }
+
+    fn finish(&mut self, id: &str) {
+        if let Some(t) = self.trials.get_mut(id) {
+            t.finished = true;
+        }
+    }
+}
+
+impl Scheduler for Asha {
+    fn on_trial_add(&mut self, trial: &TrialView<'_>) {
+        if self.trials.contains_key(trial.id) {
+            return;
+        }
+        // Smooth weighted round-robin: the bracket furthest below its share.
+        let bracket = (0..self.brackets.len())
+            .min_by(|&a, &b| {
+                let (ra, rb) = ((self.assigned[a] + 1) as f64 / self.weights[a], (self.assigned[b] + 1) as f64 / self.weights[b]);
+                ra.total_cmp(&rb).then(a.cmp(&b))
+            })
+            .unwrap_or(0);
+        self.assigned[bracket] += 1;
+        self.trials.insert(trial.id.to_string(), TrialState { bracket, next_rung: 0, finished: false });
+    }
+
+    fn on_trial_result(&mut self, trial: &TrialView<'_>, result: &TrialResult) -> Decision {
+        let Some((t, score)) = self.objective.read(result) else { return Decision::Continue };
+        if !self.trials.contains_key(trial.id) {
+            self.on_trial_add(trial);
+        }
+        if t >= self.max_t {
+            self.finish(trial.id);
+            return Decision::Stop;
+        }
+        let Some(state) = self.trials.get(trial.id).cloned() else { return Decision::Continue };
+        let bracket = &self.brackets[state.bracket];
+        let Some(k) = bracket.milestones.iter().rposition(|&m| m <= t) else { return Decision::Continue };
+        if k < state.next_rung {
+            return Decision::Continue;
+        }
+        let decision = match self.kind {
+            AshaType::Stopping => {
+                if self.judge_stopping(&bracket.rungs[k], score) {
+                    Decision::Continue
+                } else {
+                    Decision::Stop
+                }
+            }
+            AshaType::Promotion => Decision::Pause,
+        };
+        self.brackets[state.bracket].rungs[k].push(Entry { trial: trial.id.to_string(), score, promoted: false });
+        if let Some(s) = self.trials.get_mut(trial.id) {
+            s.next_rung = k + 1;
+        }
+        match decision {
+            Decision::Pause => {
+                // Pausing only to resume it at once would cost a restart.
+                if let Some((b, k, i)) = self.next_promotion(|_| true) {
+                    if self.brackets[b].rungs[k][i].trial == trial.id {
+                        self.brackets[b].rungs[k][i].promoted = true;
+                        return Decision::Continue;
+                    }
+                }
+                Decision::Pause
+            }
+            Decision::Stop => {
+                self.finish(trial.id);
+                Decision::Stop
+            }
+            Decision::Continue => Decision::Continue,
+        }
+    }
+
+    fn on_trial_complete(&mut self, trial: &TrialView<'_>, _result: Option<&TrialResult>) {
+        self.finish(trial.id);
+    }
+
+    fn on_trial_error(&mut self, trial: &TrialView<'_>) {
+        self.finish(trial.id);
+    }
+
+    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
+        if self.kind != AshaType::Promotion {
+            return if paused.is_empty() || can_add { None } else { Some(0) };
+        }
+        let (b, k, i) = self.next_promotion(|id| paused.iter().any(|p| p.id == id))?;
+        let entry = &mut self.brackets[b].rungs[k][i];
+        entry.promoted = true;
+        paused.iter().position(|p| p.id == entry.trial)
+    }
+
+    fn required_metrics(&self) -> Vec<(String, String)> {
+        self.objective.required()
+    }
+
+    fn pauses_trials(&self) -> bool {
+        self.kind == AshaType::Promotion
+    }
+
+    fn save(&self) -> Value {
+        json!({
+            "version": 1,
+            "kind": "asha",
+            "brackets": self.brackets,
+            "assigned": self.assigned,
+            "trials": self.trials,
+        })
+    }
+
+    fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {
+        if state["version"].as_u64() != Some(1) || state["kind"] != "asha" {
+            return Err(SchedulerError::State(format!("not a version-1 ASHA state: {state}")));
+        }
+        let err = |e: serde_json::Error| SchedulerError::State(format!("ASHA state: {e}"));
+        let brackets: Vec<Bracket> = serde_json::from_value(state["brackets"].clone()).map_err(err)?;
+        let same = brackets.len() == self.brackets.len() && brackets.iter().zip(&self.brackets).all(|(a, b)| a.milestones == b.milestones);
+        if !same {
+            return Err(SchedulerError::State("the saved ASHA state has other rungs than these settings".into()));
+        }
+        self.brackets = brackets;
+        self.assigned = serde_json::from_value(state["assigned"].clone()).map_err(err)?;
+        self.trials = serde_json::from_value(state["trials"].clone()).map_err(err)?;
+        Ok(())
+    }
+}

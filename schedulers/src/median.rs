@@ -1,0 +1,129 @@
+//! The median stopping rule (Golovin et al. 2017, Google Vizier; Ray's
+//! `MedianStoppingRule`): stop a trial whose best result so far is worse
+//! than the median of the other trials' running averages at the same time.
+//!
+//! At time `t >= grace_period`, with at least `min_samples_required` other
+//! trials that have reached `t`, each other trial's running average is the
+//! mean of its results between `grace_period` and `t`; the trial stops (or,
+//! with `hard_stop = false`, pauses) when its best result is strictly worse
+//! than their median. A paused trial is resumed when no new trial can start
+//! and then runs to its end, never paused again (as in Ray). A NaN or
+//! infinite result counts as the worst score: in a running average it makes
+//! the average the worst, and a trial whose every result is non-finite is
+//! stopped once enough others are there to judge it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use search::TrialResult;
+
+use crate::objective::{Objective, Score};
+use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct History {
+    /// (time, score) of every result, in order.
+    points: Vec<(f64, Score)>,
+    /// Paused once: not judged again.
+    #[serde(default)]
+    spared: bool,
+}
+
+/// The median stopping rule; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct MedianStopping {
+    objective: Objective,
+    grace_period: f64,
+    min_samples: usize,
+    hard_stop: bool,
+    trials: BTreeMap<String, History>,
+}
+
+impl MedianStopping {
+    /// The rule over `objective` (settings checked by [`crate::SchedulerConfig`]).
+    pub fn new(objective: Objective, grace_period: f64, min_samples_required: usize, hard_stop: bool) -> Self {
+        Self { objective, grace_period, min_samples: min_samples_required, hard_stop, trials: BTreeMap::new() }
+    }
+
+    fn running_mean(&self, h: &History, t: f64) -> f64 {
+        let scoped: Vec<f64> = h.points.iter().filter(|(pt, _)| *pt >= self.grace_period && *pt <= t).map(|(_, s)| s.value()).collect();
+        if scoped.is_empty() {
+            f64::NEG_INFINITY
+        } else {
+            scoped.iter().sum::<f64>() / scoped.len() as f64
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        let (a, b) = (v[n / 2 - 1], v[n / 2]);
+        // Two infinities of one sign: their mean is that infinity, not NaN.
+        if a == b {
+            a
+        } else {
+            a / 2.0 + b / 2.0
+        }
+    }
+}
+
+impl Scheduler for MedianStopping {
+    fn on_trial_result(&mut self, trial: &TrialView<'_>, result: &TrialResult) -> Decision {
+        let Some((t, score)) = self.objective.read(result) else { return Decision::Continue };
+        let h = self.trials.entry(trial.id.to_string()).or_default();
+        h.points.push((t, score));
+        if h.spared || t < self.grace_period {
+            return Decision::Continue;
+        }
+        let best = h.points.iter().map(|(_, s)| s.value()).fold(f64::NEG_INFINITY, f64::max);
+        let others: Vec<f64> = self
+            .trials
+            .iter()
+            .filter(|(id, o)| id.as_str() != trial.id && o.points.last().is_some_and(|(ot, _)| *ot >= t))
+            .map(|(_, o)| self.running_mean(o, t))
+            .collect();
+        if others.len() < self.min_samples {
+            return Decision::Continue;
+        }
+        let median = median(others);
+        let worse = best < median || (best == f64::NEG_INFINITY && median == f64::NEG_INFINITY && !score.is_finite());
+        if !worse {
+            return Decision::Continue;
+        }
+        if self.hard_stop {
+            Decision::Stop
+        } else {
+            if let Some(h) = self.trials.get_mut(trial.id) {
+                h.spared = true;
+            }
+            Decision::Pause
+        }
+    }
+
+    fn required_metrics(&self) -> Vec<(String, String)> {
+        self.objective.required()
+    }
+
+    fn pauses_trials(&self) -> bool {
+        !self.hard_stop
+    }
+
+    fn save(&self) -> Value {
+        json!({ "version": 1, "kind": "median_stopping", "trials": self.trials })
+    }
+
+    fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {
+        if state["version"].as_u64() != Some(1) || state["kind"] != "median_stopping" {
+            return Err(SchedulerError::State(format!("not a version-1 median-stopping state: {state}")));
+        }
+        self.trials =
+            serde_json::from_value(state["trials"].clone()).map_err(|e| SchedulerError::State(format!("median-stopping state: {e}")))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,376 @@
+//! The simulator: a backend for the real Tuner loop that replays learning
+//! curves under a virtual clock, so a sweep of a thousand trials with real
+//! scheduling decisions (stops, pauses, promotions, resumes from
+//! checkpoints) runs in well under a second.
+//!
+//! Each trial's curve comes from a Rust function of its config or from a
+//! JSON-lines file, one configuration per line:
+//! `{"config": {...}, "metrics": [v1, v2, ...], "seconds_per_iteration": s}`.
+//! A run reports iteration `i` at `start + i * seconds_per_iteration`
+//! (virtual seconds) with the curve's `i`-th value as the experiment's
+//! metric, and carries a checkpoint with every report
+//! (`sim://<trial>/checkpoint_<i>`, a name with no files behind it), so a
+//! paused trial resumes exactly where it left off.
+//!
+//! The clock advances one event at a time, and only when the Tuner has
+//! acted on every event before it ([`Backend::idle`]): decisions are made
+//! in virtual-time order, and the same seed gives the same sweep.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use search::{Config, SearchError, Searcher, Suggestion, TrialResult};
+use trainer::{
+    Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Reply, Report, StopLevel, TrialHandle,
+};
+
+/// One learning curve: the metric after each iteration, and how long an
+/// iteration takes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Curve {
+    /// The metric after iterations 1, 2, ...
+    pub metrics: Vec<f64>,
+    /// Virtual seconds per iteration.
+    pub seconds_per_iteration: f64,
+}
+
+type CurveFn = dyn Fn(&Config) -> Curve + Send + Sync;
+
+/// Where a simulation's curves come from.
+#[derive(Clone)]
+pub struct Curves {
+    metric: String,
+    source: Source,
+}
+
+#[derive(Clone)]
+enum Source {
+    Table(Arc<Vec<(Config, Curve)>>),
+    Function(Arc<CurveFn>),
+}
+
+impl std::fmt::Debug for Curves {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = match &self.source {
+            Source::Table(t) => Some(t.len()),
+            Source::Function(_) => None,
+        };
+        f.debug_struct("Curves").field("metric", &self.metric).field("table", &n).finish()
+    }
+}
+
+/// A curves file that cannot be used: the file, the line, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{origin}: {message}")]
+pub struct CurvesError {
+    /// The file.
+    pub origin: String,
+    /// What is wrong, with the line number.
+    pub message: String,
+}
+
+impl Curves {
+    /// Curves computed from each trial's config; `metric` names the values.
+    pub fn from_fn<F>(metric: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(&Config) -> Curve + Send + Sync + 'static,
+    {
+        Self { metric: metric.into(), source: Source::Function(Arc::new(f)) }
+    }
+
+    /// Curves from a JSON-lines file (see the module documentation).
+    pub fn from_jsonl(path: &Path, metric: impl Into<String>) -> Result<Self, CurvesError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CurvesError { origin: path.display().to_string(), message: format!("cannot read: {e}") })?;
+        Self::parse_jsonl(&text, &path.display().to_string(), metric)
+    }
+
+    /// Curves from JSON-lines text; `origin` names it in errors.
+    pub fn parse_jsonl(text: &str, origin: &str, metric: impl Into<String>) -> Result<Self, CurvesError> {
+        let err = |line: usize, message: String| CurvesError { origin: origin.to_string(), message: format!("line {line}: {message}") };
+        let mut table = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let n = i + 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(line).map_err(|e| err(n, format!("not JSON: {e}")))?;
+            let config = v.get("config").filter(|c| c.is_object()).ok_or_else(|| err(n, "`config` must be an object".into()))?;
+            let metrics: Vec<f64> = v
+                .get("metrics")
+                .and_then(Value::as_array)
+                .ok_or_else(|| err(n, "`metrics` must be an array of numbers".into()))?
+                .iter()
+                .map(|m| match m {
+                    Value::Number(x) => x.as_f64(),
+                    Value::String(s) if s == "NaN" => Some(f64::NAN),
+                    Value::Null => Some(f64::NAN),
+                    _ => None,
+                })
+                .collect::<Option<_>>()
+                .ok_or_else(|| err(n, "`metrics` must be an array of numbers".into()))?;
+            if metrics.is_empty() {
+                return Err(err(n, "`metrics` is empty".into()));
+            }
+            let spi = v.get("seconds_per_iteration").map_or(Some(1.0), Value::as_f64);
+            let spi = spi
+                .filter(|s| *s > 0.0 && s.is_finite())
+                .ok_or_else(|| err(n, "`seconds_per_iteration` must be a positive number".into()))?;
+            if table.iter().any(|(c, _): &(Config, Curve)| c == config) {
+                return Err(err(n, format!("config {config} appears twice")));
+            }
+            table.push((config.clone(), Curve { metrics, seconds_per_iteration: spi }));
+        }
+        if table.is_empty() {
+            return Err(CurvesError { origin: origin.to_string(), message: "holds no curve".into() });
+        }
+        Ok(Self { metric: metric.into(), source: Source::Table(Arc::new(table)) })
+    }
+
+    /// The metric the curves are values of.
+    pub fn metric(&self) -> &str {
+        &self.metric
+    }
+
+    /// The file's configs, when the curves come from one.
+    pub fn configs(&self) -> Option<Vec<Config>> {
+        match &self.source {
+            Source::Table(t) => Some(t.iter().map(|(c, _)| c.clone()).collect()),
+            Source::Function(_) => None,
+        }
+    }
+
+    fn curve(&self, config: &Config) -> Result<Curve, String> {
+        match &self.source {
+            Source::Function(f) => Ok(f(config)),
+            Source::Table(t) => t
+                .iter()
+                .find(|(c, _)| c == config)
+                .map(|(_, curve)| curve.clone())
+                .ok_or_else(|| format!("the curves file has no curve for config {config}")),
+        }
+    }
+}
+
+/// Picks among a curves file's configurations: a searcher over one
+/// categorical parameter (the index of a line) whose suggestions are the
+/// lines' configs themselves.
+pub(crate) struct ArmSearcher<S> {
+    inner: S,
+    configs: Vec<Config>,
+}
+
+impl<S: Searcher> ArmSearcher<S> {
+    pub(crate) const PARAM: &'static str = "curve";
+
+    pub(crate) fn new(inner: S, configs: Vec<Config>) -> Self {
+        Self { inner, configs }
+    }
+
+    fn arm(&self, config: &Config) -> Config {
+        config.get(Self::PARAM).and_then(Value::as_u64).and_then(|i| self.configs.get(i as usize)).cloned().unwrap_or(Value::Null)
+    }
+}
+
+impl<S: Searcher> Searcher for ArmSearcher<S> {
+    fn suggest(&mut self, trial_id: &str) -> Suggestion {
+        match self.inner.suggest(trial_id) {
+            Suggestion::Config(c) => Suggestion::Config(self.arm(&c)),
+            other => other,
+        }
+    }
+    fn on_trial_result(&mut self, trial_id: &str, result: &TrialResult) {
+        self.inner.on_trial_result(trial_id, result)
+    }
+    fn on_trial_complete(&mut self, trial_id: &str, result: Option<&TrialResult>, error: bool) {
+        self.inner.on_trial_complete(trial_id, result, error)
+    }
+    fn total_trials(&self) -> Option<u64> {
+        self.inner.total_trials()
+    }
+    fn save(&self) -> Value {
+        self.inner.save()
+    }
+    fn restore(&mut self, state: &Value) -> Result<(), SearchError> {
+        self.inner.restore(state)
+    }
+}
+
+/// A virtual time, ordered (never NaN: times are sums of positive finite steps).
+#[derive(Debug, Clone, Copy)]
+struct At(f64);
+impl PartialEq for At {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+impl Eq for At {}
+impl PartialOrd for At {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for At {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+struct Run {
+    trial_id: String,
+    curve: Curve,
+    /// The next iteration it reports.
+    next: u64,
+    events: mpsc::UnboundedSender<Event>,
+    stop: watch::Receiver<StopLevel>,
+}
+
+#[derive(Default)]
+struct Clock {
+    now: f64,
+    seq: u64,
+    /// (time, order of scheduling, run): the next report of each live run.
+    queue: BinaryHeap<Reverse<(At, u64, u64)>>,
+    runs: HashMap<u64, Run>,
+    next_run: u64,
+    /// The report the Tuner is deciding on.
+    waiting: Option<(u64, oneshot::Receiver<Directive>)>,
+}
+
+impl Clock {
+    fn schedule(&mut self, run: u64, at: f64) {
+        self.seq += 1;
+        self.queue.push(Reverse((At(at), self.seq, run)));
+    }
+
+    fn exit(&mut self, run: u64, outcome: ExitOutcome) {
+        if let Some(r) = self.runs.remove(&run) {
+            let _ = r.events.send(Event { trial_id: r.trial_id, kind: EventKind::Exited(outcome) });
+        }
+    }
+}
+
+/// The simulation backend (see the module documentation).
+pub struct SimBackend {
+    curves: Curves,
+    clock: Mutex<Clock>,
+}
+
+impl SimBackend {
+    /// A backend replaying `curves`.
+    pub fn new(curves: Curves) -> Self {
+        Self { curves, clock: Mutex::new(Clock::default()) }
+    }
+}
+
+impl Backend for SimBackend {
+    fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
+        let curve = self.curves.curve(&spec.config).map_err(LaunchError::Refused)?;
+        let (handle, stop) = TrialHandle::detached();
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        let id = clock.next_run;
+        clock.next_run += 1;
+        let at = clock.now + curve.seconds_per_iteration;
+        let run = Run { trial_id: spec.trial_id, curve, next: spec.start_iteration + 1, events, stop };
+        clock.runs.insert(id, run);
+        clock.schedule(id, at);
+        Ok(handle)
+    }
+
+    fn idle(&self) {
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        let c = &mut *clock;
+        // Runs the Tuner stopped (Ctrl-C, a broken rule) end now.
+        let stopped: Vec<u64> = c.runs.iter().filter(|(_, r)| *r.stop.borrow() > StopLevel::Run).map(|(&id, _)| id).collect();
+        let mut acted = !stopped.is_empty();
+        for id in stopped {
+            c.exit(id, ExitOutcome::Stopped);
+        }
+        // The answer to the last report: go on, or end.
+        if let Some((id, mut rx)) = c.waiting.take() {
+            match rx.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    c.waiting = Some((id, rx));
+                    return;
+                }
+                Ok(Directive::Continue) => {
+                    if let Some(r) = c.runs.get(&id) {
+                        if r.next as usize > r.curve.metrics.len() {
+                            c.exit(id, ExitOutcome::Completed);
+                            acted = true;
+                        } else {
+                            let at = c.now + r.curve.seconds_per_iteration;
+                            c.schedule(id, at);
+                        }
+                    }
+                }
+                Ok(Directive::Stop) | Err(oneshot::error::TryRecvError::Closed) => {
+                    acted |= c.runs.contains_key(&id);
+                    c.exit(id, ExitOutcome::Stopped);
+                }
+            }
+        }
+        if acted {
+            // Let the Tuner act on the ends (and start trials) at this time.
+            return;
+        }
+        while let Some(Reverse((At(at), _, id))) = c.queue.pop() {
+            let Some(r) = c.runs.get_mut(&id) else { continue };
+            c.now = at;
+            let iteration = r.next;
+            if iteration as usize > r.curve.metrics.len() {
+                // Resumed past the end of its curve: nothing left to report.
+                c.exit(id, ExitOutcome::Completed);
+                return;
+            }
+            r.next += 1;
+            let value = r.curve.metrics.get(iteration as usize - 1).copied().unwrap_or(f64::NAN);
+            let (reply, rx) = Reply::channel();
+            let report = Report {
+                rank: 0,
+                training_iteration: iteration,
+                metrics: BTreeMap::from([(self.curves.metric.clone(), value)]),
+                checkpoint: Some(CheckpointRef {
+                    uri: format!("sim://{}/checkpoint_{iteration:06}", r.trial_id),
+                    ranks: vec![0],
+                    world_size: 1,
+                }),
+            };
+            let _ = r.events.send(Event { trial_id: r.trial_id.clone(), kind: EventKind::Report { report, reply } });
+            c.waiting = Some((id, rx));
+            return;
+        }
+    }
+
+    fn virtual_now(&self) -> Option<f64> {
+        Some(self.clock.lock().unwrap_or_else(|p| p.into_inner()).now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curves_files_are_checked_line_by_line() {
+        let ok = "{\"config\": {\"lr\": 0.1}, \"metrics\": [3, 2, 1], \"seconds_per_iteration\": 2}\n\n{\"config\": {\"lr\": 0.2}, \"metrics\": [1, null]}\n";
+        let c = Curves::parse_jsonl(ok, "c.jsonl", "loss").unwrap();
+        assert_eq!(c.configs().unwrap().len(), 2);
+        let second = c.curve(&serde_json::json!({"lr": 0.2})).unwrap();
+        assert_eq!(second.seconds_per_iteration, 1.0);
+        assert!(second.metrics[1].is_nan());
+        assert!(c.curve(&serde_json::json!({"lr": 0.3})).unwrap_err().contains("no curve for config"));
+        let bad = |text: &str| Curves::parse_jsonl(text, "c.jsonl", "loss").unwrap_err().to_string();
+        assert_eq!(bad("{\"config\": 1, \"metrics\": [1]}"), "c.jsonl: line 1: `config` must be an object");
+        assert!(bad("{\"config\": {}, \"metrics\": [1]}\n{\"config\": {}, \"metrics\": [\"x\"]}").starts_with("c.jsonl: line 2: `metrics`"));
+        assert!(bad("{\"config\": {}, \"metrics\": [1], \"seconds_per_iteration\": 0}").contains("seconds_per_iteration"));
+        assert!(bad("{\"config\": {}, \"metrics\": [1]}\n{\"config\": {}, \"metrics\": [2]}").contains("appears twice"));
+        assert_eq!(bad(""), "c.jsonl: holds no curve");
+        assert!(bad("nope").starts_with("c.jsonl: line 1: not JSON"));
+    }
+}
