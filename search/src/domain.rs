@@ -344,6 +344,60 @@ impl Domain {
         }
     }
 
+    /// For model-based searchers: the interval a numeric domain is modelled
+    /// on (natural log of the value for log domains; randn domains are
+    /// modelled on mean ± 4 sd), and whether it is log-scaled. `None` for
+    /// choice, grid and constant domains.
+    pub(crate) fn model_range(&self) -> Option<(f64, f64, bool)> {
+        Some(match *self {
+            Domain::Uniform { low, high } | Domain::QUniform { low, high, .. } => (low, high, false),
+            Domain::LogUniform { low, high, .. } | Domain::QLogUniform { low, high, .. } => (low.ln(), high.ln(), true),
+            Domain::Randn { mean, sd } | Domain::QRandn { mean, sd, .. } => (mean - 4.0 * sd, mean + 4.0 * sd, false),
+            // Integers are modelled on a continuum whose rounding covers each value equally.
+            Domain::RandInt { low, high } => (low as f64 - 0.5, high as f64 - 0.5, false),
+            Domain::QRandInt { low, high, .. } => (low as f64, high as f64, false),
+            Domain::LogRandInt { low, high, .. } => ((low as f64).ln(), (high as f64).ln(), true),
+            Domain::QLogRandInt { low, high, .. } => ((low as f64).ln(), (high as f64).ln(), true),
+            Domain::Choice(_) | Domain::Grid(_) | Domain::Const(_) => return None,
+        })
+    }
+
+    /// The model-space coordinate of a value of this numeric domain.
+    pub(crate) fn to_model(&self, value: &Value) -> Option<f64> {
+        let (_, _, log) = self.model_range()?;
+        let x = value.as_f64()?;
+        Some(if log { x.max(f64::MIN_POSITIVE).ln() } else { x })
+    }
+
+    /// The domain value nearest to model-space coordinate `x`: clamped into
+    /// the domain, rounded and quantized as it requires.
+    pub(crate) fn from_model(&self, x: f64) -> Value {
+        match *self {
+            Domain::Uniform { low, high } => {
+                let v = x.clamp(low, high);
+                // `high` is excluded: the largest float below it.
+                float(if v >= high { f64::from_bits(high.to_bits() - 1).max(low) } else { v })
+            }
+            Domain::QUniform { low, high, q } => float(quantize_float(x, low, high, q)),
+            Domain::LogUniform { low, high, .. } => float(x.exp().clamp(low, high)),
+            Domain::QLogUniform { low, high, q, .. } => float(quantize_float(x.exp(), low, high, q)),
+            Domain::Randn { .. } => float(x),
+            Domain::QRandn { q, .. } => float(round_to_q((x / q).round() * q, q)),
+            Domain::RandInt { low, high } => Value::from((x.round() as i64).clamp(low, high - 1)),
+            Domain::QRandInt { low, high, q } => {
+                let (kl, kh) = quantized_int_bounds(low, high, q).unwrap_or((0, 0));
+                Value::from(((x / q as f64).round() as i64).clamp(kl, kh) * q)
+            }
+            Domain::LogRandInt { low, high, .. } => Value::from((x.exp().floor() as i64).clamp(low, high - 1)),
+            Domain::QLogRandInt { low, high, q, .. } => {
+                let (kl, kh) = quantized_int_bounds(low, high, q).unwrap_or((0, 0));
+                Value::from(((x.exp() / q as f64).round() as i64).clamp(kl, kh) * q)
+            }
+            Domain::Choice(ref v) | Domain::Grid(ref v) => v.first().cloned().unwrap_or(Value::Null),
+            Domain::Const(ref v) => v.clone(),
+        }
+    }
+
     /// Whether `value` is one this domain can produce (randn domains accept
     /// any finite number of the right kind).
     pub fn contains(&self, value: &Value) -> bool {

@@ -6,12 +6,14 @@
 #![warn(missing_docs)]
 
 mod basic;
+pub mod benchmarks;
 pub mod conformance;
 mod domain;
 mod error;
 mod limiter;
 mod searcher;
 mod space;
+mod tpe;
 mod types;
 
 pub use basic::BasicVariantGenerator;
@@ -20,4 +22,5 @@ pub use error::{SearchError, SpaceError};
 pub use limiter::ConcurrencyLimiter;
 pub use searcher::{Searcher, Suggestion};
 pub use space::{json_to_toml, toml_to_json, Node, Space, SpaceBuilder, DOMAIN_KINDS};
+pub use tpe::{Tpe, TpeOptions};
 pub use types::{metrics_serde, Config, Metrics, Mode, TrialResult};

@@ -174,15 +174,26 @@ pub enum Algorithm {
     Random,
     /// Grid search (random axes still sampled, as in Ray).
     Grid,
+    /// TPE, the tree-structured Parzen estimator (needs experiment.metric and mode).
+    Tpe,
 }
 
 /// `[search]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchSection {
-    /// `random` or `grid`.
+    /// `random`, `grid` or `tpe`.
     #[serde(default)]
     pub algorithm: Algorithm,
+    /// TPE: random configs before the model takes over (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_startup_trials: Option<usize>,
+    /// TPE: candidates per suggestion (default 24).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_ei_candidates: Option<usize>,
+    /// TPE: model the parameters jointly (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multivariate: Option<bool>,
     /// Configs (possibly partial) to run first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub points_to_evaluate: Vec<toml::Table>,
@@ -390,6 +401,25 @@ impl ExperimentFile {
                     "{what} and resumes them from their checkpoints: set checkpoint.frequency (how often, in iterations, trials save one)"
                 ),
             ));
+        }
+        let s = &self.search;
+        if s.algorithm != Algorithm::Tpe {
+            for (key, set) in [
+                ("n_startup_trials", s.n_startup_trials.is_some()),
+                ("n_ei_candidates", s.n_ei_candidates.is_some()),
+                ("multivariate", s.multivariate.is_some()),
+            ] {
+                if set {
+                    return Err(invalid(&format!("search.{key}"), "is a TPE setting: set search.algorithm = \"tpe\" or remove it".into()));
+                }
+            }
+        } else {
+            if e.metric.is_none() {
+                return Err(invalid("experiment.metric", "required by search.algorithm = \"tpe\" (the metric it models)".into()));
+            }
+            if s.n_ei_candidates == Some(0) {
+                return Err(invalid("search.n_ei_candidates", "must be at least 1".into()));
+            }
         }
         if self.search.max_concurrent == Some(0) {
             return Err(invalid("search.max_concurrent", "must be at least 1".into()));

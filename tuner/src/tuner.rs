@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper};
-use search::{BasicVariantGenerator, ConcurrencyLimiter, Domain, Searcher, Space};
+use search::{BasicVariantGenerator, ConcurrencyLimiter, Domain, Searcher, Space, Tpe, TpeOptions};
 use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, Storage, TrainLoop};
 
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
-use crate::experiment::{ExperimentFile, Resolved, SearchSection, TrainerSection};
+use crate::experiment::{Algorithm, ExperimentFile, Resolved, SearchSection, TrainerSection};
 use crate::result_grid::ResultGrid;
 use crate::runner::{Finish, Runner};
 use crate::simulate::{ArmSearcher, SimBackend};
@@ -116,6 +116,7 @@ impl Tuner {
                 })
                 .collect(),
             max_concurrent: c.max_concurrent_search,
+            ..Default::default()
         };
         self.points = c.points_to_evaluate;
         self.file.scheduler = c.scheduler;
@@ -228,10 +229,25 @@ impl Tuner {
                 .map_err(search::SearchError::from)?,
             None => self.space.clone(),
         };
-        let basic = BasicVariantGenerator::new(space, file.experiment.num_samples, seed).with_points(self.points.clone())?;
+        let basic: Box<dyn Searcher> = match file.search.algorithm {
+            Algorithm::Tpe => {
+                let defaults = TpeOptions::default();
+                let options = TpeOptions {
+                    n_startup_trials: file.search.n_startup_trials.unwrap_or(defaults.n_startup_trials),
+                    n_ei_candidates: file.search.n_ei_candidates.unwrap_or(defaults.n_ei_candidates),
+                    multivariate: file.search.multivariate.unwrap_or(defaults.multivariate),
+                };
+                let metric = file.experiment.metric.clone().unwrap_or_default();
+                let mode = file.experiment.mode.unwrap_or_default();
+                Box::new(Tpe::new(space, metric, mode, seed, options).with_points(self.points.clone())?)
+            }
+            Algorithm::Random | Algorithm::Grid => {
+                Box::new(BasicVariantGenerator::new(space, file.experiment.num_samples, seed).with_points(self.points.clone())?)
+            }
+        };
         let basic: Box<dyn Searcher> = match arms {
             Some(configs) => Box::new(ArmSearcher::new(basic, configs)),
-            None => Box::new(basic),
+            None => basic,
         };
         let mut searcher: Box<dyn Searcher> = match (self.custom_searcher.take(), file.search.max_concurrent) {
             (Some(custom), _) => custom,
