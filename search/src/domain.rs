@@ -371,7 +371,7 @@ impl Domain {
 
     /// The domain value nearest to model-space coordinate `x`: clamped into
     /// the domain, rounded and quantized as it requires.
-    pub(crate) fn from_model(&self, x: f64) -> Value {
+    pub(crate) fn value_at_model(&self, x: f64) -> Value {
         match *self {
             Domain::Uniform { low, high } => {
                 let v = x.clamp(low, high);

@@ -82,7 +82,7 @@ impl Param {
     }
     fn decode(&self, x: f64) -> Value {
         match self {
-            Param::Numeric { domain, .. } => domain.from_model(x),
+            Param::Numeric { domain, .. } => domain.value_at_model(x),
             Param::Categorical(values) => values.get(x as usize).cloned().unwrap_or(Value::Null),
             Param::Fixed(v) => v.clone(),
         }
@@ -100,7 +100,7 @@ fn flatten(space: &Space, prefix: &[String], out: &mut Vec<(Vec<String>, Param)>
                     (_, Some((lo, hi, _))) => Param::Numeric { domain: d.clone(), lo, hi },
                     (Domain::Choice(v) | Domain::Grid(v), None) => Param::Categorical(v.clone()),
                     (Domain::Const(v), None) => Param::Fixed(v.clone()),
-                    (other, None) => Param::Fixed(other.from_model(0.0)),
+                    (other, None) => Param::Fixed(other.value_at_model(0.0)),
                 };
                 out.push((path, p));
             }
