@@ -148,3 +148,48 @@ fn invalid_checkpoint_and_failure_sections_are_named() {
     check_refused(&with("[failure]\nhang_timeout_s = 0"), &[], "failure.hang_timeout_s: must be a positive number of seconds, got 0");
     check_refused(GOOD, &["failure.retries=3"], "unknown field `retries`");
 }
+
+#[test]
+fn impossible_schedulers_are_refused_naming_the_key() {
+    let with = |section: &str| format!("{GOOD}\n[scheduler]\n{section}\n");
+    check_refused(
+        &with("type = \"asha\"\nreduction_factor = 1"),
+        &[],
+        "sweep.toml: scheduler.reduction_factor: must be greater than 1, got 1",
+    );
+    check_refused(&with("type = \"hyperband\"\nreduction_factor = 0.5"), &[], "scheduler.reduction_factor: must be greater than 1");
+    check_refused(&with("type = \"asha\"\nmax_t = 10\ngrace_period = 20"), &[], "scheduler.grace_period: 20 is greater than max_t = 10");
+    check_refused(&with("type = \"asha\"\ngrace = 2"), &[], "unknown field `grace`");
+    check_refused(&with("type = \"asha\"\nasha_type = \"eager\""), &[], "unknown variant `eager`");
+    check_refused(&with("type = \"pbt\""), &[], "unknown variant `pbt`");
+    check_refused(&with("type = \"median_stopping\"\nmin_samples_required = 0"), &[], "scheduler.min_samples_required: must be at least 1");
+    // No mode: neither the scheduler's nor the experiment's.
+    let no_mode = GOOD.replace("metric = \"loss\"\nmode = \"min\"\n", "") + "\n[scheduler]\ntype = \"asha\"\nmetric = \"loss\"\n";
+    check_refused(&no_mode, &[], "sweep.toml: scheduler.mode: required");
+    // Pausing schedulers resume trials from checkpoints: the experiment must say trials make them.
+    check_refused(
+        &with("type = \"asha\"\nasha_type = \"promotion\""),
+        &[],
+        "scheduler.asha_type: asha_type = \"promotion\" pauses trials and resumes them from their checkpoints: set checkpoint.frequency",
+    );
+    check_refused(&with("type = \"hyperband\""), &[], "scheduler.type: hyperband pauses trials");
+    check_refused(
+        &with("type = \"median_stopping\"\nhard_stop = false"),
+        &[],
+        "scheduler.hard_stop: median_stopping with hard_stop = false pauses trials",
+    );
+    check_refused(&with("type = \"asha\""), &["scheduler.max_t=0"], "scheduler.max_t: must be a positive number, got 0");
+    check_refused(&format!("{GOOD}\n[checkpoint]\nfrequency = 0\n"), &[], "checkpoint.frequency: must be at least 1");
+}
+
+#[test]
+fn tpe_settings_are_checked() {
+    check_refused(&format!("{GOOD}\n[search]\nmultivariate = true\n"), &[], "search.multivariate: is a TPE setting");
+    let no_metric = GOOD.replace("metric = \"loss\"\nmode = \"min\"\n", "") + "\n[search]\nalgorithm = \"tpe\"\n";
+    check_refused(&no_metric, &[], "experiment.metric: required by search.algorithm = \"tpe\"");
+    check_refused(
+        &format!("{GOOD}\n[search]\nalgorithm = \"tpe\"\nn_ei_candidates = 0\n"),
+        &[],
+        "search.n_ei_candidates: must be at least 1",
+    );
+}

@@ -1,0 +1,93 @@
+//! The schedulers on a simulated benchmark (crossing learning curves, a few
+//! good configs among many), against random search with FIFO.
+//!
+//! FIFO runs `--fifo-trials` configs to the end (81 iterations each); its
+//! best final loss is the target and its iterations the budget. Each other
+//! scheduler samples from the same configs; the table gives, as medians
+//! over seeds, the iterations it took to reach FIFO's final loss and the
+//! best final loss it had within half of FIFO's budget.
+//!
+//! `cargo bench -p nestor-tuner --bench schedulers [-- --seeds 10]`
+
+use schedulers::{AshaConfig, AshaType, HyperBandConfig, SchedulerConfig};
+use search::Mode;
+use tuner::simulate::benchmark::{anytime, best_within, crossing_curves, iterations_to_reach};
+use tuner::simulate::Curves;
+use tuner::{CheckpointConfig, ProgressMode, RunConfig, Trainable, TuneConfig, Tuner};
+
+const MAX_T: u64 = 81;
+
+fn sweep(dir: &std::path::Path, name: &str, seed: u64, samples: u64, scheduler: SchedulerConfig, correlation: f64) -> Vec<(u64, f64)> {
+    let curves = Curves::from_table("loss", crossing_curves(400, 7, correlation));
+    let tuner = Tuner::new(Trainable::simulated(curves), search::Space::default())
+        .tune_config(TuneConfig {
+            metric: Some("loss".into()),
+            mode: Some(Mode::Min),
+            num_samples: samples,
+            max_concurrent_trials: Some(8),
+            seed: Some(seed),
+            scheduler,
+            ..Default::default()
+        })
+        .run_config(RunConfig {
+            name: format!("{name}-{seed}-{correlation}"),
+            storage: dir.to_path_buf(),
+            checkpoint: CheckpointConfig { frequency: Some(1), ..Default::default() },
+            progress: ProgressMode::Quiet,
+            ..Default::default()
+        });
+    let grid = tuner.fit().unwrap_or_else(|e| panic!("{name}: {e}"));
+    anytime(&grid, "loss", MAX_T)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |k: &str, d: u64| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (seeds, fifo_trials) = (arg("--seeds", 10), arg("--fifo-trials", 32));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let budget = fifo_trials * MAX_T;
+    let asha = |t: AshaType| {
+        SchedulerConfig::Asha(AshaConfig {
+            asha_type: t,
+            max_t: MAX_T as f64,
+            grace_period: 1.0,
+            reduction_factor: 3.0,
+            ..Default::default()
+        })
+    };
+    let hyperband = SchedulerConfig::Hyperband(HyperBandConfig { max_t: MAX_T as f64, reduction_factor: 3.0, ..Default::default() });
+    println!(
+        "budget: FIFO with random search, {fifo_trials} trials x {MAX_T} iterations = {budget} iterations; medians over {seeds} seeds"
+    );
+    for correlation in [0.5, 0.0] {
+        let started = std::time::Instant::now();
+        let mut targets = Vec::new();
+        for seed in 0..seeds {
+            let curve = sweep(dir.path(), "fifo", seed, fifo_trials, SchedulerConfig::Fifo, correlation);
+            targets.push(best_within(&curve, budget));
+        }
+        println!();
+        println!("curves: speed-to-quality correlation {correlation}");
+        println!("{:<18} {:>24} {:>28} {:>10}", "scheduler", "best final in budget/2", "iterations to FIFO's final", "fraction");
+        println!("{:<18} {:>24.4} {:>28} {:>10}", "fifo (random)", median(targets.clone()), budget, "1.00");
+        for (name, sched) in
+            [("asha stopping", asha(AshaType::Stopping)), ("asha promotion", asha(AshaType::Promotion)), ("hyperband", hyperband.clone())]
+        {
+            let mut reach = Vec::new();
+            let mut half = Vec::new();
+            for seed in 0..seeds {
+                let curve = sweep(dir.path(), name, seed, 1000, sched.clone(), correlation);
+                reach.push(iterations_to_reach(&curve, targets[seed as usize]).map_or(f64::INFINITY, |i| i as f64));
+                half.push(best_within(&curve, budget / 2));
+            }
+            let r = median(reach);
+            println!("{:<18} {:>24.4} {:>28} {:>10.2}", name, median(half), r, r / budget as f64);
+        }
+        println!("({:.1} s for {} simulated sweeps)", started.elapsed().as_secs_f64(), seeds * 4);
+    }
+}

@@ -1,0 +1,168 @@
+//! The simulator: the real Tuner loop on replayed learning curves under a
+//! virtual clock, and the schedulers measured on it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use schedulers::{AshaConfig, AshaType, HyperBandConfig, SchedulerConfig};
+use search::Mode;
+use tuner::simulate::benchmark::{anytime, best_within, crossing_curves, iterations_to_reach};
+use tuner::simulate::Curves;
+use tuner::{Algorithm, CheckpointConfig, ProgressMode, ResultGrid, RunConfig, Trainable, TrialStatus, TuneConfig, Tuner};
+
+fn simulate(dir: &Path, name: &str, seed: u64, samples: u64, scheduler: SchedulerConfig, search: Algorithm) -> ResultGrid {
+    let curves = Curves::from_table("loss", crossing_curves(400, 7, 0.5));
+    Tuner::new(Trainable::simulated(curves), search::Space::default())
+        .tune_config(TuneConfig {
+            metric: Some("loss".into()),
+            mode: Some(Mode::Min),
+            num_samples: samples,
+            max_concurrent_trials: Some(8),
+            seed: Some(seed),
+            scheduler,
+            search,
+            ..Default::default()
+        })
+        .run_config(RunConfig {
+            name: name.into(),
+            storage: dir.to_path_buf(),
+            checkpoint: CheckpointConfig { frequency: Some(1), ..Default::default() },
+            progress: ProgressMode::Quiet,
+            ..Default::default()
+        })
+        .fit()
+        .unwrap()
+}
+
+fn asha(kind: AshaType) -> SchedulerConfig {
+    SchedulerConfig::Asha(AshaConfig { asha_type: kind, max_t: 81.0, grace_period: 1.0, reduction_factor: 3.0, ..Default::default() })
+}
+
+fn hyperband() -> SchedulerConfig {
+    SchedulerConfig::Hyperband(HyperBandConfig { max_t: 81.0, reduction_factor: 3.0, ..Default::default() })
+}
+
+/// How many trials reached each rung milestone.
+fn reached(grid: &ResultGrid, milestones: &[u64]) -> Vec<usize> {
+    milestones.iter().map(|&m| grid.iter().filter(|t| t.history.last().is_some_and(|r| r.training_iteration >= m)).count()).collect()
+}
+
+#[test]
+fn a_thousand_trial_promotion_asha_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let grid = simulate(dir.path(), "promotion", 1, 1000, asha(AshaType::Promotion), Algorithm::Random);
+    assert_eq!(grid.len(), 1000);
+    assert!(grid.iter().all(|t| t.status == TrialStatus::Terminated), "paused trials are ended when the sweep is");
+    // Every paused trial resumed from its checkpoint: no iteration ran twice, none was skipped.
+    let store = tuner::store::Store::open_existing(&dir.path().join("promotion/store")).unwrap();
+    for (id, results) in store.all_results().unwrap() {
+        let its: Vec<u64> = results.iter().map(|r| r.training_iteration).collect();
+        assert_eq!(its, (1..=its.len() as u64).collect::<Vec<_>>(), "{id}");
+    }
+    // Rungs at 1, 3, 9, 27, then max_t 81. Once no new trial comes, every
+    // trial in the top third of a rung is promoted: at least floor(n/3) go on.
+    let r = reached(&grid, &[1, 3, 9, 27, 81]);
+    assert_eq!(r[0], 1000);
+    for k in 0..4 {
+        assert!(r[k + 1] >= r[k] / 3 && r[k + 1] < r[k], "rungs {r:?}");
+    }
+    let iterations: usize = grid.iter().map(|t| t.history.len()).sum();
+    assert!(iterations < 1000 * 81 / 10, "{iterations} iterations");
+}
+
+#[test]
+fn the_same_seed_makes_the_same_sweep() {
+    for (scheduler, search) in [(hyperband(), Algorithm::Random), (asha(AshaType::Stopping), Algorithm::Tpe)] {
+        let dir = tempfile::tempdir().unwrap();
+        let runs: Vec<Vec<(String, serde_json::Value, u64, f64)>> = (0..2)
+            .map(|i| {
+                let grid = simulate(dir.path(), &format!("run{i}"), 5, 150, scheduler.clone(), search);
+                grid.iter()
+                    .flat_map(|t| t.history.iter().map(|r| (t.trial_id.clone(), t.config.clone(), r.training_iteration, r.metrics["loss"])))
+                    .collect()
+            })
+            .collect();
+        assert!(runs[0].len() > 150);
+        assert_eq!(runs[0], runs[1]);
+    }
+}
+
+/// On the simulated benchmark (crossing curves, a few good configs among
+/// many), each scheduler reaches the final loss of random search with FIFO
+/// in at most half of FIFO's iterations (medians over 3 seeds; the full
+/// table comes from `cargo bench -p nestor-tuner --bench schedulers`).
+#[test]
+fn schedulers_reach_fifo_final_loss_in_half_the_iterations() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 32 * 81;
+    let seeds = 0..3u64;
+    let targets: Vec<f64> = seeds
+        .clone()
+        .map(|s| {
+            best_within(
+                &anytime(&simulate(dir.path(), &format!("fifo{s}"), s, 32, SchedulerConfig::Fifo, Algorithm::Random), "loss", 81),
+                budget,
+            )
+        })
+        .collect();
+    for (name, scheduler) in
+        [("asha-stopping", asha(AshaType::Stopping)), ("asha-promotion", asha(AshaType::Promotion)), ("hyperband", hyperband())]
+    {
+        let mut reach: Vec<u64> = seeds
+            .clone()
+            .map(|s| {
+                let grid = simulate(dir.path(), &format!("{name}{s}"), s, 1000, scheduler.clone(), Algorithm::Random);
+                iterations_to_reach(&anytime(&grid, "loss", 81), targets[s as usize]).unwrap_or(u64::MAX)
+            })
+            .collect();
+        reach.sort();
+        assert!(reach[1] <= budget / 2, "{name}: iterations to FIFO's final loss {reach:?}, budget {budget}");
+    }
+}
+
+#[test]
+fn nestor_simulate_leaves_a_normal_experiment() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    for (config, curve) in crossing_curves(60, 3, 0.5) {
+        let line = serde_json::json!({ "config": config, "metrics": curve.metrics, "seconds_per_iteration": curve.seconds_per_iteration });
+        lines.push_str(&format!("{line}\n"));
+    }
+    std::fs::write(dir.path().join("curves.jsonl"), lines).unwrap();
+    let sweep = "[experiment]\nname = \"sim\"\nmetric = \"loss\"\nmode = \"min\"\nnum_samples = 200\nseed = 9\n\
+                 [checkpoint]\nfrequency = 1\n[scheduler]\ntype = \"hyperband\"\nmax_t = 81\n";
+    std::fs::write(dir.path().join("sweep.toml"), sweep).unwrap();
+    let nestor = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_nestor")).args(args).current_dir(dir.path()).output().unwrap();
+        assert!(out.status.success(), "nestor {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let summary = nestor(&["simulate", "sweep.toml", "--curves", "curves.jsonl", "--workers", "4", "--storage", "runs"]);
+    assert!(summary.contains("200 trials (200 TERMINATED)"), "{summary}");
+    assert!(summary.contains("Simulated 200 trials"), "{summary}");
+    let best: serde_json::Value = serde_json::from_str(&nestor(&["best", "runs/sim", "--json"])).unwrap();
+    // The best trial's config is one of the file's lines, and its loss that line's final value.
+    let table: BTreeMap<String, f64> =
+        crossing_curves(60, 3, 0.5).into_iter().map(|(c, curve)| (c.to_string(), *curve.metrics.last().unwrap())).collect();
+    let final_loss = table.get(&best["config"].to_string()).copied().unwrap();
+    assert_eq!(best["metrics"]["training_iteration"], 81.0);
+    assert!((best["metrics"]["loss"].as_f64().unwrap() - final_loss).abs() < 1e-12);
+    let status = nestor(&["status", "runs/sim"]);
+    assert!(status.contains("200 TERMINATED"), "{status}");
+    let csv = nestor(&["export", "runs/sim", "--format", "csv"]);
+    assert!(csv.lines().count() > 200);
+    // A curves file with a bad line is one clear error, naming the line.
+    std::fs::write(dir.path().join("bad.jsonl"), "{\"config\": {\"a\": 1}, \"metrics\": [1]}\n{\"config\": {}, \"metrics\": \"x\"}\n")
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_nestor"))
+        .args(["simulate", "sweep.toml", "--curves", "bad.jsonl", "--storage", "runs2"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "error: bad.jsonl: line 2: `metrics` must be an array of numbers");
+    assert!(!dir.path().join("runs2").exists());
+}
