@@ -1,21 +1,43 @@
 //! The quickstart: tune a small neural network on the red-wine quality data
-//! set, 32 trials, each a 2-worker data-parallel run of in-process Rust
-//! workers (gradients averaged with `all_reduce`), and print the best config,
-//! its validation RMSE and its checkpoint.
+//! set with ASHA, 32 trials, each a 2-worker data-parallel run of in-process
+//! Rust workers (gradients averaged with `all_reduce`); ASHA stops the
+//! unpromising ones early. Prints the best config, its validation RMSE and
+//! its checkpoint.
 //!
 //! ```text
-//! cargo run --release --example quickstart [-- --trials N --epochs E --workers W --storage DIR]
+//! cargo run --release --example quickstart [-- --trials N --epochs E --workers W --storage DIR
+//!                                              --scheduler asha|asha-promotion|hyperband|median|fifo]
 //! ```
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use nestor_examples::{space, train, WineData};
-use tuner::{Mode, RunConfig, ScalingConfig, Scope, Stop, Trainable, TuneConfig, Tuner};
+use tuner::{
+    AshaConfig, AshaType, CheckpointConfig, HyperBandConfig, MedianStoppingConfig, Mode, RunConfig, ScalingConfig, SchedulerConfig, Scope,
+    Stop, Trainable, TuneConfig, Tuner,
+};
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+/// The scheduler named on the command line, over `epochs` epochs: rungs
+/// from a tenth of the run, keeping a third at each.
+fn scheduler(name: &str, epochs: u64) -> Result<SchedulerConfig> {
+    let (max_t, grace) = (epochs as f64, (epochs / 10).max(1) as f64);
+    let asha = |asha_type| AshaConfig { asha_type, max_t, grace_period: grace, reduction_factor: 3.0, ..Default::default() };
+    Ok(match name {
+        "asha" => SchedulerConfig::Asha(asha(AshaType::Stopping)),
+        "asha-promotion" => SchedulerConfig::Asha(asha(AshaType::Promotion)),
+        "hyperband" => {
+            SchedulerConfig::Hyperband(HyperBandConfig { max_t, grace_period: grace, reduction_factor: 3.0, ..Default::default() })
+        }
+        "median" => SchedulerConfig::MedianStopping(MedianStoppingConfig { grace_period: grace, ..Default::default() }),
+        "fifo" => SchedulerConfig::Fifo,
+        other => bail!("--scheduler {other}: expected asha, asha-promotion, hyperband, median or fifo"),
+    })
 }
 
 fn main() -> Result<()> {
@@ -23,29 +45,44 @@ fn main() -> Result<()> {
     let epochs: u64 = arg("--epochs").map_or(Ok(40), |s| s.parse())?;
     let workers: u32 = arg("--workers").map_or(Ok(2), |s| s.parse())?;
     let storage = arg("--storage").unwrap_or_else(|| "nestor-runs".into());
+    let scheduler_name = arg("--scheduler").unwrap_or_else(|| "asha".into());
+    let scheduler = scheduler(&scheduler_name, epochs)?;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     let name = arg("--name").unwrap_or_else(|| format!("wine-quickstart-{stamp}"));
 
     let data = Arc::new(WineData::load()?);
     println!(
-        "Tuning an MLP on red-wine quality: {} training samples, {trials} trials x {epochs} epochs, {workers} data-parallel workers per trial",
+        "Tuning an MLP on red-wine quality with {scheduler_name}: {} training samples, {trials} trials x up to {epochs} epochs, \
+         {workers} data-parallel workers per trial",
         data.n_train()
     );
     let trainable = Trainable::function(move |ctx| train(ctx, &data)).scaling(ScalingConfig::workers(workers));
+    let started = std::time::Instant::now();
     let grid = Tuner::new(trainable, space(epochs))
         .tune_config(TuneConfig {
             metric: Some("val_rmse".into()),
             mode: Some(Mode::Min),
             num_samples: trials,
             seed: Some(42),
+            scheduler,
             ..Default::default()
         })
-        .run_config(RunConfig { name, storage: storage.into(), stop: Stop::new().iterations(epochs), ..Default::default() })
+        .run_config(RunConfig {
+            name,
+            storage: storage.into(),
+            stop: Stop::new().iterations(epochs),
+            // A checkpoint at every rung, so paused trials resume where they stopped.
+            checkpoint: CheckpointConfig { frequency: Some((epochs / 10).max(1)), ..Default::default() },
+            ..Default::default()
+        })
         .fit()?;
 
     let best = grid.best_result(None, None, Scope::Last)?;
     let val = best.metrics.as_ref().and_then(|m| m.get("val_rmse")).copied().unwrap_or(f64::NAN);
+    let ran: usize = grid.iter().map(|t| t.history.len()).sum();
+    let early = grid.iter().filter(|t| (t.history.len() as u64) < epochs).count();
     println!("{} trials: {} terminated, {} errors", grid.len(), grid.num_terminated(), grid.num_errors());
+    println!("{ran} of {} epochs trained ({early} trials stopped early) in {:.1} s", trials * epochs, started.elapsed().as_secs_f64());
     println!("Best trial: {}", best.trial_id);
     println!("  config:     {}", best.config);
     println!("  val_rmse:   {val:.4}");

@@ -166,8 +166,8 @@ pub fn space(epochs: u64) -> Space {
 
 /// One worker of a trial: trains with the context's config, reporting
 /// `val_rmse` and `train_rmse` every epoch and checkpointing every
-/// `checkpoint_every` epochs (and the last). Resumes from the context's
-/// checkpoint.
+/// `[checkpoint] frequency` epochs (else the config's `checkpoint_every`,
+/// default 5) and at the last. Resumes from the context's checkpoint.
 ///
 /// Data-parallel: each global batch of `batch_size` samples is split across
 /// the trial's ranks, and the gradients are summed with `all_reduce` before
@@ -180,7 +180,10 @@ pub fn train(ctx: &mut Context, data: &WineData) -> TrainResult {
     let batch: usize = ctx.param("batch_size")?;
     let weight_decay: f64 = ctx.param("weight_decay")?;
     let epochs: u64 = ctx.param("epochs")?;
-    let checkpoint_every: u64 = ctx.param("checkpoint_every").unwrap_or(5);
+    let checkpoint_every: u64 = match ctx.checkpoint_frequency() {
+        0 => ctx.param("checkpoint_every").unwrap_or(5),
+        n => n,
+    };
     let (rank, world) = (ctx.world_rank() as usize, ctx.world_size() as usize);
     let model = Mlp::new(hidden, 7)?;
     let mut opt = AdamW::new(model.vars.clone(), ParamsAdamW { lr, weight_decay, ..Default::default() })?;

@@ -143,3 +143,48 @@ fn a_trainer_runs_inside_a_sweep() {
         assert_eq!(t.history.len(), 3, "{}", t.trial_id);
     }
 }
+
+/// The quickstart with every scheduler: each ends every trial, and a trial
+/// that was paused resumes from its checkpoint at the iteration after it
+/// (its iterations run 1, 2, ... with none run twice and none skipped).
+#[test]
+fn quickstart_runs_with_every_scheduler_and_paused_trials_resume_from_their_checkpoints() {
+    let exe = bin_dir().join("examples/quickstart");
+    let dir = tempfile::tempdir().unwrap();
+    for scheduler in ["asha", "asha-promotion", "hyperband", "median", "fifo"] {
+        let out = Command::new(&exe)
+            .args(["--trials", "9", "--epochs", "9", "--workers", "1", "--scheduler", scheduler, "--storage"])
+            .arg(dir.path())
+            .args(["--name", scheduler])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{scheduler}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("9 trials: 9 terminated, 0 errors"), "{scheduler}: {stdout}");
+        let exp = dir.path().join(scheduler);
+        let grid = tuner::ResultGrid::load(&exp).unwrap();
+        let store = tuner::store::Store::open_existing(&exp.join("store")).unwrap();
+        for (id, results) in store.all_results().unwrap() {
+            let its: Vec<u64> = results.iter().map(|r| r.training_iteration).collect();
+            assert_eq!(its, (1..=its.len() as u64).collect::<Vec<_>>(), "{scheduler} {id}");
+        }
+        let lengths: Vec<usize> = grid.iter().map(|t| t.history.len()).collect();
+        let resumes: u32 = grid.iter().map(|t| t.resumes).sum();
+        match scheduler {
+            "fifo" => assert!(lengths.iter().all(|&n| n == 9), "{lengths:?}"),
+            // Rungs at 1 and 3 (rf 3, max_t 9): most trials stop at the first.
+            "asha" | "median" => {
+                assert!(lengths.iter().any(|&n| n < 9), "{scheduler} stopped nothing early: {lengths:?}");
+                assert_eq!(resumes, 0);
+            }
+            _ => {
+                assert!(lengths.iter().any(|&n| n < 9) && lengths.iter().any(|&n| n == 9), "{scheduler}: {lengths:?}");
+                assert!(resumes > 0, "{scheduler} resumed no paused trial");
+                // A trial that resumed went past a rung (1 or 3) it had paused at.
+                for t in grid.iter().filter(|t| t.resumes > 0) {
+                    assert!(t.history.len() > 1, "{scheduler} {}: {:?}", t.trial_id, t.history.len());
+                }
+            }
+        }
+    }
+}

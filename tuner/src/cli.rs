@@ -315,10 +315,11 @@ fn status(dir: &Path) -> Result<(), Failure> {
     let metric = grid.metric.clone();
     writeln!(
         out,
-        "{:<12} {:<10} {:>5} {:>8} {:>8} {:<10} {:<14} config",
+        "{:<12} {:<10} {:>5} {:>7} {:>8} {:>8} {:<10} {:<14} config",
         "trial",
         "status",
         "iter",
+        "resumes",
         "restarts",
         "failures",
         "workers",
@@ -336,10 +337,11 @@ fn status(dir: &Path) -> Result<(), Failure> {
         };
         writeln!(
             out,
-            "{:<12} {:<10} {:>5} {:>8} {:>8} {:<10} {:<14} {}",
+            "{:<12} {:<10} {:>5} {:>7} {:>8} {:>8} {:<10} {:<14} {}",
             t.trial_id,
             t.status.as_str(),
             iter,
+            t.resumes,
             t.restarts,
             t.failures,
             workers_summary(&t.resources),

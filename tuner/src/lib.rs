@@ -19,11 +19,11 @@ use std::path::PathBuf;
 pub use config::{Algorithm, CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig};
 pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, SearchSection, TrainerSection};
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
-pub use schedulers::TrialStatus;
+pub use schedulers::{AshaConfig, AshaType, HyperBandConfig, MedianStoppingConfig, TrialStatus};
 pub use tuner::Tuner;
 
 /// Re-exports for writing trainables without naming the other crates.
-pub use search::{Domain, Mode, Space};
+pub use search::{Domain, Mode, Space, TpeOptions};
 pub use trainer::{
     Context, DistBackend, NodeResources, PlacementStrategy, ReduceOp, ReportError, Resources, ScalingConfig, TorchConfig, TrainOutput,
     TrainResult, Trainer,

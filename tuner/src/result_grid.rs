@@ -68,6 +68,8 @@ pub struct TrialOutcome {
     pub error: Option<String>,
     /// How many times it was restarted (after failures or a resume).
     pub restarts: u32,
+    /// How many times it resumed after the scheduler paused it.
+    pub resumes: u32,
     /// How many of its runs failed (and were restarted, or ended it).
     pub failures: u32,
     /// Why its latest failed run failed.
@@ -180,6 +182,7 @@ impl ResultGrid {
                 status: t.status,
                 error: t.error,
                 restarts: t.restarts,
+                resumes: t.resumes,
                 failures: t.failures,
                 last_failure: t.last_failure.clone(),
                 resources: t.resources,
@@ -263,6 +266,7 @@ mod tests {
             status: TrialStatus::Terminated,
             error: None,
             restarts: 0,
+            resumes: 0,
             failures: 0,
             last_failure: None,
             resources: Vec::new(),

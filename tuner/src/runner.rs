@@ -633,6 +633,9 @@ impl Runner {
         if restart {
             record.restarts += 1;
         }
+        if record.status == TrialStatus::Paused {
+            record.resumes += 1;
+        }
         record.status = TrialStatus::Running;
         record.started_at = Some(self.unix_now());
         record.resources = allocation.workers.clone();

@@ -115,6 +115,9 @@ pub struct TrialRecord {
     pub error: Option<String>,
     /// How many times it was restarted (after an interruption or failure).
     pub restarts: u32,
+    /// How many times it resumed after the scheduler paused it.
+    #[serde(default)]
+    pub resumes: u32,
     /// How many of its runs failed (a rank died, exited non-zero or hung).
     #[serde(default)]
     pub failures: u32,
@@ -148,6 +151,7 @@ impl TrialRecord {
             ended_at: None,
             error: None,
             restarts: 0,
+            resumes: 0,
             failures: 0,
             last_failure: None,
             num_results: 0,
