@@ -233,3 +233,61 @@ fn a_ddp_rank_killed_mid_epoch_is_restarted_and_the_trial_ends_as_an_uninterrupt
     assert_eq!(sums_f.get(&6), sums_r.get(&6), "rank 1's parameters after epoch 6");
     assert!(processes_mentioning(&storage).is_empty(), "a worker survived");
 }
+
+/// The DDP example with each scheduler from TOML (`--set scheduler...`):
+/// every trial ends, and a trial that was paused resumes both ranks from its
+/// checkpoint and goes on at the next epoch.
+#[test]
+fn the_ddp_sweep_runs_with_each_scheduler_and_paused_trials_resume_their_ranks_from_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().display().to_string();
+    let schedulers: [(&str, &[&str]); 4] = [
+        ("asha", &["scheduler.type=\"asha\"", "scheduler.max_t=4", "scheduler.reduction_factor=2"]),
+        (
+            "asha-promotion",
+            &["scheduler.type=\"asha\"", "scheduler.asha_type=\"promotion\"", "scheduler.max_t=4", "scheduler.reduction_factor=2"],
+        ),
+        ("hyperband", &["scheduler.type=\"hyperband\"", "scheduler.max_t=4", "scheduler.reduction_factor=2"]),
+        ("median", &["scheduler.type=\"median_stopping\"", "scheduler.min_samples_required=1"]),
+    ];
+    for (name, sets) in schedulers {
+        let mut args = vec!["run", "examples/torch_ddp/sweep.toml", "--storage", &storage, "--plain"];
+        let exp_name = format!("experiment.name=\"ddp-{name}\"");
+        for s in sets.iter().copied().chain(["checkpoint.frequency=1", exp_name.as_str()]) {
+            args.extend(["--set", s]);
+        }
+        let stdout = ok(nestor_in_venv(&args).output().unwrap());
+        assert!(stdout.contains("4 trials (4 TERMINATED)"), "{name}: {stdout}");
+        let exp = dir.path().join(format!("ddp-{name}"));
+        let grid = tuner::ResultGrid::load(&exp).unwrap();
+        let lengths: Vec<usize> = grid.iter().map(|t| t.history.len()).collect();
+        assert!(lengths.iter().any(|&n| n < 4), "{name} stopped no trial early: {lengths:?}");
+        let store = tuner::store::Store::open_existing(&exp.join("store")).unwrap();
+        for (id, results) in store.all_results().unwrap() {
+            let its: Vec<u64> = results.iter().map(|r| r.training_iteration).collect();
+            assert_eq!(its, (1..=its.len() as u64).collect::<Vec<_>>(), "{name} {id}: an epoch ran twice or was skipped");
+        }
+        let resumed: Vec<&tuner::TrialOutcome> = grid.iter().filter(|t| t.resumes > 0).collect();
+        if name == "hyperband" {
+            // Four trials in one bracket: at least one survivor of rung 1 paused there (only the last to arrive goes straight on).
+            assert!(!resumed.is_empty(), "{name}: no paused trial resumed");
+        }
+        for t in resumed {
+            for rank in 0..2 {
+                let (sums, log) = rank_log(&exp, &t.trial_id, rank);
+                // Each run after a pause starts from the checkpoint of the epoch it paused at.
+                let resumes: Vec<u64> = log
+                    .lines()
+                    .filter_map(|l| l.strip_prefix(&format!("rank {rank}: resumed from ")))
+                    .map(|l| l.rsplit("after epoch ").next().unwrap().parse().unwrap())
+                    .collect();
+                assert_eq!(resumes.len() as u32, t.resumes, "{name} {}: {log}", t.trial_id);
+                for e in &resumes {
+                    assert!(log.contains(&format!("checkpoint_{e:06}/rank-0 after epoch {e}")), "{log}");
+                    assert!(sums.contains_key(&(e + 1)), "{name} {}: nothing trained after epoch {e}: {log}", t.trial_id);
+                }
+                assert_eq!(sums.keys().copied().collect::<Vec<_>>(), (1..=t.history.len() as u64).collect::<Vec<_>>());
+            }
+        }
+    }
+}
