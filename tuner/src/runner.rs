@@ -188,6 +188,9 @@ pub(crate) struct Runner {
     pub told_no_more: bool,
     /// The scheduler state last written to the store.
     pub saved_scheduler: String,
+    /// For each live trial, how many of its results the scheduler has seen:
+    /// saved with its state, so a resume replays only the rest.
+    pub seen: HashMap<String, u64>,
     /// The clock's origin (the backend's virtual clock replaces it).
     pub origin: Instant,
     /// Unix time at `origin`.
@@ -453,7 +456,7 @@ impl Runner {
                 self.terminate_paused(rec, &mut commits.ended)?;
             }
         }
-        self.store.put_meta("scheduler", &self.scheduler.save())?;
+        self.save_scheduler()?;
         self.commit_now(&flusher, &mut running, &mut commits).await?;
         // A simulation syncs here only (a real sweep synced every batch already).
         self.store.flush()?;
@@ -520,6 +523,7 @@ impl Runner {
         rec.ended_at = Some(self.unix_now());
         self.store.put_trial(&rec)?;
         self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
+        self.seen.remove(&rec.id);
         if let Err(e) = self.store.put_meta("searcher", &self.searcher.save()) {
             tracing::warn!(error = %e, "could not save the searcher state");
         }
@@ -527,10 +531,12 @@ impl Runner {
         Ok(())
     }
 
-    /// Writes the scheduler's state when it changed, so a resumed sweep
-    /// continues the same schedule (made durable with the next flush).
+    /// Writes the scheduler's state, with how many results of each live
+    /// trial it has seen, when either changed, so a resumed sweep continues
+    /// the same schedule (made durable with the next flush; a resume replays
+    /// the results stored after it).
     fn save_scheduler(&mut self) -> Result<(), TuneError> {
-        let state = self.scheduler.save();
+        let state = serde_json::json!({ "version": 1, "scheduler": self.scheduler.save(), "seen": self.seen });
         let text = state.to_string();
         if text != self.saved_scheduler {
             self.store.put_meta("scheduler", &state)?;
@@ -780,6 +786,7 @@ impl Runner {
                 self.store.put_trial(&rec)?;
                 self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref());
                 self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
+                self.seen.remove(&rec.id);
                 ended.push(rec);
             }
         }
@@ -842,6 +849,7 @@ impl Runner {
         }
         self.scheduler.on_trial_error(&view(&rec));
         self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
+        self.seen.remove(&rec.id);
         if self.first_error.is_none() {
             self.first_error = Some(format!("{}: {msg}", rec.id));
         }
@@ -980,6 +988,7 @@ impl Runner {
         }
         let v = view(&r.record);
         let decision = self.scheduler.on_trial_result(&v, result);
+        self.seen.insert(result.trial_id.clone(), result.seq + 1);
         let stop = self.stopper.should_stop_trial(&result.trial_id, result);
         self.searcher.on_trial_result(&result.trial_id, result);
         if r.ending.is_some() {
@@ -997,6 +1006,6 @@ impl Runner {
     }
 }
 
-fn view(record: &TrialRecord) -> TrialView<'_> {
+pub(crate) fn view(record: &TrialRecord) -> TrialView<'_> {
     TrialView { id: &record.id, config: &record.config, status: record.status, num_results: record.num_results }
 }

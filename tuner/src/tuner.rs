@@ -294,6 +294,8 @@ impl Tuner {
         };
         let mut pending = VecDeque::new();
         let mut paused = Vec::new();
+        let mut seen: std::collections::HashMap<String, u64> = Default::default();
+        let mut replay = false;
         let mut next_index = 0;
         let mut finished = (0, 0);
         let store = if resuming {
@@ -301,8 +303,16 @@ impl Tuner {
             if let Some(state) = store.meta("searcher")? {
                 searcher.restore(&state)?;
             }
-            if let Some(state) = store.meta("scheduler")? {
-                scheduler.restore(&state).map_err(|e| TuneError::Corrupt(exp_dir.clone(), e.to_string()))?;
+            // The scheduler's state, and how many results of each live trial it had seen.
+            let saved = store.meta("scheduler")?;
+            if let Some(saved) = &saved {
+                let state = saved.get("scheduler").unwrap_or(saved);
+                scheduler.restore(state).map_err(|e| TuneError::Corrupt(exp_dir.clone(), e.to_string()))?;
+                if let Some(s) = saved.get("seen") {
+                    seen = serde_json::from_value(s.clone())
+                        .map_err(|e| TuneError::Corrupt(exp_dir.clone(), format!("scheduler state: {e}")))?;
+                    replay = true;
+                }
             }
             for mut t in store.trials()? {
                 if !t.status.is_finished() {
@@ -315,6 +325,10 @@ impl Tuner {
                     schedulers::TrialStatus::Paused => paused.push(t),
                     _ => pending.push_back(t),
                 }
+            }
+            if replay {
+                let mut lists = TrialLists { pending: &mut pending, paused: &mut paused, finished: &mut finished };
+                replay_unseen(&store, &mut *scheduler, &mut *searcher, &mut seen, &mut lists)?;
             }
             store
         } else {
@@ -393,6 +407,7 @@ impl Tuner {
             first_error: None,
             dirty: Default::default(),
             paused,
+            seen,
             told_no_more: false,
             saved_scheduler: String::new(),
             origin: std::time::Instant::now(),
@@ -403,6 +418,58 @@ impl Tuner {
             Finish::Done => Ok(ResultGrid::from_store(&exp_dir, &store)?),
         }
     }
+}
+
+/// The trials of a resumed sweep, by what happens to them next.
+struct TrialLists<'a> {
+    pending: &'a mut VecDeque<crate::store::TrialRecord>,
+    paused: &'a mut Vec<crate::store::TrialRecord>,
+    finished: &'a mut (u64, u64),
+}
+
+/// Feeds the scheduler the results stored after its saved state (the
+/// driver died between a result's flush and the state's), in the order they
+/// were stored, and applies its decisions as the sweep would have: a trial
+/// it stops ends TERMINATED, one it pauses is PAUSED.
+fn replay_unseen(
+    store: &Store,
+    scheduler: &mut dyn Scheduler,
+    searcher: &mut dyn Searcher,
+    seen: &mut std::collections::HashMap<String, u64>,
+    lists: &mut TrialLists<'_>,
+) -> Result<(), TuneError> {
+    use schedulers::{Decision, TrialStatus};
+    let mut unseen = Vec::new();
+    for t in lists.pending.iter() {
+        let from = seen.get(&t.id).copied().unwrap_or(0);
+        unseen.extend(store.results(&t.id)?.into_iter().filter(|r| r.seq >= from));
+    }
+    let at = |r: &search::TrialResult| r.metrics.get("timestamp").copied().unwrap_or(0.0);
+    unseen.sort_by(|a, b| at(a).total_cmp(&at(b)).then(a.trial_id.cmp(&b.trial_id)).then(a.seq.cmp(&b.seq)));
+    for r in unseen {
+        let Some(i) = lists.pending.iter().position(|t| t.id == r.trial_id) else { continue };
+        tracing::info!(trial = %r.trial_id, iteration = r.training_iteration, "replaying a result the scheduler had not seen");
+        let decision = scheduler.on_trial_result(&crate::runner::view(&lists.pending[i]), &r);
+        searcher.on_trial_result(&r.trial_id, &r);
+        seen.insert(r.trial_id.clone(), r.seq + 1);
+        let Some(mut t) = (decision != Decision::Continue).then(|| lists.pending.remove(i)).flatten() else { continue };
+        if decision == Decision::Pause {
+            t.status = TrialStatus::Paused;
+            store.put_trial(&t)?;
+            let at = lists.paused.partition_point(|p| p.index < t.index);
+            lists.paused.insert(at, t);
+        } else {
+            t.status = TrialStatus::Terminated;
+            t.ended_at = Some(crate::runner::now_unix());
+            store.put_trial(&t)?;
+            scheduler.on_trial_complete(&crate::runner::view(&t), t.last_result.as_ref());
+            searcher.on_trial_complete(&t.id, t.last_result.as_ref(), false);
+            seen.remove(&t.id);
+            lists.finished.0 += 1;
+        }
+    }
+    store.flush()?;
+    Ok(())
 }
 
 /// Deletes every checkpoint in storage that the store does not hold as
