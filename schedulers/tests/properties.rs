@@ -1,0 +1,281 @@
+//! Property tests of the schedulers' invariants, on random sweeps driven the
+//! way the Tuner drives them (slots, pausing, resuming, failures, the end of
+//! the search):
+//!
+//! - stopping ASHA never keeps a trial below its rung's cutoff;
+//! - promotion ASHA never leaves a slot idle while a promotable trial is
+//!   paused, and promotes only trials in their rung's top third;
+//! - HyperBand and the median rule never leave a trial paused forever.
+
+use proptest::prelude::*;
+
+use schedulers::{
+    AshaConfig, AshaType, Decision, HyperBandConfig, MedianStoppingConfig, Scheduler, SchedulerConfig, Score, TrialStatus, TrialView,
+};
+use search::{Mode, TrialResult};
+
+const CONFIG: serde_json::Value = serde_json::Value::Null;
+const MAX_T: u64 = 9;
+const RF: f64 = 3.0;
+
+fn view(id: &str) -> TrialView<'_> {
+    TrialView { id, config: &CONFIG, status: TrialStatus::Running, num_results: 0 }
+}
+
+fn result(id: &str, t: u64, loss: f64) -> TrialResult {
+    TrialResult {
+        trial_id: id.into(),
+        seq: t - 1,
+        training_iteration: t,
+        metrics: [("loss".to_string(), loss)].into_iter().collect(),
+        checkpoint: None,
+    }
+}
+
+fn build(c: SchedulerConfig) -> Box<dyn Scheduler> {
+    c.build(Some("loss"), Some(Mode::Min)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A loss: mostly finite, sometimes NaN or infinite.
+fn loss() -> impl Strategy<Value = f64> {
+    prop_oneof![20 => 0.0f64..10.0, 1 => Just(f64::NAN), 1 => Just(f64::INFINITY)]
+}
+
+/// A random sweep: per trial a curve of MAX_T losses and maybe an iteration
+/// it fails at; the order in which running trials advance; the slots.
+#[derive(Debug, Clone)]
+struct Sweep {
+    curves: Vec<Vec<f64>>,
+    fails: Vec<Option<u64>>,
+    order: Vec<usize>,
+    slots: usize,
+}
+
+fn sweep() -> impl Strategy<Value = Sweep> {
+    (2usize..16, 1usize..5).prop_flat_map(|(n, slots)| {
+        (
+            proptest::collection::vec(proptest::collection::vec(loss(), MAX_T as usize), n),
+            proptest::collection::vec(prop_oneof![6 => Just(None), 1 => (1..=MAX_T).prop_map(Some)], n),
+            proptest::collection::vec(0usize..1000, 1..400),
+        )
+            .prop_map(move |(curves, fails, order)| Sweep { curves, fails, order, slots })
+    })
+}
+
+/// What a checker sees of the drive.
+enum Event<'a> {
+    /// `trial` reported `iteration`; the scheduler decided `decision`.
+    Result { trial: &'a str, iteration: u64, loss: f64, decision: Decision },
+    /// `choose_trial_to_run` over `paused` returned `chosen`.
+    Chose { paused: &'a [String], chosen: Option<usize> },
+}
+
+/// Drives `s` through `sw` as the Tuner would; returns the trials still
+/// paused when nothing runs and nothing new can start.
+fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) -> Vec<String> {
+    let ids: Vec<String> = (0..sw.curves.len()).map(|i| format!("t{i:02}")).collect();
+    let (mut running, mut paused): (Vec<(usize, u64)>, Vec<(usize, u64)>) = (Vec::new(), Vec::new());
+    let (mut created, mut told, mut step) = (0usize, false, 0usize);
+    let apply_stopped = |s: &mut dyn Scheduler, running: &mut Vec<(usize, u64)>, paused: &mut Vec<(usize, u64)>| {
+        for id in s.take_stopped() {
+            running.retain(|(t, _)| ids[*t] != id);
+            paused.retain(|(t, _)| ids[*t] != id);
+        }
+    };
+    loop {
+        while running.len() < sw.slots {
+            let can_add = created < ids.len();
+            if !paused.is_empty() {
+                let names: Vec<String> = paused.iter().map(|(t, _)| ids[*t].clone()).collect();
+                let views: Vec<TrialView<'_>> = names.iter().map(|n| view(n)).collect();
+                let chosen = s.choose_trial_to_run(&views, can_add);
+                check(Event::Chose { paused: &names, chosen });
+                if let Some(i) = chosen {
+                    running.push(paused.remove(i));
+                    continue;
+                }
+            }
+            if can_add {
+                s.on_trial_add(&TrialView { id: &ids[created], config: &CONFIG, status: TrialStatus::Pending, num_results: 0 });
+                running.push((created, 1));
+                created += 1;
+                continue;
+            }
+            if !told {
+                told = true;
+                s.on_no_more_trials();
+                apply_stopped(s, &mut running, &mut paused);
+                continue;
+            }
+            break;
+        }
+        apply_stopped(s, &mut running, &mut paused);
+        if running.is_empty() {
+            if !told && !paused.is_empty() {
+                told = true;
+                s.on_no_more_trials();
+                apply_stopped(s, &mut running, &mut paused);
+                continue;
+            }
+            return paused.iter().map(|(t, _)| ids[*t].clone()).collect();
+        }
+        let r = sw.order[step % sw.order.len()] % running.len();
+        step += 1;
+        let (t, it) = running[r];
+        if sw.fails[t] == Some(it) {
+            running.remove(r);
+            s.on_trial_error(&view(&ids[t]));
+            continue;
+        }
+        let loss = sw.curves[t][it as usize - 1];
+        let decision = s.on_trial_result(&view(&ids[t]), &result(&ids[t], it, loss));
+        check(Event::Result { trial: &ids[t], iteration: it, loss, decision });
+        match decision {
+            Decision::Continue if it == MAX_T => {
+                running.remove(r);
+                s.on_trial_complete(&view(&ids[t]), None);
+            }
+            Decision::Continue => running[r].1 += 1,
+            Decision::Pause => {
+                running.remove(r);
+                paused.push((t, it + 1));
+            }
+            Decision::Stop => {
+                running.remove(r);
+            }
+        }
+    }
+}
+
+fn asha(kind: AshaType) -> SchedulerConfig {
+    SchedulerConfig::Asha(AshaConfig {
+        asha_type: kind,
+        max_t: MAX_T as f64,
+        grace_period: 1.0,
+        reduction_factor: RF,
+        ..Default::default()
+    })
+}
+
+/// A rung as the documented rules define it: results in arrival order.
+#[derive(Default)]
+struct Rung {
+    entries: Vec<(String, Score, bool)>,
+}
+
+impl Rung {
+    /// Indices of the top `floor(n / rf)`, best first, ties to the earlier.
+    fn top(&self) -> Vec<usize> {
+        let mut idx: Vec<usize> = (0..self.entries.len()).collect();
+        idx.sort_by(|&a, &b| self.entries[b].1.value().total_cmp(&self.entries[a].1.value()));
+        idx.truncate((self.entries.len() as f64 / RF).floor() as usize);
+        idx
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn stopping_asha_never_keeps_a_trial_below_its_rungs_cutoff(sw in sweep()) {
+        let mut s = build(asha(AshaType::Stopping));
+        // Rungs at 1 and 3: every trial reaches each in one report, in order.
+        let mut rungs: [Vec<Score>; 2] = Default::default();
+        let mut violations = Vec::new();
+        drive(&mut *s, &sw, &mut |e| {
+            let Event::Result { trial, iteration, loss, decision } = e else { return };
+            if iteration >= MAX_T {
+                if decision != Decision::Stop {
+                    violations.push(format!("{trial} not stopped at max_t"));
+                }
+                return;
+            }
+            let Some(k) = [1, 3].iter().position(|&m| m == iteration) else {
+                if decision != Decision::Continue {
+                    violations.push(format!("{trial} stopped at {iteration}, not a rung"));
+                }
+                return;
+            };
+            let score = Score::of(Mode::Min, loss);
+            let rung = &mut rungs[k];
+            rung.push(score);
+            let n = rung.len();
+            let keep = (n as f64 / RF).ceil() as usize;
+            let better = rung.iter().filter(|s| **s > score).count();
+            let in_top = score.is_finite() && ((n as f64) < RF || better < keep);
+            if decision == Decision::Continue && !in_top {
+                violations.push(format!("{trial} kept at rung {iteration} below the cutoff ({better} of {n} better, keep {keep})"));
+            }
+            if decision == Decision::Stop && in_top {
+                violations.push(format!("{trial} stopped at rung {iteration} inside the top ({better} of {n} better)"));
+            }
+        });
+        prop_assert!(violations.is_empty(), "{:?}", violations);
+    }
+
+    #[test]
+    fn promotion_asha_never_idles_a_slot_while_a_trial_is_promotable(sw in sweep()) {
+        let mut s = build(asha(AshaType::Promotion));
+        let mut rungs: [Rung; 2] = Default::default();
+        let mut violations = Vec::new();
+        drive(&mut *s, &sw, &mut |e| match e {
+            Event::Result { trial, iteration, loss, decision } => {
+                if let Some(k) = [1, 3].iter().position(|&m| m == iteration) {
+                    rungs[k].entries.push((trial.to_string(), Score::of(Mode::Min, loss), decision == Decision::Continue));
+                    if decision == Decision::Continue && !rungs[k].top().iter().any(|&i| rungs[k].entries[i].0 == trial) {
+                        violations.push(format!("{trial} went on from rung {iteration} outside its top third"));
+                    }
+                }
+            }
+            Event::Chose { paused, chosen } => {
+                // The paused trials promotable by the rules, highest rung first.
+                let promotable: Vec<(usize, usize)> = (0..2)
+                    .rev()
+                    .flat_map(|k| rungs[k].top().into_iter().map(move |i| (k, i)))
+                    .filter(|&(k, i)| {
+                        let (id, score, promoted) = &rungs[k].entries[i];
+                        !promoted && score.is_finite() && paused.contains(id)
+                    })
+                    .collect();
+                match chosen {
+                    None if !promotable.is_empty() => violations.push(format!("a slot idles while {:?} is promotable", rungs[promotable[0].0].entries[promotable[0].1].0)),
+                    None => {}
+                    Some(i) => {
+                        let id = &paused[i];
+                        match promotable.iter().find(|&&(k, j)| &rungs[k].entries[j].0 == id) {
+                            Some(&(k, j)) => {
+                                rungs[k].entries[j].2 = true;
+                                if promotable[0].0 != k {
+                                    violations.push(format!("{id} promoted from rung {k} while a higher rung had a promotable trial"));
+                                }
+                            }
+                            None => violations.push(format!("{id} promoted, but not promotable")),
+                        }
+                    }
+                }
+            }
+        });
+        prop_assert!(violations.is_empty(), "{:?}", violations);
+    }
+
+    #[test]
+    fn hyperband_leaves_no_trial_paused_forever(sw in sweep(), max_t in prop_oneof![Just(3.0), Just(9.0)]) {
+        let mut s = build(SchedulerConfig::Hyperband(HyperBandConfig { max_t, ..Default::default() }));
+        let left = drive(&mut *s, &sw, &mut |_| {});
+        prop_assert!(left.is_empty(), "paused forever: {:?}", left);
+    }
+
+    #[test]
+    fn the_pausing_median_rule_leaves_no_trial_paused_forever(sw in sweep()) {
+        let c = MedianStoppingConfig { hard_stop: false, min_samples_required: 1, ..Default::default() };
+        let mut s = build(SchedulerConfig::MedianStopping(c));
+        let mut paused_once = std::collections::BTreeMap::<String, u32>::new();
+        let left = drive(&mut *s, &sw, &mut |e| {
+            if let Event::Result { trial, decision: Decision::Pause, .. } = e {
+                *paused_once.entry(trial.to_string()).or_default() += 1;
+            }
+        });
+        prop_assert!(left.is_empty(), "paused forever: {:?}", left);
+        prop_assert!(paused_once.values().all(|&n| n == 1), "a trial paused twice: {:?}", paused_once);
+    }
+}
