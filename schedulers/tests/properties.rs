@@ -74,7 +74,9 @@ enum Event<'a> {
 /// paused when nothing runs and nothing new can start.
 fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) -> Vec<String> {
     let ids: Vec<String> = (0..sw.curves.len()).map(|i| format!("t{i:02}")).collect();
-    let (mut running, mut paused): (Vec<(usize, u64)>, Vec<(usize, u64)>) = (Vec::new(), Vec::new());
+    // (trial, next iteration) of the running and the paused trials.
+    let mut running: Vec<(usize, u64)> = Vec::new();
+    let mut paused: Vec<(usize, u64)> = Vec::new();
     let (mut created, mut told, mut step) = (0usize, false, 0usize);
     let apply_stopped = |s: &mut dyn Scheduler, running: &mut Vec<(usize, u64)>, paused: &mut Vec<(usize, u64)>| {
         for id in s.take_stopped() {
