@@ -456,6 +456,7 @@ impl Runner {
                 self.terminate_paused(rec, &mut commits.ended)?;
             }
         }
+        self.saved_scheduler.clear();
         self.save_scheduler()?;
         self.commit_now(&flusher, &mut running, &mut commits).await?;
         // A simulation syncs here only (a real sweep synced every batch already).
@@ -531,15 +532,16 @@ impl Runner {
         Ok(())
     }
 
-    /// Writes the scheduler's state, with how many results of each live
-    /// trial it has seen, when either changed, so a resumed sweep continues
-    /// the same schedule (made durable with the next flush; a resume replays
-    /// the results stored after it).
+    /// Writes the scheduler's state when it changed, with how many results
+    /// of each live trial it has seen, so a resumed sweep continues the same
+    /// schedule (made durable with the next flush; a resume replays the
+    /// results stored after it). Results that left the state as it was are
+    /// not worth a write: replaying them leaves it so again.
     fn save_scheduler(&mut self) -> Result<(), TuneError> {
-        let state = serde_json::json!({ "version": 1, "scheduler": self.scheduler.save(), "seen": self.seen });
+        let state = self.scheduler.save();
         let text = state.to_string();
         if text != self.saved_scheduler {
-            self.store.put_meta("scheduler", &state)?;
+            self.store.put_meta("scheduler", &serde_json::json!({ "version": 1, "scheduler": state, "seen": self.seen }))?;
             self.saved_scheduler = text;
         }
         Ok(())
