@@ -1,5 +1,5 @@
 //! The quickstart: tune a small neural network on the red-wine quality data
-//! set with ASHA, 32 trials, each a 2-worker data-parallel run of in-process
+//! set with ASHA, 64 trials, each a 2-worker data-parallel run of in-process
 //! Rust workers (gradients averaged with `all_reduce`); ASHA stops the
 //! unpromising ones early. Prints the best config, its validation RMSE and
 //! its checkpoint.
@@ -41,7 +41,7 @@ fn scheduler(name: &str, epochs: u64) -> Result<SchedulerConfig> {
 }
 
 fn main() -> Result<()> {
-    let trials: u64 = arg("--trials").map_or(Ok(32), |s| s.parse())?;
+    let trials: u64 = arg("--trials").map_or(Ok(64), |s| s.parse())?;
     let epochs: u64 = arg("--epochs").map_or(Ok(40), |s| s.parse())?;
     let workers: u32 = arg("--workers").map_or(Ok(2), |s| s.parse())?;
     let storage = arg("--storage").unwrap_or_else(|| "nestor-runs".into());
