@@ -188,3 +188,46 @@ fn quickstart_runs_with_every_scheduler_and_paused_trials_resume_from_their_chec
         }
     }
 }
+
+/// `wine.toml` (worker processes) with each scheduler from TOML: every
+/// trial ends, and paused trials resume from their checkpoints at the epoch
+/// after the one they paused at.
+#[test]
+fn wine_toml_runs_with_each_scheduler_and_paused_workers_resume_from_checkpoints() {
+    let nestor = bin_dir().join("nestor");
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let worker = format!("trainer.command=[{:?}]", env!("CARGO_BIN_EXE_wine-worker"));
+    let schedulers: [(&str, &[&str]); 4] = [
+        ("asha", &["scheduler.max_t=6"]),
+        ("promotion", &["scheduler.max_t=6", "scheduler.asha_type=\"promotion\""]),
+        ("hyperband", &["scheduler={ type = \"hyperband\", max_t = 6, reduction_factor = 2 }"]),
+        ("median", &["scheduler={ type = \"median_stopping\", min_samples_required = 1 }"]),
+    ];
+    for (name, sets) in schedulers {
+        let exp_name = format!("experiment.name=\"{name}\"");
+        let mut args: Vec<&str> =
+            vec!["experiment.num_samples=8", "space.epochs=6", "stop.training_iteration=6", "checkpoint.frequency=1", &worker, &exp_name];
+        args.extend(sets);
+        let mut cmd = Command::new(&nestor);
+        cmd.arg("run").arg(manifest.join("wine.toml")).arg("--storage").arg(dir.path());
+        for a in args {
+            cmd.args(["--set", a]);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("8 trials (8 TERMINATED)"), "{name}: {stdout}");
+        let exp = dir.path().join(name);
+        let grid = tuner::ResultGrid::load(&exp).unwrap();
+        assert!(grid.iter().any(|t| t.history.len() < 6), "{name} stopped no trial early");
+        let store = tuner::store::Store::open_existing(&exp.join("store")).unwrap();
+        for (id, results) in store.all_results().unwrap() {
+            let its: Vec<u64> = results.iter().map(|r| r.training_iteration).collect();
+            assert_eq!(its, (1..=its.len() as u64).collect::<Vec<_>>(), "{name} {id}: an epoch ran twice or was skipped");
+        }
+        if name == "hyperband" {
+            assert!(grid.iter().any(|t| t.resumes > 0), "{name}: no paused trial resumed");
+        }
+    }
+}

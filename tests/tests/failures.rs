@@ -126,7 +126,7 @@ fn after_max_failures_the_trial_is_error_and_the_sweep_goes_on() {
     assert_eq!(left, vec!["checkpoint_000001"]);
     let status = ok(nestor(dir.path(), &["status", "runs/flaky"]));
     assert!(
-        status.lines().any(|l| l.starts_with(&failing.trial_id) && l.contains("ERROR") && l.split_whitespace().nth(4) == Some("3")),
+        status.lines().any(|l| l.starts_with(&failing.trial_id) && l.contains("ERROR") && l.split_whitespace().nth(5) == Some("3")),
         "{status}"
     );
 }

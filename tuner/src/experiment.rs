@@ -483,13 +483,15 @@ fn apply_set(table: &mut toml::Table, arg: &str) -> Result<(), ExperimentError> 
     let (key, raw) = arg.split_once('=').ok_or_else(|| set_err("expected key=value, e.g. experiment.num_samples=8"))?;
     let key = key.trim();
     let parts: Vec<&str> = key.split('.').collect();
-    if parts.len() < 2 || parts.iter().any(|p| p.is_empty()) {
-        return Err(set_err("the key must name a section and a field, e.g. experiment.num_samples"));
-    }
     let value = match format!("v = {raw}").parse::<toml::Table>() {
         Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
         Err(_) => toml::Value::String(raw.to_string()),
     };
+    // A whole section may be replaced by a table: --set 'scheduler={ type = "hyperband" }'.
+    let whole_section = parts.len() == 1 && value.is_table();
+    if (parts.len() < 2 && !whole_section) || parts.iter().any(|p| p.is_empty()) {
+        return Err(set_err("the key must name a section and a field (e.g. experiment.num_samples), or a section and a table"));
+    }
     let mut cur = table;
     for p in &parts[..parts.len() - 1] {
         let entry = cur.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
@@ -571,5 +573,14 @@ command = ["worker"]
         assert!(err(GOOD, &["experiment.nope=1"]).contains("unknown field `nope`"));
         assert_eq!(err(GOOD, &["nonsense"]), "--set nonsense: expected key=value, e.g. experiment.num_samples=8");
         assert_eq!(err(GOOD, &["space.lr={ uniform = [1, 0] }"]), "sweep.toml: space.lr: uniform low 1.0 > high 0.0");
+    }
+
+    #[test]
+    fn a_whole_section_can_be_replaced_by_a_table() {
+        let sets = ["scheduler={ type = \"hyperband\", max_t = 9 }".into(), "checkpoint.frequency=1".into()];
+        let r = ExperimentFile::parse(GOOD, "f.toml", &sets).unwrap();
+        assert!(matches!(r.file.scheduler, SchedulerConfig::Hyperband(ref h) if h.max_t == 9.0));
+        let err = ExperimentFile::parse(GOOD, "f.toml", &["scheduler=3".into()]).unwrap_err().to_string();
+        assert!(err.contains("must name a section and a field"), "{err}");
     }
 }

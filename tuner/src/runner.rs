@@ -256,6 +256,9 @@ impl Runner {
                             self.store.create_trial(&record, &self.searcher.save())?;
                             let view = view(&record);
                             self.scheduler.on_trial_add(&view);
+                            if !self.simulated() {
+                                self.save_scheduler()?;
+                            }
                             files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: record.config.clone() });
                             next = Some(record);
                         }
@@ -789,6 +792,10 @@ impl Runner {
                 self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref());
                 self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
                 self.seen.remove(&rec.id);
+                // What the searcher learnt from it survives a crash (it is durable with the trial's end).
+                if !self.simulated() {
+                    self.store.put_meta("searcher", &self.searcher.save())?;
+                }
                 ended.push(rec);
             }
         }
