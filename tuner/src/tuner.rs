@@ -209,9 +209,11 @@ impl Tuner {
         if self.file.experiment.seed.is_none() {
             self.file.experiment.seed = Some(random_seed());
         }
+        // Check everything before anything is written: settings made in Rust
+        // get the checks a file gets.
+        self.file.clone().resolve(&self.origin)?;
         let file = &self.file;
         let seed = file.experiment.seed.unwrap_or(0);
-        // Check everything before anything is written.
         let trainable = match (self.trainable.take(), &file.trainer) {
             (Some(t), _) => t,
             (None, Some(t)) => Trainable::process(process_config(t, &self.origin)?).scaling(t.scaling()),

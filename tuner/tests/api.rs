@@ -148,8 +148,25 @@ fn a_bad_point_is_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let config = TuneConfig { points_to_evaluate: vec![serde_json::json!({"x": 3.0})], ..tune(2, 2) };
     let err = Tuner::new(quadratic(), space()).tune_config(config).run_config(run(dir.path(), "bad", Stop::new())).fit().unwrap_err();
-    assert_eq!(err.to_string(), "points_to_evaluate[0].x: 3.0 is outside uniform [-1, 1)");
+    assert_eq!(err.to_string(), "experiment: search.points_to_evaluate[0].x: 3.0 is outside uniform [-1, 1)");
     assert!(!dir.path().join("bad").exists());
+}
+
+#[test]
+fn settings_made_in_rust_get_the_checks_a_file_gets() {
+    let dir = tempfile::tempdir().unwrap();
+    let refuse = |config: TuneConfig| {
+        let err = Tuner::new(quadratic(), space()).tune_config(config).run_config(run(dir.path(), "bad", Stop::new())).fit().unwrap_err();
+        assert!(!dir.path().join("bad").exists());
+        err.to_string()
+    };
+    let promotion = tuner::SchedulerConfig::Asha(tuner::AshaConfig { asha_type: tuner::AshaType::Promotion, ..Default::default() });
+    assert!(refuse(TuneConfig { scheduler: promotion, ..tune(2, 2) }).starts_with("experiment: scheduler.asha_type:"));
+    let bad_rf = tuner::SchedulerConfig::Hyperband(tuner::HyperBandConfig { reduction_factor: 1.0, ..Default::default() });
+    assert!(refuse(TuneConfig { scheduler: bad_rf, ..tune(2, 2) })
+        .starts_with("experiment: scheduler.reduction_factor: must be greater than 1"));
+    let tpe = TuneConfig { search: tuner::Algorithm::Tpe, metric: None, mode: None, ..tune(2, 2) };
+    assert!(refuse(tpe).contains("experiment.metric: required by search.algorithm = \"tpe\""));
 }
 
 /// A scheduler of our own: stops a trial at iteration 2 when its loss is above 0.5.
