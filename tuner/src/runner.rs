@@ -259,7 +259,10 @@ impl Runner {
                             if !self.simulated() {
                                 self.save_scheduler()?;
                             }
-                            files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: record.config.clone() });
+                            // A simulation writes no per-trial files: thousands of tiny files would cost it more than its trials.
+                            if !self.simulated() {
+                                files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: record.config.clone() });
+                            }
                             next = Some(record);
                         }
                         Suggestion::Wait => {}
@@ -971,7 +974,9 @@ impl Runner {
         // The trial's record is rewritten at its start and end only; in between,
         // its results and checkpoints trees are the truth (see Store::refresh_trial).
         let result = Arc::new(result);
-        files.push(FileWrite::Result { trial_dir: Arc::clone(&r.dir), result: Arc::clone(&result) });
+        if !self.simulated() {
+            files.push(FileWrite::Result { trial_dir: Arc::clone(&r.dir), result: Arc::clone(&result) });
+        }
         Ok(result)
     }
 

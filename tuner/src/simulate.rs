@@ -8,9 +8,10 @@
 //! `{"config": {...}, "metrics": [v1, v2, ...], "seconds_per_iteration": s}`.
 //! A run reports iteration `i` at `start + i * seconds_per_iteration`
 //! (virtual seconds) with the curve's `i`-th value as the experiment's
-//! metric, and carries a checkpoint with every report
-//! (`sim://<trial>/checkpoint_<i>`, a name with no files behind it), so a
-//! paused trial resumes exactly where it left off.
+//! metric, and carries a checkpoint every `[checkpoint] frequency`
+//! iterations (`sim://<trial>/checkpoint_<i>`, a name with no files behind
+//! it), so a paused trial resumes where its checkpoint left off. A
+//! simulation writes the result store only: no per-trial files.
 //!
 //! The clock advances one event at a time, and only when the Tuner has
 //! acted on every event before it ([`Backend::idle`]): decisions are made
@@ -231,6 +232,8 @@ struct Run {
     curve: Curve,
     /// The next iteration it reports.
     next: u64,
+    /// Checkpoint every this many iterations (0: never).
+    every: u64,
     events: mpsc::UnboundedSender<Event>,
     stop: watch::Receiver<StopLevel>,
 }
@@ -281,7 +284,8 @@ impl Backend for SimBackend {
         let id = clock.next_run;
         clock.next_run += 1;
         let at = clock.now + curve.seconds_per_iteration;
-        let run = Run { trial_id: spec.trial_id, curve, next: spec.start_iteration + 1, events, stop };
+        let every = spec.checkpoint_frequency;
+        let run = Run { trial_id: spec.trial_id, curve, next: spec.start_iteration + 1, every, events, stop };
         clock.runs.insert(id, run);
         clock.schedule(id, at);
         Ok(handle)
@@ -340,7 +344,7 @@ impl Backend for SimBackend {
                 rank: 0,
                 training_iteration: iteration,
                 metrics: BTreeMap::from([(self.curves.metric.clone(), value)]),
-                checkpoint: Some(CheckpointRef {
+                checkpoint: (r.every > 0 && iteration.is_multiple_of(r.every)).then(|| CheckpointRef {
                     uri: format!("sim://{}/checkpoint_{iteration:06}", r.trial_id),
                     ranks: vec![0],
                     world_size: 1,
