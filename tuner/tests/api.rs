@@ -266,3 +266,41 @@ fn trials_ending_while_results_stream_in_all_finish_with_every_result() {
     assert_eq!(terminated, 200);
     assert!(lengths.iter().all(|&n| n == 1 || n == 200), "{lengths:?}");
 }
+
+/// A result without the scheduler's time attribute is an error on its trial
+/// (naming the metric and the setting), not a silent continue; the other
+/// trials go on.
+#[test]
+fn a_result_without_the_schedulers_time_attr_fails_its_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    let trainable = Trainable::function(|ctx| {
+        let x: f64 = ctx.param("x")?;
+        for step in 1..=4u32 {
+            let mut metrics = vec![("loss", x * x)];
+            // Trials with a positive x forget the epoch counter.
+            if x <= 0.0 {
+                metrics.push(("epoch", f64::from(step)));
+            }
+            ctx.report(metrics, None)?;
+        }
+        Ok(())
+    });
+    let asha = tuner::SchedulerConfig::Asha(tuner::AshaConfig { time_attr: "epoch".into(), max_t: 4.0, ..Default::default() });
+    let grid = Tuner::new(trainable, space())
+        .tune_config(TuneConfig { scheduler: asha, ..tune(4, 3) })
+        .run_config(run(dir.path(), "no-epoch", Stop::new()))
+        .fit()
+        .unwrap();
+    assert_eq!(grid.len(), 8);
+    assert!(grid.num_errors() > 0 && grid.num_terminated() > 0, "the seed gives both signs of x");
+    for t in grid.iter() {
+        if t.config["x"].as_f64().unwrap() > 0.0 {
+            assert_eq!(t.status, tuner::TrialStatus::Error);
+            let e = t.error.as_deref().unwrap();
+            assert!(e.starts_with("trial reported no `epoch` (scheduler.time_attr); it reported: loss"), "{e}");
+            assert_eq!(t.history.len(), 1, "the bad result is stored, then the trial ends");
+        } else {
+            assert_eq!(t.status, tuner::TrialStatus::Terminated, "{}", t.trial_id);
+        }
+    }
+}
