@@ -1,36 +1,13 @@
 //! Each scheduler on scripts worked out by hand: which trial stops, pauses
 //! or is promoted at which rung, and why (the reasons are in the comments).
 
-use schedulers::{
-    AshaConfig, AshaType, Decision, HyperBandConfig, MedianStoppingConfig, Scheduler, SchedulerConfig, TrialStatus, TrialView,
-};
-use search::{Mode, TrialResult};
+mod common;
+
+use common::*;
+use schedulers::{AshaConfig, AshaType, Decision, HyperBandConfig, MedianStoppingConfig, Scheduler, SchedulerConfig, TrialStatus};
+use search::Mode;
 
 use Decision::{Continue as C, Pause as P, Stop as S};
-
-const CONFIG: serde_json::Value = serde_json::Value::Null;
-
-fn view(id: &str) -> TrialView<'_> {
-    TrialView { id, config: &CONFIG, status: TrialStatus::Running, num_results: 0 }
-}
-
-fn result(id: &str, t: u64, loss: f64) -> TrialResult {
-    TrialResult {
-        trial_id: id.into(),
-        seq: t - 1,
-        training_iteration: t,
-        metrics: [("loss".to_string(), loss), ("training_iteration".to_string(), t as f64)].into_iter().collect(),
-        checkpoint: None,
-    }
-}
-
-fn ids(n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("t{i}")).collect()
-}
-
-fn build(c: SchedulerConfig, mode: Mode) -> Box<dyn Scheduler> {
-    c.build(Some("loss"), Some(mode)).unwrap_or_else(|e| panic!("{e}"))
-}
 
 /// Feeds `(trial, iteration, loss)` reports; returns the decisions.
 fn feed(s: &mut dyn Scheduler, mode: Mode, script: &[(usize, u64, f64)]) -> Vec<Decision> {
@@ -41,7 +18,7 @@ fn feed(s: &mut dyn Scheduler, mode: Mode, script: &[(usize, u64, f64)]) -> Vec<
 
 fn add_all(s: &mut dyn Scheduler, n: usize) {
     for id in ids(n) {
-        s.on_trial_add(&TrialView { id: &id, config: &CONFIG, status: TrialStatus::Pending, num_results: 0 });
+        s.on_trial_add(&view_in(&id, TrialStatus::Pending));
     }
 }
 
@@ -120,56 +97,38 @@ fn stopping_asha_judges_a_multi_rung_jump_once() {
 fn promotion_asha_nine_trials() {
     for mode in [Mode::Min, Mode::Max] {
         let names = ids(9);
-        let paused = |list: &[usize]| -> Vec<TrialView<'static>> {
-            list.iter()
-                .map(|&i| TrialView {
-                    id: Box::leak(names[i].clone().into_boxed_str()),
-                    config: &CONFIG,
-                    status: TrialStatus::Paused,
-                    num_results: 0,
-                })
-                .collect()
-        };
+        let pick = |list: &[usize]| -> Vec<String> { list.iter().map(|&i| names[i].clone()).collect() };
         let mut s = build(asha(AshaType::Promotion, 9.0, 3.0), mode);
         add_all(&mut *s, 9);
         // Rung 1 holds t0 (5), then t1 (3): top floor(n/3) = 0: both pause.
         assert_eq!(feed(&mut *s, mode, &[(0, 1, 5.0), (1, 1, 3.0)]), vec![P, P]);
         // Nothing promotable yet: a new trial gets the slot.
-        assert_eq!(s.choose_trial_to_run(&paused(&[0, 1]), true), None);
+        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1])), true), None);
         // t2 (8): 3 in the rung, the top 1 is t1, not t2: t2 pauses, t1 is promoted.
         assert_eq!(feed(&mut *s, mode, &[(2, 1, 8.0)]), vec![P]);
-        assert_eq!(s.choose_trial_to_run(&paused(&[0, 1, 2]), true), Some(1));
+        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1, 2])), true), Some(1));
         // t3 (1): 4 in the rung, top 1 is t3 itself and nothing higher waits: it goes straight on.
         assert_eq!(feed(&mut *s, mode, &[(3, 1, 1.0)]), vec![C]);
         // Rung 3: t1 (1.0), then t3 (1/3): fewer than 3, nothing promotable: both pause.
         assert_eq!(feed(&mut *s, mode, &[(1, 3, 1.0), (3, 3, 1.0 / 3.0)]), vec![P, P]);
-        assert_eq!(s.choose_trial_to_run(&paused(&[0, 1, 2, 3]), true), None);
+        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1, 2, 3])), true), None);
         // t4 (9): top 1 of 5 is t3, already promoted: pause. t5 (2): top 2 of 6
         // are t3 (promoted) and t5: it goes straight on.
         assert_eq!(feed(&mut *s, mode, &[(4, 1, 9.0), (5, 1, 2.0)]), vec![P, C]);
         // t5 at rung 3 (2/3): the top 1 of 3 there is t3, paused: t5 pauses and t3 is promoted.
         assert_eq!(feed(&mut *s, mode, &[(5, 3, 2.0 / 3.0)]), vec![P]);
-        assert_eq!(s.choose_trial_to_run(&paused(&[0, 1, 2, 3, 4, 5]), true), Some(3));
+        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1, 2, 3, 4, 5])), true), Some(3));
         // t3 reaches max_t: done.
         assert_eq!(feed(&mut *s, mode, &[(3, 9, 0.1)]), vec![S]);
         // No trial is promotable any more, even with no new trials to come.
-        assert_eq!(s.choose_trial_to_run(&paused(&[0, 1, 2, 4, 5]), false), None);
+        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1, 2, 4, 5])), false), None);
     }
 }
 
 #[test]
 fn hyperband_brackets_by_hand() {
     let names = ids(11);
-    let views = |list: &[usize]| -> Vec<TrialView<'static>> {
-        list.iter()
-            .map(|&i| TrialView {
-                id: Box::leak(names[i].clone().into_boxed_str()),
-                config: &CONFIG,
-                status: TrialStatus::Paused,
-                num_results: 0,
-            })
-            .collect()
-    };
+    let pick = |list: &[usize]| -> Vec<String> { list.iter().map(|&i| names[i].clone()).collect() };
     let mut s = build(SchedulerConfig::Hyperband(HyperBandConfig { max_t: 9.0, ..Default::default() }), Mode::Min);
     // max_t 9, rf 3: s_max = 2. The first bracket (s = 2) takes 9 trials, rungs 1, 3, 9.
     add_all(&mut *s, 9);
@@ -182,14 +141,14 @@ fn hyperband_brackets_by_hand() {
     stopped.sort();
     assert_eq!(stopped, vec!["t0", "t2", "t4", "t6", "t7"]);
     let waiting = [1, 3, 5];
-    assert_eq!(s.choose_trial_to_run(&views(&waiting), true), Some(0));
-    assert_eq!(s.choose_trial_to_run(&views(&waiting[1..]), true), Some(0));
-    assert_eq!(s.choose_trial_to_run(&views(&waiting[2..]), true), Some(0));
-    assert_eq!(s.choose_trial_to_run(&views(&[]), true), None);
+    assert_eq!(s.choose_trial_to_run(&paused(&pick(&waiting)), true), Some(0));
+    assert_eq!(s.choose_trial_to_run(&paused(&pick(&waiting[1..])), true), Some(0));
+    assert_eq!(s.choose_trial_to_run(&paused(&pick(&waiting[2..])), true), Some(0));
+    assert_eq!(s.choose_trial_to_run(&paused(&pick(&[])), true), None);
     // Rung 3: three trials, keep max(1, 3/3) = 1: t3 (1/3). t5 arrives last and loses: stopped; t1 is handed back.
     assert_eq!(feed(&mut *s, Mode::Min, &[(1, 3, 1.0), (3, 3, 1.0 / 3.0), (5, 3, 2.0 / 3.0)]), vec![P, P, S]);
     assert_eq!(s.take_stopped(), vec!["t1"]);
-    assert_eq!(s.choose_trial_to_run(&views(&[3]), true), Some(0));
+    assert_eq!(s.choose_trial_to_run(&paused(&pick(&[3])), true), Some(0));
     assert_eq!(feed(&mut *s, Mode::Min, &[(3, 9, 0.1)]), vec![S]);
     // The next bracket (s = 1: 5 trials, rungs 3 and 9) gets two trials before the searcher runs dry.
     add_all(&mut *s, 11);
@@ -210,7 +169,7 @@ fn hyperband_goes_on_without_a_failed_trial() {
     // t2 fails before its rung: the bracket halves with the two it has.
     s.on_trial_error(&view("t2"));
     assert_eq!(s.take_stopped(), vec!["t1"]);
-    let t0 = [TrialView { id: "t0", config: &CONFIG, status: TrialStatus::Paused, num_results: 0 }];
+    let t0 = [view_in("t0", TrialStatus::Paused)];
     assert_eq!(s.choose_trial_to_run(&t0, true), Some(0));
 }
 
@@ -242,7 +201,7 @@ fn median_stopping_by_hand() {
     let d = feed(&mut *s, Mode::Min, &[(0, 1, 1.0), (1, 1, 3.0), (2, 1, 9.0), (2, 2, 9.0), (2, 3, 9.0)]);
     assert_eq!(d, vec![C, C, P, C, C]);
     // Paused trials wait for new ones, then go oldest first.
-    let t2 = [TrialView { id: "t2", config: &CONFIG, status: TrialStatus::Paused, num_results: 0 }];
+    let t2 = [view_in("t2", TrialStatus::Paused)];
     assert_eq!(s.choose_trial_to_run(&t2, true), None);
     assert_eq!(s.choose_trial_to_run(&t2, false), Some(0));
 }

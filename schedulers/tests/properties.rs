@@ -7,34 +7,18 @@
 //!   paused, and promotes only trials in their rung's top third;
 //! - HyperBand and the median rule never leave a trial paused forever.
 
+mod common;
+
+use common::{view, view_in};
 use proptest::prelude::*;
 
 use schedulers::{
     AshaConfig, AshaType, Decision, HyperBandConfig, MedianStoppingConfig, Scheduler, SchedulerConfig, Score, TrialStatus, TrialView,
 };
-use search::{Mode, TrialResult};
+use search::Mode;
 
-const CONFIG: serde_json::Value = serde_json::Value::Null;
 const MAX_T: u64 = 9;
 const RF: f64 = 3.0;
-
-fn view(id: &str) -> TrialView<'_> {
-    TrialView { id, config: &CONFIG, status: TrialStatus::Running, num_results: 0 }
-}
-
-fn result(id: &str, t: u64, loss: f64) -> TrialResult {
-    TrialResult {
-        trial_id: id.into(),
-        seq: t - 1,
-        training_iteration: t,
-        metrics: [("loss".to_string(), loss)].into_iter().collect(),
-        checkpoint: None,
-    }
-}
-
-fn build(c: SchedulerConfig) -> Box<dyn Scheduler> {
-    c.build(Some("loss"), Some(Mode::Min)).unwrap_or_else(|e| panic!("{e}"))
-}
 
 /// A loss: mostly finite, sometimes NaN or infinite.
 fn loss() -> impl Strategy<Value = f64> {
@@ -98,7 +82,7 @@ fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) ->
                 }
             }
             if can_add {
-                s.on_trial_add(&TrialView { id: &ids[created], config: &CONFIG, status: TrialStatus::Pending, num_results: 0 });
+                s.on_trial_add(&view_in(&ids[created], TrialStatus::Pending));
                 running.push((created, 1));
                 created += 1;
                 continue;
@@ -130,7 +114,7 @@ fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) ->
             continue;
         }
         let loss = sw.curves[t][it as usize - 1];
-        let decision = s.on_trial_result(&view(&ids[t]), &result(&ids[t], it, loss));
+        let decision = s.on_trial_result(&view(&ids[t]), &common::result(&ids[t], it, loss));
         check(Event::Result { trial: &ids[t], iteration: it, loss, decision });
         match decision {
             Decision::Continue if it == MAX_T => {
@@ -147,6 +131,10 @@ fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) ->
             }
         }
     }
+}
+
+fn build(c: SchedulerConfig) -> Box<dyn Scheduler> {
+    common::build(c, Mode::Min)
 }
 
 fn asha(kind: AshaType) -> SchedulerConfig {

@@ -10,33 +10,14 @@
 //! `cargo bench -p nestor-tuner --bench schedulers [-- --seeds 10]`
 
 use schedulers::{AshaConfig, AshaType, HyperBandConfig, SchedulerConfig};
-use search::Mode;
-use tuner::simulate::benchmark::{anytime, best_within, crossing_curves, iterations_to_reach};
-use tuner::simulate::Curves;
-use tuner::{CheckpointConfig, ProgressMode, RunConfig, Trainable, TuneConfig, Tuner};
+use tuner::simulate::benchmark::{anytime, best_within, iterations_to_reach, run};
+use tuner::TuneConfig;
 
 const MAX_T: u64 = 81;
 
 fn sweep(dir: &std::path::Path, name: &str, seed: u64, samples: u64, scheduler: SchedulerConfig, correlation: f64) -> Vec<(u64, f64)> {
-    let curves = Curves::from_table("loss", crossing_curves(400, 7, correlation));
-    let tuner = Tuner::new(Trainable::simulated(curves), search::Space::default())
-        .tune_config(TuneConfig {
-            metric: Some("loss".into()),
-            mode: Some(Mode::Min),
-            num_samples: samples,
-            max_concurrent_trials: Some(8),
-            seed: Some(seed),
-            scheduler,
-            ..Default::default()
-        })
-        .run_config(RunConfig {
-            name: format!("{name}-{seed}-{correlation}"),
-            storage: dir.to_path_buf(),
-            checkpoint: CheckpointConfig { frequency: Some(1), ..Default::default() },
-            progress: ProgressMode::Quiet,
-            ..Default::default()
-        });
-    let grid = tuner.fit().unwrap_or_else(|e| panic!("{name}: {e}"));
+    let tune = TuneConfig { num_samples: samples, seed: Some(seed), scheduler, ..Default::default() };
+    let grid = run(dir, &format!("{name}-{seed}-{correlation}"), correlation, tune).unwrap_or_else(|e| panic!("{name}: {e}"));
     anytime(&grid, "loss", MAX_T)
 }
 

@@ -397,6 +397,29 @@ pub mod benchmark {
             .collect()
     }
 
+    /// Simulates a sweep on `crossing_curves(400, 7, correlation)`,
+    /// minimising `loss` with 8 slots (unless `tune` says otherwise),
+    /// checkpointing every iteration, into `<dir>/<name>`.
+    pub fn run(dir: &std::path::Path, name: &str, correlation: f64, tune: crate::TuneConfig) -> Result<ResultGrid, crate::TuneError> {
+        let curves = super::Curves::from_table("loss", crossing_curves(400, 7, correlation));
+        let tune = crate::TuneConfig {
+            metric: Some("loss".into()),
+            mode: Some(search::Mode::Min),
+            max_concurrent_trials: tune.max_concurrent_trials.or(Some(8)),
+            ..tune
+        };
+        crate::Tuner::new(crate::Trainable::simulated(curves), search::Space::default())
+            .tune_config(tune)
+            .run_config(crate::RunConfig {
+                name: name.into(),
+                storage: dir.to_path_buf(),
+                checkpoint: crate::CheckpointConfig { frequency: Some(1), ..Default::default() },
+                progress: crate::ProgressMode::Quiet,
+                ..Default::default()
+            })
+            .fit()
+    }
+
     /// The anytime performance of a sweep: after each result, in the order
     /// of the (virtual) clock, how many iterations have run in all and the
     /// best metric among results at `max_t` (fully trained) so far.

@@ -8,33 +8,11 @@ use std::path::Path;
 use std::process::Command;
 
 use schedulers::{AshaConfig, AshaType, HyperBandConfig, SchedulerConfig};
-use search::Mode;
-use tuner::simulate::benchmark::{anytime, best_within, crossing_curves, iterations_to_reach};
-use tuner::simulate::Curves;
-use tuner::{Algorithm, CheckpointConfig, ProgressMode, ResultGrid, RunConfig, Trainable, TrialStatus, TuneConfig, Tuner};
+use tuner::simulate::benchmark::{anytime, best_within, crossing_curves, iterations_to_reach, run};
+use tuner::{Algorithm, ResultGrid, TrialStatus, TuneConfig};
 
 fn simulate(dir: &Path, name: &str, seed: u64, samples: u64, scheduler: SchedulerConfig, search: Algorithm) -> ResultGrid {
-    let curves = Curves::from_table("loss", crossing_curves(400, 7, 0.5));
-    Tuner::new(Trainable::simulated(curves), search::Space::default())
-        .tune_config(TuneConfig {
-            metric: Some("loss".into()),
-            mode: Some(Mode::Min),
-            num_samples: samples,
-            max_concurrent_trials: Some(8),
-            seed: Some(seed),
-            scheduler,
-            search,
-            ..Default::default()
-        })
-        .run_config(RunConfig {
-            name: name.into(),
-            storage: dir.to_path_buf(),
-            checkpoint: CheckpointConfig { frequency: Some(1), ..Default::default() },
-            progress: ProgressMode::Quiet,
-            ..Default::default()
-        })
-        .fit()
-        .unwrap()
+    run(dir, name, 0.5, TuneConfig { num_samples: samples, seed: Some(seed), scheduler, search, ..Default::default() }).unwrap()
 }
 
 fn asha(kind: AshaType) -> SchedulerConfig {
