@@ -24,11 +24,56 @@ use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 struct History {
-    /// (time, score) of every result, in order.
+    /// (time, score) of its results, in time order.
     points: Vec<(f64, Score)>,
     /// Paused once: not judged again.
     #[serde(default)]
     spared: bool,
+    /// Up to each point: the sum of the finite scores and the number of
+    /// non-finite ones (rebuilt from `points` on restore).
+    #[serde(skip)]
+    sums: Vec<(f64, u32)>,
+}
+
+impl History {
+    /// Adds a result. A trial restarted from a checkpoint reports times it
+    /// reported before: the results it had after them are superseded.
+    fn push(&mut self, t: f64, score: Score) {
+        let keep = self.points.partition_point(|(pt, _)| *pt < t);
+        self.points.truncate(keep);
+        self.sums.truncate(keep);
+        let (sum, bad) = self.sums.last().copied().unwrap_or((0.0, 0));
+        self.points.push((t, score));
+        self.sums.push(match score.0 {
+            Some(v) => (sum + v, bad),
+            None => (sum, bad + 1),
+        });
+    }
+
+    fn rebuild(&mut self) {
+        let points = std::mem::take(&mut self.points);
+        self.sums.clear();
+        for (t, s) in points {
+            self.push(t, s);
+        }
+    }
+
+    /// The mean score of its results with time in `[lo, hi]` (the worst
+    /// score when there are none, or when one of them is non-finite).
+    fn mean(&self, lo: f64, hi: f64) -> f64 {
+        let a = self.points.partition_point(|(pt, _)| *pt < lo);
+        let b = self.points.partition_point(|(pt, _)| *pt <= hi);
+        if b <= a {
+            return f64::NEG_INFINITY;
+        }
+        let (sum_b, bad_b) = self.sums[b - 1];
+        let (sum_a, bad_a) = if a == 0 { (0.0, 0) } else { self.sums[a - 1] };
+        if bad_b > bad_a {
+            f64::NEG_INFINITY
+        } else {
+            (sum_b - sum_a) / (b - a) as f64
+        }
+    }
 }
 
 /// The median stopping rule; see the module documentation.
@@ -48,12 +93,7 @@ impl MedianStopping {
     }
 
     fn running_mean(&self, h: &History, t: f64) -> f64 {
-        let scoped: Vec<f64> = h.points.iter().filter(|(pt, _)| *pt >= self.grace_period && *pt <= t).map(|(_, s)| s.value()).collect();
-        if scoped.is_empty() {
-            f64::NEG_INFINITY
-        } else {
-            scoped.iter().sum::<f64>() / scoped.len() as f64
-        }
+        h.mean(self.grace_period, t)
     }
 }
 
@@ -77,7 +117,7 @@ impl Scheduler for MedianStopping {
     fn on_trial_result(&mut self, trial: &TrialView<'_>, result: &TrialResult) -> Decision {
         let Some((t, score)) = self.objective.read(result) else { return Decision::Continue };
         let h = self.trials.entry(trial.id.to_string()).or_default();
-        h.points.push((t, score));
+        h.push(t, score);
         if h.spared || t < self.grace_period {
             return Decision::Continue;
         }
@@ -124,6 +164,35 @@ impl Scheduler for MedianStopping {
         }
         self.trials =
             serde_json::from_value(state["trials"].clone()).map_err(|e| SchedulerError::State(format!("median-stopping state: {e}")))?;
+        for h in self.trials.values_mut() {
+            h.rebuild();
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_means_and_a_restart() {
+        let mut h = History::default();
+        for (t, v) in [(1.0, 1.0), (2.0, 3.0), (3.0, 5.0)] {
+            h.push(t, Score(Some(v)));
+        }
+        assert_eq!(h.mean(1.0, 3.0), 3.0);
+        assert_eq!(h.mean(2.0, 2.5), 3.0);
+        assert_eq!(h.mean(4.0, 9.0), f64::NEG_INFINITY);
+        // Restarted from the checkpoint of time 1: time 2 again supersedes 2 and 3.
+        h.push(2.0, Score(Some(7.0)));
+        assert_eq!(h.points.len(), 2);
+        assert_eq!(h.mean(1.0, 9.0), 4.0);
+        h.push(3.0, Score(None));
+        assert_eq!(h.mean(1.0, 2.0), 4.0);
+        assert_eq!(h.mean(1.0, 3.0), f64::NEG_INFINITY);
+        let mut back: History = serde_json::from_value(serde_json::to_value(&h).unwrap()).unwrap();
+        back.rebuild();
+        assert_eq!(back, h);
     }
 }
