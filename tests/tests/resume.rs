@@ -81,8 +81,8 @@ fn kill_9_at_any_moment_then_resume_matches_an_uninterrupted_run() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(kill_ms));
-        let workers = processes_mentioning(&dir.path().display().to_string());
-        assert!(!workers.is_empty(), "kill at {kill_ms} ms: workers should be running");
+        // Killed while workers run (on a loaded machine, the next trial may be a moment away).
+        wait_for(&format!("workers at {kill_ms} ms"), 2.0, || !processes_mentioning(&dir.path().display().to_string()).is_empty());
         signal(child.id(), libc::SIGKILL);
         let _ = child.wait();
         wait_no_workers(dir.path());

@@ -34,6 +34,8 @@ pub struct TuneConfig {
     pub points_to_evaluate: Vec<Config>,
     /// Cap on the searcher's live trials.
     pub max_concurrent_search: Option<usize>,
+    /// Run each config this many times (Ray's `Repeater`).
+    pub repeat: Option<usize>,
     /// The trial scheduler.
     pub scheduler: SchedulerConfig,
 }
@@ -50,6 +52,7 @@ impl Default for TuneConfig {
             search: Algorithm::Random,
             points_to_evaluate: Vec::new(),
             max_concurrent_search: None,
+            repeat: None,
             scheduler: SchedulerConfig::Fifo,
         }
     }

@@ -200,6 +200,11 @@ pub struct SearchSection {
     /// Cap on the searcher's live trials (a concurrency limiter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent: Option<usize>,
+    /// Run each config this many times (`__trial_index__` 0, 1, ... in its
+    /// config); the searcher learns the mean of the repeats. `num_samples`
+    /// then counts trials, repeats included (as in Ray).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<usize>,
 }
 
 /// `[trainer]`: a worker command per trial.
@@ -420,6 +425,9 @@ impl ExperimentFile {
             if s.n_ei_candidates == Some(0) {
                 return Err(invalid("search.n_ei_candidates", "must be at least 1".into()));
             }
+        }
+        if self.search.repeat == Some(0) {
+            return Err(invalid("search.repeat", "must be at least 1".into()));
         }
         if self.search.max_concurrent == Some(0) {
             return Err(invalid("search.max_concurrent", "must be at least 1".into()));

@@ -152,6 +152,19 @@ impl Curves {
     }
 
     fn curve(&self, config: &Config) -> Result<Curve, String> {
+        // A repeat's index is no part of the configuration the curve belongs to.
+        let stripped;
+        let config = match config.get(search::TRIAL_INDEX) {
+            Some(_) => {
+                let mut c = config.clone();
+                if let Value::Object(m) = &mut c {
+                    m.remove(search::TRIAL_INDEX);
+                }
+                stripped = c;
+                &stripped
+            }
+            None => config,
+        };
         match &self.source {
             Source::Function(f) => Ok(f(config)),
             Source::Table(t) => t

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper};
-use search::{BasicVariantGenerator, ConcurrencyLimiter, Domain, Searcher, Space, Tpe, TpeOptions};
+use search::{BasicVariantGenerator, ConcurrencyLimiter, Domain, Repeater, Searcher, Space, Tpe, TpeOptions};
 use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, Storage, TrainLoop};
 
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
@@ -116,6 +116,7 @@ impl Tuner {
                 })
                 .collect(),
             max_concurrent: c.max_concurrent_search,
+            repeat: c.repeat,
             ..Default::default()
         };
         self.points = c.points_to_evaluate;
@@ -244,12 +245,18 @@ impl Tuner {
                 Box::new(Tpe::new(space, metric, mode, seed, options).with_points(self.points.clone())?)
             }
             Algorithm::Random | Algorithm::Grid => {
-                Box::new(BasicVariantGenerator::new(space, file.experiment.num_samples, seed).with_points(self.points.clone())?)
+                // With repeats, num_samples counts trials (as in Ray): fewer configs.
+                let configs = file.experiment.num_samples.div_ceil(file.search.repeat.unwrap_or(1).max(1) as u64);
+                Box::new(BasicVariantGenerator::new(space, configs, seed).with_points(self.points.clone())?)
             }
         };
         let basic: Box<dyn Searcher> = match arms {
             Some(configs) => Box::new(ArmSearcher::new(basic, configs)),
             None => basic,
+        };
+        let basic: Box<dyn Searcher> = match file.search.repeat {
+            Some(n) if n > 1 => Box::new(Repeater::new(basic, n)),
+            _ => basic,
         };
         let mut searcher: Box<dyn Searcher> = match (self.custom_searcher.take(), file.search.max_concurrent) {
             (Some(custom), _) => custom,

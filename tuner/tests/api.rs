@@ -304,3 +304,34 @@ fn a_result_without_the_schedulers_time_attr_fails_its_trial() {
         }
     }
 }
+
+/// `repeat`: each config runs several times, told apart by `__trial_index__`,
+/// and TPE learns from the mean of the repeats.
+#[test]
+fn each_config_repeats_with_its_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let trainable = Trainable::function(|ctx| {
+        let x: f64 = ctx.param("x")?;
+        let index: f64 = ctx.param("__trial_index__")?;
+        ctx.report([("loss", x * x + index)], None)?;
+        Ok(())
+    });
+    let space = Space::builder().param("x", Domain::uniform(-1.0, 1.0)).build().unwrap();
+    let config = TuneConfig { repeat: Some(3), search: Algorithm::Tpe, max_concurrent_trials: Some(2), ..tune(12, 8) };
+    let grid = Tuner::new(trainable, space).tune_config(config).run_config(run(dir.path(), "repeat", Stop::new())).fit().unwrap();
+    assert_eq!(grid.len(), 12, "num_samples counts trials, repeats included");
+    let trials: Vec<&tuner::TrialOutcome> = grid.iter().collect();
+    for (i, t) in trials.iter().enumerate() {
+        assert_eq!(t.config["__trial_index__"], (i % 3) as u64, "{}", t.trial_id);
+        assert_eq!(t.config["x"], trials[i / 3 * 3].config["x"], "a config's repeats share it");
+        assert_eq!(t.metrics.as_ref().unwrap()["loss"], t.config["x"].as_f64().unwrap().powi(2) + (i % 3) as f64);
+    }
+    assert_ne!(trials[0].config["x"], trials[3].config["x"]);
+    // Random search too: num_samples counts trials.
+    let random = TuneConfig { repeat: Some(3), ..tune(6, 8) };
+    let trainable = Trainable::function(|ctx| ctx.report([("loss", ctx.param::<f64>("x")?)], None).map_err(Into::into));
+    let space = Space::builder().param("x", Domain::uniform(-1.0, 1.0)).build().unwrap();
+    let grid = Tuner::new(trainable, space).tune_config(random).run_config(run(dir.path(), "repeat-random", Stop::new())).fit().unwrap();
+    assert_eq!(grid.len(), 6);
+    assert_eq!(grid.iter().filter(|t| t.config["__trial_index__"] == 2).count(), 2);
+}

@@ -193,3 +193,8 @@ fn tpe_settings_are_checked() {
         "search.n_ei_candidates: must be at least 1",
     );
 }
+
+#[test]
+fn repeat_zero_is_refused() {
+    check_refused(&format!("{GOOD}\n[search]\nrepeat = 0\n"), &[], "search.repeat: must be at least 1");
+}
