@@ -24,6 +24,12 @@ use crate::progress::Progress;
 use crate::store::{CheckpointRecord, Store, StoreError, TrialRecord, RECORD_VERSION};
 use crate::TuneError;
 
+mod checkpoints;
+mod failures;
+mod pausing;
+
+pub(crate) use checkpoints::remove_uncommitted;
+
 /// The live-status file in the experiment directory, present while a sweep runs.
 pub(crate) const SNAPSHOT: &str = "status.json";
 
@@ -124,21 +130,6 @@ struct Restored {
     record: TrialRecord,
     allocation: Allocation,
     fetched: Result<Option<PathBuf>, String>,
-}
-
-/// Deletes the checkpoints below `trial` (a trial's storage) whose names are
-/// not in `keep` (the committed ones): what a failed run or a crash left
-/// half written. Called only while no run of the trial is writing there.
-pub(crate) async fn remove_uncommitted(trial: &Storage, keep: &HashSet<String>) -> Result<(), trainer::StorageError> {
-    for uri in trial.list_checkpoints().await? {
-        if !keep.contains(checkpoint_name(&uri)) {
-            tracing::info!(checkpoint = %uri, "deleting an uncommitted checkpoint");
-            if let Err(e) = trial.delete_checkpoint(&uri).await {
-                tracing::warn!(checkpoint = %uri, error = %e, "could not delete an uncommitted checkpoint");
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Everything the loop needs, built by the Tuner.
@@ -499,60 +490,6 @@ impl Runner {
         self.backend.virtual_now().is_some()
     }
 
-    /// Picks a PAUSED trial to resume, as the scheduler chooses.
-    fn resume_paused(&mut self, can_add: bool) -> Option<TrialRecord> {
-        if self.paused.is_empty() {
-            return None;
-        }
-        let views: Vec<TrialView<'_>> = self.paused.iter().map(view).collect();
-        let i = self.scheduler.choose_trial_to_run(&views, can_add)?;
-        (i < self.paused.len()).then(|| self.paused.remove(i))
-    }
-
-    /// Ends the trials the scheduler gave up on: PAUSED ones at once, running
-    /// ones through a graceful stop.
-    fn apply_stopped(&mut self, running: &mut HashMap<String, Running>, ended: &mut Vec<TrialRecord>) -> Result<(), TuneError> {
-        for id in self.scheduler.take_stopped() {
-            if let Some(i) = self.paused.iter().position(|p| p.id == id) {
-                let rec = self.paused.remove(i);
-                self.terminate_paused(rec, ended)?;
-            } else if let Some(r) = running.get_mut(&id) {
-                r.ending.get_or_insert(Ending::Stopped);
-                r.handle.stop(StopLevel::Graceful);
-            }
-        }
-        Ok(())
-    }
-
-    /// A PAUSED trial that will not run again ends TERMINATED.
-    fn terminate_paused(&mut self, mut rec: TrialRecord, ended: &mut Vec<TrialRecord>) -> Result<(), TuneError> {
-        rec.status = TrialStatus::Terminated;
-        rec.ended_at = Some(self.unix_now());
-        self.store.put_trial(&rec)?;
-        self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
-        self.seen.remove(&rec.id);
-        if let Err(e) = self.store.put_meta("searcher", &self.searcher.save()) {
-            tracing::warn!(error = %e, "could not save the searcher state");
-        }
-        ended.push(rec);
-        Ok(())
-    }
-
-    /// Writes the scheduler's state when it changed, with how many results
-    /// of each live trial it has seen, so a resumed sweep continues the same
-    /// schedule (made durable with the next flush; a resume replays the
-    /// results stored after it). Results that left the state as it was are
-    /// not worth a write: replaying them leaves it so again.
-    fn save_scheduler(&mut self) -> Result<(), TuneError> {
-        let state = self.scheduler.save();
-        let text = state.to_string();
-        if text != self.saved_scheduler {
-            self.store.put_meta("scheduler", &serde_json::json!({ "version": 1, "scheduler": state, "seen": self.seen }))?;
-            self.saved_scheduler = text;
-        }
-        Ok(())
-    }
-
     fn trial_dir(&self, id: &str) -> PathBuf {
         self.exp_dir.join("trials").join(id)
     }
@@ -596,39 +533,6 @@ impl Runner {
         for r in std::mem::take(&mut self.deferred_starts) {
             self.progress.trial_started(&r);
         }
-    }
-
-    /// The checkpoint a (re)starting trial must fetch from an object store
-    /// first (`None`: none, or local); an error when its checkpoint cannot
-    /// serve this trial's number of workers.
-    fn checkpoint_to_fetch(&self, record: &TrialRecord) -> Result<Option<String>, String> {
-        let Some(c) = &record.latest_checkpoint else { return Ok(None) };
-        let workers = self.request.workers.len().max(1) as u32;
-        if let Some(need) = c.required_world_size() {
-            if need != workers {
-                return Err(format!(
-                    "checkpoint {} holds the shards of {need} ranks ({}), but the trial now runs {workers} worker(s); \
-                     restore it with trainer.num_workers = {need}",
-                    c.uri,
-                    c.ranks.iter().map(|r| format!("rank-{r}")).collect::<Vec<_>>().join(", ")
-                ));
-            }
-        }
-        Ok(if self.storage.is_local() { None } else { Some(c.uri.clone()) })
-    }
-
-    /// A local checkpoint's directory, found by name in the trial's
-    /// directory (wherever the experiment now is).
-    fn local_checkpoint(&self, record: &TrialRecord) -> Option<PathBuf> {
-        let trial_dir = self.trial_dir(&record.id);
-        record.latest_checkpoint.as_ref().map(|c| trial_dir.join(checkpoint_name(&c.uri)))
-    }
-
-    /// What `remove_uncommitted` needs for `trial_id`: its storage and the
-    /// names of its committed checkpoints.
-    fn cleanup(&self, trial_id: &str) -> Result<(Storage, HashSet<String>), TuneError> {
-        let keep = self.store.checkpoints(trial_id)?.iter().map(|c| checkpoint_name(&c.uri).to_string()).collect();
-        Ok((self.storage.join(&format!("trials/{trial_id}")), keep))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -801,139 +705,6 @@ impl Runner {
                 }
                 ended.push(rec);
             }
-        }
-        Ok(())
-    }
-
-    /// A run of `rec` failed: it restarts from its latest committed
-    /// checkpoint while `max_failures` allows (and the sweep goes on), else
-    /// it is ERROR.
-    fn failed_run(
-        &mut self,
-        mut rec: TrialRecord,
-        msg: String,
-        ended: &mut Vec<TrialRecord>,
-        running: &mut HashMap<String, Running>,
-    ) -> Result<(), TuneError> {
-        let restartable = !self.stopping && self.failure.may_restart(rec.failures);
-        rec.failures += 1;
-        // The failed run may have left a checkpoint half written.
-        self.dirty.insert(rec.id.clone());
-        if !restartable {
-            return self.give_up(rec, msg, ended, running);
-        }
-        rec.status = TrialStatus::Pending;
-        let first_line = crate::progress::headline(&msg);
-        rec.last_failure = Some(msg);
-        self.store.put_trial(&rec)?;
-        let from = rec.latest_checkpoint.as_ref().map_or_else(|| "the start".to_string(), |c| checkpoint_name(&c.uri).to_string());
-        let count = if self.failure.max_failures < 0 {
-            format!("failure {}", rec.failures)
-        } else {
-            format!("failure {} of {}", rec.failures, self.failure.max_failures)
-        };
-        self.progress.note(&format!("{}: {first_line}; restarting from {from} ({count})", rec.id));
-        // Before anything new: its resources were just released.
-        self.pending.push_front(rec);
-        Ok(())
-    }
-
-    /// `rec` is ERROR for good.
-    fn give_up(
-        &mut self,
-        mut rec: TrialRecord,
-        msg: String,
-        ended: &mut Vec<TrialRecord>,
-        running: &mut HashMap<String, Running>,
-    ) -> Result<(), TuneError> {
-        rec.status = TrialStatus::Error;
-        rec.error = Some(msg.clone());
-        rec.ended_at = Some(self.unix_now());
-        self.store.put_trial(&rec)?;
-        if self.dirty.remove(&rec.id) {
-            // Nothing runs it again: what its last run left half written goes now.
-            let (trial, keep) = self.cleanup(&rec.id)?;
-            self.background.spawn(async move {
-                if let Err(e) = remove_uncommitted(&trial, &keep).await {
-                    tracing::warn!(error = %e, "could not remove uncommitted checkpoints");
-                }
-            });
-        }
-        self.scheduler.on_trial_error(&view(&rec));
-        self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
-        self.seen.remove(&rec.id);
-        if self.first_error.is_none() {
-            self.first_error = Some(format!("{}: {msg}", rec.id));
-        }
-        if self.fail_fast && !self.stopping {
-            self.stopping = true;
-            self.progress.note("fail_fast: a trial failed; stopping the sweep");
-            for other in running.values_mut() {
-                other.ending.get_or_insert(Ending::Stopped);
-                other.handle.stop(StopLevel::Graceful);
-            }
-        }
-        ended.push(rec);
-        Ok(())
-    }
-
-    /// Kills the runs that have not completed a step within the hang
-    /// timeout; each counts as a failure naming the ranks it waited for.
-    fn detect_hangs(&mut self, running: &mut HashMap<String, Running>) {
-        let Some(limit) = self.failure.hang_timeout_s else { return };
-        let now = self.clock();
-        for r in running.values_mut() {
-            if r.ending.is_some() || now - r.last_report < limit {
-                continue;
-            }
-            let lagging = r.handle.lagging_ranks();
-            let after = r.record.last_result.as_ref().map_or(0, |l| l.training_iteration);
-            let mut msg = format!("hung: no report for {limit} s (failure.hang_timeout_s) after iteration {after}");
-            if !lagging.is_empty() {
-                let ranks: Vec<String> = lagging.iter().map(u32::to_string).collect();
-                msg.push_str(&format!("; waiting on rank {}", ranks.join(", ")));
-            }
-            let log = r.dir.join("logs").join(format!("rank-{}.log", lagging.first().copied().unwrap_or(0)));
-            let tail = trainer::log_tail(&log, 20);
-            if !tail.is_empty() {
-                msg.push_str(&format!("; last log lines ({}):\n{tail}", log.display()));
-            }
-            tracing::warn!(trial = %r.record.id, "{}", msg.lines().next().unwrap_or_default());
-            r.ending = Some(Ending::Hung(msg));
-            // A hung rank has nothing left to save: kill the group now.
-            r.handle.stop(StopLevel::Kill);
-        }
-    }
-
-    /// After a checkpoint of `trial_id` is durable: marks it committed for
-    /// other tools and applies `num_to_keep` (the records go first, durably;
-    /// then the files).
-    fn after_commit(&mut self, trial_id: &str, uri: &str, iteration: u64) -> Result<(), TuneError> {
-        let marker = serde_json::json!({ "trial_id": trial_id, "training_iteration": iteration, "committed_at": now_unix() });
-        while self.background.try_join_next().is_some() {}
-        let (storage, at) = (self.storage.clone(), uri.to_string());
-        self.background.spawn(async move {
-            if let Err(e) = storage.mark_committed(&at, marker.to_string().into_bytes()).await {
-                tracing::warn!(checkpoint = %at, error = %e, "could not write the commit marker");
-            }
-        });
-        let Some(keep) = self.checkpoint.num_to_keep else { return Ok(()) };
-        let committed = self.store.checkpoints(trial_id)?;
-        let doomed = crate::retention::doomed(&committed, keep, self.checkpoint.score_attribute.as_deref(), self.checkpoint.score_order);
-        if doomed.is_empty() {
-            return Ok(());
-        }
-        for c in &doomed {
-            self.store.remove_checkpoint(trial_id, c.iteration)?;
-        }
-        self.store.flush()?;
-        for c in doomed {
-            let storage = self.storage.clone();
-            self.background.spawn(async move {
-                if let Err(e) = storage.delete_checkpoint(&c.uri).await {
-                    tracing::warn!(checkpoint = %c.uri, error = %e, "could not delete a checkpoint beyond num_to_keep");
-                }
-            });
         }
         Ok(())
     }

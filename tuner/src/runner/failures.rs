@@ -1,0 +1,114 @@
+//! Failed runs: a restart from the latest committed checkpoint while
+//! `max_failures` allows, else ERROR; and hung runs, killed after
+//! `hang_timeout_s`.
+
+use std::collections::HashMap;
+
+use schedulers::TrialStatus;
+use trainer::StopLevel;
+
+use super::{checkpoint_name, remove_uncommitted, view, Ending, Runner, Running};
+use crate::store::TrialRecord;
+use crate::TuneError;
+
+impl Runner {
+    /// A run of `rec` failed: it restarts from its latest committed
+    /// checkpoint while `max_failures` allows (and the sweep goes on), else
+    /// it is ERROR.
+    pub(super) fn failed_run(
+        &mut self,
+        mut rec: TrialRecord,
+        msg: String,
+        ended: &mut Vec<TrialRecord>,
+        running: &mut HashMap<String, Running>,
+    ) -> Result<(), TuneError> {
+        let restartable = !self.stopping && self.failure.may_restart(rec.failures);
+        rec.failures += 1;
+        // The failed run may have left a checkpoint half written.
+        self.dirty.insert(rec.id.clone());
+        if !restartable {
+            return self.give_up(rec, msg, ended, running);
+        }
+        rec.status = TrialStatus::Pending;
+        let first_line = crate::progress::headline(&msg);
+        rec.last_failure = Some(msg);
+        self.store.put_trial(&rec)?;
+        let from = rec.latest_checkpoint.as_ref().map_or_else(|| "the start".to_string(), |c| checkpoint_name(&c.uri).to_string());
+        let count = if self.failure.max_failures < 0 {
+            format!("failure {}", rec.failures)
+        } else {
+            format!("failure {} of {}", rec.failures, self.failure.max_failures)
+        };
+        self.progress.note(&format!("{}: {first_line}; restarting from {from} ({count})", rec.id));
+        // Before anything new: its resources were just released.
+        self.pending.push_front(rec);
+        Ok(())
+    }
+
+    /// `rec` is ERROR for good.
+    pub(super) fn give_up(
+        &mut self,
+        mut rec: TrialRecord,
+        msg: String,
+        ended: &mut Vec<TrialRecord>,
+        running: &mut HashMap<String, Running>,
+    ) -> Result<(), TuneError> {
+        rec.status = TrialStatus::Error;
+        rec.error = Some(msg.clone());
+        rec.ended_at = Some(self.unix_now());
+        self.store.put_trial(&rec)?;
+        if self.dirty.remove(&rec.id) {
+            // Nothing runs it again: what its last run left half written goes now.
+            let (trial, keep) = self.cleanup(&rec.id)?;
+            self.background.spawn(async move {
+                if let Err(e) = remove_uncommitted(&trial, &keep).await {
+                    tracing::warn!(error = %e, "could not remove uncommitted checkpoints");
+                }
+            });
+        }
+        self.scheduler.on_trial_error(&view(&rec));
+        self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
+        self.seen.remove(&rec.id);
+        if self.first_error.is_none() {
+            self.first_error = Some(format!("{}: {msg}", rec.id));
+        }
+        if self.fail_fast && !self.stopping {
+            self.stopping = true;
+            self.progress.note("fail_fast: a trial failed; stopping the sweep");
+            for other in running.values_mut() {
+                other.ending.get_or_insert(Ending::Stopped);
+                other.handle.stop(StopLevel::Graceful);
+            }
+        }
+        ended.push(rec);
+        Ok(())
+    }
+
+    /// Kills the runs that have not completed a step within the hang
+    /// timeout; each counts as a failure naming the ranks it waited for.
+    pub(super) fn detect_hangs(&mut self, running: &mut HashMap<String, Running>) {
+        let Some(limit) = self.failure.hang_timeout_s else { return };
+        let now = self.clock();
+        for r in running.values_mut() {
+            if r.ending.is_some() || now - r.last_report < limit {
+                continue;
+            }
+            let lagging = r.handle.lagging_ranks();
+            let after = r.record.last_result.as_ref().map_or(0, |l| l.training_iteration);
+            let mut msg = format!("hung: no report for {limit} s (failure.hang_timeout_s) after iteration {after}");
+            if !lagging.is_empty() {
+                let ranks: Vec<String> = lagging.iter().map(u32::to_string).collect();
+                msg.push_str(&format!("; waiting on rank {}", ranks.join(", ")));
+            }
+            let log = r.dir.join("logs").join(format!("rank-{}.log", lagging.first().copied().unwrap_or(0)));
+            let tail = trainer::log_tail(&log, 20);
+            if !tail.is_empty() {
+                msg.push_str(&format!("; last log lines ({}):\n{tail}", log.display()));
+            }
+            tracing::warn!(trial = %r.record.id, "{}", msg.lines().next().unwrap_or_default());
+            r.ending = Some(Ending::Hung(msg));
+            // A hung rank has nothing left to save: kill the group now.
+            r.handle.stop(StopLevel::Kill);
+        }
+    }
+}
