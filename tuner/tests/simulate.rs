@@ -144,3 +144,29 @@ fn nestor_simulate_leaves_a_normal_experiment() {
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "error: bad.jsonl: line 2: `metrics` must be an array of numbers");
     assert!(!dir.path().join("runs2").exists());
 }
+
+/// A simulation's time budget is virtual: the sweep stops at the budget on
+/// its own clock, the same way every time, however fast the machine.
+#[test]
+fn a_simulations_time_budget_is_virtual_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let budgeted = |name: &str| {
+        let tune = TuneConfig {
+            num_samples: 1000,
+            seed: Some(2),
+            time_budget_s: Some(120.0),
+            scheduler: asha(AshaType::Stopping),
+            ..Default::default()
+        };
+        run(dir.path(), name, 0.5, tune).unwrap()
+    };
+    let grid = budgeted("budget");
+    assert!(grid.len() < 1000 && grid.len() > 8, "{} trials", grid.len());
+    let stamps: Vec<f64> = grid.iter().flat_map(|t| t.history.iter().map(|r| r.metrics["timestamp"])).collect();
+    let span = stamps.iter().copied().fold(f64::MIN, f64::max) - stamps.iter().copied().fold(f64::MAX, f64::min);
+    // Iterations take 1 to 3 virtual seconds: the last results come within one of the budget.
+    assert!(span <= 120.0 + 3.0 && span > 100.0, "virtual span {span} s");
+    let again = budgeted("budget-again");
+    let count = |g: &ResultGrid| g.iter().map(|t| t.history.len()).sum::<usize>();
+    assert_eq!((again.len(), count(&again)), (grid.len(), count(&grid)));
+}

@@ -208,7 +208,9 @@ impl Runner {
         // Timers live across turns of the loop: re-creating them every turn
         // would re-register them with the timer driver each time.
         let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-        let budget = tokio::time::sleep_until(self.time_budget.map_or(far, |b| tokio::time::Instant::now() + b));
+        // A simulation's budget is virtual time, checked every turn instead.
+        let wall_budget = self.time_budget.filter(|_| !self.simulated());
+        let budget = tokio::time::sleep_until(wall_budget.map_or(far, |b| tokio::time::Instant::now() + b));
         tokio::pin!(budget);
         let ended_timer = tokio::time::sleep_until(far);
         tokio::pin!(ended_timer);
@@ -231,6 +233,9 @@ impl Runner {
         loop {
             // Admit trials while there are free slots and resources for all of a trial's bundles.
             self.apply_stopped(&mut running, &mut commits.ended)?;
+            if !self.stopping && self.simulated() && self.time_budget.is_some_and(|b| self.clock() >= b.as_secs_f64()) {
+                self.out_of_time(&mut running);
+            }
             while !self.stopping && running.len() + restoring < self.max_concurrent {
                 let Some(allocation) = self.pool.try_allocate(&self.request) else { break };
                 let can_add = !searcher_done && self.next_index < self.max_trials;
@@ -367,14 +372,7 @@ impl Runner {
                         return Ok(Finish::Interrupted);
                     }
                 }
-                _ = &mut budget, if !self.stopping && self.time_budget.is_some() => {
-                    self.progress.note("Time budget reached: stopping running trials");
-                    self.stopping = true;
-                    for r in running.values_mut() {
-                        r.ending.get_or_insert(Ending::Stopped);
-                        r.handle.stop(StopLevel::Graceful);
-                    }
-                }
+                _ = &mut budget, if !self.stopping && wall_budget.is_some() => self.out_of_time(&mut running),
                 Some(Restored { record, allocation, fetched }) = restored_rx.recv() => {
                     restoring -= 1;
                     match fetched {
@@ -470,6 +468,16 @@ impl Runner {
             return Err(TuneError::FailFast(e));
         }
         Ok(Finish::Done)
+    }
+
+    /// The time budget is spent: no new trial starts, the running ones stop.
+    fn out_of_time(&mut self, running: &mut HashMap<String, Running>) {
+        self.progress.note("Time budget reached: stopping running trials");
+        self.stopping = true;
+        for r in running.values_mut() {
+            r.ending.get_or_insert(Ending::Stopped);
+            r.handle.stop(StopLevel::Graceful);
+        }
     }
 
     /// Seconds on the runner's clock: the wall clock since the sweep
