@@ -234,7 +234,8 @@ impl Scheduler for Asha {
         if self.kind != AshaType::Promotion {
             return if paused.is_empty() || can_add { None } else { Some(0) };
         }
-        let (b, k, i) = self.next_promotion(|id| paused.iter().any(|p| p.id == id))?;
+        let ids: std::collections::HashSet<&str> = paused.iter().map(|p| p.id).collect();
+        let (b, k, i) = self.next_promotion(|id| ids.contains(id))?;
         let entry = &mut self.brackets[b].rungs[k][i];
         entry.promoted = true;
         paused.iter().position(|p| p.id == entry.trial)
