@@ -32,6 +32,12 @@ pub trait Searcher: Send {
     /// Called once when a trial ends; `result` is its last result, if any.
     fn on_trial_complete(&mut self, _trial_id: &str, _result: Option<&TrialResult>, _error: bool) {}
 
+    /// Called when the scheduler pauses a trial (it will resume, or end).
+    fn on_trial_pause(&mut self, _trial_id: &str) {}
+
+    /// Called when a paused trial resumes.
+    fn on_trial_resume(&mut self, _trial_id: &str) {}
+
     /// How many trials this searcher will suggest in all, when it decides that
     /// itself (grid and random search do); `None` lets the Tuner stop at
     /// `num_samples`.
@@ -56,6 +62,12 @@ impl<S: Searcher + ?Sized> Searcher for Box<S> {
     }
     fn on_trial_complete(&mut self, trial_id: &str, result: Option<&TrialResult>, error: bool) {
         (**self).on_trial_complete(trial_id, result, error)
+    }
+    fn on_trial_pause(&mut self, trial_id: &str) {
+        (**self).on_trial_pause(trial_id)
+    }
+    fn on_trial_resume(&mut self, trial_id: &str) {
+        (**self).on_trial_resume(trial_id)
     }
     fn total_trials(&self) -> Option<u64> {
         (**self).total_trials()

@@ -209,6 +209,12 @@ impl<S: Searcher> Searcher for ArmSearcher<S> {
     fn on_trial_complete(&mut self, trial_id: &str, result: Option<&TrialResult>, error: bool) {
         self.inner.on_trial_complete(trial_id, result, error)
     }
+    fn on_trial_pause(&mut self, trial_id: &str) {
+        self.inner.on_trial_pause(trial_id)
+    }
+    fn on_trial_resume(&mut self, trial_id: &str) {
+        self.inner.on_trial_resume(trial_id)
+    }
     fn total_trials(&self) -> Option<u64> {
         self.inner.total_trials()
     }

@@ -465,6 +465,7 @@ fn replay_unseen(
         if decision == Decision::Pause {
             t.status = TrialStatus::Paused;
             store.put_trial(&t)?;
+            searcher.on_trial_pause(&t.id);
             let at = lists.paused.partition_point(|p| p.index < t.index);
             lists.paused.insert(at, t);
         } else {

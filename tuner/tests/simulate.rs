@@ -170,3 +170,17 @@ fn a_simulations_time_budget_is_virtual_time() {
     let count = |g: &ResultGrid| g.iter().map(|t| t.history.len()).sum::<usize>();
     assert_eq!((again.len(), count(&again)), (grid.len(), count(&grid)));
 }
+
+/// A concurrency limiter on the search counts paused trials out: with a
+/// pausing scheduler, the sweep runs every trial instead of stalling once
+/// the limit's worth of trials are paused.
+#[test]
+fn a_search_limiter_does_not_stall_a_pausing_scheduler() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, scheduler) in [("limited-promotion", asha(AshaType::Promotion)), ("limited-hyperband", hyperband())] {
+        let tune = TuneConfig { num_samples: 60, seed: Some(4), max_concurrent_search: Some(3), scheduler, ..Default::default() };
+        let grid = run(dir.path(), name, 0.5, tune).unwrap();
+        assert_eq!(grid.len(), 60, "{name}");
+        assert!(grid.iter().all(|t| t.status == TrialStatus::Terminated), "{name}");
+    }
+}

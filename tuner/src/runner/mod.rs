@@ -689,6 +689,7 @@ impl Runner {
             (Some(Ending::Paused), ExitOutcome::Completed | ExitOutcome::Stopped) => {
                 rec.status = TrialStatus::Paused;
                 self.store.put_trial(&rec)?;
+                self.searcher.on_trial_pause(&rec.id);
                 let at = self.paused.partition_point(|p| p.index < rec.index);
                 self.paused.insert(at, rec.clone());
                 ended.push(rec);

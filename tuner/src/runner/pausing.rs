@@ -19,7 +19,9 @@ impl Runner {
         }
         let views: Vec<TrialView<'_>> = self.paused.iter().map(view).collect();
         let i = self.scheduler.choose_trial_to_run(&views, can_add)?;
-        (i < self.paused.len()).then(|| self.paused.remove(i))
+        let rec = (i < self.paused.len()).then(|| self.paused.remove(i))?;
+        self.searcher.on_trial_resume(&rec.id);
+        Some(rec)
     }
 
     /// Ends the trials the scheduler gave up on: PAUSED ones at once, running
