@@ -389,6 +389,7 @@ impl Tuner {
             planned,
             max_concurrent
         ));
+        let simulated = backend.virtual_now().is_some();
         let runner = Runner {
             exp_dir: exp_dir.clone(),
             store: store.clone(),
@@ -421,6 +422,7 @@ impl Tuner {
             saved_scheduler: String::new(),
             origin: std::time::Instant::now(),
             unix_origin: crate::runner::now_unix(),
+            simulated,
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),

@@ -186,6 +186,8 @@ pub(crate) struct Runner {
     pub origin: Instant,
     /// Unix time at `origin`.
     pub unix_origin: f64,
+    /// The backend keeps a virtual clock (a simulation); fixed for the sweep.
+    pub simulated: bool,
 }
 
 /// How the loop ended.
@@ -495,7 +497,7 @@ impl Runner {
     }
 
     fn simulated(&self) -> bool {
-        self.backend.virtual_now().is_some()
+        self.simulated
     }
 
     fn trial_dir(&self, id: &str) -> PathBuf {
