@@ -4,9 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use search::Mode;
+use search::{Domain, Mode, Node, Space};
 
 use crate::asha::{Asha, AshaType};
+use crate::pbt::{CustomExplore, Mutation, Pbt};
 use crate::hyperband::HyperBand;
 use crate::median::MedianStopping;
 use crate::objective::Objective;
@@ -16,14 +17,14 @@ use crate::{Fifo, Scheduler};
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("scheduler.{key}: {message}")]
 pub struct ConfigError {
-    /// The key, e.g. `reduction_factor`.
-    pub key: &'static str,
+    /// The key, e.g. `reduction_factor` or `hyperparam_mutations.lr`.
+    pub key: String,
     /// The rule it breaks.
     pub message: String,
 }
 
-fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError { key, message: message.into() }
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.into(), message: message.into() }
 }
 
 /// `[scheduler]`: `type` picks the scheduler; the other keys are its own.
@@ -39,6 +40,8 @@ pub enum SchedulerConfig {
     Hyperband(HyperBandConfig),
     /// The median stopping rule.
     MedianStopping(MedianStoppingConfig),
+    /// Population-based training.
+    Pbt(PbtConfig),
 }
 
 fn training_iteration() -> String {
@@ -188,6 +191,219 @@ impl Default for MedianStoppingConfig {
     }
 }
 
+fn time_total_s() -> String {
+    "time_total_s".into()
+}
+fn sixty() -> f64 {
+    60.0
+}
+fn quarter() -> f64 {
+    0.25
+}
+fn factors() -> Vec<f64> {
+    vec![1.2, 0.8]
+}
+
+/// Population-based training's settings (Ray's `PopulationBasedTraining`
+/// names and defaults).
+///
+/// In TOML, each mutation is a domain or a list of values:
+///
+/// ```toml
+/// [scheduler]
+/// type = "pbt"
+/// time_attr = "training_iteration"
+/// perturbation_interval = 4
+///
+/// [scheduler.hyperparam_mutations]
+/// lr = { loguniform = [1e-4, 1e-1] }
+/// batch_size = [16, 32, 64]
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PbtConfig {
+    /// The metric (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// `min` or `max` (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// The time attribute intervals are measured in (default `time_total_s`, as Ray).
+    #[serde(default = "time_total_s")]
+    pub time_attr: String,
+    /// A trial is ranked, and may exploit another, every this much time (default 60).
+    #[serde(default = "sixty")]
+    pub perturbation_interval: f64,
+    /// No perturbation before this time (default 0).
+    #[serde(default)]
+    pub burn_in_period: f64,
+    /// The fraction of trials in the top and in the bottom quantile, in (0, 0.5] (default 0.25).
+    #[serde(default = "quarter")]
+    pub quantile_fraction: f64,
+    /// The chance that an explored value is drawn afresh instead of perturbed (default 0.25).
+    #[serde(default = "quarter")]
+    pub resample_probability: f64,
+    /// What a numeric value is multiplied by when perturbed, one at random (default [1.2, 0.8]).
+    #[serde(default = "factors")]
+    pub perturbation_factors: Vec<f64>,
+    /// What each hyperparameter may become: a domain or a list of values, by
+    /// (dotted) config path. Every key must be a parameter of the search space.
+    #[serde(default)]
+    pub hyperparam_mutations: toml::Table,
+    /// Seeds the exploit and explore draws (default: the experiment's seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Runs after the built-in explore step (Rust only).
+    #[serde(skip)]
+    pub custom_explore: Option<CustomExplore>,
+}
+
+impl Default for PbtConfig {
+    fn default() -> Self {
+        Self {
+            metric: None,
+            mode: None,
+            time_attr: time_total_s(),
+            perturbation_interval: sixty(),
+            burn_in_period: 0.0,
+            quantile_fraction: quarter(),
+            resample_probability: quarter(),
+            perturbation_factors: factors(),
+            hyperparam_mutations: toml::Table::new(),
+            seed: None,
+            custom_explore: None,
+        }
+    }
+}
+
+impl PbtConfig {
+    /// Lets `key` (a dotted config path) be explored within `domain`.
+    pub fn mutate(mut self, key: &str, domain: Domain) -> Self {
+        if let Ok(space) = Space::builder().param("m", domain).build() {
+            if let Some(v) = space.to_toml().remove("m") {
+                insert_path(&mut self.hyperparam_mutations, key, v);
+            }
+        }
+        self
+    }
+
+    /// Lets `key` be explored among `values` (perturbed to a neighbour).
+    pub fn mutate_among<I, V>(mut self, key: &str, values: I) -> Self
+    where
+        I: IntoIterator<Item = V>,
+        V: Into<serde_json::Value>,
+    {
+        let list = values.into_iter().map(|v| search::json_to_toml(&v.into())).collect();
+        insert_path(&mut self.hyperparam_mutations, key, toml::Value::Array(list));
+        self
+    }
+
+    /// Runs `f` on every explored config, after the built-in step.
+    pub fn custom_explore<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&mut search::Config, &mut dyn rand::RngCore) + Send + Sync + 'static,
+    {
+        self.custom_explore = Some(CustomExplore::new(f));
+        self
+    }
+
+    /// The mutations by dotted path, checked.
+    fn mutations(&self) -> Result<Vec<(String, Mutation)>, ConfigError> {
+        let space = Space::from_toml(&self.hyperparam_mutations).map_err(|e| invalid(format!("hyperparam_mutations.{}", e.path), e.message))?;
+        let mut out = Vec::new();
+        collect_mutations(&space, "", &mut out)?;
+        Ok(out)
+    }
+
+    /// Checks each mutation against the search space: its key must be a
+    /// parameter there, and what it can produce must lie in that parameter's domain.
+    pub fn check_space(&self, space: &Space) -> Result<(), ConfigError> {
+        for (path, mutation) in self.mutations()? {
+            let key = format!("hyperparam_mutations.{path}");
+            let Some(node) = find(space, &path) else {
+                return Err(invalid(key, format!("`{path}` is not a parameter of [space]; add it there (trials start from its values)")));
+            };
+            let Node::Domain(d) = node else {
+                return Err(invalid(key, format!("`{path}` is a nested table in [space], not a parameter")));
+            };
+            let outside = |what: String| invalid(key.clone(), format!("{what} is outside [space] {path} = {}", d.describe()));
+            match (&mutation, d) {
+                (_, Domain::Const(_)) => {}
+                (Mutation::Values(values), _) => {
+                    if let Some(v) = values.iter().find(|v| !d.contains(v)) {
+                        return Err(outside(format!("the value {v}")));
+                    }
+                }
+                (Mutation::Domain(m), Domain::Choice(_) | Domain::Grid(_)) => {
+                    return Err(outside(m.describe()));
+                }
+                (Mutation::Domain(m), _) => {
+                    if let Some((low, high, int)) = d.bounds() {
+                        let fits = m.bounds().is_some_and(|(ml, mh, mint)| ml >= low && mh <= high && (mint || !int));
+                        if !fits {
+                            return Err(outside(m.describe()));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn insert_path(table: &mut toml::Table, key: &str, value: toml::Value) {
+    match key.split_once('.') {
+        None => {
+            table.insert(key.to_string(), value);
+        }
+        Some((head, rest)) => {
+            let entry = table.entry(head.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if !entry.is_table() {
+                *entry = toml::Value::Table(toml::Table::new());
+            }
+            if let toml::Value::Table(t) = entry {
+                insert_path(t, rest, value);
+            }
+        }
+    }
+}
+
+fn collect_mutations(space: &Space, prefix: &str, out: &mut Vec<(String, Mutation)>) -> Result<(), ConfigError> {
+    for (name, node) in space.entries() {
+        let path = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        match node {
+            Node::Nested(s) => collect_mutations(s, &path, out)?,
+            Node::Domain(Domain::Const(serde_json::Value::Array(values))) | Node::Domain(Domain::Choice(values) | Domain::Grid(values)) => {
+                if values.is_empty() {
+                    return Err(invalid(format!("hyperparam_mutations.{path}"), "the list of values is empty"));
+                }
+                out.push((path, Mutation::Values(values.clone())));
+            }
+            Node::Domain(Domain::Const(v)) => {
+                return Err(invalid(
+                    format!("hyperparam_mutations.{path}"),
+                    format!("must be a domain (e.g. {{ loguniform = [1e-4, 1e-1] }}) or a list of values, got {v}"),
+                ));
+            }
+            Node::Domain(d) => out.push((path, Mutation::Domain(d.clone()))),
+        }
+    }
+    Ok(())
+}
+
+fn find<'a>(space: &'a Space, path: &str) -> Option<&'a Node> {
+    let (head, rest) = match path.split_once('.') {
+        Some((h, r)) => (h, Some(r)),
+        None => (path, None),
+    };
+    let node = space.entries().find(|(name, _)| *name == head).map(|(_, n)| n)?;
+    match (node, rest) {
+        (_, None) => Some(node),
+        (Node::Nested(s), Some(r)) => find(s, r),
+        _ => None,
+    }
+}
+
 fn objective(
     metric: &Option<String>,
     mode: Option<Mode>,
@@ -234,6 +450,7 @@ impl SchedulerConfig {
             SchedulerConfig::Asha(_) => "asha",
             SchedulerConfig::Hyperband(_) => "hyperband",
             SchedulerConfig::MedianStopping(_) => "median_stopping",
+            SchedulerConfig::Pbt(_) => "pbt",
         }
     }
 
@@ -244,7 +461,25 @@ impl SchedulerConfig {
             SchedulerConfig::Asha(a) => a.asha_type == AshaType::Promotion,
             SchedulerConfig::Hyperband(_) => true,
             SchedulerConfig::MedianStopping(m) => !m.hard_stop,
+            SchedulerConfig::Pbt(_) => true,
         }
+    }
+
+    /// Checks the settings against the search space (PBT's mutations must
+    /// name its parameters and stay inside their domains).
+    pub fn check_space(&self, space: &Space) -> Result<(), ConfigError> {
+        match self {
+            SchedulerConfig::Pbt(c) => c.check_space(space),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fills in a seed the settings leave to the experiment.
+    pub fn with_default_seed(mut self, seed: Option<u64>) -> Self {
+        if let SchedulerConfig::Pbt(c) = &mut self {
+            c.seed = c.seed.or(seed);
+        }
+        self
     }
 
     /// Checks the settings and builds the scheduler; `metric` and `mode`
@@ -286,6 +521,43 @@ impl SchedulerConfig {
                 }
                 Box::new(MedianStopping::new(obj, c.grace_period, c.min_samples_required, c.hard_stop))
             }
+            SchedulerConfig::Pbt(c) => {
+                let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;
+                positive("perturbation_interval", c.perturbation_interval)?;
+                if !(c.burn_in_period >= 0.0 && c.burn_in_period.is_finite()) {
+                    return Err(invalid("burn_in_period", format!("must be 0 or more, got {}", c.burn_in_period)));
+                }
+                if !(c.quantile_fraction > 0.0 && c.quantile_fraction <= 0.5) {
+                    return Err(invalid("quantile_fraction", format!("must be in (0, 0.5], got {}", c.quantile_fraction)));
+                }
+                if !(0.0..=1.0).contains(&c.resample_probability) {
+                    return Err(invalid("resample_probability", format!("must be in [0, 1], got {}", c.resample_probability)));
+                }
+                if c.perturbation_factors.is_empty() || c.perturbation_factors.iter().any(|f| !(*f > 0.0 && f.is_finite())) {
+                    return Err(invalid(
+                        "perturbation_factors",
+                        format!("must be positive numbers, e.g. [1.2, 0.8]; got {:?}", c.perturbation_factors),
+                    ));
+                }
+                let mutations = c.mutations()?;
+                if mutations.is_empty() && c.custom_explore.is_none() {
+                    return Err(invalid(
+                        "hyperparam_mutations",
+                        "required: what each explored hyperparameter may become, e.g. lr = { loguniform = [1e-4, 1e-1] }",
+                    ));
+                }
+                Box::new(Pbt::new(
+                    obj,
+                    c.perturbation_interval,
+                    c.burn_in_period,
+                    c.quantile_fraction,
+                    c.resample_probability,
+                    c.perturbation_factors.clone(),
+                    mutations,
+                    c.custom_explore.clone(),
+                    c.seed.unwrap_or(0),
+                ))
+            }
         })
     }
 }
@@ -310,7 +582,7 @@ mod tests {
         assert!(err.contains("unknown field `bracket`"), "{err}");
         let err = parse("type = \"asha\"\nasha_type = \"eager\"").unwrap_err();
         assert!(err.contains("eager"), "{err}");
-        assert!(parse("type = \"pbt\"").unwrap_err().contains("pbt"));
+        assert!(parse("type = \"pbx\"").unwrap_err().contains("pbx"));
     }
 
     #[test]
@@ -336,7 +608,46 @@ mod tests {
         let no_mode = SchedulerConfig::Hyperband(HyperBandConfig::default()).build(Some("loss"), None).err().map(|e| e.to_string());
         assert!(no_mode.unwrap().starts_with("scheduler.mode: required"));
         let no_metric = SchedulerConfig::MedianStopping(MedianStoppingConfig::default()).build(None, Some(Mode::Max)).err();
-        assert_eq!(no_metric.map(|e| e.key), Some("metric"));
+        assert_eq!(no_metric.map(|e| e.key).as_deref(), Some("metric"));
         assert!(SchedulerConfig::Fifo.build(None, None).is_ok());
+    }
+
+    #[test]
+    fn pbt_settings_are_checked_naming_the_field() {
+        let space = Space::from_toml_str("lr = { loguniform = [1e-4, 1e-1] }\nbs = { choice = [16, 32, 64] }\nlayers = { randint = [1, 8] }\nmomentum = 0.9")
+            .unwrap();
+        let check = |text: &str| -> Result<(), String> {
+            let c = parse(&format!("type = \"pbt\"\n{text}"))?;
+            c.build(Some("loss"), Some(Mode::Min)).map_err(|e| e.to_string())?;
+            c.check_space(&space).map_err(|e| e.to_string())
+        };
+        let ok = "[hyperparam_mutations]\nlr = { loguniform = [1e-3, 1e-2] }\nbs = [16, 64]\nlayers = { randint = [2, 5] }\nmomentum = [0.8, 0.99]";
+        assert_eq!(check(ok), Ok(()));
+        let SchedulerConfig::Pbt(c) = parse("type = \"pbt\"").unwrap() else { panic!("not pbt") };
+        assert_eq!((c.time_attr.as_str(), c.perturbation_interval, c.quantile_fraction, c.resample_probability), ("time_total_s", 60.0, 0.25, 0.25));
+        let err = |text: &str| check(text).unwrap_err();
+        assert!(err("").starts_with("scheduler.hyperparam_mutations: required"), "{}", err(""));
+        for q in ["0", "0.6", "-0.1"] {
+            let e = err(&format!("quantile_fraction = {q}\n{ok}"));
+            assert!(e.starts_with("scheduler.quantile_fraction: must be in (0, 0.5]"), "{e}");
+        }
+        assert!(err(&format!("resample_probability = 1.5\n{ok}")).starts_with("scheduler.resample_probability"));
+        assert!(err(&format!("perturbation_interval = 0\n{ok}")).starts_with("scheduler.perturbation_interval"));
+        assert!(err(&format!("perturbation_factors = []\n{ok}")).starts_with("scheduler.perturbation_factors"));
+        let e = err("[hyperparam_mutations]\nlr = { loguniform = [1e-5, 1] }");
+        assert_eq!(e, "scheduler.hyperparam_mutations.lr: loguniform [0.00001, 1] is outside [space] lr = loguniform [0.0001, 0.1]");
+        let e = err("[hyperparam_mutations]\nbs = [16, 128]");
+        assert_eq!(e, "scheduler.hyperparam_mutations.bs: the value 128 is outside [space] bs = choice of 3 values");
+        let e = err("[hyperparam_mutations]\nlayers = { uniform = [1, 4] }");
+        assert!(e.starts_with("scheduler.hyperparam_mutations.layers: uniform [1, 4) is outside"), "{e}");
+        let e = err("[hyperparam_mutations]\ndropout = [0.1, 0.2]");
+        assert!(e.starts_with("scheduler.hyperparam_mutations.dropout: `dropout` is not a parameter of [space]"), "{e}");
+        let e = err("[hyperparam_mutations]\nlr = 0.1");
+        assert!(e.starts_with("scheduler.hyperparam_mutations.lr: must be a domain"), "{e}");
+        let e = err("[hyperparam_mutations]\nlr = { uniform = [1, 0] }");
+        assert!(e.starts_with("scheduler.hyperparam_mutations.lr:"), "{e}");
+        // The Rust builders write the same table.
+        let built = PbtConfig::default().mutate("lr", Domain::loguniform(1e-3, 1e-2)).mutate_among("bs", [16, 64]);
+        assert_eq!(SchedulerConfig::Pbt(built).check_space(&space), Ok(()));
     }
 }

@@ -12,14 +12,16 @@ mod fifo;
 mod hyperband;
 mod median;
 mod objective;
+mod pbt;
 mod scheduler;
 mod stopper;
 
 pub use asha::{Asha, AshaType};
-pub use config::{AshaConfig, ConfigError, HyperBandConfig, MedianStoppingConfig, SchedulerConfig};
+pub use config::{AshaConfig, ConfigError, HyperBandConfig, MedianStoppingConfig, PbtConfig, SchedulerConfig};
 pub use fifo::Fifo;
 pub use hyperband::HyperBand;
 pub use median::MedianStopping;
 pub use objective::{Objective, Score};
-pub use scheduler::{Decision, Scheduler, SchedulerError, TrialStatus, TrialView};
+pub use pbt::{CustomExplore, Mutation, Pbt};
+pub use scheduler::{Decision, Exploit, Scheduler, SchedulerError, TrialStatus, TrialView};
 pub use stopper::{CombinedStopper, FnStopper, MetricThresholds, Stopper};

@@ -69,6 +69,23 @@ pub struct TrialView<'a> {
     pub num_results: u64,
 }
 
+/// A population-based exploit: `trial_id` stops and restarts from the
+/// latest committed checkpoint of `donor` (the one the scheduler saw, at
+/// `checkpoint_iteration`), training on with `config`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Exploit {
+    /// The trial that takes over the donor's state (the recipient).
+    pub trial_id: String,
+    /// The trial whose checkpoint it takes.
+    pub donor: String,
+    /// The donor's checkpoint, as reported with its result.
+    pub checkpoint: String,
+    /// The iteration that checkpoint was reported with.
+    pub checkpoint_iteration: u64,
+    /// The recipient's new config: the donor's, explored.
+    pub config: Config,
+}
+
 /// Errors of schedulers.
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerError {
@@ -122,6 +139,14 @@ pub trait Scheduler: Send {
         Vec::new()
     }
 
+    /// Exploits decided since the last call (population-based training):
+    /// each recipient stops, takes its donor's latest committed checkpoint
+    /// and restarts from it with the new config. Polled after every result;
+    /// the result that decided an exploit returns [`Decision::Pause`].
+    fn take_exploits(&mut self) -> Vec<Exploit> {
+        Vec::new()
+    }
+
     /// Metrics every result must carry for this scheduler, with the setting
     /// that names each (`("scheduler.time_attr", "epoch")`). A result
     /// without one is an error on its trial, raised by the Tuner before the
@@ -168,6 +193,9 @@ impl<S: Scheduler + ?Sized> Scheduler for Box<S> {
     }
     fn take_stopped(&mut self) -> Vec<String> {
         (**self).take_stopped()
+    }
+    fn take_exploits(&mut self) -> Vec<Exploit> {
+        (**self).take_exploits()
     }
     fn required_metrics(&self) -> Vec<(String, String)> {
         (**self).required_metrics()

@@ -419,6 +419,41 @@ impl Domain {
         }
     }
 
+    /// The value of this numeric domain nearest to `x`: clamped into its
+    /// bounds, rounded to an integer or a multiple of `q` as it requires.
+    /// `None` for categorical and constant domains, and for a non-finite `x`.
+    pub fn nearest(&self, x: f64) -> Option<Value> {
+        if !x.is_finite() {
+            return None;
+        }
+        let int = |low: i64, high: i64| Value::from((x.round() as i64).clamp(low, high));
+        let qint = |low: i64, high: i64, q: i64| {
+            let (kl, kh) = quantized_int_bounds(low, high, q).unwrap_or((0, 0));
+            Value::from(((x / q as f64).round() as i64).clamp(kl, kh) * q)
+        };
+        Some(match *self {
+            Domain::Uniform { .. } | Domain::QUniform { .. } | Domain::Randn { .. } | Domain::QRandn { .. } => self.value_at_model(x),
+            Domain::LogUniform { .. } | Domain::QLogUniform { .. } => self.value_at_model(x.max(f64::MIN_POSITIVE).ln()),
+            Domain::RandInt { low, high } | Domain::LogRandInt { low, high, .. } => int(low, high - 1),
+            Domain::QRandInt { low, high, q } | Domain::QLogRandInt { low, high, q, .. } => qint(low, high, q),
+            Domain::Choice(_) | Domain::Grid(_) | Domain::Const(_) => return None,
+        })
+    }
+
+    /// The bounds of a bounded numeric domain (`randn` has none), and
+    /// whether its values are integers.
+    pub fn bounds(&self) -> Option<(f64, f64, bool)> {
+        Some(match *self {
+            Domain::Uniform { low, high }
+            | Domain::QUniform { low, high, .. }
+            | Domain::LogUniform { low, high, .. }
+            | Domain::QLogUniform { low, high, .. } => (low, high, false),
+            Domain::RandInt { low, high } | Domain::LogRandInt { low, high, .. } => (low as f64, (high - 1) as f64, true),
+            Domain::QRandInt { low, high, .. } | Domain::QLogRandInt { low, high, .. } => (low as f64, high as f64, true),
+            Domain::Randn { .. } | Domain::QRandn { .. } | Domain::Choice(_) | Domain::Grid(_) | Domain::Const(_) => return None,
+        })
+    }
+
     /// A short human description, e.g. `loguniform [1e-5, 0.1]`.
     pub fn describe(&self) -> String {
         match self {
@@ -505,6 +540,23 @@ fn is_multiple(x: f64, q: f64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nearest_clamps_rounds_and_quantizes() {
+        use serde_json::json;
+        assert_eq!(Domain::uniform(0.0, 1.0).nearest(0.5), Some(json!(0.5)));
+        assert!(Domain::uniform(0.0, 1.0).nearest(3.0).and_then(|v| v.as_f64()).is_some_and(|x| x < 1.0 && x > 0.999));
+        assert_eq!(Domain::loguniform(1e-4, 1e-1).nearest(1.0), Some(json!(0.1)));
+        assert_eq!(Domain::loguniform(1e-4, 1e-1).nearest(-5.0), Some(json!(1e-4)));
+        assert_eq!(Domain::quniform(0.0, 1.0, 0.25).nearest(0.4), Some(json!(0.5)));
+        assert_eq!(Domain::randint(1, 10).nearest(11.2), Some(json!(9)));
+        assert_eq!(Domain::lograndint(1, 100).nearest(4.6), Some(json!(5)));
+        assert_eq!(Domain::qrandint(0, 64, 16).nearest(41.0), Some(json!(48)));
+        assert_eq!(Domain::choice([1, 2]).nearest(1.0), None);
+        assert_eq!(Domain::uniform(0.0, 1.0).nearest(f64::NAN), None);
+        assert_eq!(Domain::randint(1, 10).bounds(), Some((1.0, 9.0, true)));
+        assert_eq!(Domain::randn(0.0, 1.0).bounds(), None);
+    }
     use proptest::prelude::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
