@@ -7,10 +7,10 @@ use serde::{Deserialize, Serialize};
 use search::{Domain, Mode, Node, Space};
 
 use crate::asha::{Asha, AshaType};
-use crate::pbt::{CustomExplore, Mutation, Pbt};
 use crate::hyperband::HyperBand;
 use crate::median::MedianStopping;
 use crate::objective::Objective;
+use crate::pbt::{CustomExplore, Mutation, Pbt};
 use crate::{Fifo, Scheduler};
 
 /// A setting that breaks a rule: the key (under `scheduler.`) and why.
@@ -309,7 +309,8 @@ impl PbtConfig {
 
     /// The mutations by dotted path, checked.
     fn mutations(&self) -> Result<Vec<(String, Mutation)>, ConfigError> {
-        let space = Space::from_toml(&self.hyperparam_mutations).map_err(|e| invalid(format!("hyperparam_mutations.{}", e.path), e.message))?;
+        let space =
+            Space::from_toml(&self.hyperparam_mutations).map_err(|e| invalid(format!("hyperparam_mutations.{}", e.path), e.message))?;
         let mut out = Vec::new();
         collect_mutations(&space, "", &mut out)?;
         Ok(out)
@@ -334,8 +335,11 @@ impl PbtConfig {
                         return Err(outside(format!("the value {v}")));
                     }
                 }
-                (Mutation::Domain(m), Domain::Choice(_) | Domain::Grid(_)) => {
-                    return Err(outside(m.describe()));
+                // A numeric grid or choice gives the starting values: the mutation must be able to produce them.
+                (Mutation::Domain(m), Domain::Choice(values) | Domain::Grid(values)) => {
+                    if let Some(v) = values.iter().find(|v| m.nearest(v.as_f64().unwrap_or(f64::NAN)).as_ref() != Some(*v)) {
+                        return Err(invalid(key, format!("{} cannot produce [space] {path}'s value {v}", m.describe())));
+                    }
                 }
                 (Mutation::Domain(m), _) => {
                     if let Some((low, high, int)) = d.bounds() {
@@ -614,8 +618,10 @@ mod tests {
 
     #[test]
     fn pbt_settings_are_checked_naming_the_field() {
-        let space = Space::from_toml_str("lr = { loguniform = [1e-4, 1e-1] }\nbs = { choice = [16, 32, 64] }\nlayers = { randint = [1, 8] }\nmomentum = 0.9")
-            .unwrap();
+        let space = Space::from_toml_str(
+            "lr = { loguniform = [1e-4, 1e-1] }\nbs = { choice = [16, 32, 64] }\nlayers = { randint = [1, 8] }\nmomentum = 0.9",
+        )
+        .unwrap();
         let check = |text: &str| -> Result<(), String> {
             let c = parse(&format!("type = \"pbt\"\n{text}"))?;
             c.build(Some("loss"), Some(Mode::Min)).map_err(|e| e.to_string())?;
@@ -624,7 +630,10 @@ mod tests {
         let ok = "[hyperparam_mutations]\nlr = { loguniform = [1e-3, 1e-2] }\nbs = [16, 64]\nlayers = { randint = [2, 5] }\nmomentum = [0.8, 0.99]";
         assert_eq!(check(ok), Ok(()));
         let SchedulerConfig::Pbt(c) = parse("type = \"pbt\"").unwrap() else { panic!("not pbt") };
-        assert_eq!((c.time_attr.as_str(), c.perturbation_interval, c.quantile_fraction, c.resample_probability), ("time_total_s", 60.0, 0.25, 0.25));
+        assert_eq!(
+            (c.time_attr.as_str(), c.perturbation_interval, c.quantile_fraction, c.resample_probability),
+            ("time_total_s", 60.0, 0.25, 0.25)
+        );
         let err = |text: &str| check(text).unwrap_err();
         assert!(err("").starts_with("scheduler.hyperparam_mutations: required"), "{}", err(""));
         for q in ["0", "0.6", "-0.1"] {
@@ -638,6 +647,9 @@ mod tests {
         assert_eq!(e, "scheduler.hyperparam_mutations.lr: loguniform [0.00001, 1] is outside [space] lr = loguniform [0.0001, 0.1]");
         let e = err("[hyperparam_mutations]\nbs = [16, 128]");
         assert_eq!(e, "scheduler.hyperparam_mutations.bs: the value 128 is outside [space] bs = choice of 3 values");
+        let e = err("[hyperparam_mutations]\nbs = { randint = [16, 64] }");
+        assert_eq!(e, "scheduler.hyperparam_mutations.bs: randint [16, 64) cannot produce [space] bs's value 64");
+        assert_eq!(check("[hyperparam_mutations]\nbs = { qrandint = [16, 64, 16] }"), Ok(()));
         let e = err("[hyperparam_mutations]\nlayers = { uniform = [1, 4] }");
         assert!(e.starts_with("scheduler.hyperparam_mutations.layers: uniform [1, 4) is outside"), "{e}");
         let e = err("[hyperparam_mutations]\ndropout = [0.1, 0.2]");

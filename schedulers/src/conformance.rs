@@ -117,6 +117,15 @@ mod tests {
             SchedulerConfig::Hyperband(HyperBandConfig { max_t: 9.0, ..Default::default() }),
             SchedulerConfig::MedianStopping(MedianStoppingConfig::default()),
             SchedulerConfig::MedianStopping(MedianStoppingConfig { hard_stop: false, min_samples_required: 1, ..Default::default() }),
+            SchedulerConfig::Pbt(
+                crate::PbtConfig {
+                    time_attr: "training_iteration".into(),
+                    perturbation_interval: 2.0,
+                    seed: Some(3),
+                    ..Default::default()
+                }
+                .mutate("lr", search::Domain::loguniform(1e-4, 1e-1)),
+            ),
         ];
         for c in configs {
             for mode in [Mode::Min, Mode::Max] {

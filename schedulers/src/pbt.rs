@@ -62,7 +62,10 @@ impl Mutation {
 /// A user's explore step, run after the built-in one on the explored
 /// config (Ray's `custom_explore_fn`), with the perturbation's seeded RNG.
 #[derive(Clone)]
-pub struct CustomExplore(pub Arc<dyn Fn(&mut Config, &mut dyn RngCore) + Send + Sync>);
+pub struct CustomExplore(pub Arc<ExploreFn>);
+
+/// The signature of a custom explore step.
+pub type ExploreFn = dyn Fn(&mut Config, &mut dyn RngCore) + Send + Sync;
 
 impl CustomExplore {
     /// Wraps a function.
@@ -161,7 +164,8 @@ impl Pbt {
     /// first and best last (Ray's rule: `ceil(n * fraction)` each, at most
     /// half; none with fewer than two trials).
     fn quantiles(&self) -> (Vec<&str>, Vec<&str>) {
-        let mut ranked: Vec<(&str, &Member)> = self.members.iter().filter(|(_, m)| m.score.is_some()).map(|(k, m)| (k.as_str(), m)).collect();
+        let mut ranked: Vec<(&str, &Member)> =
+            self.members.iter().filter(|(_, m)| m.score.is_some()).map(|(k, m)| (k.as_str(), m)).collect();
         if ranked.len() <= 1 {
             return (Vec::new(), Vec::new());
         }

@@ -113,7 +113,7 @@ pub fn persist_checkpoint(src: &Path, trial_dir: &Path, iteration: u64, rank: u3
     Ok(ckpt)
 }
 
-fn copy_tree(src: &Path, dst: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn copy_tree(src: &Path, dst: &Path) -> Result<(), CheckpointError> {
     let entries = fs::read_dir(src).map_err(|source| CheckpointError::Io { path: src.to_path_buf(), source })?;
     for entry in entries {
         let entry = entry.map_err(|source| CheckpointError::Io { path: src.to_path_buf(), source })?;

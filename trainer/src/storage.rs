@@ -18,7 +18,7 @@ use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use tokio::io::AsyncReadExt;
 
-use crate::checkpoint::{checkpoint_dir_name, persist_checkpoint, CheckpointError};
+use crate::checkpoint::{checkpoint_dir_name, copy_tree, persist_checkpoint, CheckpointError};
 
 /// Files above this size are uploaded in parts, several at a time.
 const MULTIPART_THRESHOLD: u64 = 16 << 20;
@@ -307,6 +307,67 @@ impl Storage {
                 tokio::fs::create_dir_all(&dest).await.map_err(io(&dest))?;
                 Ok(dest)
             }
+        }
+    }
+
+    /// Copies the checkpoint at `uri` (below this location) into `dest` (a
+    /// trial's storage) under the same name, every shard but not its commit
+    /// marker, and returns the copy's location. A copy left half done by a
+    /// crash is uncommitted, so it is deleted like any other.
+    pub async fn copy_checkpoint(&self, uri: &str, dest: &Storage) -> Result<String, CheckpointError> {
+        let name = uri.trim_end_matches('/').rsplit('/').next().unwrap_or(uri).to_string();
+        match (&*self.kind, &*dest.kind) {
+            (Kind::Local(_), Kind::Local(dir)) => {
+                let (from, to) = (PathBuf::from(uri), dir.join(&name));
+                let tmp = dir.join(format!(".{name}.copy"));
+                tokio::task::spawn_blocking(move || -> Result<String, CheckpointError> {
+                    let io = |path: &Path| {
+                        let path = path.to_path_buf();
+                        move |source| CheckpointError::Io { path, source }
+                    };
+                    for stale in [&tmp, &to] {
+                        if stale.exists() {
+                            std::fs::remove_dir_all(stale).map_err(io(stale))?;
+                        }
+                    }
+                    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+                    copy_tree(&from, &tmp)?;
+                    let marker = tmp.join(COMMITTED_MARKER);
+                    if marker.exists() {
+                        std::fs::remove_file(&marker).map_err(io(&marker))?;
+                    }
+                    std::fs::rename(&tmp, &to).map_err(io(&to))?;
+                    Ok(to.display().to_string())
+                })
+                .await
+                .map_err(|e| CheckpointError::Io { path: PathBuf::from(&name), source: std::io::Error::other(e) })?
+            }
+            (Kind::Object { store, .. }, Kind::Object { .. }) => {
+                let rel = self.relative(uri).ok_or_else(|| CheckpointError::Foreign(uri.to_string()))?.to_string();
+                let prefix = self.object_path(&rel);
+                let listed: Vec<object_store::ObjectMeta> = store
+                    .list(Some(&prefix))
+                    .try_collect()
+                    .await
+                    .map_err(|source| CheckpointError::Upload { uri: uri.to_string(), source })?;
+                let skip = prefix.parts().count();
+                let copies =
+                    listed.into_iter().filter_map(|meta| {
+                        let parts: Vec<String> = meta.location.parts().skip(skip).map(|p| p.as_ref().to_string()).collect();
+                        if parts.is_empty() || parts[0] == COMMITTED_MARKER {
+                            return None;
+                        }
+                        let rel_to = format!("{name}/{}", parts.join("/"));
+                        let (to, to_uri) = (dest.object_path(&rel_to), dest.uri(&rel_to));
+                        let store = Arc::clone(store);
+                        Some(async move {
+                            store.copy(&meta.location, &to).await.map_err(|source| CheckpointError::Upload { uri: to_uri, source })
+                        })
+                    });
+                futures_util::stream::iter(copies).buffer_unordered(FILES_IN_FLIGHT).try_collect::<Vec<()>>().await?;
+                Ok(dest.uri(&name))
+            }
+            _ => Err(CheckpointError::Foreign(uri.to_string())),
         }
     }
 

@@ -85,6 +85,15 @@ enum Command {
         /// The experiment directory.
         dir: PathBuf,
     },
+    /// List the exploits of a population-based sweep: who took whose
+    /// checkpoint, at which iteration, and how the config changed.
+    Exploits {
+        /// The experiment directory.
+        dir: PathBuf,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the best trial: config, metrics, checkpoint.
     Best {
         /// The experiment directory.
@@ -223,6 +232,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             print_summary(&grid, &dir)
         }
         Command::Status { dir } => status(&dir),
+        Command::Exploits { dir, json } => exploits(&dir, json),
         Command::Best { dir, metric, mode, scope, json } => best(&dir, metric.as_deref(), mode, scope, json),
         Command::Export { dir, format } => export(&dir, format),
         Command::Sample { file, n, sets } => sample(&file, n, &sets),
@@ -354,6 +364,48 @@ fn status(dir: &Path) -> Result<(), Failure> {
         } else if let Some(f) = &t.last_failure {
             writeln!(out, "    last failure: {}", headline(f)).map_err(out_err)?;
         }
+        if t.exploits > 0 {
+            writeln!(out, "    exploits: {}", t.exploits).map_err(out_err)?;
+        }
+    }
+    if !grid.exploits.is_empty() {
+        const SHOWN: usize = 10;
+        let n = grid.exploits.len();
+        let more = if n > SHOWN { format!(", the latest {SHOWN} shown (all: nestor exploits)") } else { String::new() };
+        writeln!(out, "Exploits: {n}{more}").map_err(out_err)?;
+        for e in &grid.exploits[n.saturating_sub(SHOWN)..] {
+            writeln!(out, "  {}", exploit_line(e)).map_err(out_err)?;
+        }
+    }
+    Ok(())
+}
+
+/// `trial_00003 at iter 8 <- trial_00001 checkpoint_000008: lr=0.012 (was 0.05)`.
+fn exploit_line(e: &crate::store::ExploitRecord) -> String {
+    format!(
+        "{} at iter {} <- {} {}: {}",
+        e.trial_id,
+        e.iteration,
+        e.donor,
+        crate::runner::checkpoint_name(&e.donor_checkpoint),
+        crate::runner::config_change(&e.old_config, &e.new_config)
+    )
+}
+
+fn exploits(dir: &Path, json: bool) -> Result<(), Failure> {
+    let grid = ResultGrid::load(dir)?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        for e in &grid.exploits {
+            writeln!(out, "{}", serde_json::to_string(e).unwrap_or_default()).map_err(out_err)?;
+        }
+        return Ok(());
+    }
+    if grid.exploits.is_empty() {
+        writeln!(out, "No exploits in {} (only a pbt scheduler makes them)", abs(dir)).map_err(out_err)?;
+    }
+    for e in &grid.exploits {
+        writeln!(out, "{}", exploit_line(e)).map_err(out_err)?;
     }
     Ok(())
 }

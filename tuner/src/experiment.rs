@@ -393,6 +393,7 @@ impl ExperimentFile {
             let what = match &self.scheduler {
                 SchedulerConfig::Asha(_) => "asha_type = \"promotion\" pauses trials",
                 SchedulerConfig::MedianStopping(_) => "median_stopping with hard_stop = false pauses trials",
+                SchedulerConfig::Pbt(_) => "pbt restarts trials from their donors' checkpoints",
                 _ => "hyperband pauses trials",
             };
             let key = match &self.scheduler {
@@ -456,6 +457,7 @@ impl ExperimentFile {
             }
         }
         let space = Space::from_toml(&self.space).map_err(|err| invalid(&format!("space.{}", err.path), err.message))?;
+        self.scheduler.check_space(&space).map_err(|err| invalid(&format!("scheduler.{}", err.key), err.message.clone()))?;
         let points: Vec<Config> =
             self.search.points_to_evaluate.iter().map(|t| search::toml_to_json(&toml::Value::Table(t.clone()))).collect();
         for (i, p) in points.iter().enumerate() {

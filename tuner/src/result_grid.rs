@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use schedulers::TrialStatus;
 use search::{Config, Metrics, Mode, TrialResult};
 
-use crate::store::{effective_history, CheckpointRecord, Store, StoreError};
+use crate::store::{effective_history, CheckpointRecord, ExploitRecord, Store, StoreError};
 
 /// How a trial's series is reduced to one score (Ray's `scope`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -72,6 +72,8 @@ pub struct TrialOutcome {
     pub resumes: u32,
     /// How many of its runs failed (and were restarted, or ended it).
     pub failures: u32,
+    /// How many times it took over another trial's checkpoint (PBT).
+    pub exploits: u32,
     /// Why its latest failed run failed.
     pub last_failure: Option<String>,
     /// The bundles of its latest run, one per rank.
@@ -150,6 +152,8 @@ pub struct ResultGrid {
     /// The experiment's mode.
     pub mode: Option<Mode>,
     trials: Vec<TrialOutcome>,
+    /// Every exploit carried out (PBT), in order.
+    pub exploits: Vec<ExploitRecord>,
 }
 
 impl ResultGrid {
@@ -184,13 +188,14 @@ impl ResultGrid {
                 restarts: t.restarts,
                 resumes: t.resumes,
                 failures: t.failures,
+                exploits: t.exploits,
                 last_failure: t.last_failure.clone(),
                 resources: t.resources,
                 history,
                 checkpoints,
             });
         }
-        Ok(Self { experiment_dir: experiment_dir.to_path_buf(), metric, mode, trials })
+        Ok(Self { experiment_dir: experiment_dir.to_path_buf(), metric, mode, trials, exploits: store.exploits()? })
     }
 
     /// Number of trials.
@@ -268,6 +273,7 @@ mod tests {
             restarts: 0,
             resumes: 0,
             failures: 0,
+            exploits: 0,
             last_failure: None,
             resources: Vec::new(),
             metrics: None,
@@ -288,7 +294,7 @@ mod tests {
     }
 
     fn grid(trials: Vec<TrialOutcome>) -> ResultGrid {
-        ResultGrid { experiment_dir: PathBuf::new(), metric: Some("loss".into()), mode: Some(Mode::Min), trials }
+        ResultGrid { experiment_dir: PathBuf::new(), metric: Some("loss".into()), mode: Some(Mode::Min), trials, exploits: vec![] }
     }
 
     #[test]

@@ -135,6 +135,40 @@ pub struct TrialRecord {
     /// The bundles of its latest run, one per rank (CPUs, GPUs, memory, custom).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<trainer::WorkerBundle>,
+    /// How many times it took over another trial's checkpoint and explored
+    /// config (population-based training).
+    #[serde(default)]
+    pub exploits: u32,
+    /// An exploit decided but not yet carried out: done before it runs
+    /// again, also after a crash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_exploit: Option<schedulers::Exploit>,
+}
+
+/// One exploit carried out: `trial_id` restarted from `donor`'s checkpoint
+/// with an explored config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExploitRecord {
+    /// The recipient.
+    pub trial_id: String,
+    /// Which of its exploits this is, 0-based.
+    pub n: u32,
+    /// Its iteration when it stopped to exploit.
+    pub iteration: u64,
+    /// The trial it took the checkpoint of.
+    pub donor: String,
+    /// The donor's checkpoint (its latest committed one).
+    pub donor_checkpoint: String,
+    /// The iteration it was saved at, where the recipient continues.
+    pub donor_iteration: u64,
+    /// The recipient's copy of it.
+    pub checkpoint: String,
+    /// The recipient's config before.
+    pub old_config: Config,
+    /// And after.
+    pub new_config: Config,
+    /// Unix time it was carried out.
+    pub at: f64,
 }
 
 impl TrialRecord {
@@ -159,6 +193,8 @@ impl TrialRecord {
             last_result: None,
             latest_checkpoint: None,
             resources: Vec::new(),
+            exploits: 0,
+            pending_exploit: None,
         }
     }
 }
@@ -172,6 +208,7 @@ pub struct Store {
     trials: sled::Tree,
     results: sled::Tree,
     checkpoints: sled::Tree,
+    exploits: sled::Tree,
 }
 
 impl std::fmt::Debug for Store {
@@ -220,6 +257,7 @@ impl Store {
             trials: tree("trials")?,
             results: tree("results")?,
             checkpoints: tree("checkpoints")?,
+            exploits: tree("exploits")?,
             db,
         })
     }
@@ -393,6 +431,21 @@ impl Store {
     /// A trial's committed checkpoints, oldest first.
     pub fn checkpoints(&self, trial_id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
         self.series(&self.checkpoints, trial_id)
+    }
+
+    /// Records an exploit carried out (keyed by recipient and `n`: one
+    /// redone after a crash replaces its first record).
+    pub fn put_exploit(&self, e: &ExploitRecord) -> Result<(), StoreError> {
+        self.exploits.insert(series_key(&e.trial_id, u64::from(e.n)), Self::encode(e)).map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// Every exploit carried out, in the order they happened.
+    pub fn exploits(&self) -> Result<Vec<ExploitRecord>, StoreError> {
+        let mut all: Vec<ExploitRecord> =
+            self.exploits.iter().map(|kv| kv.map_err(self.sled_err()).and_then(|(k, v)| self.decode(&k, &v))).collect::<Result<_, _>>()?;
+        all.sort_by(|a, b| a.at.total_cmp(&b.at).then_with(|| a.trial_id.cmp(&b.trial_id)));
+        Ok(all)
     }
 
     /// Makes every write so far durable (fsync).

@@ -265,13 +265,18 @@ impl Tuner {
         };
         let mut scheduler: Box<dyn Scheduler> = match self.custom_scheduler.take() {
             Some(custom) => custom,
-            None => file.scheduler.build(file.experiment.metric.as_deref(), file.experiment.mode).map_err(|e| {
-                TuneError::Experiment(crate::ExperimentError::Invalid {
-                    file: self.origin.clone(),
-                    key: format!("scheduler.{}", e.key),
-                    message: e.message,
-                })
-            })?,
+            None => file
+                .scheduler
+                .clone()
+                .with_default_seed(file.experiment.seed)
+                .build(file.experiment.metric.as_deref(), file.experiment.mode)
+                .map_err(|e| {
+                    TuneError::Experiment(crate::ExperimentError::Invalid {
+                        file: self.origin.clone(),
+                        key: format!("scheduler.{}", e.key),
+                        message: e.message,
+                    })
+                })?,
         };
         trainable.scaling.validate()?;
         let node = match (self.resources.take(), file.resources.is_empty(), &trainable.kind) {
@@ -423,6 +428,7 @@ impl Tuner {
             origin: std::time::Instant::now(),
             unix_origin: crate::runner::now_unix(),
             simulated,
+            pinned: Default::default(),
         };
         match runner.run().await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
@@ -463,6 +469,12 @@ fn replay_unseen(
         let decision = scheduler.on_trial_result(&crate::runner::view(&lists.pending[i]), &r);
         searcher.on_trial_result(&r.trial_id, &r);
         seen.insert(r.trial_id.clone(), r.seq + 1);
+        if let Some(e) = scheduler.take_exploits().into_iter().find(|e| e.trial_id == r.trial_id) {
+            // Carried out before the trial runs again.
+            lists.pending[i].pending_exploit = Some(e);
+            store.put_trial(&lists.pending[i])?;
+            continue;
+        }
         let Some(mut t) = (decision != Decision::Continue).then(|| lists.pending.remove(i)).flatten() else { continue };
         if decision == Decision::Pause {
             t.status = TrialStatus::Paused;

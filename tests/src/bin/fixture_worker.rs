@@ -6,6 +6,7 @@
 //! - `checkpoint` (bool): save `{"step": n, "acc": a}` with every report and resume
 //!   from it (`acc`, reported too, sums the losses so far: state that only a
 //!   correct restore carries on);
+//! - `no_checkpoint_trial` (string): the trial of this id saves no checkpoint;
 //! - `ckpt_mb` (int): add a `blob.bin` of this many MiB to every checkpoint, and log
 //!   `rank r: checkpointing step n` before reporting it;
 //! - `hang_at` (int): rank `fail_rank` stops reporting at this iteration, in a run that
@@ -34,7 +35,8 @@ fn main() -> anyhow::Result<()> {
     let x: f64 = ctx.param("x").unwrap_or(0.0);
     let steps: u64 = ctx.param("steps").unwrap_or(5);
     let sleep_ms: u64 = ctx.param("sleep_ms").unwrap_or(0);
-    let checkpoint: bool = ctx.param("checkpoint").unwrap_or(false);
+    let no_checkpoint_trial: Option<String> = ctx.param("no_checkpoint_trial").ok();
+    let checkpoint: bool = ctx.param("checkpoint").unwrap_or(false) && no_checkpoint_trial.as_deref() != Some(ctx.trial_id());
     let fail_at: Option<u64> = ctx.param("fail_at").ok();
     let nan_at: Option<u64> = ctx.param("nan_at").ok();
     let omit: bool = ctx.param("omit_metric").unwrap_or(false);

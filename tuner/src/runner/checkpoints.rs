@@ -72,9 +72,17 @@ impl Runner {
                 tracing::warn!(checkpoint = %at, error = %e, "could not write the commit marker");
             }
         });
+        self.apply_retention(trial_id)
+    }
+
+    /// Applies `num_to_keep` to `trial_id`'s committed checkpoints, sparing
+    /// those pinned while an exploit copies them (they go at the next turn).
+    pub(super) fn apply_retention(&mut self, trial_id: &str) -> Result<(), TuneError> {
         let Some(keep) = self.checkpoint.num_to_keep else { return Ok(()) };
         let committed = self.store.checkpoints(trial_id)?;
-        let doomed = crate::retention::doomed(&committed, keep, self.checkpoint.score_attribute.as_deref(), self.checkpoint.score_order);
+        let mut doomed =
+            crate::retention::doomed(&committed, keep, self.checkpoint.score_attribute.as_deref(), self.checkpoint.score_order);
+        doomed.retain(|c| !self.pinned.contains_key(&c.uri));
         if doomed.is_empty() {
             return Ok(());
         }

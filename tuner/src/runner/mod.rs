@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use schedulers::{Decision, Scheduler, Stopper, TrialStatus, TrialView};
+use schedulers::{Decision, Exploit, Scheduler, Stopper, TrialStatus, TrialView};
 use search::{Metrics, Searcher, Suggestion, TrialResult};
 use trainer::{
     Allocation, Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Reply, Report, Request, ResourcePool, StopLevel, Storage,
@@ -25,10 +25,12 @@ use crate::store::{CheckpointRecord, Store, StoreError, TrialRecord, RECORD_VERS
 use crate::TuneError;
 
 mod checkpoints;
+mod exploits;
 mod failures;
 mod pausing;
 
 pub(crate) use checkpoints::remove_uncommitted;
+pub(crate) use exploits::config_change;
 
 /// The live-status file in the experiment directory, present while a sweep runs.
 pub(crate) const SNAPSHOT: &str = "status.json";
@@ -113,6 +115,9 @@ enum Ending {
     Stopped,
     /// Ctrl-C: back to PENDING, resumed later.
     Interrupted,
+    /// The scheduler had it exploit another trial: restarted from the
+    /// donor's checkpoint with the explored config.
+    Exploit(Box<Exploit>),
     /// The scheduler paused it: PAUSED, resumed from its checkpoint when
     /// the scheduler picks it.
     Paused,
@@ -130,6 +135,9 @@ struct Restored {
     record: TrialRecord,
     allocation: Allocation,
     fetched: Result<Option<PathBuf>, String>,
+    /// An exploit's donor checkpoint (pinned), and the recipient's copy of it
+    /// when the copy succeeded.
+    exploit: Option<(CheckpointRecord, Option<CheckpointRecord>)>,
 }
 
 /// Everything the loop needs, built by the Tuner.
@@ -188,6 +196,8 @@ pub(crate) struct Runner {
     pub unix_origin: f64,
     /// The backend keeps a virtual clock (a simulation); fixed for the sweep.
     pub simulated: bool,
+    /// Donor checkpoints being copied, kept from `num_to_keep` until done.
+    pub pinned: HashMap<String, usize>,
 }
 
 /// How the loop ended.
@@ -283,22 +293,40 @@ impl Runner {
                 };
                 // A start is shown after the ends not yet shown (they wait to be durable).
                 let ends_pending = !commits.ended.is_empty() || commits.inflight.as_ref().is_some_and(|b| !b.ended.is_empty());
-                match self.checkpoint_to_fetch(&record) {
+                let mut record = record;
+                let exploit = self.prepare_exploit(&mut record)?;
+                let check = if exploit.is_some() { Ok(None) } else { self.checkpoint_to_fetch(&record) };
+                match check {
                     Err(msg) => {
                         self.pool.release(&allocation);
                         self.give_up(record, msg, &mut commits.ended, &mut running)?;
                     }
-                    Ok(fetch) if fetch.is_some() || self.dirty.contains(&record.id) => {
+                    Ok(fetch) if fetch.is_some() || exploit.is_some() || self.dirty.contains(&record.id) => {
                         // Prepared off the loop, launched when ready: the failed run's
-                        // leftovers removed, the checkpoint fetched from an object store.
+                        // leftovers removed, an exploit's checkpoint copied from its
+                        // donor, the checkpoint fetched from an object store.
                         restoring += 1;
                         let tx = restored_tx.clone();
                         let cleanup = self.dirty.remove(&record.id).then(|| self.cleanup(&record.id)).transpose()?;
                         let (storage, scratch) = (self.storage.clone(), self.trial_dir(&record.id).join("restore"));
+                        let trial_storage = self.storage.join(&format!("trials/{}", record.id));
                         tokio::spawn(async move {
+                            let mut copied = None;
                             let fetched = async {
                                 if let Some((trial, keep)) = cleanup {
                                     remove_uncommitted(&trial, &keep).await.map_err(|e| e.to_string())?;
+                                }
+                                let mut fetch = fetch;
+                                if let Some(job) = &exploit {
+                                    for uri in &job.replaced {
+                                        storage.delete_checkpoint(uri).await.map_err(|e| e.to_string())?;
+                                    }
+                                    let uri = storage
+                                        .copy_checkpoint(&job.donor.uri, &trial_storage)
+                                        .await
+                                        .map_err(|e| format!("could not copy its donor's checkpoint {}: {e}", job.donor.uri))?;
+                                    copied = Some(CheckpointRecord { uri: uri.clone(), ..job.donor.clone() });
+                                    fetch = (!storage.is_local()).then_some(uri);
                                 }
                                 match fetch {
                                     Some(uri) => storage.fetch_checkpoint(&uri, &scratch).await.map(Some).map_err(|e| e.to_string()),
@@ -306,7 +334,8 @@ impl Runner {
                                 }
                             }
                             .await;
-                            let _ = tx.send(Restored { record, allocation, fetched });
+                            let exploit = exploit.map(|job| (job.donor, copied));
+                            let _ = tx.send(Restored { record, allocation, fetched, exploit });
                         });
                     }
                     Ok(_) => {
@@ -375,8 +404,22 @@ impl Runner {
                     }
                 }
                 _ = &mut budget, if !self.stopping && wall_budget.is_some() => self.out_of_time(&mut running),
-                Some(Restored { record, allocation, fetched }) = restored_rx.recv() => {
+                Some(Restored { mut record, allocation, fetched, exploit }) = restored_rx.recv() => {
                     restoring -= 1;
+                    let mut fetched = fetched;
+                    if let Some((donor, copy)) = exploit {
+                        if let (Ok(_), Some(copy), false) = (&fetched, copy, self.stopping) {
+                            let e = self.finish_exploit(&mut record, &donor, copy)?;
+                            self.apply_retention(&record.id)?;
+                            if !self.simulated() {
+                                files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: e.config });
+                            }
+                        } else if fetched.is_ok() && !self.stopping {
+                            fetched = Err("its exploit's copy went missing".into());
+                        }
+                        let donor_trial = record.pending_exploit.as_ref().map(|e| e.donor.clone()).unwrap_or_default();
+                        self.unpin(&donor_trial, &donor.uri)?;
+                    }
                     match fetched {
                         _ if self.stopping => {
                             // Never started: it stays as stored, resumed later.
@@ -556,8 +599,10 @@ impl Runner {
         ended: &mut Vec<TrialRecord>,
         ends_pending: bool,
     ) -> Result<(), TuneError> {
-        // A paused trial resuming is not a restart.
-        let restart = record.status != TrialStatus::Paused && (record.status != TrialStatus::Pending || record.started_at.is_some());
+        // A paused trial resuming is not a restart, nor is one restarting from the checkpoint it exploited.
+        let exploited = record.pending_exploit.take().is_some();
+        let restart =
+            !exploited && record.status != TrialStatus::Paused && (record.status != TrialStatus::Pending || record.started_at.is_some());
         if restart {
             record.restarts += 1;
         }
@@ -696,10 +741,17 @@ impl Runner {
                 self.paused.insert(at, rec.clone());
                 ended.push(rec);
             }
+            (Some(Ending::Exploit(e)), ExitOutcome::Completed | ExitOutcome::Stopped) => {
+                // Carried out before it runs again (first in line), also after a crash.
+                rec.status = TrialStatus::Pending;
+                rec.pending_exploit = Some(*e);
+                self.store.put_trial(&rec)?;
+                self.pending.push_front(rec);
+            }
             (Some(Ending::Failed(msg)), _) | (Some(Ending::Stopped), ExitOutcome::Failed(msg)) => {
                 self.give_up(rec, msg, ended, running)?;
             }
-            (Some(Ending::Hung(msg)), _) | (None | Some(Ending::Paused), ExitOutcome::Failed(msg)) => {
+            (Some(Ending::Hung(msg)), _) | (None | Some(Ending::Paused | Ending::Exploit(_)), ExitOutcome::Failed(msg)) => {
                 self.failed_run(rec, msg, ended, running)?;
             }
             (_, ExitOutcome::Completed | ExitOutcome::Stopped) => {
@@ -784,6 +836,14 @@ impl Runner {
         }
         let v = view(&r.record);
         let decision = self.scheduler.on_trial_result(&v, result);
+        let mut exploit = None;
+        for e in self.scheduler.take_exploits() {
+            if e.trial_id == r.record.id {
+                exploit = Some(e);
+            } else {
+                tracing::warn!(trial = %e.trial_id, "ignoring an exploit decided on another trial's result");
+            }
+        }
         self.seen.insert(result.trial_id.clone(), result.seq + 1);
         let stop = self.stopper.should_stop_trial(&result.trial_id, result);
         self.searcher.on_trial_result(&result.trial_id, result);
@@ -792,6 +852,10 @@ impl Runner {
         }
         if stop || decision == Decision::Stop {
             r.ending = Some(Ending::Stopped);
+            return Directive::Stop;
+        }
+        if let Some(e) = exploit {
+            r.ending = Some(Ending::Exploit(Box::new(e)));
             return Directive::Stop;
         }
         if decision == Decision::Pause {

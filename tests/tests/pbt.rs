@@ -1,0 +1,128 @@
+//! Population-based training with real worker processes: after an exploit
+//! the recipient continues from the donor's iteration and state (the
+//! `acc` the fixture carries in its checkpoint), with the explored config;
+//! a trial that never commits a checkpoint is never a donor; `num_to_keep
+//! = 1` breaks nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use search::TrialResult;
+
+fn pbt_sweep(name: &str, extra_space: &str, extra_scheduler: &str) -> String {
+    sweep(
+        name,
+        "num_samples = 1\nmax_concurrent_trials = 4\nseed = 11",
+        &format!("x = {{ grid = [0.3, 0.8, 0.9, 0.95] }}\nsteps = 12\nsleep_ms = 40\ncheckpoint = true\n{extra_space}"),
+        &format!(
+            "\n[checkpoint]\nfrequency = 1\nnum_to_keep = 1\n\n[scheduler]\ntype = \"pbt\"\ntime_attr = \"training_iteration\"\n\
+             perturbation_interval = 3\n{extra_scheduler}\n[scheduler.hyperparam_mutations]\nx = {{ uniform = [0.0, 1.0] }}\n"
+        ),
+    )
+}
+
+fn loss(x: f64, step: u64) -> f64 {
+    (x - 0.3).powi(2) + 1.0 / step as f64
+}
+
+fn store(exp: &Path) -> tuner::store::Store {
+    tuner::store::Store::open_existing(&exp.join("store")).unwrap()
+}
+
+#[test]
+fn an_exploited_trial_continues_from_its_donors_iteration_and_state_with_the_explored_config() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &pbt_sweep("pbt", "", ""));
+    let run = nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]);
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    let stdout = ok(run);
+    assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
+    let exp = dir.path().join("runs/pbt");
+    let store = store(&exp);
+    let exploits = store.exploits().unwrap();
+    assert!(!exploits.is_empty(), "no exploit happened: {stdout}");
+    let results = store.all_results().unwrap();
+    for e in &exploits {
+        // The donor's result that carried the checkpoint it handed over.
+        let donor: &TrialResult = results[&e.donor]
+            .iter()
+            .find(|r| r.checkpoint.as_deref() == Some(e.donor_checkpoint.as_str()))
+            .unwrap_or_else(|| panic!("{e:?}: the donor never reported that checkpoint"));
+        assert_eq!(donor.training_iteration, e.donor_iteration, "{e:?}");
+        // The recipient's first result after the exploit continues the donor's
+        // state (unless the donor's checkpoint was of the last step: then none follows).
+        let k = e.donor_iteration;
+        let next = results[&e.trial_id].iter().find(|r| r.metrics["timestamp"] > e.at);
+        let Some(next) = next.filter(|_| k < 12) else {
+            assert!(k == 12 && next.is_none_or(|r| r.training_iteration < 12), "{e:?}: the recipient never reported after its exploit");
+            continue;
+        };
+        assert_eq!(next.training_iteration, k + 1, "{e:?}: {next:?}");
+        let x = e.new_config["x"].as_f64().unwrap();
+        let expected = loss(x, k + 1);
+        assert!((next.metrics["loss"] - expected).abs() < 1e-9, "{e:?}: loss {} != {expected}", next.metrics["loss"]);
+        assert!(
+            (next.metrics["acc"] - (donor.metrics["acc"] + expected)).abs() < 1e-9,
+            "{e:?}: acc {} does not continue the donor's {}",
+            next.metrics["acc"],
+            donor.metrics["acc"]
+        );
+        assert!((0.0..1.0).contains(&x), "{e:?}: explored x outside its domain");
+    }
+    // Each trial's config is its last exploit's, in the store and its params.json.
+    for t in store.trials().unwrap() {
+        if let Some(last) = exploits.iter().rev().find(|e| e.trial_id == t.id) {
+            assert_eq!(t.config, last.new_config, "{}", t.id);
+            let params: serde_json::Value = serde_json::from_str(&read(&exp.join(format!("trials/{}/params.json", t.id)))).unwrap();
+            assert_eq!(params, last.new_config, "{}", t.id);
+        }
+        assert_eq!(t.exploits as usize, exploits.iter().filter(|e| e.trial_id == t.id).count(), "{}", t.id);
+        // num_to_keep = 1: one committed checkpoint left, and one on disk.
+        let committed = store.checkpoints(&t.id).unwrap();
+        assert_eq!(committed.len(), 1, "{}: {committed:?}", t.id);
+        let on_disk: Vec<String> = std::fs::read_dir(exp.join(format!("trials/{}", t.id)))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("checkpoint_"))
+            .collect();
+        assert_eq!(on_disk.len(), 1, "{}: {on_disk:?}", t.id);
+    }
+    // The exploits are shown by `nestor status` and listed by `nestor exploits`.
+    drop(store);
+    let status = ok(nestor(dir.path(), &["status", "runs/pbt"]));
+    assert!(status.contains(&format!("Exploits: {}", exploits.len())), "{status}");
+    let listed = ok(nestor(dir.path(), &["exploits", "runs/pbt"]));
+    assert_eq!(listed.lines().count(), exploits.len(), "{listed}");
+    let first = &exploits[0];
+    assert!(
+        listed.lines().next().unwrap().starts_with(&format!("{} at iter {} <- {} ", first.trial_id, first.iteration, first.donor)),
+        "{listed}"
+    );
+    let json = ok(nestor(dir.path(), &["exploits", "runs/pbt", "--json"]));
+    let parsed: Vec<serde_json::Value> = json.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(parsed[0]["donor_checkpoint"], first.donor_checkpoint.as_str());
+    // The run printed each exploit as it happened.
+    assert!(stderr.contains(&format!("{} exploits {}", first.trial_id, first.donor)), "{stderr}");
+}
+
+#[test]
+fn a_trial_without_a_committed_checkpoint_is_never_a_donor() {
+    let dir = tempfile::tempdir().unwrap();
+    // trial_00000 (x = 0.3) is the best and never checkpoints; with a top half
+    // of two, the other top trial is the only possible donor.
+    write(dir.path(), &pbt_sweep("nockpt", "no_checkpoint_trial = \"trial_00000\"", "quantile_fraction = 0.5"));
+    let stdout = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]));
+    assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
+    let store = store(&dir.path().join("runs/nockpt"));
+    assert!(store.checkpoints("trial_00000").unwrap().is_empty());
+    let exploits = store.exploits().unwrap();
+    assert!(!exploits.is_empty(), "no exploit happened: {stdout}");
+    for e in &exploits {
+        assert_ne!(e.donor, "trial_00000", "{e:?}");
+    }
+}
