@@ -45,53 +45,7 @@ fn an_exploited_trial_continues_from_its_donors_iteration_and_state_with_the_exp
     let store = store(&exp);
     let exploits = store.exploits().unwrap();
     assert!(!exploits.is_empty(), "no exploit happened: {stdout}");
-    let results = store.all_results().unwrap();
-    for e in &exploits {
-        // The donor's result that carried the checkpoint it handed over.
-        let donor: &TrialResult = results[&e.donor]
-            .iter()
-            .find(|r| r.checkpoint.as_deref() == Some(e.donor_checkpoint.as_str()))
-            .unwrap_or_else(|| panic!("{e:?}: the donor never reported that checkpoint"));
-        assert_eq!(donor.training_iteration, e.donor_iteration, "{e:?}");
-        // The recipient's first result after the exploit continues the donor's
-        // state (unless the donor's checkpoint was of the last step: then none follows).
-        let k = e.donor_iteration;
-        let next = results[&e.trial_id].iter().find(|r| r.metrics["timestamp"] > e.at);
-        let Some(next) = next.filter(|_| k < 12) else {
-            assert!(k == 12 && next.is_none_or(|r| r.training_iteration < 12), "{e:?}: the recipient never reported after its exploit");
-            continue;
-        };
-        assert_eq!(next.training_iteration, k + 1, "{e:?}: {next:?}");
-        let x = e.new_config["x"].as_f64().unwrap();
-        let expected = loss(x, k + 1);
-        assert!((next.metrics["loss"] - expected).abs() < 1e-9, "{e:?}: loss {} != {expected}", next.metrics["loss"]);
-        assert!(
-            (next.metrics["acc"] - (donor.metrics["acc"] + expected)).abs() < 1e-9,
-            "{e:?}: acc {} does not continue the donor's {}",
-            next.metrics["acc"],
-            donor.metrics["acc"]
-        );
-        assert!((0.0..1.0).contains(&x), "{e:?}: explored x outside its domain");
-    }
-    // Each trial's config is its last exploit's, in the store and its params.json.
-    for t in store.trials().unwrap() {
-        if let Some(last) = exploits.iter().rev().find(|e| e.trial_id == t.id) {
-            assert_eq!(t.config, last.new_config, "{}", t.id);
-            let params: serde_json::Value = serde_json::from_str(&read(&exp.join(format!("trials/{}/params.json", t.id)))).unwrap();
-            assert_eq!(params, last.new_config, "{}", t.id);
-        }
-        assert_eq!(t.exploits as usize, exploits.iter().filter(|e| e.trial_id == t.id).count(), "{}", t.id);
-        // num_to_keep = 1: one committed checkpoint left, and one on disk.
-        let committed = store.checkpoints(&t.id).unwrap();
-        assert_eq!(committed.len(), 1, "{}: {committed:?}", t.id);
-        let on_disk: Vec<String> = std::fs::read_dir(exp.join(format!("trials/{}", t.id)))
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("checkpoint_"))
-            .collect();
-        assert_eq!(on_disk.len(), 1, "{}: {on_disk:?}", t.id);
-    }
+    check_population(&exp, &store);
     // The exploits are shown by `nestor status` and listed by `nestor exploits`.
     drop(store);
     let status = ok(nestor(dir.path(), &["status", "runs/pbt"]));
@@ -125,4 +79,99 @@ fn a_trial_without_a_committed_checkpoint_is_never_a_donor() {
     for e in &exploits {
         assert_ne!(e.donor, "trial_00000", "{e:?}");
     }
+}
+
+/// What must hold of a finished PBT sweep, however it was interrupted: each
+/// exploit's recipient continued from its donor's iteration and state with
+/// the explored config; each trial's config is its last exploit's; its
+/// history runs 1..=12, skipping only to a donor's iteration; one checkpoint is kept, on disk too.
+fn check_population(exp: &Path, store: &tuner::store::Store) {
+    let exploits = store.exploits().unwrap();
+    let results = store.all_results().unwrap();
+    for e in &exploits {
+        // The donor's result that carried the checkpoint it handed over.
+        let donor: &TrialResult = results[&e.donor]
+            .iter()
+            .rev()
+            .find(|r| r.checkpoint.as_deref() == Some(e.donor_checkpoint.as_str()) && r.metrics["timestamp"] <= e.at)
+            .unwrap_or_else(|| panic!("{e:?}: the donor never reported that checkpoint"));
+        assert_eq!(donor.training_iteration, e.donor_iteration, "{e:?}");
+        // The recipient's first result after the exploit continues the donor's
+        // state (unless the donor's checkpoint was of the last step: then none follows).
+        let k = e.donor_iteration;
+        let next = results[&e.trial_id].iter().find(|r| r.metrics["timestamp"] > e.at);
+        let Some(next) = next.filter(|_| k < 12) else {
+            assert!(k == 12 && next.is_none_or(|r| r.training_iteration < 12), "{e:?}: the recipient never reported after its exploit");
+            continue;
+        };
+        assert_eq!(next.training_iteration, k + 1, "{e:?}: {next:?}");
+        let x = e.new_config["x"].as_f64().unwrap();
+        let expected = loss(x, k + 1);
+        assert!((next.metrics["loss"] - expected).abs() < 1e-9, "{e:?}: loss {} != {expected}", next.metrics["loss"]);
+        assert!(
+            (next.metrics["acc"] - (donor.metrics["acc"] + expected)).abs() < 1e-9,
+            "{e:?}: acc {} does not continue the donor's {}",
+            next.metrics["acc"],
+            donor.metrics["acc"]
+        );
+        assert!((0.0..1.0).contains(&x), "{e:?}: explored x outside its domain");
+    }
+    for t in store.trials().unwrap() {
+        assert_eq!(t.status, tuner::TrialStatus::Terminated, "{}", t.id);
+        if let Some(last) = exploits.iter().rev().find(|e| e.trial_id == t.id) {
+            assert_eq!(t.config, last.new_config, "{}", t.id);
+            let params: serde_json::Value = serde_json::from_str(&read(&exp.join(format!("trials/{}/params.json", t.id)))).unwrap();
+            assert_eq!(params, last.new_config, "{}", t.id);
+        }
+        assert_eq!(t.exploits as usize, exploits.iter().filter(|e| e.trial_id == t.id).count(), "{}", t.id);
+        let history: Vec<u64> = tuner::store::effective_history(results[&t.id].clone()).iter().map(|r| r.training_iteration).collect();
+        // Iterations 1..=12 in order; a jump only where an exploit took a donor's later checkpoint.
+        // It ends at 12, unless it last took a donor's checkpoint of step 12 (nothing was left to run).
+        let took_the_end = exploits.iter().rev().find(|e| e.trial_id == t.id).is_some_and(|e| e.donor_iteration == 12);
+        assert_eq!(history.first(), Some(&1), "{}: {history:?}", t.id);
+        assert!(history.last() == Some(&12) || took_the_end, "{}: {history:?}", t.id);
+        for w in history.windows(2) {
+            let jumped_by_exploit = exploits.iter().any(|e| e.trial_id == t.id && e.donor_iteration + 1 == w[1]);
+            assert!(w[1] == w[0] + 1 || (w[1] > w[0] && jumped_by_exploit), "{}: {history:?}", t.id);
+        }
+        // num_to_keep = 1: one committed checkpoint left, and one on disk.
+        let committed = store.checkpoints(&t.id).unwrap();
+        assert_eq!(committed.len(), 1, "{}: {committed:?}", t.id);
+        let on_disk: Vec<String> = std::fs::read_dir(exp.join(format!("trials/{}", t.id)))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("checkpoint_"))
+            .collect();
+        assert_eq!(on_disk.len(), 1, "{}: {on_disk:?}", t.id);
+    }
+}
+
+#[test]
+fn killed_twice_and_resumed_the_population_is_as_consistent() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &pbt_sweep("killed", "", ""));
+    let exp = dir.path().join("runs/killed");
+    // Kill the driver once the trials have reported `n` results in all.
+    let count = |exp: &Path| (0..4).map(|i| read(&exp.join(format!("trials/trial_{i:05}/result.jsonl"))).lines().count()).sum::<usize>();
+    let reported = |n: usize| {
+        let exp = exp.clone();
+        move || count(&exp) >= n
+    };
+    let mut child = spawn_run(dir.path());
+    wait_for("16 results", 60.0, reported(16));
+    signal(child.id(), libc::SIGKILL);
+    child.wait().unwrap();
+    let exp = dir.path().join("runs/killed");
+    wait_for("the workers to exit", 10.0, || processes_mentioning(&exp.display().to_string()).is_empty());
+    let mut child = spawn_nestor(dir.path(), &["resume", &exp.display().to_string(), "--plain"], &[]);
+    wait_for("32 results", 60.0, reported(32));
+    signal(child.id(), libc::SIGKILL);
+    child.wait().unwrap();
+    wait_for("the workers to exit", 10.0, || processes_mentioning(&exp.display().to_string()).is_empty());
+    let stdout = ok(nestor(dir.path(), &["resume", &exp.display().to_string(), "--plain"]));
+    assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
+    let store = store(&exp);
+    assert!(!store.exploits().unwrap().is_empty(), "no exploit happened");
+    check_population(&exp, &store);
 }
