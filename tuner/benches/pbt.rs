@@ -11,7 +11,7 @@
 //! the iterations actually run (an exploited trial continues from its
 //! donor's iteration, so PBT's count differs a little).
 //!
-//! `cargo bench -p nestor-tuner --bench pbt [-- --seeds 10 --trials 16 --iterations 100]`
+//! `cargo bench -p nestor-tuner --bench pbt [-- --seeds 10 --trials 16 --iterations 200]`
 
 use std::path::Path;
 
@@ -110,7 +110,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let (seeds, trials, iterations) = (arg("--seeds", 10), arg("--trials", 16), arg("--iterations", 100));
+    let (seeds, trials, iterations) = (arg("--seeds", 10), arg("--trials", 16), arg("--iterations", 200));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let pbt = SchedulerConfig::Pbt(
         PbtConfig {
