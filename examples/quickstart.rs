@@ -6,16 +6,20 @@
 //!
 //! ```text
 //! cargo run --release --example quickstart [-- --trials N --epochs E --workers W --storage DIR
-//!                                              --scheduler asha|asha-promotion|hyperband|median|fifo]
+//!                                              --scheduler asha|asha-promotion|hyperband|median|pbt|fifo]
 //! ```
+//!
+//! With `--scheduler pbt`, 16 trials train together (PBT needs a population
+//! running at once) and the worst quarter takes over the best trials'
+//! weights every 4 epochs, exploring their learning rate and weight decay.
 
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use nestor_examples::{space, train, WineData};
 use tuner::{
-    AshaConfig, AshaType, CheckpointConfig, HyperBandConfig, MedianStoppingConfig, Mode, RunConfig, ScalingConfig, SchedulerConfig, Scope,
-    Stop, Trainable, TuneConfig, Tuner,
+    AshaConfig, AshaType, CheckpointConfig, Domain, HyperBandConfig, MedianStoppingConfig, Mode, NodeResources, PbtConfig, RunConfig,
+    ScalingConfig, SchedulerConfig, Scope, Stop, Trainable, TuneConfig, Tuner,
 };
 
 fn arg(name: &str) -> Option<String> {
@@ -35,17 +39,31 @@ fn scheduler(name: &str, epochs: u64) -> Result<SchedulerConfig> {
             SchedulerConfig::Hyperband(HyperBandConfig { max_t, grace_period: grace, reduction_factor: 3.0, ..Default::default() })
         }
         "median" => SchedulerConfig::MedianStopping(MedianStoppingConfig { grace_period: grace, ..Default::default() }),
+        // Every trial trains to the end; every tenth of the run the bottom quarter
+        // takes over a top trial's weights and explores its learning rate and weight decay.
+        "pbt" => SchedulerConfig::Pbt(
+            PbtConfig {
+                time_attr: "training_iteration".into(),
+                perturbation_interval: grace,
+                quantile_fraction: 0.25,
+                ..Default::default()
+            }
+            .mutate("lr", Domain::loguniform(1e-4, 3e-2))
+            .mutate("weight_decay", Domain::loguniform(1e-5, 1e-1)),
+        ),
         "fifo" => SchedulerConfig::Fifo,
-        other => bail!("--scheduler {other}: expected asha, asha-promotion, hyperband, median or fifo"),
+        other => bail!("--scheduler {other}: expected asha, asha-promotion, hyperband, median, pbt or fifo"),
     })
 }
 
 fn main() -> Result<()> {
-    let trials: u64 = arg("--trials").map_or(Ok(64), |s| s.parse())?;
+    let scheduler_name = arg("--scheduler").unwrap_or_else(|| "asha".into());
+    // PBT evolves a population that trains at once: 16 trials, all running together.
+    let pbt = scheduler_name == "pbt";
+    let trials: u64 = arg("--trials").map_or(Ok(if pbt { 16 } else { 64 }), |s| s.parse())?;
     let epochs: u64 = arg("--epochs").map_or(Ok(40), |s| s.parse())?;
     let workers: u32 = arg("--workers").map_or(Ok(2), |s| s.parse())?;
     let storage = arg("--storage").unwrap_or_else(|| "nestor-runs".into());
-    let scheduler_name = arg("--scheduler").unwrap_or_else(|| "asha".into());
     let scheduler = scheduler(&scheduler_name, epochs)?;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     let name = arg("--name").unwrap_or_else(|| format!("wine-quickstart-{stamp}"));
@@ -58,7 +76,12 @@ fn main() -> Result<()> {
     );
     let trainable = Trainable::function(move |ctx| train(ctx, &data)).scaling(ScalingConfig::workers(workers));
     let started = std::time::Instant::now();
-    let grid = Tuner::new(trainable, space(epochs))
+    let mut tuner = Tuner::new(trainable, space(epochs));
+    if pbt {
+        // A CPU per worker thread of the whole population, whatever this machine has.
+        tuner = tuner.resources(NodeResources::declared((trials * u64::from(workers)) as f64));
+    }
+    let grid = tuner
         .tune_config(TuneConfig {
             metric: Some("val_rmse".into()),
             mode: Some(Mode::Min),
@@ -80,7 +103,7 @@ fn main() -> Result<()> {
     let best = grid.best_result(None, None, Scope::Last)?;
     let val = best.metrics.as_ref().and_then(|m| m.get("val_rmse")).copied().unwrap_or(f64::NAN);
     let ran: usize = grid.iter().map(|t| t.history.len()).sum();
-    let early = grid.iter().filter(|t| (t.history.len() as u64) < epochs).count();
+    let early = grid.iter().filter(|t| t.history.last().map_or(0, |r| r.training_iteration) < epochs).count();
     println!("{} trials: {} terminated, {} errors", grid.len(), grid.num_terminated(), grid.num_errors());
     println!("{ran} of {} epochs trained ({early} trials stopped early) in {:.1} s", trials * epochs, started.elapsed().as_secs_f64());
     println!("Best trial: {}", best.trial_id);

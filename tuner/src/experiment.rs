@@ -391,22 +391,19 @@ impl ExperimentFile {
         self.scheduler.build(e.metric.as_deref(), e.mode).map_err(|err| invalid(&format!("scheduler.{}", err.key), err.message.clone()))?;
         if self.scheduler.pauses_trials() && c.frequency.is_none() {
             let what = match &self.scheduler {
-                SchedulerConfig::Asha(_) => "asha_type = \"promotion\" pauses trials",
-                SchedulerConfig::MedianStopping(_) => "median_stopping with hard_stop = false pauses trials",
-                SchedulerConfig::Pbt(_) => "pbt restarts trials from their donors' checkpoints",
-                _ => "hyperband pauses trials",
+                SchedulerConfig::Asha(_) => "asha_type = \"promotion\" pauses trials and resumes them from their checkpoints",
+                SchedulerConfig::MedianStopping(_) => {
+                    "median_stopping with hard_stop = false pauses trials and resumes them from their checkpoints"
+                }
+                SchedulerConfig::Pbt(_) => "pbt restarts trials from the checkpoints of better ones",
+                _ => "hyperband pauses trials and resumes them from their checkpoints",
             };
             let key = match &self.scheduler {
                 SchedulerConfig::Asha(_) => "scheduler.asha_type",
                 SchedulerConfig::MedianStopping(_) => "scheduler.hard_stop",
                 _ => "scheduler.type",
             };
-            return Err(invalid(
-                key,
-                format!(
-                    "{what} and resumes them from their checkpoints: set checkpoint.frequency (how often, in iterations, trials save one)"
-                ),
-            ));
+            return Err(invalid(key, format!("{what}: set checkpoint.frequency (how often, in iterations, trials save one)")));
         }
         let s = &self.search;
         if s.algorithm != Algorithm::Tpe {

@@ -161,7 +161,31 @@ fn impossible_schedulers_are_refused_naming_the_key() {
     check_refused(&with("type = \"asha\"\nmax_t = 10\ngrace_period = 20"), &[], "scheduler.grace_period: 20 is greater than max_t = 10");
     check_refused(&with("type = \"asha\"\ngrace = 2"), &[], "unknown field `grace`");
     check_refused(&with("type = \"asha\"\nasha_type = \"eager\""), &[], "unknown variant `eager`");
-    check_refused(&with("type = \"pbt\""), &[], "unknown variant `pbt`");
+    check_refused(&with("type = \"pbx\""), &[], "unknown variant `pbx`");
+    // PBT: checkpoints needed, its fractions in range, its mutations inside [space].
+    let pbt = |extra: &str, mutations: &str| {
+        format!(
+            "{GOOD}\n[checkpoint]\nfrequency = 1\n\n[scheduler]\ntype = \"pbt\"\n{extra}\n[scheduler.hyperparam_mutations]\n{mutations}\n"
+        )
+    };
+    check_refused(
+        &format!("{GOOD}\n[scheduler]\ntype = \"pbt\"\n[scheduler.hyperparam_mutations]\nlr = {{ loguniform = [1e-3, 1e-2] }}\n"),
+        &[],
+        "sweep.toml: scheduler.type: pbt restarts trials from the checkpoints of better ones: set checkpoint.frequency",
+    );
+    check_refused(&pbt("quantile_fraction = 0.7", "batch = [16, 32]"), &[], "scheduler.quantile_fraction: must be in (0, 0.5], got 0.7");
+    check_refused(&pbt("", ""), &[], "scheduler.hyperparam_mutations: required");
+    check_refused(
+        &pbt("", "lr = { loguniform = [1e-5, 1e-1] }"),
+        &[],
+        "sweep.toml: scheduler.hyperparam_mutations.lr: loguniform [0.00001, 0.1] is outside [space] lr = loguniform [0.0001, 0.1]",
+    );
+    check_refused(&pbt("", "batch = [16, 64]"), &[], "scheduler.hyperparam_mutations.batch: the value 64 is outside [space] batch");
+    check_refused(
+        &pbt("", "momentum = [0.9, 0.99]"),
+        &[],
+        "scheduler.hyperparam_mutations.momentum: `momentum` is not a parameter of [space]",
+    );
     check_refused(&with("type = \"median_stopping\"\nmin_samples_required = 0"), &[], "scheduler.min_samples_required: must be at least 1");
     // No mode: neither the scheduler's nor the experiment's.
     let no_mode = GOOD.replace("metric = \"loss\"\nmode = \"min\"\n", "") + "\n[scheduler]\ntype = \"asha\"\nmetric = \"loss\"\n";
