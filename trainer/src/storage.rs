@@ -330,11 +330,16 @@ impl Storage {
                             std::fs::remove_dir_all(stale).map_err(io(stale))?;
                         }
                     }
-                    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-                    copy_tree(&from, &tmp)?;
-                    let marker = tmp.join(COMMITTED_MARKER);
-                    if marker.exists() {
-                        std::fs::remove_file(&marker).map_err(io(&marker))?;
+                    // Shard by shard: the commit marker (which may be being written) is not copied.
+                    for entry in std::fs::read_dir(&from).map_err(io(&from))? {
+                        let entry = entry.map_err(io(&from))?;
+                        let name = entry.file_name();
+                        if name == COMMITTED_MARKER || !entry.path().is_dir() {
+                            continue;
+                        }
+                        let shard = tmp.join(&name);
+                        std::fs::create_dir_all(&shard).map_err(io(&shard))?;
+                        copy_tree(&entry.path(), &shard)?;
                     }
                     std::fs::rename(&tmp, &to).map_err(io(&to))?;
                     Ok(to.display().to_string())
@@ -376,9 +381,14 @@ impl Storage {
         match &*self.kind {
             Kind::Local(_) => {
                 let path = PathBuf::from(uri);
-                match tokio::fs::remove_dir_all(&path).await {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CheckpointError::Io { path, source: e }),
-                    _ => Ok(()),
+                // A commit marker written meanwhile makes the removal find the directory not empty: try again.
+                let mut tries = 0;
+                loop {
+                    match tokio::fs::remove_dir_all(&path).await {
+                        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && tries < 5 => tries += 1,
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(CheckpointError::Io { path, source: e }),
+                        _ => return Ok(()),
+                    }
                 }
             }
             Kind::Object { store, .. } => {
