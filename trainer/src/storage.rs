@@ -192,6 +192,27 @@ impl Storage {
         }
     }
 
+    /// The objects of the checkpoint at `rel` (below this location), each
+    /// with its path inside the checkpoint; the commit marker left out.
+    async fn checkpoint_files(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        rel: &str,
+        uri: &str,
+    ) -> Result<Vec<(object_store::ObjectMeta, Vec<String>)>, CheckpointError> {
+        let prefix = self.object_path(rel);
+        let listed: Vec<object_store::ObjectMeta> =
+            store.list(Some(&prefix)).try_collect().await.map_err(|source| CheckpointError::Upload { uri: uri.to_string(), source })?;
+        let skip = prefix.parts().count();
+        Ok(listed
+            .into_iter()
+            .filter_map(|meta| {
+                let parts: Vec<String> = meta.location.parts().skip(skip).map(|p| p.as_ref().to_string()).collect();
+                (!parts.is_empty() && parts[0] != COMMITTED_MARKER).then_some((meta, parts))
+            })
+            .collect())
+    }
+
     /// The path of `uri` relative to this location, if it lies below it.
     fn relative<'a>(&self, uri: &'a str) -> Option<&'a str> {
         let root = self.uri("");
@@ -286,22 +307,11 @@ impl Storage {
                 if scratch.exists() {
                     tokio::fs::remove_dir_all(scratch).await.map_err(io(scratch))?;
                 }
-                let prefix = self.object_path(&rel);
-                let listed: Vec<object_store::ObjectMeta> = store
-                    .list(Some(&prefix))
-                    .try_collect()
-                    .await
-                    .map_err(|source| CheckpointError::Upload { uri: uri.to_string(), source })?;
-                let prefix_parts = prefix.parts().count();
-                let downloads = listed.into_iter().filter_map(|meta| {
-                    let parts: Vec<String> = meta.location.parts().skip(prefix_parts).map(|p| p.as_ref().to_string()).collect();
-                    if parts.is_empty() || parts[0] == COMMITTED_MARKER {
-                        return None;
-                    }
+                let downloads = self.checkpoint_files(store, &rel, uri).await?.into_iter().map(|(meta, parts)| {
                     let to = parts.iter().fold(dest.clone(), |p, s| p.join(s));
                     let store = Arc::clone(store);
                     let uri = format!("{uri}/{}", parts.join("/"));
-                    Some(async move { download_file(store, &meta.location, &uri, &to).await })
+                    async move { download_file(store, &meta.location, &uri, &to).await }
                 });
                 futures_util::stream::iter(downloads).buffer_unordered(FILES_IN_FLIGHT).try_collect::<Vec<()>>().await?;
                 tokio::fs::create_dir_all(&dest).await.map_err(io(&dest))?;
@@ -349,26 +359,12 @@ impl Storage {
             }
             (Kind::Object { store, .. }, Kind::Object { .. }) => {
                 let rel = self.relative(uri).ok_or_else(|| CheckpointError::Foreign(uri.to_string()))?.to_string();
-                let prefix = self.object_path(&rel);
-                let listed: Vec<object_store::ObjectMeta> = store
-                    .list(Some(&prefix))
-                    .try_collect()
-                    .await
-                    .map_err(|source| CheckpointError::Upload { uri: uri.to_string(), source })?;
-                let skip = prefix.parts().count();
-                let copies =
-                    listed.into_iter().filter_map(|meta| {
-                        let parts: Vec<String> = meta.location.parts().skip(skip).map(|p| p.as_ref().to_string()).collect();
-                        if parts.is_empty() || parts[0] == COMMITTED_MARKER {
-                            return None;
-                        }
-                        let rel_to = format!("{name}/{}", parts.join("/"));
-                        let (to, to_uri) = (dest.object_path(&rel_to), dest.uri(&rel_to));
-                        let store = Arc::clone(store);
-                        Some(async move {
-                            store.copy(&meta.location, &to).await.map_err(|source| CheckpointError::Upload { uri: to_uri, source })
-                        })
-                    });
+                let copies = self.checkpoint_files(store, &rel, uri).await?.into_iter().map(|(meta, parts)| {
+                    let rel_to = format!("{name}/{}", parts.join("/"));
+                    let (to, to_uri) = (dest.object_path(&rel_to), dest.uri(&rel_to));
+                    let store = Arc::clone(store);
+                    async move { store.copy(&meta.location, &to).await.map_err(|source| CheckpointError::Upload { uri: to_uri, source }) }
+                });
                 futures_util::stream::iter(copies).buffer_unordered(FILES_IN_FLIGHT).try_collect::<Vec<()>>().await?;
                 Ok(dest.uri(&name))
             }
