@@ -16,15 +16,36 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
+use clap::Parser;
 use nestor_examples::{space, train, WineData};
 use tuner::{
     AshaConfig, AshaType, CheckpointConfig, Domain, HyperBandConfig, MedianStoppingConfig, Mode, NodeResources, PbtConfig, RunConfig,
     ScalingConfig, SchedulerConfig, Scope, Stop, Trainable, TuneConfig, Tuner,
 };
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+/// Tune an MLP on red-wine quality: each trial a data-parallel run of
+/// in-process Rust workers.
+#[derive(Parser, Debug)]
+#[command(name = "quickstart")]
+struct Args {
+    /// How many configs to try [default: 64; 16 with --scheduler pbt].
+    #[arg(long)]
+    trials: Option<u64>,
+    /// Epochs each trial trains at most.
+    #[arg(long, default_value_t = 40)]
+    epochs: u64,
+    /// Data-parallel workers per trial.
+    #[arg(long, default_value_t = 2)]
+    workers: u32,
+    /// Where experiments are written.
+    #[arg(long, default_value = "nestor-runs")]
+    storage: String,
+    /// The experiment's name [default: wine-quickstart-<unix time>].
+    #[arg(long)]
+    name: Option<String>,
+    /// asha, asha-promotion, hyperband, median, pbt or fifo.
+    #[arg(long, default_value = "asha")]
+    scheduler: String,
 }
 
 /// The scheduler named on the command line, over `epochs` epochs: rungs
@@ -57,16 +78,15 @@ fn scheduler(name: &str, epochs: u64) -> Result<SchedulerConfig> {
 }
 
 fn main() -> Result<()> {
-    let scheduler_name = arg("--scheduler").unwrap_or_else(|| "asha".into());
+    let args = Args::parse();
+    let (scheduler_name, epochs, workers) = (args.scheduler.as_str(), args.epochs, args.workers);
     // PBT evolves a population that trains at once: 16 trials, all running together.
     let pbt = scheduler_name == "pbt";
-    let trials: u64 = arg("--trials").map_or(Ok(if pbt { 16 } else { 64 }), |s| s.parse())?;
-    let epochs: u64 = arg("--epochs").map_or(Ok(40), |s| s.parse())?;
-    let workers: u32 = arg("--workers").map_or(Ok(2), |s| s.parse())?;
-    let storage = arg("--storage").unwrap_or_else(|| "nestor-runs".into());
-    let scheduler = scheduler(&scheduler_name, epochs)?;
+    let trials = args.trials.unwrap_or(if pbt { 16 } else { 64 });
+    let scheduler = scheduler(scheduler_name, epochs)?;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
-    let name = arg("--name").unwrap_or_else(|| format!("wine-quickstart-{stamp}"));
+    let name = args.name.unwrap_or_else(|| format!("wine-quickstart-{stamp}"));
+    let storage = args.storage;
 
     let data = Arc::new(WineData::load()?);
     println!(

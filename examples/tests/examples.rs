@@ -231,3 +231,50 @@ fn wine_toml_runs_with_each_scheduler_and_paused_workers_resume_from_checkpoints
         }
     }
 }
+
+/// The quickstart with PBT, perturbing every epoch: every trial ends; each
+/// exploit's copy holds exactly the donor's weights, the recipient's next
+/// epoch is the one after the donor's, and the explored values stay in
+/// their domains.
+#[test]
+fn quickstart_with_pbt_copies_the_donors_weights_into_the_recipient() {
+    let exe = bin_dir().join("examples/quickstart");
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(&exe)
+        .args(["--trials", "8", "--epochs", "12", "--workers", "1", "--scheduler", "pbt", "--storage"])
+        .arg(dir.path())
+        .args(["--name", "pbt"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("8 trials: 8 terminated, 0 errors"), "{stdout}");
+    let exp = dir.path().join("pbt");
+    let grid = tuner::ResultGrid::load(&exp).unwrap();
+    assert!(!grid.exploits.is_empty(), "no exploit in 12 perturbation intervals");
+    let store = tuner::store::Store::open_existing(&exp.join("store")).unwrap();
+    let results = store.all_results().unwrap();
+    let weights = |ckpt: &str| std::fs::read(Path::new(ckpt).join("rank-0/model.safetensors")).unwrap();
+    let mut compared = 0;
+    for e in &grid.exploits {
+        // Epochs run on from the donor's: the recipient's first result after the exploit.
+        let at = |r: &search::TrialResult| r.metrics["timestamp"];
+        let next = results[&e.trial_id].iter().find(|r| at(r) > e.at).expect("a result after the exploit");
+        assert_eq!(next.training_iteration, e.donor_iteration + 1, "{e:?}");
+        for key in ["lr", "weight_decay"] {
+            let v = e.new_config[key].as_f64().unwrap();
+            assert!(v > 0.0 && v <= 0.1, "{key} = {v}: {e:?}");
+        }
+        assert_eq!(e.new_config["epochs"], e.old_config["epochs"]);
+        // Same weights, unless a later exploit of either trial replaced one of the two since.
+        let replaced = grid
+            .exploits
+            .iter()
+            .any(|l| l.at > e.at && (l.trial_id == e.trial_id || l.trial_id == e.donor) && l.donor_iteration <= e.donor_iteration);
+        if !replaced {
+            assert_eq!(weights(&e.checkpoint), weights(&e.donor_checkpoint), "{e:?}");
+            compared += 1;
+        }
+    }
+    assert!(compared > 0, "every exploit's copy was replaced later");
+}

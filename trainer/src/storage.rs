@@ -341,18 +341,24 @@ impl Storage {
                         }
                     }
                     // Shard by shard: the commit marker (which may be being written) is not copied.
-                    for entry in std::fs::read_dir(&from).map_err(io(&from))? {
-                        let entry = entry.map_err(io(&from))?;
-                        let name = entry.file_name();
-                        if name == COMMITTED_MARKER || !entry.path().is_dir() {
-                            continue;
+                    let copied = (|| {
+                        for entry in std::fs::read_dir(&from).map_err(io(&from))? {
+                            let entry = entry.map_err(io(&from))?;
+                            let name = entry.file_name();
+                            if name == COMMITTED_MARKER || !entry.path().is_dir() {
+                                continue;
+                            }
+                            let shard = tmp.join(&name);
+                            std::fs::create_dir_all(&shard).map_err(io(&shard))?;
+                            copy_tree(&entry.path(), &shard)?;
                         }
-                        let shard = tmp.join(&name);
-                        std::fs::create_dir_all(&shard).map_err(io(&shard))?;
-                        copy_tree(&entry.path(), &shard)?;
+                        std::fs::rename(&tmp, &to).map_err(io(&to))
+                    })();
+                    if copied.is_err() {
+                        // Nothing half copied stays behind.
+                        let _ = std::fs::remove_dir_all(&tmp);
                     }
-                    std::fs::rename(&tmp, &to).map_err(io(&to))?;
-                    Ok(to.display().to_string())
+                    copied.map(|()| to.display().to_string())
                 })
                 .await
                 .map_err(|e| CheckpointError::Io { path: PathBuf::from(&name), source: std::io::Error::other(e) })?

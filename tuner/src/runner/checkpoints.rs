@@ -2,9 +2,11 @@
 //! commit marker and `num_to_keep` after a commit, and the clean-up of what
 //! a failed run or a crash left uncommitted.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::path::PathBuf;
 
+use futures_util::future::{BoxFuture, FutureExt, Shared};
 use trainer::Storage;
 
 use super::{checkpoint_name, now_unix, Runner};
@@ -24,6 +26,50 @@ pub(crate) async fn remove_uncommitted(trial: &Storage, keep: &HashSet<String>) 
         }
     }
     Ok(())
+}
+
+/// File work off the loop (commit markers, deletions), queued per trial:
+/// one trial's jobs run in the order given, and a trial about to run again
+/// waits for its own (`settled`), so a late deletion or marker never lands
+/// on a checkpoint written anew under the same name.
+#[derive(Default)]
+pub(crate) struct Background {
+    tasks: tokio::task::JoinSet<()>,
+    tails: HashMap<String, Shared<BoxFuture<'static, ()>>>,
+}
+
+impl Background {
+    /// Queues `work` on `trial`'s files, after its jobs queued so far.
+    pub(crate) fn spawn(&mut self, trial: &str, work: impl Future<Output = ()> + Send + 'static) {
+        while self.tasks.try_join_next().is_some() {}
+        let before = self.tails.remove(trial).filter(|t| t.peek().is_none());
+        let job = async move {
+            if let Some(before) = before {
+                before.await;
+            }
+            work.await;
+        }
+        .boxed()
+        .shared();
+        self.tasks.spawn(job.clone());
+        self.tails.insert(trial.to_string(), job);
+    }
+
+    /// Resolves once every job queued on `trial`'s files so far is done.
+    pub(crate) fn settled(&self, trial: &str) -> impl Future<Output = ()> + Send + 'static {
+        let tail = self.tails.get(trial).filter(|t| t.peek().is_none()).cloned();
+        async move {
+            if let Some(tail) = tail {
+                tail.await;
+            }
+        }
+    }
+
+    /// Waits for every job.
+    pub(crate) async fn drain(&mut self) {
+        while self.tasks.join_next().await.is_some() {}
+        self.tails.clear();
+    }
 }
 
 impl Runner {
@@ -65,9 +111,8 @@ impl Runner {
     /// then the files).
     pub(super) fn after_commit(&mut self, trial_id: &str, uri: &str, iteration: u64) -> Result<(), TuneError> {
         let marker = serde_json::json!({ "trial_id": trial_id, "training_iteration": iteration, "committed_at": now_unix() });
-        while self.background.try_join_next().is_some() {}
         let (storage, at) = (self.storage.clone(), uri.to_string());
-        self.background.spawn(async move {
+        self.background.spawn(trial_id, async move {
             if let Err(e) = storage.mark_committed(&at, marker.to_string().into_bytes()).await {
                 tracing::warn!(checkpoint = %at, error = %e, "could not write the commit marker");
             }
@@ -92,12 +137,47 @@ impl Runner {
         self.store.flush()?;
         for c in doomed {
             let storage = self.storage.clone();
-            self.background.spawn(async move {
+            self.background.spawn(trial_id, async move {
                 if let Err(e) = storage.delete_checkpoint(&c.uri).await {
                     tracing::warn!(checkpoint = %c.uri, error = %e, "could not delete a checkpoint beyond num_to_keep");
                 }
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::Background;
+
+    /// One trial's jobs run in order, and `settled` waits for all of them;
+    /// another trial's jobs do not wait on them.
+    #[tokio::test]
+    async fn a_trials_file_jobs_run_in_order_and_settle_together() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut bg = Background::default();
+        let job = |name: &'static str, ms: u64| {
+            let log = Arc::clone(&log);
+            async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                log.lock().unwrap().push(name);
+            }
+        };
+        bg.spawn("a", job("a1", 60));
+        bg.spawn("a", job("a2", 0));
+        bg.spawn("b", job("b1", 0));
+        bg.settled("b").await;
+        assert_eq!(*log.lock().unwrap(), vec!["b1"]);
+        bg.settled("a").await;
+        assert_eq!(*log.lock().unwrap(), vec!["b1", "a1", "a2"]);
+        bg.spawn("a", job("a3", 0));
+        bg.drain().await;
+        assert_eq!(log.lock().unwrap().len(), 4);
     }
 }

@@ -60,7 +60,7 @@ impl Runner {
         if self.dirty.remove(&rec.id) {
             // Nothing runs it again: what its last run left half written goes now.
             let (trial, keep) = self.cleanup(&rec.id)?;
-            self.background.spawn(async move {
+            self.background.spawn(&rec.id, async move {
                 if let Err(e) = remove_uncommitted(&trial, &keep).await {
                     tracing::warn!(error = %e, "could not remove uncommitted checkpoints");
                 }

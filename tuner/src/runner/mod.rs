@@ -29,7 +29,7 @@ mod exploits;
 mod failures;
 mod pausing;
 
-pub(crate) use checkpoints::remove_uncommitted;
+pub(crate) use checkpoints::{remove_uncommitted, Background};
 pub(crate) use exploits::config_change;
 
 /// The live-status file in the experiment directory, present while a sweep runs.
@@ -148,6 +148,9 @@ pub(crate) struct Runner {
     pub searcher: Box<dyn Searcher>,
     pub scheduler: Box<dyn Scheduler>,
     pub stopper: Box<dyn Stopper>,
+    /// The `[stop]` thresholds alone: an exploit never restarts a trial
+    /// from a checkpoint that already meets them.
+    pub stop_thresholds: schedulers::MetricThresholds,
     pub metric: Option<String>,
     pub max_concurrent: usize,
     pub max_trials: u64,
@@ -172,8 +175,9 @@ pub(crate) struct Runner {
     pub checkpoint: CheckpointConfig,
     /// Restarts after failures; hang detection.
     pub failure: FailureConfig,
-    /// Commit markers and deletions under way; the sweep ends after them.
-    pub background: tokio::task::JoinSet<()>,
+    /// Commit markers and deletions under way, per trial; the sweep ends
+    /// after them.
+    pub background: Background,
     /// Set once no new trial may start (Ctrl-C, time budget, fail_fast).
     pub stopping: bool,
     /// The first trial error, for fail_fast's message.
@@ -310,9 +314,12 @@ impl Runner {
                         let cleanup = self.dirty.remove(&record.id).then(|| self.cleanup(&record.id)).transpose()?;
                         let (storage, scratch) = (self.storage.clone(), self.trial_dir(&record.id).join("restore"));
                         let trial_storage = self.storage.join(&format!("trials/{}", record.id));
+                        let settled = self.background.settled(&record.id);
                         tokio::spawn(async move {
                             let mut copied = None;
                             let fetched = async {
+                                // Its deletions and markers still under way go first.
+                                settled.await;
                                 if let Some((trial, keep)) = cleanup {
                                     remove_uncommitted(&trial, &keep).await.map_err(|e| e.to_string())?;
                                 }
@@ -407,20 +414,37 @@ impl Runner {
                 Some(Restored { mut record, allocation, fetched, exploit }) = restored_rx.recv() => {
                     restoring -= 1;
                     let mut fetched = fetched;
+                    let mut dropped = false;
                     if let Some((donor, copy)) = exploit {
-                        if let (Ok(_), Some(copy), false) = (&fetched, copy, self.stopping) {
-                            let e = self.finish_exploit(&mut record, &donor, copy)?;
-                            self.apply_retention(&record.id)?;
-                            if !self.simulated() {
-                                files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: e.config });
-                            }
-                        } else if fetched.is_ok() && !self.stopping {
-                            fetched = Err("its exploit's copy went missing".into());
-                        }
                         let donor_trial = record.pending_exploit.as_ref().map(|e| e.donor.clone()).unwrap_or_default();
+                        match (&fetched, copy) {
+                            _ if self.stopping => {}
+                            (Ok(_), Some(copy)) => {
+                                let e = self.finish_exploit(&mut record, &donor, copy)?;
+                                self.apply_retention(&record.id)?;
+                                if !self.simulated() {
+                                    files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: e.config });
+                                }
+                            }
+                            (Err(msg), None) => {
+                                // The copy failed: no exploit, and no failure either; it goes on from its own checkpoint.
+                                self.progress.note(&format!("{} does not exploit {donor_trial}: {msg}", record.id));
+                                record.pending_exploit = None;
+                                dropped = true;
+                            }
+                            (Ok(_), None) => fetched = Err("its exploit's copy went missing".into()),
+                            (Err(_), Some(_)) => {}
+                        }
                         self.unpin(&donor_trial, &donor.uri)?;
                     }
                     match fetched {
+                        _ if dropped => {
+                            self.pool.release(&allocation);
+                            self.store.put_trial(&record)?;
+                            // What the copy left half done goes before it runs.
+                            self.dirty.insert(record.id.clone());
+                            self.pending.push_front(record);
+                        }
                         _ if self.stopping => {
                             // Never started: it stays as stored, resumed later.
                             self.pool.release(&allocation);
@@ -501,7 +525,7 @@ impl Runner {
         self.commit_now(&flusher, &mut running, &mut commits).await?;
         // A simulation syncs here only (a real sweep synced every batch already).
         self.store.flush()?;
-        while self.background.join_next().await.is_some() {}
+        self.background.drain().await;
         files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
         flusher.write_files(std::mem::take(&mut files));
         flusher.close().await;
