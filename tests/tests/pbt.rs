@@ -14,9 +14,13 @@ use common::*;
 use search::TrialResult;
 
 fn pbt_sweep(name: &str, extra_space: &str, extra_scheduler: &str) -> String {
+    pbt_sweep_in(name, "", extra_space, extra_scheduler)
+}
+
+fn pbt_sweep_in(name: &str, extra_experiment: &str, extra_space: &str, extra_scheduler: &str) -> String {
     sweep(
         name,
-        "num_samples = 1\nmax_concurrent_trials = 4\nseed = 11",
+        &format!("num_samples = 1\nmax_concurrent_trials = 4\nseed = 11\n{extra_experiment}"),
         &format!("x = {{ grid = [0.3, 0.8, 0.9, 0.95] }}\nsteps = 12\nsleep_ms = 40\ncheckpoint = true\n{extra_space}"),
         &format!(
             "\n[checkpoint]\nfrequency = 1\nnum_to_keep = 1\n\n[scheduler]\ntype = \"pbt\"\ntime_attr = \"training_iteration\"\n\
@@ -45,7 +49,7 @@ fn an_exploited_trial_continues_from_its_donors_iteration_and_state_with_the_exp
     let store = store(&exp);
     let exploits = store.exploits().unwrap();
     assert!(!exploits.is_empty(), "no exploit happened: {stdout}");
-    check_population(&exp, &store);
+    check_population(&exp, &store, &exp);
     // The exploits are shown by `nestor status` and listed by `nestor exploits`.
     drop(store);
     let status = ok(nestor(dir.path(), &["status", "runs/pbt"]));
@@ -84,8 +88,9 @@ fn a_trial_without_a_committed_checkpoint_is_never_a_donor() {
 /// What must hold of a finished PBT sweep, however it was interrupted: each
 /// exploit's recipient continued from its donor's iteration and state with
 /// the explored config; each trial's config is its last exploit's; its
-/// history runs 1..=12, skipping only to a donor's iteration; one checkpoint is kept, on disk too.
-fn check_population(exp: &Path, store: &tuner::store::Store) {
+/// history runs 1..=12, skipping only to a donor's iteration; one checkpoint
+/// is kept, in the storage too (`storage`: the experiment's directory there).
+fn check_population(exp: &Path, store: &tuner::store::Store, storage: &Path) {
     let exploits = store.exploits().unwrap();
     let results = store.all_results().unwrap();
     for e in &exploits {
@@ -137,14 +142,21 @@ fn check_population(exp: &Path, store: &tuner::store::Store) {
         // num_to_keep = 1: one committed checkpoint left, and one on disk.
         let committed = store.checkpoints(&t.id).unwrap();
         assert_eq!(committed.len(), 1, "{}: {committed:?}", t.id);
-        let on_disk: Vec<String> = std::fs::read_dir(exp.join(format!("trials/{}", t.id)))
+        let on_disk: Vec<String> = std::fs::read_dir(storage.join(format!("trials/{}", t.id)))
             .unwrap()
             .flatten()
+            .filter(|e| holds_files(&e.path()))
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with("checkpoint_"))
             .collect();
         assert_eq!(on_disk.len(), 1, "{}: {on_disk:?}", t.id);
     }
+}
+
+/// Whether a file lies anywhere below `dir` (an object store's files may
+/// leave empty directories behind when deleted).
+fn holds_files(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| entries.flatten().any(|e| e.path().is_file() || holds_files(&e.path())))
 }
 
 #[test]
@@ -173,5 +185,33 @@ fn killed_twice_and_resumed_the_population_is_as_consistent() {
     assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
     let store = store(&exp);
     assert!(!store.exploits().unwrap().is_empty(), "no exploit happened");
-    check_population(&exp, &store);
+    check_population(&exp, &store, &exp);
+}
+
+/// PBT with checkpoints in S3 (a server on loopback): the donor's shards are
+/// copied inside the bucket, and the recipient restores from a download of
+/// the copy, continuing the donor's state.
+#[test]
+fn exploits_copy_checkpoints_inside_an_object_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&dir.path().join("s3"));
+    write(dir.path(), &pbt_sweep_in("pbts3", "storage = \"s3://bucket/runs\"\nlocal_dir = \"local\"", "", ""));
+    let stdout = ok(nestor_env(dir.path(), &["run", "sweep.toml", "--plain"], &s3.env()));
+    assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
+    let exp = dir.path().join("local/pbts3");
+    let store = store(&exp);
+    let exploits = store.exploits().unwrap();
+    assert!(!exploits.is_empty(), "no exploit happened: {stdout}");
+    for e in &exploits {
+        assert!(e.checkpoint.starts_with(&format!("s3://bucket/runs/pbts3/trials/{}/checkpoint_", e.trial_id)), "{e:?}");
+        assert!(e.donor_checkpoint.starts_with(&format!("s3://bucket/runs/pbts3/trials/{}/", e.donor)), "{e:?}");
+    }
+    check_population(&exp, &store, &s3.root.join("bucket/runs/pbts3"));
+    // The kept copy of a recipient that exploited last holds its shard and its commit marker.
+    let last = exploits.last().unwrap();
+    let kept = store.checkpoints(&last.trial_id).unwrap();
+    let rel = kept[0].uri.strip_prefix("s3://bucket/").unwrap();
+    let objects = s3.objects(rel);
+    assert!(objects.iter().any(|o| o.ends_with("rank-0/state.json")), "{objects:?}");
+    assert!(objects.iter().any(|o| o.ends_with(".committed")), "{objects:?}");
 }
