@@ -9,6 +9,7 @@ mod asha;
 mod config;
 pub mod conformance;
 mod fifo;
+pub mod gp;
 mod hyperband;
 mod median;
 mod objective;

@@ -398,6 +398,25 @@ impl Domain {
         }
     }
 
+    /// Where `value` lies in this bounded numeric domain, from 0 (its low
+    /// end) to 1 (its high end), on the scale it is sampled on (log for log
+    /// domains). `None` for unbounded, categorical and constant domains, and
+    /// for a value that is not a number.
+    pub fn to_unit(&self, value: &Value) -> Option<f64> {
+        self.bounds()?;
+        let (low, high, _) = self.model_range()?;
+        let x = self.to_model(value)?;
+        Some(if high > low { ((x - low) / (high - low)).clamp(0.0, 1.0) } else { 0.0 })
+    }
+
+    /// The value at `u` in `[0, 1]` of this bounded numeric domain (the
+    /// inverse of [`Domain::to_unit`]), rounded and quantized as it requires.
+    pub fn at_unit(&self, u: f64) -> Option<Value> {
+        self.bounds()?;
+        let (low, high, _) = self.model_range()?;
+        u.is_finite().then(|| self.value_at_model(low + u.clamp(0.0, 1.0) * (high - low)))
+    }
+
     /// Whether `value` is one this domain can produce (randn domains accept
     /// any finite number of the right kind).
     pub fn contains(&self, value: &Value) -> bool {
