@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example quickstart [-- --trials N --epochs E --workers W --storage DIR
-//!                                              --scheduler asha|asha-promotion|hyperband|median|pbt|fifo]
+//!                                              --scheduler asha|asha-promotion|hyperband|median|pbt|pb2|fifo]
 //! ```
 //!
 //! With `--scheduler pbt`, 16 trials train together (PBT needs a population
@@ -19,8 +19,8 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use nestor_examples::{space, train, WineData};
 use tuner::{
-    AshaConfig, AshaType, CheckpointConfig, Domain, HyperBandConfig, MedianStoppingConfig, Mode, NodeResources, PbtConfig, RunConfig,
-    ScalingConfig, SchedulerConfig, Scope, Stop, Trainable, TuneConfig, Tuner,
+    AshaConfig, AshaType, CheckpointConfig, Domain, HyperBandConfig, MedianStoppingConfig, Mode, NodeResources, Pb2Config, PbtConfig,
+    RunConfig, ScalingConfig, SchedulerConfig, Scope, Stop, Trainable, TuneConfig, Tuner,
 };
 
 /// Tune an MLP on red-wine quality: each trial a data-parallel run of
@@ -28,7 +28,7 @@ use tuner::{
 #[derive(Parser, Debug)]
 #[command(name = "quickstart")]
 struct Args {
-    /// How many configs to try [default: 64; 16 with --scheduler pbt].
+    /// How many configs to try [default: 64; 16 with --scheduler pbt or pb2].
     #[arg(long)]
     trials: Option<u64>,
     /// Epochs each trial trains at most.
@@ -43,7 +43,7 @@ struct Args {
     /// The experiment's name [default: wine-quickstart-<unix time>].
     #[arg(long)]
     name: Option<String>,
-    /// asha, asha-promotion, hyperband, median, pbt or fifo.
+    /// asha, asha-promotion, hyperband, median, pbt, pb2 or fifo.
     #[arg(long, default_value = "asha")]
     scheduler: String,
 }
@@ -72,8 +72,19 @@ fn scheduler(name: &str, epochs: u64) -> Result<SchedulerConfig> {
             .mutate("lr", Domain::loguniform(1e-4, 3e-2))
             .mutate("weight_decay", Domain::loguniform(1e-5, 1e-1)),
         ),
+        // PB2: the same population, the new values chosen by a Gaussian-process bandit.
+        "pb2" => SchedulerConfig::Pb2(
+            Pb2Config {
+                time_attr: "training_iteration".into(),
+                perturbation_interval: grace,
+                quantile_fraction: 0.25,
+                ..Default::default()
+            }
+            .bound("lr", Domain::loguniform(1e-4, 3e-2))
+            .bound("weight_decay", Domain::loguniform(1e-5, 1e-1)),
+        ),
         "fifo" => SchedulerConfig::Fifo,
-        other => bail!("--scheduler {other}: expected asha, asha-promotion, hyperband, median, pbt or fifo"),
+        other => bail!("--scheduler {other}: expected asha, asha-promotion, hyperband, median, pbt, pb2 or fifo"),
     })
 }
 
@@ -81,7 +92,7 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let (scheduler_name, epochs, workers) = (args.scheduler.as_str(), args.epochs, args.workers);
     // PBT evolves a population that trains at once: 16 trials, all running together.
-    let pbt = scheduler_name == "pbt";
+    let pbt = scheduler_name == "pbt" || scheduler_name == "pb2";
     let trials = args.trials.unwrap_or(if pbt { 16 } else { 64 });
     let scheduler = scheduler(scheduler_name, epochs)?;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();

@@ -232,16 +232,22 @@ fn wine_toml_runs_with_each_scheduler_and_paused_workers_resume_from_checkpoints
     }
 }
 
-/// The quickstart with PBT, perturbing every epoch: every trial ends; each
+/// The quickstart with PBT and PB2, perturbing every epoch: every trial ends; each
 /// exploit's copy holds exactly the donor's weights, the recipient's next
 /// epoch is the one after the donor's, and the explored values stay in
 /// their domains.
 #[test]
-fn quickstart_with_pbt_copies_the_donors_weights_into_the_recipient() {
+fn quickstart_with_pbt_and_pb2_copies_the_donors_weights_into_the_recipient() {
+    for scheduler in ["pbt", "pb2"] {
+        quickstart_population(scheduler);
+    }
+}
+
+fn quickstart_population(scheduler: &str) {
     let exe = bin_dir().join("examples/quickstart");
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(&exe)
-        .args(["--trials", "8", "--epochs", "12", "--workers", "1", "--scheduler", "pbt", "--storage"])
+        .args(["--trials", "8", "--epochs", "12", "--workers", "1", "--scheduler", scheduler, "--storage"])
         .arg(dir.path())
         .args(["--name", "pbt"])
         .output()

@@ -42,6 +42,8 @@ pub enum SchedulerConfig {
     MedianStopping(MedianStoppingConfig),
     /// Population-based training.
     Pbt(PbtConfig),
+    /// Population-based bandits: PBT exploring by GP-UCB.
+    Pb2(Pb2Config),
 }
 
 fn training_iteration() -> String {
@@ -319,40 +321,187 @@ impl PbtConfig {
     /// Checks each mutation against the search space: its key must be a
     /// parameter there, and what it can produce must lie in that parameter's domain.
     pub fn check_space(&self, space: &Space) -> Result<(), ConfigError> {
-        for (path, mutation) in self.mutations()? {
-            let key = format!("hyperparam_mutations.{path}");
-            let Some(node) = find(space, &path) else {
-                return Err(invalid(key, format!("`{path}` is not a parameter of [space]; add it there (trials start from its values)")));
-            };
-            let Node::Domain(d) = node else {
-                return Err(invalid(key, format!("`{path}` is a nested table in [space], not a parameter")));
-            };
-            let outside = |what: String| invalid(key.clone(), format!("{what} is outside [space] {path} = {}", d.describe()));
-            match (&mutation, d) {
-                (_, Domain::Const(_)) => {}
-                (Mutation::Values(values), _) => {
-                    if let Some(v) = values.iter().find(|v| !d.contains(v)) {
-                        return Err(outside(format!("the value {v}")));
-                    }
+        check_mutations("hyperparam_mutations", self.mutations()?, space)
+    }
+}
+
+/// Checks what `field`'s mutations can produce against the search space:
+/// each key must be a parameter there, and its values must lie in that
+/// parameter's domain.
+fn check_mutations(field: &str, mutations: Vec<(String, Mutation)>, space: &Space) -> Result<(), ConfigError> {
+    for (path, mutation) in mutations {
+        let key = format!("{field}.{path}");
+        let Some(node) = find(space, &path) else {
+            return Err(invalid(key, format!("`{path}` is not a parameter of [space]; add it there (trials start from its values)")));
+        };
+        let Node::Domain(d) = node else {
+            return Err(invalid(key, format!("`{path}` is a nested table in [space], not a parameter")));
+        };
+        let outside = |what: String| invalid(key.clone(), format!("{what} is outside [space] {path} = {}", d.describe()));
+        match (&mutation, d) {
+            (_, Domain::Const(_)) => {}
+            (Mutation::Values(values), _) => {
+                if let Some(v) = values.iter().find(|v| !d.contains(v)) {
+                    return Err(outside(format!("the value {v}")));
                 }
-                // A numeric grid or choice gives the starting values: the mutation must be able to produce them.
-                (Mutation::Domain(m), Domain::Choice(values) | Domain::Grid(values)) => {
-                    if let Some(v) = values.iter().find(|v| m.nearest(v.as_f64().unwrap_or(f64::NAN)).as_ref() != Some(*v)) {
-                        return Err(invalid(key, format!("{} cannot produce [space] {path}'s value {v}", m.describe())));
-                    }
+            }
+            // A numeric grid or choice gives the starting values: the mutation must be able to produce them.
+            (Mutation::Domain(m), Domain::Choice(values) | Domain::Grid(values)) => {
+                if let Some(v) = values.iter().find(|v| m.nearest(v.as_f64().unwrap_or(f64::NAN)).as_ref() != Some(*v)) {
+                    return Err(invalid(key, format!("{} cannot produce [space] {path}'s value {v}", m.describe())));
                 }
-                (Mutation::Domain(m), _) => {
-                    if let Some((low, high, int)) = d.bounds() {
-                        let fits = m.bounds().is_some_and(|(ml, mh, mint)| ml >= low && mh <= high && (mint || !int));
-                        if !fits {
-                            return Err(outside(m.describe()));
-                        }
+            }
+            (Mutation::Domain(m), _) => {
+                if let Some((low, high, int)) = d.bounds() {
+                    let fits = m.bounds().is_some_and(|(ml, mh, mint)| ml >= low && mh <= high && (mint || !int));
+                    if !fits {
+                        return Err(outside(m.describe()));
                     }
                 }
             }
         }
-        Ok(())
     }
+    Ok(())
+}
+
+/// PB2's settings (Ray's `PB2` names and defaults): PBT's ranking, with
+/// the explored values chosen by a Gaussian-process bandit.
+///
+/// Each bound is `[low, high]` (integers: an integer range, both ends
+/// included; floats: uniform) or a bounded numeric domain, on whose scale
+/// it is explored:
+///
+/// ```toml
+/// [scheduler]
+/// type = "pb2"
+/// time_attr = "training_iteration"
+/// perturbation_interval = 4
+///
+/// [scheduler.hyperparam_bounds]
+/// lr = { loguniform = [1e-4, 1e-1] }
+/// momentum = [0.8, 0.99]
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pb2Config {
+    /// The metric (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// `min` or `max` (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// The time attribute intervals are measured in (default `time_total_s`, as Ray).
+    #[serde(default = "time_total_s")]
+    pub time_attr: String,
+    /// A trial is ranked, and may exploit another, every this much time (default 60).
+    #[serde(default = "sixty")]
+    pub perturbation_interval: f64,
+    /// No perturbation before this time (default 0).
+    #[serde(default)]
+    pub burn_in_period: f64,
+    /// The fraction of trials in the top and in the bottom quantile, in (0, 0.5] (default 0.25).
+    #[serde(default = "quarter")]
+    pub quantile_fraction: f64,
+    /// The explored hyperparameters' bounds, by (dotted) config path.
+    #[serde(default)]
+    pub hyperparam_bounds: toml::Table,
+    /// Seeds the exploit and explore draws (default: the experiment's seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+impl Default for Pb2Config {
+    fn default() -> Self {
+        Self {
+            metric: None,
+            mode: None,
+            time_attr: time_total_s(),
+            perturbation_interval: sixty(),
+            burn_in_period: 0.0,
+            quantile_fraction: quarter(),
+            hyperparam_bounds: toml::Table::new(),
+            seed: None,
+        }
+    }
+}
+
+impl Pb2Config {
+    /// Lets `key` (a dotted config path) be explored within `domain` (a
+    /// bounded numeric domain).
+    pub fn bound(mut self, key: &str, domain: Domain) -> Self {
+        if let Ok(space) = Space::builder().param("m", domain).build() {
+            if let Some(v) = space.to_toml().remove("m") {
+                insert_path(&mut self.hyperparam_bounds, key, v);
+            }
+        }
+        self
+    }
+
+    /// The bounds by dotted path, checked: `[low, high]` pairs become domains.
+    fn bounds(&self) -> Result<Vec<(String, Domain)>, ConfigError> {
+        let table = pairs_to_domains(&self.hyperparam_bounds, "")?;
+        let space = Space::from_toml(&table).map_err(|e| invalid(format!("hyperparam_bounds.{}", e.path), e.message))?;
+        let mut found = Vec::new();
+        collect_mutations(&space, "", &mut found)
+            .map_err(|e| ConfigError { key: e.key.replacen("hyperparam_mutations", "hyperparam_bounds", 1), ..e })?;
+        found
+            .into_iter()
+            .map(|(path, m)| match m {
+                Mutation::Domain(d) if d.bounds().is_some() => Ok((path, d)),
+                Mutation::Domain(d) => Err(invalid(
+                    format!("hyperparam_bounds.{path}"),
+                    format!("{} has no bounds: PB2 explores bounded numbers", d.describe()),
+                )),
+                Mutation::Values(_) => Err(invalid(
+                    format!("hyperparam_bounds.{path}"),
+                    "PB2 explores bounded numbers: give [low, high] or a numeric domain (a list of values needs type = \"pbt\")",
+                )),
+            })
+            .collect()
+    }
+
+    /// Checks each bound against the search space, as PBT's mutations are.
+    pub fn check_space(&self, space: &Space) -> Result<(), ConfigError> {
+        let bounds = self.bounds()?.into_iter().map(|(k, d)| (k, Mutation::Domain(d))).collect();
+        check_mutations("hyperparam_bounds", bounds, space)
+    }
+}
+
+/// `hyperparam_bounds` with each `[low, high]` pair written as a domain:
+/// integers as `randint` (both ends included), floats as `uniform`.
+fn pairs_to_domains(table: &toml::Table, prefix: &str) -> Result<toml::Table, ConfigError> {
+    let num = |v: &toml::Value| v.as_float().or(v.as_integer().map(|i| i as f64));
+    let mut out = toml::Table::new();
+    for (k, v) in table {
+        let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        let key = format!("hyperparam_bounds.{path}");
+        let v = match v {
+            toml::Value::Array(pair) => {
+                let (kind, low, high) = match pair.as_slice() {
+                    [toml::Value::Integer(lo), toml::Value::Integer(hi)] if lo < hi => ("randint", (*lo).into(), (*hi + 1).into()),
+                    [lo, hi] if num(lo).zip(num(hi)).is_some_and(|(l, h)| l < h) => {
+                        ("uniform", num(lo).unwrap_or_default().into(), num(hi).unwrap_or_default().into())
+                    }
+                    _ => return Err(invalid(
+                        key,
+                        format!(
+                            "expected [low, high] with low < high, or a numeric domain such as {{ loguniform = [1e-4, 1e-1] }}; got {v}"
+                        ),
+                    )),
+                };
+                let mut domain = toml::Table::new();
+                domain.insert(kind.into(), toml::Value::Array(vec![low, high]));
+                toml::Value::Table(domain)
+            }
+            // A nested table of bounds (a domain's table is left to the space parser).
+            toml::Value::Table(t) if !t.keys().any(|k| search::DOMAIN_KINDS.contains(&k.as_str())) => {
+                toml::Value::Table(pairs_to_domains(t, &path)?)
+            }
+            other => other.clone(),
+        };
+        out.insert(k.clone(), v);
+    }
+    Ok(out)
 }
 
 fn insert_path(table: &mut toml::Table, key: &str, value: toml::Value) {
@@ -434,6 +583,18 @@ fn positive(key: &'static str, v: f64) -> Result<(), ConfigError> {
     }
 }
 
+/// The settings PBT and PB2 share.
+fn population(perturbation_interval: f64, burn_in_period: f64, quantile_fraction: f64) -> Result<(), ConfigError> {
+    positive("perturbation_interval", perturbation_interval)?;
+    if !(burn_in_period >= 0.0 && burn_in_period.is_finite()) {
+        return Err(invalid("burn_in_period", format!("must be 0 or more, got {burn_in_period}")));
+    }
+    if !(quantile_fraction > 0.0 && quantile_fraction <= 0.5) {
+        return Err(invalid("quantile_fraction", format!("must be in (0, 0.5], got {quantile_fraction}")));
+    }
+    Ok(())
+}
+
 fn halving(max_t: f64, grace_period: f64, rf: f64) -> Result<(), ConfigError> {
     positive("max_t", max_t)?;
     positive("grace_period", grace_period)?;
@@ -455,6 +616,7 @@ impl SchedulerConfig {
             SchedulerConfig::Hyperband(_) => "hyperband",
             SchedulerConfig::MedianStopping(_) => "median_stopping",
             SchedulerConfig::Pbt(_) => "pbt",
+            SchedulerConfig::Pb2(_) => "pb2",
         }
     }
 
@@ -465,7 +627,7 @@ impl SchedulerConfig {
             SchedulerConfig::Asha(a) => a.asha_type == AshaType::Promotion,
             SchedulerConfig::Hyperband(_) => true,
             SchedulerConfig::MedianStopping(m) => !m.hard_stop,
-            SchedulerConfig::Pbt(_) => true,
+            SchedulerConfig::Pbt(_) | SchedulerConfig::Pb2(_) => true,
         }
     }
 
@@ -474,14 +636,17 @@ impl SchedulerConfig {
     pub fn check_space(&self, space: &Space) -> Result<(), ConfigError> {
         match self {
             SchedulerConfig::Pbt(c) => c.check_space(space),
+            SchedulerConfig::Pb2(c) => c.check_space(space),
             _ => Ok(()),
         }
     }
 
     /// Fills in a seed the settings leave to the experiment.
     pub fn with_default_seed(mut self, seed: Option<u64>) -> Self {
-        if let SchedulerConfig::Pbt(c) = &mut self {
-            c.seed = c.seed.or(seed);
+        match &mut self {
+            SchedulerConfig::Pbt(c) => c.seed = c.seed.or(seed),
+            SchedulerConfig::Pb2(c) => c.seed = c.seed.or(seed),
+            _ => {}
         }
         self
     }
@@ -525,15 +690,21 @@ impl SchedulerConfig {
                 }
                 Box::new(MedianStopping::new(obj, c.grace_period, c.min_samples_required, c.hard_stop))
             }
+            SchedulerConfig::Pb2(c) => {
+                let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;
+                population(c.perturbation_interval, c.burn_in_period, c.quantile_fraction)?;
+                let bounds = c.bounds()?;
+                if bounds.is_empty() {
+                    return Err(invalid(
+                        "hyperparam_bounds",
+                        "required: the bounds of each explored hyperparameter, e.g. lr = { loguniform = [1e-4, 1e-1] }",
+                    ));
+                }
+                Box::new(Pbt::pb2(obj, c.perturbation_interval, c.burn_in_period, c.quantile_fraction, bounds, c.seed.unwrap_or(0)))
+            }
             SchedulerConfig::Pbt(c) => {
                 let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;
-                positive("perturbation_interval", c.perturbation_interval)?;
-                if !(c.burn_in_period >= 0.0 && c.burn_in_period.is_finite()) {
-                    return Err(invalid("burn_in_period", format!("must be 0 or more, got {}", c.burn_in_period)));
-                }
-                if !(c.quantile_fraction > 0.0 && c.quantile_fraction <= 0.5) {
-                    return Err(invalid("quantile_fraction", format!("must be in (0, 0.5], got {}", c.quantile_fraction)));
-                }
+                population(c.perturbation_interval, c.burn_in_period, c.quantile_fraction)?;
                 if !(0.0..=1.0).contains(&c.resample_probability) {
                     return Err(invalid("resample_probability", format!("must be in [0, 1], got {}", c.resample_probability)));
                 }
@@ -661,5 +832,43 @@ mod tests {
         // The Rust builders write the same table.
         let built = PbtConfig::default().mutate("lr", Domain::loguniform(1e-3, 1e-2)).mutate_among("bs", [16, 64]);
         assert_eq!(SchedulerConfig::Pbt(built).check_space(&space), Ok(()));
+    }
+
+    #[test]
+    fn pb2_bounds_are_checked_naming_the_field() {
+        let space = Space::from_toml_str(
+            "lr = { loguniform = [1e-4, 1e-1] }\nlayers = { randint = [1, 9] }\nmomentum = { uniform = [0.5, 1.0] }\nact = { choice = [\"relu\", \"tanh\"] }",
+        )
+        .unwrap();
+        let check = |text: &str| -> Result<(), String> {
+            let c = parse(&format!("type = \"pb2\"\n{text}"))?;
+            c.build(Some("loss"), Some(Mode::Min)).map_err(|e| e.to_string())?;
+            c.check_space(&space).map_err(|e| e.to_string())
+        };
+        // Ray's [low, high] pairs (integers: both ends included) and domains.
+        let ok = "[hyperparam_bounds]\nlr = { loguniform = [1e-3, 1e-2] }\nlayers = [2, 8]\nmomentum = [0.8, 0.99]";
+        assert_eq!(check(ok), Ok(()));
+        let SchedulerConfig::Pb2(c) = parse(&format!("type = \"pb2\"\n{ok}")).unwrap() else { panic!("not pb2") };
+        let bounds = c.bounds().unwrap();
+        assert_eq!(bounds[0], ("layers".to_string(), Domain::randint(2, 9)));
+        assert_eq!(bounds[2], ("momentum".to_string(), Domain::uniform(0.8, 0.99)));
+        assert_eq!((c.time_attr.as_str(), c.perturbation_interval, c.quantile_fraction), ("time_total_s", 60.0, 0.25));
+        let err = |text: &str| check(text).unwrap_err();
+        assert!(err("").starts_with("scheduler.hyperparam_bounds: required"), "{}", err(""));
+        assert!(err(&format!("quantile_fraction = 0.7\n{ok}")).starts_with("scheduler.quantile_fraction: must be in (0, 0.5]"));
+        let e = err("[hyperparam_bounds]\nmomentum = [0.99, 0.8]");
+        assert!(e.starts_with("scheduler.hyperparam_bounds.momentum: expected [low, high] with low < high"), "{e}");
+        let e = err("[hyperparam_bounds]\nact = [\"relu\", \"tanh\"]");
+        assert!(e.starts_with("scheduler.hyperparam_bounds.act: expected [low, high]"), "{e}");
+        let e = err("[hyperparam_bounds]\nact = { choice = [\"relu\", \"tanh\"] }");
+        assert!(e.starts_with("scheduler.hyperparam_bounds.act: PB2 explores bounded numbers"), "{e}");
+        let e = err("[hyperparam_bounds]\nlr = [0.0, 0.5]");
+        assert_eq!(e, "scheduler.hyperparam_bounds.lr: uniform [0, 0.5) is outside [space] lr = loguniform [0.0001, 0.1]");
+        let e = err("[hyperparam_bounds]\nlayers = [0.5, 4.5]");
+        assert!(e.starts_with("scheduler.hyperparam_bounds.layers: uniform [0.5, 4.5) is outside"), "{e}");
+        let e = err("[hyperparam_bounds]\ndropout = [0.1, 0.2]");
+        assert!(e.starts_with("scheduler.hyperparam_bounds.dropout: `dropout` is not a parameter of [space]"), "{e}");
+        let built = Pb2Config::default().bound("lr", Domain::loguniform(1e-3, 1e-2));
+        assert_eq!(SchedulerConfig::Pb2(built).check_space(&space), Ok(()));
     }
 }

@@ -126,6 +126,15 @@ mod tests {
                 }
                 .mutate("lr", search::Domain::loguniform(1e-4, 1e-1)),
             ),
+            SchedulerConfig::Pb2(
+                crate::Pb2Config {
+                    time_attr: "training_iteration".into(),
+                    perturbation_interval: 2.0,
+                    seed: Some(3),
+                    ..Default::default()
+                }
+                .bound("lr", search::Domain::loguniform(1e-4, 1e-1)),
+            ),
         ];
         for c in configs {
             for mode in [Mode::Min, Mode::Max] {

@@ -18,7 +18,7 @@ mod scheduler;
 mod stopper;
 
 pub use asha::{Asha, AshaType};
-pub use config::{AshaConfig, ConfigError, HyperBandConfig, MedianStoppingConfig, PbtConfig, SchedulerConfig};
+pub use config::{AshaConfig, ConfigError, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, SchedulerConfig};
 pub use fifo::Fifo;
 pub use hyperband::HyperBand;
 pub use median::MedianStopping;

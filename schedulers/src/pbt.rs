@@ -25,6 +25,18 @@
 //!
 //! The random draws are seeded per perturbation, so a restored scheduler
 //! makes the same choices as one that never stopped.
+//!
+//! **PB2** (Parker-Holder et al. 2020, Ray's `PB2`) is the same scheduler
+//! with a model-based explore step. Every perturbation interval, each trial
+//! adds an observation: its time, its score at the interval's start, its
+//! bounded hyperparameters (scaled to the unit cube on their sampling
+//! scale) and the score it gained per unit of time. A recipient's new
+//! values maximise the upper confidence bound of a Gaussian process fitted
+//! to the recent observations ([`crate::gp`]: a time-varying kernel, so
+//! older intervals count less), at the current time and the score it starts
+//! from; the configs other trials are running count as pending points, so
+//! the bound's uncertainty term sends it elsewhere. A recipient's gain is
+//! measured from its donor's checkpoint, not from its own old state.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,6 +48,7 @@ use serde_json::{json, Value};
 
 use search::{Config, Domain, TrialResult};
 
+use crate::gp::Gp;
 use crate::objective::{Objective, Score};
 use crate::{Decision, Exploit, Scheduler, SchedulerError, TrialView};
 
@@ -99,6 +112,109 @@ struct Member {
     last_perturbation: f64,
     /// Its latest committed checkpoint: uri, iteration, `time_attr`.
     checkpoint: Option<(String, u64, f64)>,
+    /// The score its latest checkpoint was reported with.
+    #[serde(default)]
+    checkpoint_score: Option<f64>,
+    /// PB2: the time and score its current interval started from.
+    #[serde(default)]
+    base: Option<(f64, f64)>,
+}
+
+/// PB2: one interval of one trial's training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Observation {
+    /// When it ended, in perturbation intervals.
+    t: f64,
+    /// The score it started from.
+    before: f64,
+    /// The bounded hyperparameters it ran with, in the unit cube.
+    h: Vec<f64>,
+    /// Score gained per unit of `time_attr`.
+    gain: f64,
+}
+
+/// PB2's explore step: bounded hyperparameters and what the population's
+/// intervals gained with them.
+#[derive(Debug, Clone)]
+struct Bandit {
+    bounds: Vec<(Vec<String>, Domain)>,
+    data: Vec<Observation>,
+}
+
+/// Observations kept; the model is fitted to the latest `FIT_WINDOW`.
+const MAX_OBSERVATIONS: usize = 400;
+const FIT_WINDOW: usize = 80;
+
+impl Bandit {
+    fn unit(&self, config: &Config) -> Vec<f64> {
+        self.bounds.iter().map(|(path, d)| get(config, path).and_then(|v| d.to_unit(v)).unwrap_or(0.5)).collect()
+    }
+
+    /// New values for the bounded hyperparameters of `config`: the GP-UCB
+    /// maximiser at time `t` (in intervals) for a trial starting from score
+    /// `before`, with `pending` (unit-cube configs of the other live trials)
+    /// lowering the uncertainty where they run. Random while there are too
+    /// few observations to fit.
+    fn explore(&self, config: &Config, t: f64, before: f64, pending: &[Vec<f64>], rng: &mut ChaCha8Rng) -> Config {
+        let mut out = config.clone();
+        let chosen = self.maximise_ucb(t, before, pending, rng).unwrap_or_else(|| self.bounds.iter().map(|_| rng.random()).collect());
+        for ((path, d), u) in self.bounds.iter().zip(chosen) {
+            if let Some(v) = d.at_unit(u) {
+                set(&mut out, path, v);
+            }
+        }
+        out
+    }
+
+    fn maximise_ucb(&self, t: f64, before: f64, pending: &[Vec<f64>], rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
+        let recent = &self.data[self.data.len().saturating_sub(FIT_WINDOW)..];
+        if recent.len() < 2 {
+            return None;
+        }
+        // The starting score is a feature, scaled over what the window saw.
+        let (lo, hi) =
+            recent.iter().map(|o| o.before).chain([before]).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+        let scale = |v: f64| if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+        let point = |t: f64, before: f64, h: &[f64]| -> Vec<f64> { [t, scale(before)].into_iter().chain(h.iter().copied()).collect() };
+        let x: Vec<Vec<f64>> = recent.iter().map(|o| point(o.t, o.before, &o.h)).collect();
+        let y: Vec<f64> = recent.iter().map(|o| o.gain).collect();
+        let gp = Gp::fit(x, &y)?;
+        let pending: Vec<Vec<f64>> = pending.iter().map(|h| point(t, before, h)).collect();
+        let model = gp.with_pending(&pending)?;
+        // GP-UCB's exploration weight grows slowly with the data (as in PB2).
+        let kappa = (0.2 + (0.4 * recent.len() as f64).ln().max(0.0)).sqrt();
+        let ucb = |h: &[f64]| {
+            let p = point(t, before, h);
+            gp.predict(&p).0 + kappa * model.variance(&p).sqrt()
+        };
+        let d = self.bounds.len();
+        // Random candidates, then a local search around the best few.
+        let mut candidates: Vec<(f64, Vec<f64>)> = (0..512)
+            .map(|_| {
+                let h: Vec<f64> = (0..d).map(|_| rng.random()).collect();
+                (ucb(&h), h)
+            })
+            .collect();
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut best = candidates[0].clone();
+        for (start_value, start) in candidates.into_iter().take(4) {
+            let (mut value, mut h) = (start_value, start);
+            let mut step = 0.1;
+            for _ in 0..40 {
+                let trial: Vec<f64> = h.iter().map(|v| (v + step * (rng.random::<f64>() * 2.0 - 1.0)).clamp(0.0, 1.0)).collect();
+                let v = ucb(&trial);
+                if v > value {
+                    (value, h) = (v, trial);
+                } else {
+                    step *= 0.9;
+                }
+            }
+            if value > best.0 {
+                best = (value, h);
+            }
+        }
+        Some(best.1)
+    }
 }
 
 /// Population-based training. See the module docs.
@@ -111,6 +227,8 @@ pub struct Pbt {
     factors: Vec<f64>,
     mutations: Vec<(Vec<String>, Mutation)>,
     custom: Option<CustomExplore>,
+    /// PB2's model-based explore step, instead of perturbing.
+    bandit: Option<Bandit>,
     seed: u64,
     /// Perturbations decided so far: seeds the next one's draws.
     perturbations: u64,
@@ -144,6 +262,7 @@ impl Pbt {
             factors: perturbation_factors,
             mutations: mutations.into_iter().map(|(k, m)| (k.split('.').map(str::to_string).collect(), m)).collect(),
             custom,
+            bandit: None,
             seed,
             perturbations: 0,
             added: 0,
@@ -152,11 +271,45 @@ impl Pbt {
         }
     }
 
+    /// A PB2 scheduler: PBT whose explore step picks the bounded numeric
+    /// hyperparameters `bounds` (dotted paths) by GP-UCB. See the module docs.
+    pub fn pb2(
+        obj: Objective,
+        perturbation_interval: f64,
+        burn_in_period: f64,
+        quantile_fraction: f64,
+        bounds: Vec<(String, Domain)>,
+        seed: u64,
+    ) -> Self {
+        let mut pbt = Pbt::new(obj, perturbation_interval, burn_in_period, quantile_fraction, 0.0, Vec::new(), Vec::new(), None, seed);
+        pbt.bandit = Some(Bandit {
+            bounds: bounds.into_iter().map(|(k, d)| (k.split('.').map(str::to_string).collect(), d)).collect(),
+            data: Vec::new(),
+        });
+        pbt
+    }
+
+    fn kind(&self) -> &'static str {
+        if self.bandit.is_some() {
+            "pb2"
+        } else {
+            "pbt"
+        }
+    }
+
     fn member(&mut self, trial: &TrialView<'_>) -> &mut Member {
         let order = &mut self.added;
         self.members.entry(trial.id.to_string()).or_insert_with(|| {
             *order += 1;
-            Member { order: *order, config: trial.config.clone(), score: None, last_perturbation: 0.0, checkpoint: None }
+            Member {
+                order: *order,
+                config: trial.config.clone(),
+                score: None,
+                last_perturbation: 0.0,
+                checkpoint: None,
+                checkpoint_score: None,
+                base: None,
+            }
         })
     }
 
@@ -252,11 +405,24 @@ impl Scheduler for Pbt {
         m.score = Some(score);
         if let Some(uri) = &result.checkpoint {
             m.checkpoint = Some((uri.clone(), result.training_iteration, time));
+            m.checkpoint_score = score.0;
         }
         if time < burn_in || time - m.last_perturbation < interval {
             return Decision::Continue;
         }
         m.last_perturbation = time;
+        // PB2 learns from the interval that just ended.
+        let ended = m.base.filter(|(t0, _)| time > *t0).zip(score.0).map(|((t0, s0), s)| (s0, (s - s0) / (time - t0)));
+        m.base = score.0.map(|s| (time, s));
+        if let Some(b) = &mut self.bandit {
+            if let Some((before, gain)) = ended {
+                let h = b.unit(trial.config);
+                b.data.push(Observation { t: time / interval, before, h, gain });
+                if b.data.len() > MAX_OBSERVATIONS {
+                    b.data.remove(0);
+                }
+            }
+        }
         let (lower, upper) = self.quantiles();
         if !lower.contains(&trial.id) {
             return Decision::Continue;
@@ -272,13 +438,25 @@ impl Scheduler for Pbt {
         let donor = donors[rng.random_range(0..donors.len())].clone();
         let d = &self.members[&donor];
         let Some((uri, iteration, at)) = d.checkpoint.clone() else { return Decision::Continue };
-        let config = self.explore(&d.config, &mut rng);
+        let start = d.checkpoint_score;
+        let config = match &self.bandit {
+            Some(b) => {
+                let pending: Vec<Vec<f64>> =
+                    self.members.iter().filter(|(id, _)| id.as_str() != trial.id).map(|(_, m)| b.unit(&m.config)).collect();
+                let before = start.or(d.score.and_then(|s| s.0)).unwrap_or(0.0);
+                b.explore(&d.config, time / interval, before, &pending, &mut rng)
+            }
+            None => self.explore(&d.config, &mut rng),
+        };
         let m = self.member(trial);
         // Not ranked, nor a donor, until it reports from its new state.
         m.config = config.clone();
         m.score = None;
         m.checkpoint = None;
+        m.checkpoint_score = None;
         m.last_perturbation = at;
+        // Its next interval's gain counts from the donor's checkpoint.
+        m.base = start.map(|s| (at, s));
         self.exploits.push(Exploit { trial_id: trial.id.to_string(), donor, checkpoint: uri, checkpoint_iteration: iteration, config });
         Decision::Pause
     }
@@ -300,14 +478,23 @@ impl Scheduler for Pbt {
     }
 
     fn save(&self) -> Value {
-        json!({ "version": 1, "kind": "pbt", "members": self.members, "perturbations": self.perturbations, "added": self.added })
+        let mut state =
+            json!({ "version": 1, "kind": self.kind(), "members": self.members, "perturbations": self.perturbations, "added": self.added });
+        if let Some(b) = &self.bandit {
+            state["observations"] = json!(b.data);
+        }
+        state
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {
-        if state["version"].as_u64() != Some(1) || state["kind"] != "pbt" {
-            return Err(SchedulerError::State(format!("not a version-1 PBT state: {state}")));
+        if state["version"].as_u64() != Some(1) || state["kind"] != self.kind() {
+            return Err(SchedulerError::State(format!("not a version-1 {} state: {state}", self.kind().to_uppercase())));
         }
-        let bad = |e: serde_json::Error| SchedulerError::State(format!("PBT state: {e}"));
+        let kind = self.kind().to_uppercase();
+        let bad = |e: serde_json::Error| SchedulerError::State(format!("{kind} state: {e}"));
+        if let Some(b) = &mut self.bandit {
+            b.data = serde_json::from_value(state["observations"].clone()).map_err(bad)?;
+        }
         self.members = serde_json::from_value(state["members"].clone()).map_err(bad)?;
         self.perturbations = state["perturbations"].as_u64().unwrap_or(0);
         self.added = state["added"].as_u64().unwrap_or(self.members.len() as u64);
@@ -355,5 +542,28 @@ mod tests {
         // A value the mutation cannot produce is resampled.
         let c = p.explore(&json!({ "opt": { "lr": 5.0 }, "bs": 48, "layers": 4 }), &mut rng);
         assert!(Domain::loguniform(1e-3, 1.0).contains(&c["opt"]["lr"]) && [16, 32, 64].contains(&c["bs"].as_i64().unwrap_or(0)), "{c}");
+    }
+
+    /// PB2's explore step, fed intervals whose gain peaks at lr = 0.7 (on
+    /// a uniform [0, 1] bound), proposes values near the peak; with no
+    /// observations it draws at random within the bounds.
+    #[test]
+    fn pb2_explores_toward_the_observed_best_gain() {
+        let mut b = Bandit { bounds: vec![(vec!["lr".into()], Domain::uniform(0.0, 1.0))], data: Vec::new() };
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let c = b.explore(&json!({ "lr": 0.1, "keep": 1 }), 1.0, 0.0, &[], &mut rng);
+        assert!(Domain::uniform(0.0, 1.0).contains(&c["lr"]) && c["keep"] == 1, "{c}");
+        for t in 1..=6 {
+            for i in 0..8 {
+                let lr = (i as f64 + 0.5) / 8.0 + 0.01 * t as f64;
+                b.data.push(Observation { t: t as f64, before: -1.0 / t as f64, h: vec![lr], gain: 1.0 - (lr - 0.7).powi(2) * 4.0 });
+            }
+        }
+        let mut chosen = Vec::new();
+        for _ in 0..10 {
+            let c = b.explore(&json!({ "lr": 0.1 }), 7.0, -1.0 / 7.0, &[], &mut rng);
+            chosen.push(c["lr"].as_f64().unwrap());
+        }
+        assert!(chosen.iter().all(|lr| (lr - 0.7).abs() < 0.15), "{chosen:?}");
     }
 }

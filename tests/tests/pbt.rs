@@ -18,13 +18,19 @@ fn pbt_sweep(name: &str, extra_space: &str, extra_scheduler: &str) -> String {
 }
 
 fn pbt_sweep_in(name: &str, extra_experiment: &str, extra_space: &str, extra_scheduler: &str) -> String {
+    population_sweep(name, extra_experiment, extra_space, &format!("type = \"pbt\"\n{extra_scheduler}\n[scheduler.hyperparam_mutations]"))
+}
+
+/// Four trials of 12 steps, checkpointing every step (one kept), ranked
+/// every 3 steps by `scheduler` (its type, settings and explored table's header).
+fn population_sweep(name: &str, extra_experiment: &str, extra_space: &str, scheduler: &str) -> String {
     sweep(
         name,
         &format!("num_samples = 1\nmax_concurrent_trials = 4\nseed = 11\n{extra_experiment}"),
         &format!("x = {{ grid = [0.3, 0.8, 0.9, 0.95] }}\nsteps = 12\nsleep_ms = 40\ncheckpoint = true\n{extra_space}"),
         &format!(
-            "\n[checkpoint]\nfrequency = 1\nnum_to_keep = 1\n\n[scheduler]\ntype = \"pbt\"\ntime_attr = \"training_iteration\"\n\
-             perturbation_interval = 3\n{extra_scheduler}\n[scheduler.hyperparam_mutations]\nx = {{ uniform = [0.0, 1.0] }}\n"
+            "\n[checkpoint]\nfrequency = 1\nnum_to_keep = 1\n\n[scheduler]\ntime_attr = \"training_iteration\"\n\
+             perturbation_interval = 3\n{scheduler}\nx = {{ uniform = [0.0, 1.0] }}\n"
         ),
     )
 }
@@ -214,4 +220,24 @@ fn exploits_copy_checkpoints_inside_an_object_store() {
     let objects = s3.objects(rel);
     assert!(objects.iter().any(|o| o.ends_with("rank-0/state.json")), "{objects:?}");
     assert!(objects.iter().any(|o| o.ends_with(".committed")), "{objects:?}");
+}
+
+/// PB2 from TOML (Ray's `[low, high]` bounds), with real processes: the
+/// same guarantees as PBT's, with explored values inside the bounds.
+#[test]
+fn pb2_exploits_continue_the_donors_state_with_values_in_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &population_sweep("pb2", "", "", "type = \"pb2\"\n[scheduler.hyperparam_bounds]"));
+    let stdout = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]));
+    assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
+    let exp = dir.path().join("runs/pb2");
+    let store = store(&exp);
+    let exploits = store.exploits().unwrap();
+    assert!(!exploits.is_empty(), "no exploit happened: {stdout}");
+    check_population(&exp, &store, &exp);
+    // PB2 picks new values (not the donor's, bar chance) by its model.
+    assert!(exploits.iter().any(|e| e.new_config["x"] != e.old_config["x"]), "{exploits:?}");
+    let state = &store.meta("scheduler").unwrap().unwrap()["scheduler"];
+    assert_eq!(state["kind"], "pb2");
+    assert!(!state["observations"].as_array().unwrap().is_empty(), "{state}");
 }

@@ -1,8 +1,8 @@
-//! Population-based training against random search (FIFO) on a problem
+//! Population-based training (PBT and PB2) against random search (FIFO) on a problem
 //! whose best learning rate changes during training: noisy SGD on an
 //! ill-conditioned quadratic. A large rate descends fast but stalls at a high
 //! noise floor; a small one has a low floor but crawls. No constant rate does
-//! well; a decaying schedule does, and PBT can find one.
+//! well; a decaying schedule does, and PBT and PB2 can find one.
 //!
 //! Each trial is a real in-process training function with real checkpoints
 //! (its weights, in a file) and the real loop and store. Every sweep has the
@@ -17,7 +17,7 @@ use std::path::Path;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use schedulers::{PbtConfig, SchedulerConfig};
+use schedulers::{Pb2Config, PbtConfig, SchedulerConfig};
 use tuner::{CheckpointConfig, Domain, Mode, NodeResources, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
 
 const DIM: usize = 10;
@@ -122,9 +122,13 @@ fn main() {
         }
         .mutate("lr", Domain::loguniform(1e-3, 1.0)),
     );
+    let pb2 = SchedulerConfig::Pb2(
+        Pb2Config { time_attr: "training_iteration".into(), perturbation_interval: 10.0, quantile_fraction: 0.25, ..Default::default() }
+            .bound("lr", Domain::loguniform(1e-3, 1.0)),
+    );
     println!("noisy SGD on a {DIM}-D quadratic (condition 10), {trials} trials x {iterations} iterations, medians over {seeds} seeds");
     println!("{:<16} {:>16} {:>16} {:>10}", "scheduler", "best final loss", "iterations run", "seconds");
-    for (name, scheduler) in [("fifo (random)", SchedulerConfig::Fifo), ("pbt", pbt)] {
+    for (name, scheduler) in [("fifo (random)", SchedulerConfig::Fifo), ("pbt", pbt), ("pb2", pb2)] {
         let started = std::time::Instant::now();
         let (mut best, mut run) = (Vec::new(), Vec::new());
         for seed in 0..seeds {

@@ -396,6 +396,7 @@ impl ExperimentFile {
                     "median_stopping with hard_stop = false pauses trials and resumes them from their checkpoints"
                 }
                 SchedulerConfig::Pbt(_) => "pbt restarts trials from the checkpoints of better ones",
+                SchedulerConfig::Pb2(_) => "pb2 restarts trials from the checkpoints of better ones",
                 _ => "hyperband pauses trials and resumes them from their checkpoints",
             };
             let key = match &self.scheduler {
