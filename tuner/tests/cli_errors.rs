@@ -186,6 +186,17 @@ fn impossible_schedulers_are_refused_naming_the_key() {
         &[],
         "scheduler.hyperparam_mutations.momentum: `momentum` is not a parameter of [space]",
     );
+    // PB2: the same, with bounds.
+    let pb2 = |bounds: &str| format!("{GOOD}\n[checkpoint]\nfrequency = 1\n\n[scheduler]\ntype = \"pb2\"\n[scheduler.hyperparam_bounds]\n{bounds}\n");
+    check_refused(
+        &format!("{GOOD}\n[scheduler]\ntype = \"pb2\"\n[scheduler.hyperparam_bounds]\nlr = [1e-3, 1e-2]\n"),
+        &[],
+        "sweep.toml: scheduler.type: pb2 restarts trials from the checkpoints of better ones: set checkpoint.frequency",
+    );
+    check_refused(&pb2(""), &[], "scheduler.hyperparam_bounds: required");
+    check_refused(&pb2("lr = [0.0, 0.5]"), &[], "scheduler.hyperparam_bounds.lr: uniform [0, 0.5) is outside [space] lr");
+    check_refused(&pb2("batch = { choice = [16, 32] }"), &[], "scheduler.hyperparam_bounds.batch: PB2 explores bounded numbers");
+    check_refused(&pb2("lr = [0.1, 0.01]"), &[], "scheduler.hyperparam_bounds.lr: expected [low, high] with low < high");
     check_refused(&with("type = \"median_stopping\"\nmin_samples_required = 0"), &[], "scheduler.min_samples_required: must be at least 1");
     // No mode: neither the scheduler's nor the experiment's.
     let no_mode = GOOD.replace("metric = \"loss\"\nmode = \"min\"\n", "") + "\n[scheduler]\ntype = \"asha\"\nmetric = \"loss\"\n";
