@@ -482,12 +482,14 @@ fn pairs_to_domains(table: &toml::Table, prefix: &str) -> Result<toml::Table, Co
                     [lo, hi] if num(lo).zip(num(hi)).is_some_and(|(l, h)| l < h) => {
                         ("uniform", num(lo).unwrap_or_default().into(), num(hi).unwrap_or_default().into())
                     }
-                    _ => return Err(invalid(
-                        key,
-                        format!(
+                    _ => {
+                        return Err(invalid(
+                            key,
+                            format!(
                             "expected [low, high] with low < high, or a numeric domain such as {{ loguniform = [1e-4, 1e-1] }}; got {v}"
                         ),
-                    )),
+                        ))
+                    }
                 };
                 let mut domain = toml::Table::new();
                 domain.insert(kind.into(), toml::Value::Array(vec![low, high]));

@@ -104,6 +104,12 @@ mod tests {
     }
 
     #[test]
+    fn tpe_and_bohb_conform() {
+        check_searcher(|| crate::Tpe::new(space(), "loss", crate::Mode::Min, 2, crate::TpeOptions::default()), &space(), 30);
+        check_searcher(|| crate::Bohb::new(space(), "loss", crate::Mode::Min, 2, crate::BohbOptions::default()), &space(), 30);
+    }
+
+    #[test]
     fn the_concurrency_limiter_conforms() {
         check_searcher(|| ConcurrencyLimiter::new(BasicVariantGenerator::new(space(), 5, 1), 2), &space(), 30);
     }

@@ -7,6 +7,7 @@
 
 mod basic;
 pub mod benchmarks;
+mod bohb;
 pub mod conformance;
 mod domain;
 mod error;
@@ -18,6 +19,7 @@ mod tpe;
 mod types;
 
 pub use basic::BasicVariantGenerator;
+pub use bohb::{Bohb, BohbOptions};
 pub use domain::Domain;
 pub use error::{SearchError, SpaceError};
 pub use limiter::ConcurrencyLimiter;

@@ -66,21 +66,21 @@ impl Default for TpeOptions {
 
 /// One parameter as the model sees it.
 #[derive(Debug, Clone)]
-enum Param {
+pub(crate) enum Param {
     Numeric { domain: Domain, lo: f64, hi: f64 },
     Categorical(Vec<Value>),
     Fixed(Value),
 }
 
 impl Param {
-    fn encode(&self, v: &Value) -> Option<f64> {
+    pub(crate) fn encode(&self, v: &Value) -> Option<f64> {
         match self {
             Param::Numeric { domain, lo, hi } => domain.to_model(v).map(|x| x.clamp(*lo, *hi)),
             Param::Categorical(values) => values.iter().position(|c| c == v).map(|i| i as f64),
             Param::Fixed(_) => Some(0.0),
         }
     }
-    fn decode(&self, x: f64) -> Value {
+    pub(crate) fn decode(&self, x: f64) -> Value {
         match self {
             Param::Numeric { domain, .. } => domain.value_at_model(x),
             Param::Categorical(values) => values.get(x as usize).cloned().unwrap_or(Value::Null),
@@ -89,7 +89,7 @@ impl Param {
     }
 }
 
-fn flatten(space: &Space, prefix: &[String], out: &mut Vec<(Vec<String>, Param)>) {
+pub(crate) fn flatten(space: &Space, prefix: &[String], out: &mut Vec<(Vec<String>, Param)>) {
     for (name, node) in space.entries() {
         let mut path = prefix.to_vec();
         path.push(name.to_string());
@@ -108,11 +108,11 @@ fn flatten(space: &Space, prefix: &[String], out: &mut Vec<(Vec<String>, Param)>
     }
 }
 
-fn lookup<'a>(config: &'a Value, path: &[String]) -> Option<&'a Value> {
+pub(crate) fn lookup<'a>(config: &'a Value, path: &[String]) -> Option<&'a Value> {
     path.iter().try_fold(config, |v, k| v.get(k))
 }
 
-fn insert(config: &mut Map<String, Value>, path: &[String], value: Value) {
+pub(crate) fn insert(config: &mut Map<String, Value>, path: &[String], value: Value) {
     match path {
         [] => {}
         [last] => {
@@ -202,13 +202,13 @@ fn log_sum_exp(xs: impl Iterator<Item = f64>) -> f64 {
 /// A Parzen estimator: equally weighted components, each a product of
 /// one kernel per parameter (the last component is the prior).
 #[derive(Debug, Clone)]
-struct Estimator {
+pub(crate) struct Estimator {
     components: Vec<Vec<Kernel>>,
 }
 
 impl Estimator {
     /// Fits `points` (rows of encoded parameters) over `params`.
-    fn fit(points: &[Vec<f64>], params: &[&Param]) -> Self {
+    pub(crate) fn fit(points: &[Vec<f64>], params: &[&Param]) -> Self {
         let n = points.len();
         let mut components: Vec<Vec<Kernel>> = vec![Vec::with_capacity(params.len()); n + 1];
         for (d, p) in params.iter().enumerate() {
@@ -253,14 +253,41 @@ impl Estimator {
         Self { components }
     }
 
-    fn log_pdf(&self, x: &[f64]) -> f64 {
+    pub(crate) fn log_pdf(&self, x: &[f64]) -> f64 {
         let ln_n = (self.components.len() as f64).ln();
         log_sum_exp(self.components.iter().map(|c| c.iter().zip(x).map(|(k, v)| k.log_pdf(*v)).sum::<f64>())) - ln_n
     }
 
-    fn sample(&self, rng: &mut ChaCha8Rng) -> Vec<f64> {
+    pub(crate) fn sample(&self, rng: &mut ChaCha8Rng) -> Vec<f64> {
         let c = &self.components[rng.random_range(0..self.components.len())];
         c.iter().map(|k| k.sample(rng)).collect()
+    }
+
+    /// The same estimator with every kernel `factor` times wider (BOHB
+    /// samples candidates from it, to explore around the good points):
+    /// Gaussians' bandwidths multiplied (up to the range), categorical
+    /// kernels mixed with the uniform by `1 - 1/factor`.
+    pub(crate) fn widened(&self, factor: f64) -> Self {
+        let w = (1.0 - 1.0 / factor.max(1.0)).clamp(0.0, 1.0);
+        let components = self
+            .components
+            .iter()
+            .map(|c| {
+                c.iter()
+                    .map(|k| match k {
+                        Kernel::Gauss { mu, sigma, lo, hi } => {
+                            Kernel::Gauss { mu: *mu, sigma: (sigma * factor).min((hi - lo).max(1e-12)), lo: *lo, hi: *hi }
+                        }
+                        Kernel::Cat(p) => {
+                            let u = 1.0 / p.len().max(1) as f64;
+                            Kernel::Cat(p.iter().map(|q| (1.0 - w) * q + w * u).collect())
+                        }
+                        Kernel::Fixed => Kernel::Fixed,
+                    })
+                    .collect()
+            })
+            .collect();
+        Self { components }
     }
 }
 

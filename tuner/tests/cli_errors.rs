@@ -187,7 +187,9 @@ fn impossible_schedulers_are_refused_naming_the_key() {
         "scheduler.hyperparam_mutations.momentum: `momentum` is not a parameter of [space]",
     );
     // PB2: the same, with bounds.
-    let pb2 = |bounds: &str| format!("{GOOD}\n[checkpoint]\nfrequency = 1\n\n[scheduler]\ntype = \"pb2\"\n[scheduler.hyperparam_bounds]\n{bounds}\n");
+    let pb2 = |bounds: &str| {
+        format!("{GOOD}\n[checkpoint]\nfrequency = 1\n\n[scheduler]\ntype = \"pb2\"\n[scheduler.hyperparam_bounds]\n{bounds}\n")
+    };
     check_refused(
         &format!("{GOOD}\n[scheduler]\ntype = \"pb2\"\n[scheduler.hyperparam_bounds]\nlr = [1e-3, 1e-2]\n"),
         &[],
