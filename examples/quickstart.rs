@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example quickstart [-- --trials N --epochs E --workers W --storage DIR
-//!                                              --scheduler asha|asha-promotion|hyperband|median|pbt|pb2|fifo]
+//!                                              --scheduler asha|asha-promotion|hyperband|bohb|median|pbt|pb2|fifo]
 //! ```
 //!
 //! With `--scheduler pbt`, 16 trials train together (PBT needs a population
@@ -19,8 +19,8 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use nestor_examples::{space, train, WineData};
 use tuner::{
-    AshaConfig, AshaType, CheckpointConfig, Domain, HyperBandConfig, MedianStoppingConfig, Mode, NodeResources, Pb2Config, PbtConfig,
-    RunConfig, ScalingConfig, SchedulerConfig, Scope, Stop, Trainable, TuneConfig, Tuner,
+    Algorithm, AshaConfig, AshaType, CheckpointConfig, Domain, HyperBandConfig, MedianStoppingConfig, Mode, NodeResources, Pb2Config,
+    PbtConfig, RunConfig, ScalingConfig, SchedulerConfig, Scope, Stop, Trainable, TuneConfig, Tuner,
 };
 
 /// Tune an MLP on red-wine quality: each trial a data-parallel run of
@@ -43,7 +43,7 @@ struct Args {
     /// The experiment's name [default: wine-quickstart-<unix time>].
     #[arg(long)]
     name: Option<String>,
-    /// asha, asha-promotion, hyperband, median, pbt, pb2 or fifo.
+    /// asha, asha-promotion, hyperband, bohb, median, pbt, pb2 or fifo.
     #[arg(long, default_value = "asha")]
     scheduler: String,
 }
@@ -58,6 +58,10 @@ fn scheduler(name: &str, epochs: u64) -> Result<SchedulerConfig> {
         "asha-promotion" => SchedulerConfig::Asha(asha(AshaType::Promotion)),
         "hyperband" => {
             SchedulerConfig::Hyperband(HyperBandConfig { max_t, grace_period: grace, reduction_factor: 3.0, ..Default::default() })
+        }
+        // BOHB: HyperBand's brackets, configs from TPE models of each budget's results.
+        "bohb" => {
+            SchedulerConfig::HyperbandBohb(HyperBandConfig { max_t, grace_period: grace, reduction_factor: 3.0, ..Default::default() })
         }
         "median" => SchedulerConfig::MedianStopping(MedianStoppingConfig { grace_period: grace, ..Default::default() }),
         // Every trial trains to the end; every tenth of the run the bottom quarter
@@ -84,7 +88,7 @@ fn scheduler(name: &str, epochs: u64) -> Result<SchedulerConfig> {
             .bound("weight_decay", Domain::loguniform(1e-5, 1e-1)),
         ),
         "fifo" => SchedulerConfig::Fifo,
-        other => bail!("--scheduler {other}: expected asha, asha-promotion, hyperband, median, pbt, pb2 or fifo"),
+        other => bail!("--scheduler {other}: expected asha, asha-promotion, hyperband, bohb, median, pbt, pb2 or fifo"),
     })
 }
 
@@ -118,6 +122,7 @@ fn main() -> Result<()> {
             mode: Some(Mode::Min),
             num_samples: trials,
             seed: Some(42),
+            search: if scheduler_name == "bohb" { Algorithm::Bohb } else { Algorithm::Random },
             scheduler,
             ..Default::default()
         })

@@ -151,7 +151,7 @@ fn a_trainer_runs_inside_a_sweep() {
 fn quickstart_runs_with_every_scheduler_and_paused_trials_resume_from_their_checkpoints() {
     let exe = bin_dir().join("examples/quickstart");
     let dir = tempfile::tempdir().unwrap();
-    for scheduler in ["asha", "asha-promotion", "hyperband", "median", "fifo"] {
+    for scheduler in ["asha", "asha-promotion", "hyperband", "bohb", "median", "fifo"] {
         let out = Command::new(&exe)
             .args(["--trials", "9", "--epochs", "9", "--workers", "1", "--scheduler", scheduler, "--storage"])
             .arg(dir.path())

@@ -38,6 +38,11 @@ pub enum SchedulerConfig {
     Asha(AshaConfig),
     /// Synchronous HyperBand.
     Hyperband(HyperBandConfig),
+    /// HyperBand for BOHB (`[search] algorithm = "bohb"`), as Ray's
+    /// `HyperBandForBOHB`: the same synchronous brackets, filled largest
+    /// first, pausing trials at each milestone while a bracket fills; BOHB
+    /// learns from the results at those milestones.
+    HyperbandBohb(HyperBandConfig),
     /// The median stopping rule.
     MedianStopping(MedianStoppingConfig),
     /// Population-based training.
@@ -616,6 +621,7 @@ impl SchedulerConfig {
             SchedulerConfig::Fifo => "fifo",
             SchedulerConfig::Asha(_) => "asha",
             SchedulerConfig::Hyperband(_) => "hyperband",
+            SchedulerConfig::HyperbandBohb(_) => "hyperband_bohb",
             SchedulerConfig::MedianStopping(_) => "median_stopping",
             SchedulerConfig::Pbt(_) => "pbt",
             SchedulerConfig::Pb2(_) => "pb2",
@@ -627,7 +633,7 @@ impl SchedulerConfig {
         match self {
             SchedulerConfig::Fifo => false,
             SchedulerConfig::Asha(a) => a.asha_type == AshaType::Promotion,
-            SchedulerConfig::Hyperband(_) => true,
+            SchedulerConfig::Hyperband(_) | SchedulerConfig::HyperbandBohb(_) => true,
             SchedulerConfig::MedianStopping(m) => !m.hard_stop,
             SchedulerConfig::Pbt(_) | SchedulerConfig::Pb2(_) => true,
         }
@@ -677,7 +683,7 @@ impl SchedulerConfig {
                 }
                 Box::new(asha)
             }
-            SchedulerConfig::Hyperband(c) => {
+            SchedulerConfig::Hyperband(c) | SchedulerConfig::HyperbandBohb(c) => {
                 let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;
                 halving(c.max_t, c.grace_period, c.reduction_factor)?;
                 Box::new(HyperBand::new(obj, c.max_t, c.grace_period, c.reduction_factor))

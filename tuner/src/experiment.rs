@@ -176,21 +176,35 @@ pub enum Algorithm {
     Grid,
     /// TPE, the tree-structured Parzen estimator (needs experiment.metric and mode).
     Tpe,
+    /// BOHB: TPE models per budget, with `scheduler.type = "hyperband_bohb"`.
+    Bohb,
 }
 
 /// `[search]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchSection {
-    /// `random`, `grid` or `tpe`.
+    /// `random`, `grid`, `tpe` or `bohb`.
     #[serde(default)]
     pub algorithm: Algorithm,
     /// TPE: random configs before the model takes over (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_startup_trials: Option<usize>,
-    /// TPE: candidates per suggestion (default 24).
+    /// TPE and BOHB: candidates per suggestion (default 24; BOHB 64).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_ei_candidates: Option<usize>,
+    /// BOHB: observations a budget's model needs, beyond 2 (default: parameters + 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_points_in_model: Option<usize>,
+    /// BOHB: the share of a budget's observations that fit the good model, in percent (default 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_n_percent: Option<f64>,
+    /// BOHB: the share of configs drawn at random (default 1/3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub random_fraction: Option<f64>,
+    /// BOHB: how much wider the good model's kernels are when drawing candidates (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_factor: Option<f64>,
     /// TPE: model the parameters jointly (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multivariate: Option<bool>,
@@ -310,6 +324,24 @@ pub struct Resolved {
 }
 
 impl ExperimentFile {
+    /// BOHB's settings from `[search]`, its budget the scheduler's `time_attr`.
+    pub fn bohb_options(&self) -> search::BohbOptions {
+        let s = &self.search;
+        let d = search::BohbOptions::default();
+        let time_attr = match &self.scheduler {
+            SchedulerConfig::HyperbandBohb(h) | SchedulerConfig::Hyperband(h) => h.time_attr.clone(),
+            _ => d.time_attr.clone(),
+        };
+        search::BohbOptions {
+            time_attr,
+            min_points_in_model: s.min_points_in_model,
+            top_n_percent: s.top_n_percent.unwrap_or(d.top_n_percent),
+            random_fraction: s.random_fraction.unwrap_or(d.random_fraction),
+            num_samples: s.n_ei_candidates.unwrap_or(d.num_samples),
+            bandwidth_factor: s.bandwidth_factor.unwrap_or(d.bandwidth_factor),
+        }
+    }
+
     /// Reads, overrides (`--set key=value`) and checks an experiment file.
     pub fn load(path: &Path, sets: &[String]) -> Result<Resolved, ExperimentError> {
         let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Read { path: path.to_path_buf(), source })?;
@@ -407,23 +439,46 @@ impl ExperimentFile {
             return Err(invalid(key, format!("{what}: set checkpoint.frequency (how often, in iterations, trials save one)")));
         }
         let s = &self.search;
-        if s.algorithm != Algorithm::Tpe {
-            for (key, set) in [
-                ("n_startup_trials", s.n_startup_trials.is_some()),
-                ("n_ei_candidates", s.n_ei_candidates.is_some()),
-                ("multivariate", s.multivariate.is_some()),
-            ] {
-                if set {
-                    return Err(invalid(&format!("search.{key}"), "is a TPE setting: set search.algorithm = \"tpe\" or remove it".into()));
-                }
+        let tpe_settings = [
+            ("n_startup_trials", s.n_startup_trials.is_some(), Algorithm::Tpe),
+            ("multivariate", s.multivariate.is_some(), Algorithm::Tpe),
+            ("min_points_in_model", s.min_points_in_model.is_some(), Algorithm::Bohb),
+            ("top_n_percent", s.top_n_percent.is_some(), Algorithm::Bohb),
+            ("random_fraction", s.random_fraction.is_some(), Algorithm::Bohb),
+            ("bandwidth_factor", s.bandwidth_factor.is_some(), Algorithm::Bohb),
+        ];
+        for (key, set, of) in tpe_settings {
+            if set && s.algorithm != of {
+                let name = if of == Algorithm::Tpe { "tpe" } else { "bohb" };
+                return Err(invalid(
+                    &format!("search.{key}"),
+                    format!("is a {} setting: set search.algorithm = \"{name}\" or remove it", name.to_uppercase()),
+                ));
             }
-        } else {
+        }
+        if s.n_ei_candidates.is_some() && !matches!(s.algorithm, Algorithm::Tpe | Algorithm::Bohb) {
+            return Err(invalid("search.n_ei_candidates", "is a TPE and BOHB setting: set search.algorithm = \"tpe\" or remove it".into()));
+        }
+        if let Algorithm::Tpe | Algorithm::Bohb = s.algorithm {
+            let name = if s.algorithm == Algorithm::Tpe { "tpe" } else { "bohb" };
             if e.metric.is_none() {
-                return Err(invalid("experiment.metric", "required by search.algorithm = \"tpe\" (the metric it models)".into()));
+                return Err(invalid("experiment.metric", format!("required by search.algorithm = \"{name}\" (the metric it models)")));
             }
             if s.n_ei_candidates == Some(0) {
                 return Err(invalid("search.n_ei_candidates", "must be at least 1".into()));
             }
+        }
+        if s.algorithm == Algorithm::Bohb {
+            if !matches!(self.scheduler, SchedulerConfig::HyperbandBohb(_) | SchedulerConfig::Hyperband(_)) {
+                return Err(invalid(
+                    "search.algorithm",
+                    format!(
+                        "bohb learns from the budgets of HyperBand's brackets: set scheduler.type = \"hyperband_bohb\" (not \"{}\")",
+                        self.scheduler.name()
+                    ),
+                ));
+            }
+            self.bohb_options().check().map_err(|(key, message)| invalid(&format!("search.{key}"), message))?;
         }
         if self.search.repeat == Some(0) {
             return Err(invalid("search.repeat", "must be at least 1".into()));

@@ -402,18 +402,47 @@ pub mod benchmark {
         (0..n)
             .map(|i| {
                 let u: f64 = rng.random();
-                let last = 0.1 + 0.9 * u.sqrt();
-                // Speed on a log scale from 0.03 to 0.5 per iteration.
                 let w: f64 = rng.random();
-                let speed = correlation * (1.0 - u) + (1.0 - correlation) * w;
-                let rate = (0.03f64.ln() + speed * (0.5f64.ln() - 0.03f64.ln())).exp();
-                let start = 1.5 + rng.random_range(0.0..0.5);
-                let metrics =
-                    (1..=81).map(|t| last + (start - last) * (-rate * t as f64).exp() + rng.random_range(-0.005..0.005)).collect();
-                let config = serde_json::json!({ "arm": i, "rate": rate, "quality": u });
-                (config, Curve { metrics, seconds_per_iteration: rng.random_range(1.0..3.0) })
+                let (curve, rate) = crossing_curve(u, w, correlation, &mut rng);
+                (serde_json::json!({ "arm": i, "rate": rate, "quality": u }), curve)
             })
             .collect()
+    }
+
+    /// One curve of the family: `u` in [0, 1) sets the final loss (`0.1 +
+    /// 0.9 sqrt(u)`: small is good), `w` in [0, 1) the learning speed
+    /// together with `u` as `correlation` says. Returns it and its rate.
+    fn crossing_curve(u: f64, w: f64, correlation: f64, rng: &mut ChaCha8Rng) -> (Curve, f64) {
+        let last = 0.1 + 0.9 * u.clamp(0.0, 1.0).sqrt();
+        // Speed on a log scale from 0.03 to 0.5 per iteration.
+        let speed = correlation * (1.0 - u) + (1.0 - correlation) * w;
+        let rate = (0.03f64.ln() + speed * (0.5f64.ln() - 0.03f64.ln())).exp();
+        let start = 1.5 + rng.random_range(0.0..0.5);
+        let metrics = (1..=81).map(|t| last + (start - last) * (-rate * t as f64).exp() + rng.random_range(-0.005..0.005)).collect();
+        (Curve { metrics, seconds_per_iteration: rng.random_range(1.0..3.0) }, rate)
+    }
+
+    /// The same family over a continuous space, for model-based searchers:
+    /// a config `{ quality, speed }` (each uniform in [0, 1)) is the curve of
+    /// `u = quality`, `w = speed`, its noise seeded by the config.
+    pub fn crossing_space(correlation: f64) -> (search::Space, super::Curves) {
+        let space = search::Space::builder()
+            .param("quality", search::Domain::uniform(0.0, 1.0))
+            .param("speed", search::Domain::uniform(0.0, 1.0))
+            .build()
+            .unwrap_or_default();
+        let curves = super::Curves::from_fn("loss", move |c: &Config| {
+            let (u, w) = (c["quality"].as_f64().unwrap_or(1.0), c["speed"].as_f64().unwrap_or(0.0));
+            let mut rng = ChaCha8Rng::seed_from_u64(u.to_bits() ^ w.to_bits().rotate_left(17));
+            crossing_curve(u, w, correlation, &mut rng).0
+        });
+        (space, curves)
+    }
+
+    /// Simulates a sweep on `crossing_space(correlation)`, as [`run`] does.
+    pub fn run_space(dir: &std::path::Path, name: &str, correlation: f64, tune: crate::TuneConfig) -> Result<ResultGrid, crate::TuneError> {
+        let (space, curves) = crossing_space(correlation);
+        simulate(dir, name, space, curves, tune)
     }
 
     /// Simulates a sweep on `crossing_curves(400, 7, correlation)`,
@@ -421,13 +450,23 @@ pub mod benchmark {
     /// checkpointing every iteration, into `<dir>/<name>`.
     pub fn run(dir: &std::path::Path, name: &str, correlation: f64, tune: crate::TuneConfig) -> Result<ResultGrid, crate::TuneError> {
         let curves = super::Curves::from_table("loss", crossing_curves(400, 7, correlation));
+        simulate(dir, name, search::Space::default(), curves, tune)
+    }
+
+    fn simulate(
+        dir: &std::path::Path,
+        name: &str,
+        space: search::Space,
+        curves: super::Curves,
+        tune: crate::TuneConfig,
+    ) -> Result<ResultGrid, crate::TuneError> {
         let tune = crate::TuneConfig {
             metric: Some("loss".into()),
             mode: Some(search::Mode::Min),
             max_concurrent_trials: tune.max_concurrent_trials.or(Some(8)),
             ..tune
         };
-        crate::Tuner::new(crate::Trainable::simulated(curves), search::Space::default())
+        crate::Tuner::new(crate::Trainable::simulated(curves), space)
             .tune_config(tune)
             .run_config(crate::RunConfig {
                 name: name.into(),

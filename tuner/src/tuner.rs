@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper};
-use search::{BasicVariantGenerator, ConcurrencyLimiter, Domain, Repeater, Searcher, Space, Tpe, TpeOptions};
+use search::{BasicVariantGenerator, Bohb, ConcurrencyLimiter, Domain, Repeater, Searcher, Space, Tpe, TpeOptions};
 use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, Storage, TrainLoop};
 
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
@@ -243,6 +243,11 @@ impl Tuner {
                 let metric = file.experiment.metric.clone().unwrap_or_default();
                 let mode = file.experiment.mode.unwrap_or_default();
                 Box::new(Tpe::new(space, metric, mode, seed, options).with_points(self.points.clone())?)
+            }
+            Algorithm::Bohb => {
+                let metric = file.experiment.metric.clone().unwrap_or_default();
+                let mode = file.experiment.mode.unwrap_or_default();
+                Box::new(Bohb::new(space, metric, mode, seed, file.bohb_options()).with_points(self.points.clone())?)
             }
             Algorithm::Random | Algorithm::Grid => {
                 // With repeats, num_samples counts trials (as in Ray): fewer configs.

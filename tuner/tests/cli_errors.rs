@@ -232,6 +232,24 @@ fn tpe_settings_are_checked() {
 }
 
 #[test]
+fn bohb_settings_are_checked() {
+    let bohb = |search: &str, scheduler: &str| {
+        format!("{GOOD}\n[checkpoint]\nfrequency = 1\n\n[search]\nalgorithm = \"bohb\"\n{search}\n[scheduler]\n{scheduler}\n")
+    };
+    check_refused(
+        &bohb("", "type = \"asha\""),
+        &[],
+        "sweep.toml: search.algorithm: bohb learns from the budgets of HyperBand's brackets: set scheduler.type = \"hyperband_bohb\" (not \"asha\")",
+    );
+    check_refused(&bohb("random_fraction = 2.0", "type = \"hyperband_bohb\""), &[], "search.random_fraction: must be in [0, 1], got 2");
+    check_refused(&bohb("top_n_percent = 100", "type = \"hyperband_bohb\""), &[], "search.top_n_percent: must be in (0, 100)");
+    check_refused(&bohb("", "type = \"hyperband_bohb\"\nreduction_factor = 1"), &[], "scheduler.reduction_factor: must be greater than 1");
+    check_refused(&format!("{GOOD}\n[search]\nalgorithm = \"tpe\"\ntop_n_percent = 10\n"), &[], "search.top_n_percent: is a BOHB setting");
+    let no_metric = GOOD.replace("metric = \"loss\"\nmode = \"min\"\n", "") + "\n[search]\nalgorithm = \"bohb\"\n";
+    check_refused(&no_metric, &[], "experiment.metric: required by search.algorithm = \"bohb\"");
+}
+
+#[test]
 fn repeat_zero_is_refused() {
     check_refused(&format!("{GOOD}\n[search]\nrepeat = 0\n"), &[], "search.repeat: must be at least 1");
 }

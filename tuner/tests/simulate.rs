@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use schedulers::{AshaConfig, AshaType, HyperBandConfig, SchedulerConfig};
-use tuner::simulate::benchmark::{anytime, best_within, crossing_curves, iterations_to_reach, run};
+use tuner::simulate::benchmark::{anytime, best_within, crossing_curves, iterations_to_reach, run, run_space};
 use tuner::{Algorithm, ResultGrid, TrialStatus, TuneConfig};
 
 fn simulate(dir: &Path, name: &str, seed: u64, samples: u64, scheduler: SchedulerConfig, search: Algorithm) -> ResultGrid {
@@ -98,6 +98,39 @@ fn schedulers_reach_fifo_final_loss_in_half_the_iterations() {
             .collect();
         reach.sort();
         assert!(reach[1] <= budget / 2, "{name}: iterations to FIFO's final loss {reach:?}, budget {budget}");
+    }
+}
+
+/// BOHB (HyperBand's brackets, TPE models per budget) on the benchmark's
+/// continuous form: the configs it suggests move to the good region (small
+/// `quality`) where random search's stay uniform, and within half of FIFO's
+/// budget it has a better fully trained loss than HyperBand with random
+/// search, for each of 3 seeds.
+#[test]
+fn bohb_learns_where_the_good_configs_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 32 * 81 / 2;
+    let bracket = |search| {
+        let scheduler = match search {
+            Algorithm::Bohb => SchedulerConfig::HyperbandBohb(HyperBandConfig { max_t: 81.0, reduction_factor: 3.0, ..Default::default() }),
+            _ => hyperband(),
+        };
+        TuneConfig { num_samples: 400, scheduler, search, ..Default::default() }
+    };
+    for seed in 0..3 {
+        let bohb = run_space(dir.path(), &format!("bohb{seed}"), 0.0, TuneConfig { seed: Some(seed), ..bracket(Algorithm::Bohb) }).unwrap();
+        let random =
+            run_space(dir.path(), &format!("hb{seed}"), 0.0, TuneConfig { seed: Some(seed), ..bracket(Algorithm::Random) }).unwrap();
+        assert_eq!(bohb.num_terminated(), bohb.len());
+        let quality = |g: &ResultGrid, from: usize| {
+            let q: Vec<f64> = g.iter().skip(from).map(|t| t.config["quality"].as_f64().unwrap()).collect();
+            q.iter().sum::<f64>() / q.len() as f64
+        };
+        // The first bracket's configs are mostly random; later ones follow the model (a third stay random).
+        let (b, r) = (quality(&bohb, 150), quality(&random, 150));
+        assert!(b < r - 0.08 && r > 0.4, "seed {seed}: later configs' average quality: BOHB {b}, random search {r}");
+        let (b, r) = (best_within(&anytime(&bohb, "loss", 81), budget), best_within(&anytime(&random, "loss", 81), budget));
+        assert!(b < r, "seed {seed}: BOHB {b} vs HyperBand with random search {r}");
     }
 }
 
