@@ -11,6 +11,7 @@ use crate::hyperband::HyperBand;
 use crate::median::MedianStopping;
 use crate::objective::Objective;
 use crate::pbt::{CustomExplore, Mutation, Pbt};
+use crate::resource_changing::{ResourceChanging, WorkerAllocation};
 use crate::{Fifo, Scheduler};
 
 /// A setting that breaks a rule: the key (under `scheduler.`) and why.
@@ -49,6 +50,8 @@ pub enum SchedulerConfig {
     Pbt(PbtConfig),
     /// Population-based bandits: PBT exploring by GP-UCB.
     Pb2(Pb2Config),
+    /// Another scheduler, with trials' numbers of workers changed at checkpoints.
+    ResourceChanging(ResourceChangingConfig),
 }
 
 fn training_iteration() -> String {
@@ -369,6 +372,47 @@ fn check_mutations(field: &str, mutations: Vec<(String, Mutation)>, space: &Spac
     Ok(())
 }
 
+/// The resource-changing wrapper's settings (Ray's
+/// `ResourceChangingScheduler`): the scheduler it wraps and how free
+/// workers are shared out.
+///
+/// ```toml
+/// [scheduler]
+/// type = "resource_changing"
+/// allocation = "distribute"   # or "top_job"
+/// max_workers = 4
+///
+/// [scheduler.base]
+/// type = "asha"
+/// max_t = 40
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceChangingConfig {
+    /// The scheduler that decides which trials go on (default FIFO).
+    #[serde(default)]
+    pub base: Box<SchedulerConfig>,
+    /// `distribute` (an even share for every running trial, the default) or
+    /// `top_job` (the free workers to the best trial).
+    #[serde(default)]
+    pub allocation: WorkerAllocation,
+    /// The most workers a trial gets (default: all the node holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_workers: Option<u32>,
+    /// The metric `top_job` ranks by (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// `min` or `max` (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+}
+
+impl Default for ResourceChangingConfig {
+    fn default() -> Self {
+        Self { base: Box::new(SchedulerConfig::Fifo), allocation: WorkerAllocation::default(), max_workers: None, metric: None, mode: None }
+    }
+}
+
 /// PB2's settings (Ray's `PB2` names and defaults): PBT's ranking, with
 /// the explored values chosen by a Gaussian-process bandit.
 ///
@@ -625,6 +669,7 @@ impl SchedulerConfig {
             SchedulerConfig::MedianStopping(_) => "median_stopping",
             SchedulerConfig::Pbt(_) => "pbt",
             SchedulerConfig::Pb2(_) => "pb2",
+            SchedulerConfig::ResourceChanging(_) => "resource_changing",
         }
     }
 
@@ -635,7 +680,7 @@ impl SchedulerConfig {
             SchedulerConfig::Asha(a) => a.asha_type == AshaType::Promotion,
             SchedulerConfig::Hyperband(_) | SchedulerConfig::HyperbandBohb(_) => true,
             SchedulerConfig::MedianStopping(m) => !m.hard_stop,
-            SchedulerConfig::Pbt(_) | SchedulerConfig::Pb2(_) => true,
+            SchedulerConfig::Pbt(_) | SchedulerConfig::Pb2(_) | SchedulerConfig::ResourceChanging(_) => true,
         }
     }
 
@@ -645,6 +690,7 @@ impl SchedulerConfig {
         match self {
             SchedulerConfig::Pbt(c) => c.check_space(space),
             SchedulerConfig::Pb2(c) => c.check_space(space),
+            SchedulerConfig::ResourceChanging(c) => c.base.check_space(space),
             _ => Ok(()),
         }
     }
@@ -654,6 +700,7 @@ impl SchedulerConfig {
         match &mut self {
             SchedulerConfig::Pbt(c) => c.seed = c.seed.or(seed),
             SchedulerConfig::Pb2(c) => c.seed = c.seed.or(seed),
+            SchedulerConfig::ResourceChanging(c) => *c.base = c.base.as_ref().clone().with_default_seed(seed),
             _ => {}
         }
         self
@@ -697,6 +744,22 @@ impl SchedulerConfig {
                     return Err(invalid("min_samples_required", "must be at least 1"));
                 }
                 Box::new(MedianStopping::new(obj, c.grace_period, c.min_samples_required, c.hard_stop))
+            }
+            SchedulerConfig::ResourceChanging(c) => {
+                if let SchedulerConfig::ResourceChanging(_) = c.base.as_ref() {
+                    return Err(invalid("base.type", "resource_changing cannot wrap itself"));
+                }
+                let base = c.base.build(default_metric, default_mode).map_err(|e| ConfigError { key: format!("base.{}", e.key), ..e })?;
+                if c.max_workers == Some(0) {
+                    return Err(invalid("max_workers", "must be at least 1"));
+                }
+                let needs_metric = c.allocation == WorkerAllocation::TopJob;
+                let obj = match objective(&c.metric, c.mode, "training_iteration", default_metric, default_mode) {
+                    Ok(obj) => obj,
+                    Err(e) if needs_metric => return Err(e),
+                    Err(_) => Objective::new(c.metric.clone().or(default_metric.map(str::to_string)).unwrap_or_default(), Mode::Min),
+                };
+                Box::new(ResourceChanging::new(base, obj, c.allocation, c.max_workers))
             }
             SchedulerConfig::Pb2(c) => {
                 let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;

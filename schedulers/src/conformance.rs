@@ -44,7 +44,13 @@ pub fn check_scheduler<S: Scheduler>(make: impl Fn() -> S, metric: &str, trials:
             if stopped[*t] {
                 continue;
             }
-            let view = TrialView { id: &ids[*t], config: &config, status: TrialStatus::Running, num_results: r.training_iteration };
+            let view = TrialView {
+                id: &ids[*t],
+                config: &config,
+                status: TrialStatus::Running,
+                num_results: r.training_iteration,
+                num_workers: 1,
+            };
             let d = s.on_trial_result(&view, r);
             if d != Decision::Continue {
                 stopped[*t] = true;
@@ -58,7 +64,7 @@ pub fn check_scheduler<S: Scheduler>(make: impl Fn() -> S, metric: &str, trials:
     };
     let fresh = |s: &mut S| {
         for id in &ids {
-            s.on_trial_add(&TrialView { id, config: &config, status: TrialStatus::Pending, num_results: 0 });
+            s.on_trial_add(&TrialView { id, config: &config, status: TrialStatus::Pending, num_results: 0, num_workers: 1 });
         }
     };
 
@@ -89,7 +95,7 @@ pub fn check_scheduler<S: Scheduler>(make: impl Fn() -> S, metric: &str, trials:
     assert_eq!([head, tail_c].concat(), decisions_a, "rule 2: decisions do not depend on a save in between");
 
     let candidates: Vec<TrialView<'_>> =
-        ids.iter().map(|id| TrialView { id, config: &config, status: TrialStatus::Pending, num_results: 0 }).collect();
+        ids.iter().map(|id| TrialView { id, config: &config, status: TrialStatus::Pending, num_results: 0, num_workers: 1 }).collect();
     for can_add in [true, false] {
         if let Some(i) = a.choose_trial_to_run(&candidates, can_add) {
             assert!(i < candidates.len(), "rule 4: choose_trial_to_run returned {i} of {} candidates", candidates.len());
@@ -135,6 +141,10 @@ mod tests {
                 }
                 .bound("lr", search::Domain::loguniform(1e-4, 1e-1)),
             ),
+            SchedulerConfig::ResourceChanging(crate::ResourceChangingConfig {
+                base: Box::new(SchedulerConfig::Asha(AshaConfig { max_t: 9.0, reduction_factor: 2.0, ..Default::default() })),
+                ..Default::default()
+            }),
         ];
         for c in configs {
             for mode in [Mode::Min, Mode::Max] {

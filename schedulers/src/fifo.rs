@@ -23,7 +23,7 @@ mod tests {
     #[test]
     fn fifo_continues_and_runs_oldest_first() {
         let c = serde_json::json!({});
-        let v = |id| TrialView { id, config: &c, status: TrialStatus::Pending, num_results: 0 };
+        let v = |id| TrialView { id, config: &c, status: TrialStatus::Pending, num_results: 0, num_workers: 1 };
         let r = TrialResult { trial_id: "a".into(), seq: 0, training_iteration: 1, metrics: Default::default(), checkpoint: None };
         assert_eq!(Fifo.on_trial_result(&v("a"), &r), Decision::Continue);
         // New trials first; then the paused ones, oldest first.

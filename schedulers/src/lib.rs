@@ -14,15 +14,19 @@ mod hyperband;
 mod median;
 mod objective;
 mod pbt;
+mod resource_changing;
 mod scheduler;
 mod stopper;
 
 pub use asha::{Asha, AshaType};
-pub use config::{AshaConfig, ConfigError, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, SchedulerConfig};
+pub use config::{
+    AshaConfig, ConfigError, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, ResourceChangingConfig, SchedulerConfig,
+};
 pub use fifo::Fifo;
 pub use hyperband::HyperBand;
 pub use median::MedianStopping;
 pub use objective::{Objective, Score};
 pub use pbt::{CustomExplore, Mutation, Pbt};
-pub use scheduler::{Decision, Exploit, Scheduler, SchedulerError, TrialStatus, TrialView};
+pub use resource_changing::{ResourceChanging, WorkerAllocation};
+pub use scheduler::{Capacity, Decision, Exploit, Resize, Scheduler, SchedulerError, TrialStatus, TrialView};
 pub use stopper::{CombinedStopper, FnStopper, MetricThresholds, Stopper};

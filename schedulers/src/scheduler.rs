@@ -67,6 +67,8 @@ pub struct TrialView<'a> {
     pub status: TrialStatus,
     /// How many results it has stored.
     pub num_results: u64,
+    /// The workers its run has (or will have): its world size.
+    pub num_workers: u32,
 }
 
 /// A population-based exploit: `trial_id` stops and restarts from the
@@ -84,6 +86,26 @@ pub struct Exploit {
     pub checkpoint_iteration: u64,
     /// The recipient's new config: the donor's, explored.
     pub config: Config,
+}
+
+/// A trial to restart from the checkpoint of the result that decided it,
+/// with another number of workers (its world size follows).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resize {
+    /// The trial.
+    pub trial_id: String,
+    /// Its new number of workers.
+    pub num_workers: u32,
+}
+
+/// What the node holds, told to the scheduler before trials start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// How many workers (each with the experiment's per-worker resources)
+    /// fit on the node at once.
+    pub workers: u32,
+    /// The workers a trial starts with (the experiment's `num_workers`).
+    pub trial_workers: u32,
 }
 
 /// Errors of schedulers.
@@ -147,6 +169,17 @@ pub trait Scheduler: Send {
         Vec::new()
     }
 
+    /// Resizes decided since the last call: each trial stops and restarts
+    /// from its latest checkpoint with its new number of workers. Polled
+    /// after every result; the result that decided one carries a
+    /// checkpoint and returns [`Decision::Pause`].
+    fn take_resizes(&mut self) -> Vec<Resize> {
+        Vec::new()
+    }
+
+    /// Called before trials start (and again on resume) with what the node holds.
+    fn on_capacity(&mut self, _capacity: Capacity) {}
+
     /// Metrics every result must carry for this scheduler, with the setting
     /// that names each (`("scheduler.time_attr", "epoch")`). A result
     /// without one is an error on its trial, raised by the Tuner before the
@@ -196,6 +229,12 @@ impl<S: Scheduler + ?Sized> Scheduler for Box<S> {
     }
     fn take_exploits(&mut self) -> Vec<Exploit> {
         (**self).take_exploits()
+    }
+    fn take_resizes(&mut self) -> Vec<Resize> {
+        (**self).take_resizes()
+    }
+    fn on_capacity(&mut self, capacity: Capacity) {
+        (**self).on_capacity(capacity)
     }
     fn required_metrics(&self) -> Vec<(String, String)> {
         (**self).required_metrics()

@@ -30,7 +30,7 @@ impl Population {
         Self { configs: (0..n).map(|i| json!({ "lr": 1.0 + i as f64 })).collect() }
     }
     fn view(&self, i: usize) -> TrialView<'_> {
-        TrialView { id: ID[i], config: &self.configs[i], status: TrialStatus::Running, num_results: 0 }
+        TrialView { id: ID[i], config: &self.configs[i], status: TrialStatus::Running, num_results: 0, num_workers: 1 }
     }
 }
 

@@ -291,3 +291,66 @@ fn the_ddp_sweep_runs_with_each_scheduler_and_paused_trials_resume_their_ranks_f
         }
     }
 }
+
+/// `resource_changing`: of two 1-worker DDP trials, the short one ends, and
+/// the long one restarts from its checkpoint with 2 ranks; from then on
+/// both ranks join one gloo process group and stay in sync, and no epoch
+/// runs twice.
+#[test]
+fn a_ddp_trial_grows_from_one_to_two_ranks_and_its_process_group_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().display().to_string();
+    let out = nestor_in_venv(&[
+        "run",
+        "examples/torch_ddp/sweep.toml",
+        "--storage",
+        &storage,
+        "--plain",
+        "--set",
+        "experiment.name=ddp-grow",
+        "--set",
+        "experiment.num_samples=1",
+        "--set",
+        "space.epochs={ grid = [1, 300] }",
+        "--set",
+        "stop.training_iteration=300",
+        "--set",
+        "trainer.num_workers=1",
+        "--set",
+        "resources.CPU=2",
+        "--set",
+        "checkpoint.frequency=1",
+        "--set",
+        "scheduler.type=resource_changing",
+    ])
+    .output()
+    .unwrap();
+    let stdout = ok(out);
+    assert!(stdout.contains("2 trials (2 TERMINATED)"), "{stdout}");
+    let exp = dir.path().join("ddp-grow");
+    let grid = tuner::ResultGrid::load(&exp).unwrap();
+    // An epoch takes some 20 ms: the long trial is still training when the short one ends.
+    let long = grid.iter().find(|t| t.config["epochs"] == 300).unwrap();
+    assert_eq!(long.resources.len(), 2, "{long:?}");
+    let iters: Vec<u64> = long.history.iter().map(|r| r.training_iteration).collect();
+    assert_eq!(iters, (1..=300).collect::<Vec<_>>());
+    let (sums0, log0) = rank_log(&exp, &long.trial_id, 0);
+    let (sums1, log1) = rank_log(&exp, &long.trial_id, 1);
+    let world = |log: &str, epoch: u64| {
+        log.lines()
+            .find(|l| l.starts_with(&format!("epoch {epoch} rank ")))
+            .map(|l| l.split(':').next().unwrap().rsplit('/').next().unwrap().to_string())
+    };
+    // Rank 0 ran on its own up to some epoch k, then in a world of 2; rank 1 joined from k + 1, resuming rank 0's shard.
+    let k = (1..=300).take_while(|e| world(&log0, *e).as_deref() == Some("1")).count() as u64;
+    assert!((1..300).contains(&k), "{log0}");
+    for e in k + 1..=300 {
+        assert_eq!(world(&log0, e).as_deref(), Some("2"), "epoch {e}: {log0}");
+        assert_eq!(world(&log1, e).as_deref(), Some("2"), "epoch {e}: {log1}");
+        assert_eq!(sums0[&e], sums1[&e], "epoch {e}: the ranks' parameters differ");
+    }
+    assert!(log1.contains("rank 1: resumed from ") && log1.contains(&format!("/rank-0 after epoch {k}")), "{log1}");
+    for log in [&log0, &log1] {
+        assert!(log.contains("process group world=2 backend=gloo rank_sum=3"), "{log}");
+    }
+}

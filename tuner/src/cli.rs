@@ -367,6 +367,9 @@ fn status(dir: &Path) -> Result<(), Failure> {
         if t.exploits > 0 {
             writeln!(out, "    exploits: {}", t.exploits).map_err(out_err)?;
         }
+        if t.resizes > 0 {
+            writeln!(out, "    workers changed {} time(s), now {}", t.resizes, t.resources.len()).map_err(out_err)?;
+        }
     }
     if !grid.exploits.is_empty() {
         const SHOWN: usize = 10;

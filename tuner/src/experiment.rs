@@ -429,6 +429,9 @@ impl ExperimentFile {
                 }
                 SchedulerConfig::Pbt(_) => "pbt restarts trials from the checkpoints of better ones",
                 SchedulerConfig::Pb2(_) => "pb2 restarts trials from the checkpoints of better ones",
+                SchedulerConfig::ResourceChanging(_) => {
+                    "resource_changing restarts trials from their checkpoints with another number of workers"
+                }
                 _ => "hyperband pauses trials and resumes them from their checkpoints",
             };
             let key = match &self.scheduler {

@@ -74,6 +74,8 @@ pub struct TrialOutcome {
     pub failures: u32,
     /// How many times it took over another trial's checkpoint (PBT).
     pub exploits: u32,
+    /// How many times a resource-changing scheduler changed its number of workers.
+    pub resizes: u32,
     /// Why its latest failed run failed.
     pub last_failure: Option<String>,
     /// The bundles of its latest run, one per rank.
@@ -189,6 +191,7 @@ impl ResultGrid {
                 resumes: t.resumes,
                 failures: t.failures,
                 exploits: t.exploits,
+                resizes: t.resizes,
                 last_failure: t.last_failure.clone(),
                 resources: t.resources,
                 history,
@@ -274,6 +277,7 @@ mod tests {
             resumes: 0,
             failures: 0,
             exploits: 0,
+            resizes: 0,
             last_failure: None,
             resources: Vec::new(),
             metrics: None,

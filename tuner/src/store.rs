@@ -143,6 +143,17 @@ pub struct TrialRecord {
     /// again, also after a crash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_exploit: Option<schedulers::Exploit>,
+    /// The workers it runs with, once a resource-changing scheduler has
+    /// changed them (`None`: the experiment's `num_workers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_workers: Option<u32>,
+    /// How many times its number of workers was changed.
+    #[serde(default)]
+    pub resizes: u32,
+    /// Stopped to restart with another number of workers (not a restart
+    /// after a failure).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resizing: bool,
 }
 
 /// One exploit carried out: `trial_id` restarted from `donor`'s checkpoint
@@ -195,6 +206,9 @@ impl TrialRecord {
             resources: Vec::new(),
             exploits: 0,
             pending_exploit: None,
+            num_workers: None,
+            resizes: 0,
+            resizing: false,
         }
     }
 }

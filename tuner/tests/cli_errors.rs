@@ -200,6 +200,22 @@ fn impossible_schedulers_are_refused_naming_the_key() {
     check_refused(&pb2("batch = { choice = [16, 32] }"), &[], "scheduler.hyperparam_bounds.batch: PB2 explores bounded numbers");
     check_refused(&pb2("lr = [0.1, 0.01]"), &[], "scheduler.hyperparam_bounds.lr: expected [low, high] with low < high");
     check_refused(&with("type = \"median_stopping\"\nmin_samples_required = 0"), &[], "scheduler.min_samples_required: must be at least 1");
+    // Resource changing: checkpoints needed; its base checked as a scheduler of its own.
+    check_refused(
+        &with("type = \"resource_changing\""),
+        &[],
+        "scheduler.type: resource_changing restarts trials from their checkpoints with another number of workers: set checkpoint.frequency",
+    );
+    check_refused(
+        &format!("{GOOD}\n[checkpoint]\nfrequency = 1\n\n[scheduler]\ntype = \"resource_changing\"\n\n[scheduler.base]\ntype = \"asha\"\nmax_t = 0\n"),
+        &[],
+        "sweep.toml: scheduler.base.max_t: must be a positive number, got 0",
+    );
+    check_refused(
+        &format!("{GOOD}\n[checkpoint]\nfrequency = 1\n\n[scheduler]\ntype = \"resource_changing\"\nallocation = \"everyone\"\n"),
+        &[],
+        "unknown variant `everyone`, expected `distribute` or `top_job`",
+    );
     // No mode: neither the scheduler's nor the experiment's.
     let no_mode = GOOD.replace("metric = \"loss\"\nmode = \"min\"\n", "") + "\n[scheduler]\ntype = \"asha\"\nmetric = \"loss\"\n";
     check_refused(&no_mode, &[], "sweep.toml: scheduler.mode: required");

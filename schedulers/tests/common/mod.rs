@@ -10,7 +10,7 @@ pub const CONFIG: serde_json::Value = serde_json::Value::Null;
 
 /// A view of trial `id` in `status`.
 pub fn view_in(id: &str, status: TrialStatus) -> TrialView<'_> {
-    TrialView { id, config: &CONFIG, status, num_results: 0 }
+    TrialView { id, config: &CONFIG, status, num_results: 0, num_workers: 1 }
 }
 
 /// A view of running trial `id`.

@@ -7,6 +7,8 @@
 //!   from it (`acc`, reported too, sums the losses so far: state that only a
 //!   correct restore carries on);
 //! - `no_checkpoint_trial` (string): the trial of this id saves no checkpoint;
+//! - `rank0_checkpoint` (bool): only rank 0 saves a shard (every rank restores it);
+//! - `report_world_size` (bool): report `world_size` (from the context) with every result;
 //! - `ckpt_mb` (int): add a `blob.bin` of this many MiB to every checkpoint, and log
 //!   `rank r: checkpointing step n` before reporting it;
 //! - `hang_at` (int): rank `fail_rank` stops reporting at this iteration, in a run that
@@ -36,7 +38,11 @@ fn main() -> anyhow::Result<()> {
     let steps: u64 = ctx.param("steps").unwrap_or(5);
     let sleep_ms: u64 = ctx.param("sleep_ms").unwrap_or(0);
     let no_checkpoint_trial: Option<String> = ctx.param("no_checkpoint_trial").ok();
-    let checkpoint: bool = ctx.param("checkpoint").unwrap_or(false) && no_checkpoint_trial.as_deref() != Some(ctx.trial_id());
+    let rank0_only: bool = ctx.param("rank0_checkpoint").unwrap_or(false);
+    let checkpoint: bool = ctx.param("checkpoint").unwrap_or(false)
+        && no_checkpoint_trial.as_deref() != Some(ctx.trial_id())
+        && (!rank0_only || ctx.world_rank() == 0);
+    let report_world_size: bool = ctx.param("report_world_size").unwrap_or(false);
     let fail_at: Option<u64> = ctx.param("fail_at").ok();
     let nan_at: Option<u64> = ctx.param("nan_at").ok();
     let omit: bool = ctx.param("omit_metric").unwrap_or(false);
@@ -115,7 +121,11 @@ fn main() -> anyhow::Result<()> {
         } else {
             None
         };
-        match ctx.report([(name, loss), ("step", step as f64), ("acc", acc)], ckpt.as_deref()) {
+        let mut metrics = vec![(name, loss), ("step", step as f64), ("acc", acc)];
+        if report_world_size {
+            metrics.push(("world_size", f64::from(ctx.world_size())));
+        }
+        match ctx.report(metrics, ckpt.as_deref()) {
             Ok(()) if quiet => {}
             Ok(()) => eprintln!("rank {rank}: acked step {step}"),
             Err(ReportError::Stopped) => break,

@@ -78,7 +78,7 @@ impl Runner {
     /// serve this trial's number of workers.
     pub(super) fn checkpoint_to_fetch(&self, record: &TrialRecord) -> Result<Option<String>, String> {
         let Some(c) = &record.latest_checkpoint else { return Ok(None) };
-        let workers = self.request.workers.len().max(1) as u32;
+        let workers = self.request_for(record).workers.len().max(1) as u32;
         if let Some(need) = c.required_world_size() {
             if need != workers {
                 return Err(format!(

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use schedulers::{Decision, Exploit, Scheduler, Stopper, TrialStatus, TrialView};
+use schedulers::{Capacity, Decision, Exploit, Scheduler, Stopper, TrialStatus, TrialView};
 use search::{Metrics, Searcher, Suggestion, TrialResult};
 use trainer::{
     Allocation, Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Reply, Report, Request, ResourcePool, StopLevel, Storage,
@@ -115,6 +115,9 @@ enum Ending {
     Stopped,
     /// Ctrl-C: back to PENDING, resumed later.
     Interrupted,
+    /// The scheduler changed its number of workers: restarted from its
+    /// latest checkpoint with that many.
+    Resize(u32),
     /// The scheduler had it exploit another trial: restarted from the
     /// donor's checkpoint with the explored config.
     Exploit(Box<Exploit>),
@@ -246,6 +249,7 @@ impl Runner {
         let (restored_tx, mut restored_rx) = mpsc::unbounded_channel::<Restored>();
         let mut restoring: usize = 0;
 
+        self.tell_capacity();
         loop {
             // Admit trials while there are free slots and resources for all of a trial's bundles.
             self.apply_stopped(&mut running, &mut commits.ended)?;
@@ -294,6 +298,21 @@ impl Runner {
                 let Some(record) = next else {
                     self.pool.release(&allocation);
                     break;
+                };
+                // A trial whose number of workers was changed needs its own bundles.
+                let request = self.request_for(&record);
+                let allocation = if request == self.request {
+                    allocation
+                } else {
+                    self.pool.release(&allocation);
+                    match self.pool.try_allocate(&request) {
+                        Some(a) => a,
+                        None => {
+                            // It waits, first in line, for workers to free up.
+                            self.pending.push_front(record);
+                            break;
+                        }
+                    }
                 };
                 // A start is shown after the ends not yet shown (they wait to be durable).
                 let ends_pending = !commits.ended.is_empty() || commits.inflight.as_ref().is_some_and(|b| !b.ended.is_empty());
@@ -612,6 +631,31 @@ impl Runner {
         }
     }
 
+    /// What `record` asks for: the experiment's request, with as many
+    /// workers as a resource-changing scheduler gave it.
+    pub(super) fn request_for(&self, record: &TrialRecord) -> Request {
+        match record.num_workers {
+            Some(n) if n as usize != self.request.workers.len() => {
+                let worker = self.request.workers.first().cloned().unwrap_or_default();
+                Request { workers: vec![worker; n.max(1) as usize], ..self.request.clone() }
+            }
+            _ => self.request.clone(),
+        }
+    }
+
+    /// Tells the scheduler how many workers of the experiment's size the node holds.
+    pub(super) fn tell_capacity(&mut self) {
+        let one = Request { workers: self.request.workers.iter().take(1).cloned().collect(), ..self.request.clone() };
+        let mut probe = self.pool.clone();
+        let mut workers = 0u32;
+        // Each trial's trainer share is counted once per worker here: a lower bound.
+        while workers < 100_000 && probe.try_allocate(&one).is_some() {
+            workers += 1;
+        }
+        let trial_workers = self.request.workers.len().max(1) as u32;
+        self.scheduler.on_capacity(Capacity { workers: workers.max(trial_workers), trial_workers });
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
@@ -625,8 +669,11 @@ impl Runner {
     ) -> Result<(), TuneError> {
         // A paused trial resuming is not a restart, nor is one restarting from the checkpoint it exploited.
         let exploited = record.pending_exploit.take().is_some();
-        let restart =
-            !exploited && record.status != TrialStatus::Paused && (record.status != TrialStatus::Pending || record.started_at.is_some());
+        let resized = std::mem::take(&mut record.resizing);
+        let restart = !exploited
+            && !resized
+            && record.status != TrialStatus::Paused
+            && (record.status != TrialStatus::Pending || record.started_at.is_some());
         if restart {
             record.restarts += 1;
         }
@@ -765,6 +812,18 @@ impl Runner {
                 self.paused.insert(at, rec.clone());
                 ended.push(rec);
             }
+            (Some(Ending::Resize(n)), ExitOutcome::Completed | ExitOutcome::Stopped) => {
+                // It restarts from its latest checkpoint with `n` workers, first in line (also after a crash).
+                let was = rec.resources.len().max(1);
+                rec.status = TrialStatus::Pending;
+                rec.num_workers = Some(n);
+                rec.resizing = true;
+                rec.resizes += 1;
+                self.store.put_trial(&rec)?;
+                let from = rec.latest_checkpoint.as_ref().map_or("its start".to_string(), |c| checkpoint_name(&c.uri).to_string());
+                self.progress.note(&format!("{} restarts with {n} worker(s) (was {was}) from {from}", rec.id));
+                self.pending.push_front(rec);
+            }
             (Some(Ending::Exploit(e)), ExitOutcome::Completed | ExitOutcome::Stopped) => {
                 // Carried out before it runs again (first in line), also after a crash.
                 rec.status = TrialStatus::Pending;
@@ -775,7 +834,8 @@ impl Runner {
             (Some(Ending::Failed(msg)), _) | (Some(Ending::Stopped), ExitOutcome::Failed(msg)) => {
                 self.give_up(rec, msg, ended, running)?;
             }
-            (Some(Ending::Hung(msg)), _) | (None | Some(Ending::Paused | Ending::Exploit(_)), ExitOutcome::Failed(msg)) => {
+            (Some(Ending::Hung(msg)), _)
+            | (None | Some(Ending::Paused | Ending::Exploit(_) | Ending::Resize(_)), ExitOutcome::Failed(msg)) => {
                 self.failed_run(rec, msg, ended, running)?;
             }
             (_, ExitOutcome::Completed | ExitOutcome::Stopped) => {
@@ -868,6 +928,24 @@ impl Runner {
                 tracing::warn!(trial = %e.trial_id, "ignoring an exploit decided on another trial's result");
             }
         }
+        let mut resize = None;
+        let resizes = self.scheduler.take_resizes();
+        // A Pause that only asked for a resize that cannot happen: the trial goes on.
+        let had_resize = resizes.iter().any(|z| z.trial_id == r.record.id);
+        for z in resizes {
+            if z.trial_id != r.record.id {
+                tracing::warn!(trial = %z.trial_id, "ignoring a resize decided on another trial's result");
+                continue;
+            }
+            // Only from a checkpoint that the new number of workers can restore.
+            match r.record.latest_checkpoint.as_ref().filter(|c| Some(&c.uri) == result.checkpoint.as_ref()) {
+                Some(c) if c.required_world_size().is_none_or(|n| n == z.num_workers) => resize = Some(z.num_workers),
+                Some(c) => {
+                    tracing::warn!(trial = %z.trial_id, "not resizing: checkpoint {} holds the shards of {} ranks", c.uri, c.world_size)
+                }
+                None => tracing::warn!(trial = %z.trial_id, "not resizing: its result carried no committed checkpoint"),
+            }
+        }
         self.seen.insert(result.trial_id.clone(), result.seq + 1);
         let stop = self.stopper.should_stop_trial(&result.trial_id, result);
         self.searcher.on_trial_result(&result.trial_id, result);
@@ -882,7 +960,11 @@ impl Runner {
             r.ending = Some(Ending::Exploit(Box::new(e)));
             return Directive::Stop;
         }
-        if decision == Decision::Pause {
+        if let Some(n) = resize {
+            r.ending = Some(Ending::Resize(n));
+            return Directive::Stop;
+        }
+        if decision == Decision::Pause && !had_resize {
             r.ending = Some(Ending::Paused);
             return Directive::Stop;
         }
@@ -891,5 +973,11 @@ impl Runner {
 }
 
 pub(crate) fn view(record: &TrialRecord) -> TrialView<'_> {
-    TrialView { id: &record.id, config: &record.config, status: record.status, num_results: record.num_results }
+    TrialView {
+        id: &record.id,
+        config: &record.config,
+        status: record.status,
+        num_results: record.num_results,
+        num_workers: record.num_workers.unwrap_or(record.resources.len().max(1) as u32),
+    }
 }
