@@ -19,7 +19,10 @@ use std::path::PathBuf;
 pub use config::{Algorithm, CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig};
 pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, SearchSection, TrainerSection};
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
-pub use schedulers::{AshaConfig, AshaType, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, TrialStatus};
+pub use schedulers::{
+    AshaConfig, AshaType, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, ResourceChangingConfig, TrialStatus,
+    WorkerAllocation,
+};
 pub use tuner::Tuner;
 
 /// Re-exports for writing trainables without naming the other crates.
