@@ -379,7 +379,7 @@ impl Domain {
                 float(if v >= high { f64::from_bits(high.to_bits() - 1).max(low) } else { v })
             }
             Domain::QUniform { low, high, q } => float(quantize_float(x, low, high, q)),
-            Domain::LogUniform { low, high, .. } => float(x.exp().clamp(low, high)),
+            Domain::LogUniform { low, high, .. } => float(snap(x.exp(), low, high)),
             Domain::QLogUniform { low, high, q, .. } => float(quantize_float(x.exp(), low, high, q)),
             Domain::Randn { .. } => float(x),
             Domain::QRandn { q, .. } => float(round_to_q((x / q).round() * q, q)),
@@ -556,6 +556,19 @@ fn is_multiple(x: f64, q: f64) -> bool {
     (k * q - x).abs() <= 1e-9 * q.abs().max(x.abs()).max(1.0)
 }
 
+/// `v` clamped into `[low, high]`, and the bound itself when `v` is a
+/// rounding error away from it (`exp(ln(1e-4))` is not quite `1e-4`).
+fn snap(v: f64, low: f64, high: f64) -> f64 {
+    let near = |b: f64| (v - b).abs() <= 1e-12 * b.abs();
+    if near(low) {
+        low
+    } else if near(high) {
+        high
+    } else {
+        v.clamp(low, high)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -579,6 +592,7 @@ mod tests {
     use proptest::prelude::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
+    use serde_json::json;
     use statrs::distribution::{ContinuousCDF, Uniform as StUniform};
 
     fn domains() -> impl Strategy<Value = Domain> {
@@ -683,5 +697,21 @@ mod tests {
         assert!(a.contains(&2));
         let b: Vec<i64> = (0..500).map(|_| Domain::qrandint(0, 12, 3).sample(&mut rng).as_i64().unwrap()).collect();
         assert!(b.contains(&12) && b.contains(&0));
+    }
+
+    #[test]
+    fn the_unit_interval_maps_onto_bounded_domains_on_their_scale() {
+        let lr = Domain::loguniform(1e-4, 0.1);
+        assert_eq!(lr.at_unit(0.0), Some(json!(1e-4)));
+        assert_eq!(lr.at_unit(1.0), Some(json!(0.1)));
+        let mid = lr.at_unit(0.5).unwrap().as_f64().unwrap();
+        assert!((mid - 10f64.powf(-2.5)).abs() < 1e-12, "{mid}");
+        assert!((lr.to_unit(&json!(mid)).unwrap() - 0.5).abs() < 1e-12);
+        let n = Domain::randint(2, 9);
+        assert_eq!((n.at_unit(0.0), n.at_unit(1.0)), (Some(json!(2)), Some(json!(8))));
+        assert!(n.to_unit(&json!(2)).unwrap() < n.to_unit(&json!(8)).unwrap());
+        assert_eq!(Domain::uniform(0.0, 1.0).to_unit(&json!(5.0)), Some(1.0));
+        assert_eq!(Domain::randn(0.0, 1.0).at_unit(0.5), None);
+        assert_eq!(Domain::choice([1, 2]).to_unit(&json!(1)), None);
     }
 }
