@@ -156,6 +156,9 @@ fn check_population(exp: &Path, store: &tuner::store::Store, storage: &Path) {
             .filter(|n| n.starts_with("checkpoint_"))
             .collect();
         assert_eq!(on_disk.len(), 1, "{}: {on_disk:?}", t.id);
+        // Marked committed, a copy from a donor too.
+        let marker = storage.join(format!("trials/{}/{}/.committed", t.id, on_disk[0]));
+        assert!(marker.is_file(), "{}: {} has no commit marker", t.id, on_disk[0]);
     }
 }
 

@@ -439,9 +439,14 @@ impl Runner {
                         match (&fetched, copy) {
                             _ if self.stopping => {}
                             (Ok(_), Some(copy)) => {
+                                let (uri, iteration) = (copy.uri.clone(), copy.iteration);
                                 let e = self.finish_exploit(&mut record, &donor, copy)?;
-                                self.apply_retention(&record.id)?;
-                                if !self.simulated() {
+                                if self.simulated() {
+                                    self.apply_retention(&record.id)?;
+                                } else {
+                                    // The copy is a committed checkpoint like any other: durable, then marked.
+                                    self.store.flush()?;
+                                    self.after_commit(&record.id, &uri, iteration)?;
                                     files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: e.config });
                                 }
                             }
