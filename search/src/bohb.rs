@@ -20,12 +20,12 @@ use std::collections::BTreeMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::error::SearchError;
 use crate::searcher::{Searcher, Suggestion};
 use crate::space::{merge, Space};
-use crate::tpe::{flatten, insert, lookup, Estimator, Param};
+use crate::tpe::{best_candidate, decode_config, flatten, lookup, Estimator, Param};
 use crate::types::{Config, Mode, TrialResult};
 
 /// BOHB's settings (the names and defaults of Falkner et al.'s `hpbandster`).
@@ -200,21 +200,8 @@ impl Bohb {
         let bad: Vec<Vec<f64>> = ranked[n - n_bad..].iter().filter_map(|o| encode(o)).collect();
         let (l, g) = (Estimator::fit(&good, &params), Estimator::fit(&bad, &params));
         let wide = l.widened(self.options.bandwidth_factor);
-        let (x, _) = (0..self.options.num_samples)
-            .map(|_| wide.sample(rng))
-            .map(|x| {
-                let ei = l.log_pdf(&x) - g.log_pdf(&x);
-                (x, ei)
-            })
-            .fold(None::<(Vec<f64>, f64)>, |acc, (x, ei)| match acc {
-                Some((_, b)) if b >= ei => acc,
-                _ => Some((x, ei)),
-            })?;
-        let mut map = Map::new();
-        for ((path, p), v) in self.params.iter().zip(x) {
-            insert(&mut map, path, p.decode(v));
-        }
-        Some(Value::Object(map))
+        let x = best_candidate(&l, &g, &wide, self.options.num_samples, rng)?;
+        Some(decode_config(&self.params, x))
     }
 
     /// Records `trial`'s latest result as an observation at its budget.

@@ -183,6 +183,31 @@ impl Kernel {
     }
 }
 
+/// Of `n` candidates drawn from `draw`, the one that maximises
+/// `l(x) / g(x)` (the expected improvement); the first on a tie.
+pub(crate) fn best_candidate(l: &Estimator, g: &Estimator, draw: &Estimator, n: usize, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
+    (0..n)
+        .map(|_| draw.sample(rng))
+        .map(|x| {
+            let ei = l.log_pdf(&x) - g.log_pdf(&x);
+            (x, ei)
+        })
+        .fold(None::<(Vec<f64>, f64)>, |acc, (x, ei)| match acc {
+            Some((_, b)) if b >= ei => acc,
+            _ => Some((x, ei)),
+        })
+        .map(|(x, _)| x)
+}
+
+/// The config of encoded values `x`, one per flattened parameter.
+pub(crate) fn decode_config(params: &[(Vec<String>, Param)], x: Vec<f64>) -> Config {
+    let mut map = Map::new();
+    for ((path, p), v) in params.iter().zip(x) {
+        insert(&mut map, path, p.decode(v));
+    }
+    Value::Object(map)
+}
+
 fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
     // Box-Muller: two uniforms, one normal.
     let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
@@ -371,27 +396,13 @@ impl Tpe {
             let good: Vec<Vec<f64>> = ranked[..n_good].iter().filter_map(|o| encode(o, &dims)).collect();
             let bad: Vec<Vec<f64>> = ranked[n_good..].iter().filter_map(|o| encode(o, &dims)).collect();
             let (l, g) = (Estimator::fit(&good, &params), Estimator::fit(&bad, &params));
-            let best = (0..self.options.n_ei_candidates.max(1))
-                .map(|_| l.sample(rng))
-                .map(|x| {
-                    let ei = l.log_pdf(&x) - g.log_pdf(&x);
-                    (x, ei)
-                })
-                .fold(None::<(Vec<f64>, f64)>, |acc, (x, ei)| match acc {
-                    Some((_, b)) if b >= ei => acc,
-                    _ => Some((x, ei)),
-                });
-            if let Some((x, _)) = best {
+            if let Some(x) = best_candidate(&l, &g, &l, self.options.n_ei_candidates.max(1), rng) {
                 for (i, &d) in dims.iter().enumerate() {
                     chosen[d] = x[i];
                 }
             }
         }
-        let mut map = Map::new();
-        for ((path, p), x) in self.params.iter().zip(chosen) {
-            insert(&mut map, path, p.decode(x));
-        }
-        Value::Object(map)
+        decode_config(&self.params, chosen)
     }
 }
 
