@@ -71,34 +71,34 @@ def main() -> None:
     device = nestor.torch.get_device()
     x_val, y_val = x[1536:].to(device), y[1536:].to(device)
     loss_fn = torch.nn.MSELoss()
-    scratch = tempfile.mkdtemp(prefix="nestor-ddp-")
-
-    for epoch in range(start_epoch + 1, config["epochs"] + 1):
-        model.train()
-        total, batches = 0.0, 0
-        for xb, yb in train:
-            optimizer.zero_grad()
-            loss = loss_fn(model(xb), yb)
-            loss.backward()
-            optimizer.step()
-            total += loss.item()
-            batches += 1
-        model.eval()
-        with torch.no_grad():
-            val_loss = loss_fn(model(x_val), y_val).item()
-        train_loss = total / max(batches, 1)
-        print(
-            f"epoch {epoch} rank {ctx.world_rank}/{ctx.world_size}: train_loss={train_loss:.4f} val_loss={val_loss:.4f} param_sum={param_sum(model):.10f}",
-            flush=True,
-        )
-        saved = None
-        if ctx.world_rank == 0:
-            inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-            torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, os.path.join(scratch, "state.pt"))
-            saved = scratch
-        if epoch == start_epoch + 1:
-            print(f"rank {ctx.world_rank}: first report at {time.time():.6f}", flush=True)
-        nestor.report({"val_loss": val_loss, "train_loss": train_loss, "epoch": epoch}, checkpoint=saved)
+    # Removed when training ends, a stop from the driver (SystemExit) included.
+    with tempfile.TemporaryDirectory(prefix="nestor-ddp-") as scratch:
+        for epoch in range(start_epoch + 1, config["epochs"] + 1):
+            model.train()
+            total, batches = 0.0, 0
+            for xb, yb in train:
+                optimizer.zero_grad()
+                loss = loss_fn(model(xb), yb)
+                loss.backward()
+                optimizer.step()
+                total += loss.item()
+                batches += 1
+            model.eval()
+            with torch.no_grad():
+                val_loss = loss_fn(model(x_val), y_val).item()
+            train_loss = total / max(batches, 1)
+            print(
+                f"epoch {epoch} rank {ctx.world_rank}/{ctx.world_size}: train_loss={train_loss:.4f} val_loss={val_loss:.4f} param_sum={param_sum(model):.10f}",
+                flush=True,
+            )
+            saved = None
+            if ctx.world_rank == 0:
+                inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+                torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, os.path.join(scratch, "state.pt"))
+                saved = scratch
+            if epoch == start_epoch + 1:
+                print(f"rank {ctx.world_rank}: first report at {time.time():.6f}", flush=True)
+            nestor.report({"val_loss": val_loss, "train_loss": train_loss, "epoch": epoch}, checkpoint=saved)
 
 
 if __name__ == "__main__":

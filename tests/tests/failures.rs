@@ -31,9 +31,9 @@ fn a_killed_rank_restarts_the_group_from_the_last_checkpoint_within_two_seconds(
     let dir = tempfile::tempdir().unwrap();
     let space = "x = 0.5\nsteps = 8\nsleep_ms = 250\ncheckpoint = true\ndump_env = true";
     write(dir.path(), &sweep("kill", "", space, "num_workers = 2\n\n[failure]\nmax_failures = 2"));
-    let run = spawn_run(dir.path());
+    let mut run = spawn_run(dir.path());
     let trial = dir.path().join("runs/kill/trials/trial_00000");
-    wait_for("checkpoint 3 committed", 30.0, || trial.join("checkpoint_000003/.committed").exists());
+    wait_for_run("checkpoint 3 committed", 30.0, &mut run, || trial.join("checkpoint_000003/.committed").exists());
     let victim = rank_json(&trial, 1).unwrap()["pid"].as_u64().unwrap() as u32;
     let killed_at = now();
     signal(victim, libc::SIGKILL);
@@ -139,7 +139,9 @@ fn a_driver_killed_while_a_checkpoint_is_persisted_resumes_from_a_whole_one() {
     write(dir.path(), &sweep("crash", "", space, ""));
     let mut run = spawn_run(dir.path());
     let trial = dir.path().join("runs/crash/trials/trial_00000");
-    wait_for("the second checkpoint to start", 60.0, || read(&trial.join("logs/rank-0.log")).contains("checkpointing step 2"));
+    wait_for_run("the second checkpoint to start", 60.0, &mut run, || {
+        read(&trial.join("logs/rank-0.log")).contains("checkpointing step 2")
+    });
     signal(run.id(), libc::SIGKILL);
     let _ = run.wait();
     let partial = trial.join("checkpoint_000002/.rank-0.tmp").exists();
@@ -164,9 +166,9 @@ fn a_checkpoint_of_two_ranks_is_not_restored_on_one() {
     let dir = tempfile::tempdir().unwrap();
     // Both ranks save a shard.
     write(dir.path(), &sweep("shrink", "", "x = 0.5\nsteps = 50\nsleep_ms = 100\ncheckpoint = true", "num_workers = 2"));
-    let run = spawn_run(dir.path());
+    let mut run = spawn_run(dir.path());
     let exp = dir.path().join("runs/shrink");
-    wait_for("checkpoint 2 committed", 30.0, || exp.join("trials/trial_00000/checkpoint_000002/.committed").exists());
+    wait_for_run("checkpoint 2 committed", 30.0, &mut run, || exp.join("trials/trial_00000/checkpoint_000002/.committed").exists());
     signal(run.id(), libc::SIGKILL);
     let _ = run.wait_with_output();
     wait_for("the workers to follow the driver", 10.0, || processes_mentioning(&dir.path().display().to_string()).is_empty());

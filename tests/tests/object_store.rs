@@ -33,7 +33,7 @@ fn checkpoints_upload_commit_keep_n_and_restore_after_a_driver_kill() {
     write(dir.path(), &s3_sweep("s3run", space, extra));
     let mut run = spawn_nestor(dir.path(), &["run", "sweep.toml", "--plain"], &s3.env());
     let committed = |k: u32| s3.root.join(format!("bucket/runs/s3run/trials/trial_00000/checkpoint_{k:06}/.committed")).exists();
-    wait_for("checkpoint 3 committed in the bucket", 30.0, || committed(3));
+    wait_for_run("checkpoint 3 committed in the bucket", 30.0, &mut run, || committed(3));
     signal(run.id(), libc::SIGKILL);
     let _ = run.wait();
     let local = dir.path().join("local/s3run");
@@ -77,10 +77,12 @@ fn a_server_killed_mid_upload_fails_the_commit_and_the_previous_checkpoint_stays
     let mut s3 = S3Server::start(&dir.path().join("s3"));
     let space = "x = 0.5\nsteps = 3\ncheckpoint = true\nckpt_mb = 256";
     write(dir.path(), &s3_sweep("cut", space, "env = { RUST_BACKTRACE = \"0\" }"));
-    let run = spawn_nestor(dir.path(), &["run", "sweep.toml", "--plain"], &s3.env());
+    let mut run = spawn_nestor(dir.path(), &["run", "sweep.toml", "--plain"], &s3.env());
     let trial = dir.path().join("local/cut/trials/trial_00000");
-    wait_for("checkpoint 1 committed", 60.0, || s3.root.join("bucket/runs/cut/trials/trial_00000/checkpoint_000001/.committed").exists());
-    wait_for("the second upload to start", 60.0, || read(&trial.join("logs/rank-0.log")).contains("checkpointing step 2"));
+    wait_for_run("checkpoint 1 committed", 60.0, &mut run, || {
+        s3.root.join("bucket/runs/cut/trials/trial_00000/checkpoint_000001/.committed").exists()
+    });
+    wait_for_run("the second upload to start", 60.0, &mut run, || read(&trial.join("logs/rank-0.log")).contains("checkpointing step 2"));
     s3.kill();
     let out = run.wait_with_output().unwrap();
     assert!(out.status.success(), "the sweep itself goes on: {}", String::from_utf8_lossy(&out.stderr));

@@ -180,13 +180,13 @@ fn killed_twice_and_resumed_the_population_is_as_consistent() {
         move || count(&exp) >= n
     };
     let mut child = spawn_run(dir.path());
-    wait_for("16 results", 60.0, reported(16));
+    wait_for_run("16 results", 60.0, &mut child, reported(16));
     signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     let exp = dir.path().join("runs/killed");
     wait_for("the workers to exit", 10.0, || processes_mentioning(&exp.display().to_string()).is_empty());
     let mut child = spawn_nestor(dir.path(), &["resume", &exp.display().to_string(), "--plain"], &[]);
-    wait_for("32 results", 60.0, reported(32));
+    wait_for_run("32 results", 60.0, &mut child, reported(32));
     signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();
     wait_for("the workers to exit", 10.0, || processes_mentioning(&exp.display().to_string()).is_empty());

@@ -64,7 +64,7 @@ fn a_grown_trial_keeps_its_workers_across_a_driver_kill() {
     let exp = dir.path().join("runs/killed");
     let mut child = spawn_run(dir.path());
     // Rank 1 of the long trial has started: it grew.
-    wait_for("the trial to grow to 2 workers", 60.0, || exp.join("trials/trial_00001/rank-1.json").exists());
+    wait_for_run("the trial to grow to 2 workers", 60.0, &mut child, || exp.join("trials/trial_00001/rank-1.json").exists());
     std::thread::sleep(std::time::Duration::from_millis(400));
     signal(child.id(), libc::SIGKILL);
     child.wait().unwrap();

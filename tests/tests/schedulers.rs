@@ -74,7 +74,7 @@ fn the_same_schedule_after_the_driver_is_killed_twice_and_resumed() {
     let kill_when = |what: &str, done: &dyn Fn() -> bool, resume: bool| {
         let mut child =
             if resume { spawn_nestor(dir.path(), &["resume", &exp.display().to_string(), "--plain"], &[]) } else { spawn_run(dir.path()) };
-        wait_for(what, 60.0, done);
+        wait_for_run(what, 60.0, &mut child, done);
         signal(child.id(), libc::SIGKILL);
         child.wait().unwrap();
         // Its workers notice their driver is gone and exit.

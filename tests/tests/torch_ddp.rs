@@ -195,10 +195,11 @@ fn a_ddp_rank_killed_mid_epoch_is_restarted_and_the_trial_ends_as_an_uninterrupt
         ]
     };
     let (faulty, reference) = (args("ddp-kill"), args("ddp-ref"));
-    let child = nestor_in_venv(&strs(&faulty)).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child =
+        nestor_in_venv(&strs(&faulty)).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let exp = dir.path().join("ddp-kill");
     let trial_dir = exp.join("trials/trial_00000");
-    wait_for("checkpoint 2 committed", 120.0, || trial_dir.join("checkpoint_000002/.committed").exists());
+    wait_for_run("checkpoint 2 committed", 120.0, &mut child, || trial_dir.join("checkpoint_000002/.committed").exists());
     let victim = rank_pid(&trial_dir, 1).expect("rank 1 is running");
     let killed_at = std::time::Instant::now();
     signal(victim, libc::SIGKILL);

@@ -92,7 +92,9 @@ fn main() -> anyhow::Result<()> {
         }
         eprintln!("resumed from {} at step {start}", dir.display());
     }
-    let scratch = std::env::temp_dir().join(format!("fixture-{}-{}", ctx.trial_id(), std::process::id()));
+    // Below the trial directory, so a worker killed mid-run leaves nothing
+    // behind once its experiment is removed.
+    let scratch = ctx.trial_dir().join(format!(".scratch-rank-{rank}-{}", std::process::id()));
     let offset = 100.0 * f64::from(rank);
     for step in start + 1..=steps {
         std::thread::sleep(Duration::from_millis(sleep_ms));

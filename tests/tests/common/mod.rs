@@ -129,6 +129,27 @@ pub fn wait_for(what: &str, secs: f64, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// As [`wait_for`], while `run` (a driver started with its output piped)
+/// works: if it exits first, panics at once with its status and output, so a
+/// failed sweep says why instead of timing out.
+pub fn wait_for_run(what: &str, secs: f64, run: &mut std::process::Child, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+    while !cond() {
+        if let Ok(Some(status)) = run.try_wait() {
+            let (mut out, mut err) = (String::new(), String::new());
+            if let Some(mut o) = run.stdout.take() {
+                let _ = std::io::Read::read_to_string(&mut o, &mut out);
+            }
+            if let Some(mut e) = run.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("the run ended ({status}) before {what}\n--- stdout\n{out}\n--- stderr\n{err}");
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Seconds since the Unix epoch.
 pub fn now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
