@@ -71,8 +71,9 @@ def main() -> None:
     device = nestor.torch.get_device()
     x_val, y_val = x[1536:].to(device), y[1536:].to(device)
     loss_fn = torch.nn.MSELoss()
-    # Removed when training ends, a stop from the driver (SystemExit) included.
-    with tempfile.TemporaryDirectory(prefix="nestor-ddp-") as scratch:
+    # Removed when training ends, a stop from the driver (SystemExit) included;
+    # in the trial directory, so that even a killed rank leaves nothing outside it.
+    with tempfile.TemporaryDirectory(prefix=".scratch-", dir=ctx.trial_dir) as scratch:
         for epoch in range(start_epoch + 1, config["epochs"] + 1):
             model.train()
             total, batches = 0.0, 0

@@ -70,6 +70,14 @@ fn the_ddp_sweep_runs_with_both_ranks_in_one_process_group_and_in_sync() {
             log.lines().filter_map(|l| l.split("train_loss=").nth(1).and_then(|r| r.split_whitespace().next()).map(String::from)).collect()
         };
         assert_ne!(losses(&log0), losses(&log1), "{trial}: both ranks saw the same batches");
+        // Rank 0's checkpoint scratch is gone once the trial ends.
+        let left: Vec<_> = std::fs::read_dir(exp.join("trials").join(&trial))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".scratch-"))
+            .collect();
+        assert!(left.is_empty(), "{trial}: {left:?} left behind");
     }
     let rows = export(dir.path(), &format!("{storage}/torch-ddp"));
     assert_eq!(rows.len(), 16, "4 trials x 4 epochs, one result per step");
