@@ -17,15 +17,15 @@
 
 use std::collections::BTreeMap;
 
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::error::SearchError;
 use crate::searcher::{Searcher, Suggestion};
-use crate::space::{merge, Space};
-use crate::tpe::{best_candidate, decode_config, flatten, lookup, Estimator, Param};
+use crate::space::Space;
+use crate::tpe::{best_candidate, decode_config, lookup, Estimator, Param, Sequence};
 use crate::types::{Config, Mode, TrialResult};
 
 /// BOHB's settings (the names and defaults of Falkner et al.'s `hpbandster`).
@@ -124,14 +124,8 @@ struct Live {
 /// The BOHB searcher; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct Bohb {
-    space: Space,
-    params: Vec<(Vec<String>, Param)>,
-    metric: String,
-    mode: Mode,
-    seed: u64,
+    seq: Sequence,
     options: BohbOptions,
-    points: Vec<Config>,
-    suggested: u64,
     live: BTreeMap<String, Live>,
     observations: Vec<Observation>,
 }
@@ -139,28 +133,12 @@ pub struct Bohb {
 impl Bohb {
     /// BOHB over `space`, minimising or maximising `metric`.
     pub fn new(space: Space, metric: impl Into<String>, mode: Mode, seed: u64, options: BohbOptions) -> Self {
-        let mut params = Vec::new();
-        flatten(&space, &[], &mut params);
-        Self {
-            space,
-            params,
-            metric: metric.into(),
-            mode,
-            seed,
-            options,
-            points: Vec::new(),
-            suggested: 0,
-            live: BTreeMap::new(),
-            observations: Vec::new(),
-        }
+        Self { seq: Sequence::new(space, metric.into(), mode, seed), options, live: BTreeMap::new(), observations: Vec::new() }
     }
 
     /// Configs (possibly partial) to run first; checked against the space.
     pub fn with_points(mut self, points: Vec<Config>) -> Result<Self, SearchError> {
-        for (i, p) in points.iter().enumerate() {
-            self.space.check_point(p, &format!("points_to_evaluate[{i}]"))?;
-        }
-        self.points = points;
+        self.seq.set_points(points)?;
         Ok(self)
     }
 
@@ -174,7 +152,7 @@ impl Bohb {
     }
 
     fn min_points(&self) -> usize {
-        self.options.min_points_in_model.unwrap_or(self.params.len() + 1)
+        self.options.min_points_in_model.unwrap_or(self.seq.params.len() + 1)
     }
 
     /// The largest budget with enough observations to model, and them.
@@ -194,14 +172,14 @@ impl Bohb {
         let n_good = n_min.max((self.options.top_n_percent * n as f64 / 100.0) as usize).min(n);
         let n_bad = n_min.max(n - n_good).min(n);
         let encode =
-            |o: &Observation| -> Option<Vec<f64>> { self.params.iter().map(|(path, p)| p.encode(lookup(&o.config, path)?)).collect() };
-        let params: Vec<&Param> = self.params.iter().map(|(_, p)| p).collect();
+            |o: &Observation| -> Option<Vec<f64>> { self.seq.params.iter().map(|(path, p)| p.encode(lookup(&o.config, path)?)).collect() };
+        let params: Vec<&Param> = self.seq.params.iter().map(|(_, p)| p).collect();
         let good: Vec<Vec<f64>> = ranked[..n_good].iter().filter_map(|o| encode(o)).collect();
         let bad: Vec<Vec<f64>> = ranked[n - n_bad..].iter().filter_map(|o| encode(o)).collect();
         let (l, g) = (Estimator::fit(&good, &params), Estimator::fit(&bad, &params));
         let wide = l.widened(self.options.bandwidth_factor);
         let x = best_candidate(&l, &g, &wide, self.options.num_samples, rng)?;
-        Some(decode_config(&self.params, x))
+        Some(decode_config(&self.seq.params, x))
     }
 
     /// Records `trial`'s latest result as an observation at its budget.
@@ -218,27 +196,22 @@ impl Bohb {
 
 impl Searcher for Bohb {
     fn suggest(&mut self, trial_id: &str) -> Suggestion {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
-        rng.set_stream(self.suggested);
-        let index = self.suggested as usize;
-        let random = index < self.points.len() || rng.random::<f64>() < self.options.random_fraction;
-        let mut config = match random {
+        let mut rng = self.seq.rng();
+        let random = self.seq.at_a_point() || rng.random::<f64>() < self.options.random_fraction;
+        let config = match random {
             true => None,
             false => self.model_config(&mut rng),
         }
-        .unwrap_or_else(|| self.space.sample(&mut rng, 0));
-        if let Some(point) = self.points.get(index) {
-            merge(&mut config, point);
-        }
-        self.suggested += 1;
+        .unwrap_or_else(|| self.seq.space.sample(&mut rng, 0));
+        let config = self.seq.finish(config);
         self.live.insert(trial_id.to_string(), Live { config: config.clone(), latest: None, observed: None });
         Suggestion::Config(config)
     }
 
     fn on_trial_result(&mut self, trial_id: &str, result: &TrialResult) {
-        let (Some(budget), Some(v)) = (result.metric(&self.options.time_attr), result.metric(&self.metric)) else { return };
+        let (Some(budget), Some(score)) = (result.metric(&self.options.time_attr), self.seq.score(result)) else { return };
         if let Some(live) = self.live.get_mut(trial_id) {
-            live.latest = Some((budget, v.is_finite().then(|| self.mode.score(v))));
+            live.latest = Some((budget, score));
         }
     }
 
@@ -258,27 +231,11 @@ impl Searcher for Bohb {
     }
 
     fn save(&self) -> Value {
-        json!({
-            "version": 1,
-            "kind": "bohb",
-            "seed": self.seed,
-            "suggested": self.suggested,
-            "live": self.live,
-            "observations": self.observations,
-        })
+        self.seq.save("bohb", &self.live, &self.observations)
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SearchError> {
-        if state["version"].as_u64() != Some(1) || state["kind"] != "bohb" {
-            return Err(SearchError::State(format!("not a version-1 BOHB state: {state}")));
-        }
-        if state["seed"].as_u64() != Some(self.seed) {
-            return Err(SearchError::State(format!("state was saved with seed {}, this searcher has seed {}", state["seed"], self.seed)));
-        }
-        let err = |e: serde_json::Error| SearchError::State(format!("BOHB state: {e}"));
-        self.suggested = state["suggested"].as_u64().ok_or_else(|| SearchError::State("BOHB state: missing `suggested`".into()))?;
-        self.live = serde_json::from_value(state["live"].clone()).map_err(err)?;
-        self.observations = serde_json::from_value(state["observations"].clone()).map_err(err)?;
+        (self.live, self.observations) = self.seq.restore(state, "bohb", "BOHB")?;
         Ok(())
     }
 }

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use statrs::function::erf::erf;
@@ -316,6 +317,96 @@ impl Estimator {
     }
 }
 
+/// What TPE and BOHB share: the flattened space, the objective, and the
+/// seeded sequence of suggestions with the points to run first.
+#[derive(Debug, Clone)]
+pub(crate) struct Sequence {
+    pub(crate) space: Space,
+    pub(crate) params: Vec<(Vec<String>, Param)>,
+    pub(crate) metric: String,
+    pub(crate) mode: Mode,
+    seed: u64,
+    points: Vec<Config>,
+    suggested: u64,
+}
+
+impl Sequence {
+    pub(crate) fn new(space: Space, metric: String, mode: Mode, seed: u64) -> Self {
+        let mut params = Vec::new();
+        flatten(&space, &[], &mut params);
+        Self { space, params, metric, mode, seed, points: Vec::new(), suggested: 0 }
+    }
+
+    /// Configs (possibly partial) to run first; checked against the space.
+    pub(crate) fn set_points(&mut self, points: Vec<Config>) -> Result<(), SearchError> {
+        for (i, p) in points.iter().enumerate() {
+            self.space.check_point(p, &format!("points_to_evaluate[{i}]"))?;
+        }
+        self.points = points;
+        Ok(())
+    }
+
+    /// The next suggestion's generator: its own stream of the seed.
+    pub(crate) fn rng(&self) -> ChaCha8Rng {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(self.suggested);
+        rng
+    }
+
+    /// Whether the next suggestion is one of the points to run first.
+    pub(crate) fn at_a_point(&self) -> bool {
+        (self.suggested as usize) < self.points.len()
+    }
+
+    /// Ends the next suggestion: its point to run first laid over `config`.
+    pub(crate) fn finish(&mut self, mut config: Config) -> Config {
+        if let Some(point) = self.points.get(self.suggested as usize) {
+            merge(&mut config, point);
+        }
+        self.suggested += 1;
+        config
+    }
+
+    /// A result's score (larger is better; `None` when not finite), if it has the metric.
+    pub(crate) fn score(&self, result: &TrialResult) -> Option<Option<f64>> {
+        result.metric(&self.metric).map(|v| v.is_finite().then(|| self.mode.score(v)))
+    }
+
+    /// The saved state: this sequence's place, the live trials and the observations.
+    pub(crate) fn save(&self, kind: &str, live: &impl Serialize, observations: &impl Serialize) -> Value {
+        json!({
+            "version": 1,
+            "kind": kind,
+            "seed": self.seed,
+            "suggested": self.suggested,
+            "live": live,
+            "observations": observations,
+        })
+    }
+
+    /// Reads a state [`Sequence::save`] wrote for `kind` (`name` in errors);
+    /// nothing changes unless all of it reads.
+    pub(crate) fn restore<L: DeserializeOwned, O: DeserializeOwned>(
+        &mut self,
+        state: &Value,
+        kind: &str,
+        name: &str,
+    ) -> Result<(L, O), SearchError> {
+        if state["version"].as_u64() != Some(1) || state["kind"] != kind {
+            return Err(SearchError::State(format!("not a version-1 {name} state: {state}")));
+        }
+        if state["seed"].as_u64() != Some(self.seed) {
+            return Err(SearchError::State(format!("state was saved with seed {}, this searcher has seed {}", state["seed"], self.seed)));
+        }
+        let err = |e: serde_json::Error| SearchError::State(format!("{name} state: {e}"));
+        let suggested = state["suggested"].as_u64().ok_or_else(|| SearchError::State(format!("{name} state: missing `suggested`")))?;
+        let live = serde_json::from_value(state["live"].clone()).map_err(err)?;
+        let observations = serde_json::from_value(state["observations"].clone()).map_err(err)?;
+        self.suggested = suggested;
+        Ok((live, observations))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Observation {
     config: Config,
@@ -326,14 +417,8 @@ struct Observation {
 /// The TPE searcher; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct Tpe {
-    space: Space,
-    params: Vec<(Vec<String>, Param)>,
-    metric: String,
-    mode: Mode,
-    seed: u64,
+    seq: Sequence,
     options: TpeOptions,
-    points: Vec<Config>,
-    suggested: u64,
     live: BTreeMap<String, Config>,
     observations: Vec<Observation>,
 }
@@ -341,28 +426,12 @@ pub struct Tpe {
 impl Tpe {
     /// TPE over `space`, minimising or maximising `metric`.
     pub fn new(space: Space, metric: impl Into<String>, mode: Mode, seed: u64, options: TpeOptions) -> Self {
-        let mut params = Vec::new();
-        flatten(&space, &[], &mut params);
-        Self {
-            space,
-            params,
-            metric: metric.into(),
-            mode,
-            seed,
-            options,
-            points: Vec::new(),
-            suggested: 0,
-            live: BTreeMap::new(),
-            observations: Vec::new(),
-        }
+        Self { seq: Sequence::new(space, metric.into(), mode, seed), options, live: BTreeMap::new(), observations: Vec::new() }
     }
 
     /// Configs (possibly partial) to run first; checked against the space.
     pub fn with_points(mut self, points: Vec<Config>) -> Result<Self, SearchError> {
-        for (i, p) in points.iter().enumerate() {
-            self.space.check_point(p, &format!("points_to_evaluate[{i}]"))?;
-        }
-        self.points = points;
+        self.seq.set_points(points)?;
         Ok(self)
     }
 
@@ -371,28 +440,22 @@ impl Tpe {
         self.observations.len()
     }
 
-    fn rng(&self) -> ChaCha8Rng {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
-        rng.set_stream(self.suggested);
-        rng
-    }
-
     fn model_config(&self, rng: &mut ChaCha8Rng) -> Config {
         let mut ranked: Vec<&Observation> = self.observations.iter().collect();
         ranked.sort_by(|a, b| b.score.unwrap_or(f64::NEG_INFINITY).total_cmp(&a.score.unwrap_or(f64::NEG_INFINITY)));
         let n = ranked.len();
         let n_good = (n.div_ceil(10)).clamp(1, 25);
         let encode = |o: &Observation, dims: &[usize]| -> Option<Vec<f64>> {
-            dims.iter().map(|&d| self.params[d].1.encode(lookup(&o.config, &self.params[d].0)?)).collect()
+            dims.iter().map(|&d| self.seq.params[d].1.encode(lookup(&o.config, &self.seq.params[d].0)?)).collect()
         };
-        let mut chosen: Vec<f64> = vec![0.0; self.params.len()];
+        let mut chosen: Vec<f64> = vec![0.0; self.seq.params.len()];
         let groups: Vec<Vec<usize>> = if self.options.multivariate {
-            vec![(0..self.params.len()).collect()]
+            vec![(0..self.seq.params.len()).collect()]
         } else {
-            (0..self.params.len()).map(|d| vec![d]).collect()
+            (0..self.seq.params.len()).map(|d| vec![d]).collect()
         };
         for dims in groups {
-            let params: Vec<&Param> = dims.iter().map(|&d| &self.params[d].1).collect();
+            let params: Vec<&Param> = dims.iter().map(|&d| &self.seq.params[d].1).collect();
             let good: Vec<Vec<f64>> = ranked[..n_good].iter().filter_map(|o| encode(o, &dims)).collect();
             let bad: Vec<Vec<f64>> = ranked[n_good..].iter().filter_map(|o| encode(o, &dims)).collect();
             let (l, g) = (Estimator::fit(&good, &params), Estimator::fit(&bad, &params));
@@ -402,23 +465,19 @@ impl Tpe {
                 }
             }
         }
-        decode_config(&self.params, chosen)
+        decode_config(&self.seq.params, chosen)
     }
 }
 
 impl Searcher for Tpe {
     fn suggest(&mut self, trial_id: &str) -> Suggestion {
-        let mut rng = self.rng();
-        let index = self.suggested as usize;
-        let mut config = if self.observations.len() < self.options.n_startup_trials.max(1) || index < self.points.len() {
-            self.space.sample(&mut rng, 0)
+        let mut rng = self.seq.rng();
+        let config = if self.observations.len() < self.options.n_startup_trials.max(1) || self.seq.at_a_point() {
+            self.seq.space.sample(&mut rng, 0)
         } else {
             self.model_config(&mut rng)
         };
-        if let Some(point) = self.points.get(index) {
-            merge(&mut config, point);
-        }
-        self.suggested += 1;
+        let config = self.seq.finish(config);
         self.live.insert(trial_id.to_string(), config.clone());
         Suggestion::Config(config)
     }
@@ -428,33 +487,16 @@ impl Searcher for Tpe {
         if error {
             return;
         }
-        let Some(v) = result.and_then(|r| r.metric(&self.metric)) else { return };
-        let score = v.is_finite().then(|| self.mode.score(v));
+        let Some(score) = result.and_then(|r| self.seq.score(r)) else { return };
         self.observations.push(Observation { config, score });
     }
 
     fn save(&self) -> Value {
-        json!({
-            "version": 1,
-            "kind": "tpe",
-            "seed": self.seed,
-            "suggested": self.suggested,
-            "live": self.live,
-            "observations": self.observations,
-        })
+        self.seq.save("tpe", &self.live, &self.observations)
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SearchError> {
-        if state["version"].as_u64() != Some(1) || state["kind"] != "tpe" {
-            return Err(SearchError::State(format!("not a version-1 TPE state: {state}")));
-        }
-        if state["seed"].as_u64() != Some(self.seed) {
-            return Err(SearchError::State(format!("state was saved with seed {}, this searcher has seed {}", state["seed"], self.seed)));
-        }
-        let err = |e: serde_json::Error| SearchError::State(format!("TPE state: {e}"));
-        self.suggested = state["suggested"].as_u64().ok_or_else(|| SearchError::State("TPE state: missing `suggested`".into()))?;
-        self.live = serde_json::from_value(state["live"].clone()).map_err(err)?;
-        self.observations = serde_json::from_value(state["observations"].clone()).map_err(err)?;
+        (self.live, self.observations) = self.seq.restore(state, "tpe", "TPE")?;
         Ok(())
     }
 }
