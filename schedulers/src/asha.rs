@@ -218,7 +218,7 @@ impl Scheduler for Asha {
                 self.finish(trial.id);
                 Decision::Stop
             }
-            Decision::Continue => Decision::Continue,
+            other => other,
         }
     }
 

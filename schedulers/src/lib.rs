@@ -28,5 +28,5 @@ pub use median::MedianStopping;
 pub use objective::{Objective, Score};
 pub use pbt::{CustomExplore, Mutation, Pbt};
 pub use resource_changing::{ResourceChanging, WorkerAllocation};
-pub use scheduler::{Capacity, Decision, Exploit, Resize, Scheduler, SchedulerError, TrialStatus, TrialView};
+pub use scheduler::{Capacity, Decision, Exploit, Scheduler, SchedulerError, TrialStatus, TrialView};
 pub use stopper::{CombinedStopper, FnStopper, MetricThresholds, Stopper};

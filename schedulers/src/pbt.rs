@@ -234,7 +234,6 @@ pub struct Pbt {
     perturbations: u64,
     added: u64,
     members: BTreeMap<String, Member>,
-    exploits: Vec<Exploit>,
 }
 
 impl Pbt {
@@ -267,7 +266,6 @@ impl Pbt {
             perturbations: 0,
             added: 0,
             members: BTreeMap::new(),
-            exploits: Vec::new(),
         }
     }
 
@@ -457,8 +455,13 @@ impl Scheduler for Pbt {
         m.last_perturbation = at;
         // Its next interval's gain counts from the donor's checkpoint.
         m.base = start.map(|s| (at, s));
-        self.exploits.push(Exploit { trial_id: trial.id.to_string(), donor, checkpoint: uri, checkpoint_iteration: iteration, config });
-        Decision::Pause
+        Decision::Exploit(Box::new(Exploit {
+            trial_id: trial.id.to_string(),
+            donor,
+            checkpoint: uri,
+            checkpoint_iteration: iteration,
+            config,
+        }))
     }
 
     fn on_trial_complete(&mut self, trial: &TrialView<'_>, _result: Option<&TrialResult>) {
@@ -467,10 +470,6 @@ impl Scheduler for Pbt {
 
     fn on_trial_error(&mut self, trial: &TrialView<'_>) {
         self.members.remove(trial.id);
-    }
-
-    fn take_exploits(&mut self) -> Vec<Exploit> {
-        std::mem::take(&mut self.exploits)
     }
 
     fn required_metrics(&self) -> Vec<(String, String)> {

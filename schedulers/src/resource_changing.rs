@@ -5,7 +5,8 @@
 //! a result that carries a checkpoint (the only point a run can be resized
 //! at), the wrapper works out the workers that trial should have; if that
 //! differs from what it runs with, the trial pauses and restarts from that
-//! checkpoint with the new number ([`Resize`]), its world size following.
+//! checkpoint with the new number ([`Decision::Resize`]), its world size
+//! following.
 //!
 //! Nothing changes while new trials may still come: their slots come
 //! first. Once the searcher has no more (`on_no_more_trials`), slots free
@@ -26,7 +27,7 @@ use serde_json::{json, Value};
 use search::TrialResult;
 
 use crate::objective::{Objective, Score};
-use crate::scheduler::{Capacity, Decision, Exploit, Resize, Scheduler, SchedulerError, TrialView};
+use crate::scheduler::{Capacity, Decision, Scheduler, SchedulerError, TrialView};
 
 /// How the free workers are shared out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,13 +56,12 @@ pub struct ResourceChanging {
     capacity: Option<Capacity>,
     no_more: bool,
     running: BTreeMap<String, Member>,
-    resizes: Vec<Resize>,
 }
 
 impl ResourceChanging {
     /// Wraps `base`; `obj` ranks trials for [`WorkerAllocation::TopJob`].
     pub fn new(base: Box<dyn Scheduler>, obj: Objective, allocation: WorkerAllocation, max_workers: Option<u32>) -> Self {
-        Self { base, obj, allocation, max_workers, capacity: None, no_more: false, running: BTreeMap::new(), resizes: Vec::new() }
+        Self { base, obj, allocation, max_workers, capacity: None, no_more: false, running: BTreeMap::new() }
     }
 
     /// The workers `id` (running with `current`) should have now.
@@ -117,8 +117,7 @@ impl Scheduler for ResourceChanging {
         }
         // Its workers change as it restarts: counted at the new size from now.
         self.running.insert(trial.id.to_string(), Member { workers: target, score });
-        self.resizes.push(Resize { trial_id: trial.id.to_string(), num_workers: target });
-        Decision::Pause
+        Decision::Resize { num_workers: target }
     }
 
     fn on_trial_add(&mut self, trial: &TrialView<'_>) {
@@ -146,16 +145,6 @@ impl Scheduler for ResourceChanging {
 
     fn take_stopped(&mut self) -> Vec<String> {
         self.base.take_stopped()
-    }
-
-    fn take_exploits(&mut self) -> Vec<Exploit> {
-        self.base.take_exploits()
-    }
-
-    fn take_resizes(&mut self) -> Vec<Resize> {
-        let mut out = std::mem::take(&mut self.resizes);
-        out.extend(self.base.take_resizes());
-        out
     }
 
     fn on_capacity(&mut self, capacity: Capacity) {

@@ -5,9 +5,15 @@ use serde_json::Value;
 
 use search::{Config, TrialResult};
 
-/// What happens to a trial after one of its results.
+/// What happens to a trial after one of its results. Each variant carries
+/// everything the Tuner needs to carry it out: nothing is left in a queue
+/// to be polled afterwards.
+///
+/// A `Pause` (or an `Exploit` or `Resize`) on a result at which the trial
+/// has reached its end (its `[stop]` criteria are met) ends it TERMINATED
+/// instead: there is nothing left to resume.
 #[must_use]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Decision {
     /// Keep training.
     Continue,
@@ -15,6 +21,24 @@ pub enum Decision {
     Pause,
     /// Stop for good: the trial ends TERMINATED.
     Stop,
+    /// Population-based training: stop, take the donor's latest committed
+    /// checkpoint and restart from it with the explored config.
+    Exploit(Box<Exploit>),
+    /// Stop and restart from the checkpoint this result carried, with
+    /// `num_workers` workers (its world size follows). The Tuner carries it
+    /// out only when that checkpoint can be restored at the new size; when
+    /// it cannot, the trial continues as it is.
+    Resize {
+        /// The trial's new number of workers.
+        num_workers: u32,
+    },
+}
+
+impl Decision {
+    /// Whether the trial's run ends here (anything but `Continue`).
+    pub fn ends_run(&self) -> bool {
+        *self != Decision::Continue
+    }
 }
 
 /// A trial's lifecycle state.
@@ -88,16 +112,6 @@ pub struct Exploit {
     pub config: Config,
 }
 
-/// A trial to restart from the checkpoint of the result that decided it,
-/// with another number of workers (its world size follows).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Resize {
-    /// The trial.
-    pub trial_id: String,
-    /// Its new number of workers.
-    pub num_workers: u32,
-}
-
 /// What the node holds, told to the scheduler before trials start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capacity {
@@ -155,25 +169,12 @@ pub trait Scheduler: Send {
     /// (a HyperBand bracket still filling) must decide with what it has.
     fn on_no_more_trials(&mut self) {}
 
-    /// PAUSED trials this scheduler has given up on; the Tuner ends them
-    /// TERMINATED. Polled after every hook.
+    /// Trials this scheduler has given up on as a consequence of a hook
+    /// about *other* trials (a HyperBand bracket that closed): PAUSED ones
+    /// end TERMINATED, running ones stop. Polled after every hook; a
+    /// decision about the trial a hook is called for goes in its return
+    /// value instead.
     fn take_stopped(&mut self) -> Vec<String> {
-        Vec::new()
-    }
-
-    /// Exploits decided since the last call (population-based training):
-    /// each recipient stops, takes its donor's latest committed checkpoint
-    /// and restarts from it with the new config. Polled after every result;
-    /// the result that decided an exploit returns [`Decision::Pause`].
-    fn take_exploits(&mut self) -> Vec<Exploit> {
-        Vec::new()
-    }
-
-    /// Resizes decided since the last call: each trial stops and restarts
-    /// from its latest checkpoint with its new number of workers. Polled
-    /// after every result; the result that decided one carries a
-    /// checkpoint and returns [`Decision::Pause`].
-    fn take_resizes(&mut self) -> Vec<Resize> {
         Vec::new()
     }
 
@@ -226,12 +227,6 @@ impl<S: Scheduler + ?Sized> Scheduler for Box<S> {
     }
     fn take_stopped(&mut self) -> Vec<String> {
         (**self).take_stopped()
-    }
-    fn take_exploits(&mut self) -> Vec<Exploit> {
-        (**self).take_exploits()
-    }
-    fn take_resizes(&mut self) -> Vec<Resize> {
-        (**self).take_resizes()
     }
     fn on_capacity(&mut self, capacity: Capacity) {
         (**self).on_capacity(capacity)

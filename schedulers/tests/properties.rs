@@ -115,9 +115,11 @@ fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) ->
         }
         let loss = sw.curves[t][it as usize - 1];
         let decision = s.on_trial_result(&view(&ids[t]), &common::result(&ids[t], it, loss));
-        check(Event::Result { trial: &ids[t], iteration: it, loss, decision });
+        check(Event::Result { trial: &ids[t], iteration: it, loss, decision: decision.clone() });
         match decision {
-            Decision::Continue if it == MAX_T => {
+            // At its last iteration there is nothing left to pause for: as in
+            // the Tuner (its stop criteria are met), the trial completes.
+            Decision::Continue | Decision::Pause if it == MAX_T => {
                 running.remove(r);
                 s.on_trial_complete(&view(&ids[t]), None);
             }
@@ -129,6 +131,7 @@ fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) ->
             Decision::Stop => {
                 running.remove(r);
             }
+            other => panic!("{} got {other:?}: these schedulers neither exploit nor resize", ids[t]),
         }
     }
 }
@@ -268,4 +271,28 @@ proptest! {
         prop_assert!(left.is_empty(), "paused forever: {:?}", left);
         prop_assert!(paused_once.values().all(|&n| n == 1), "a trial paused twice: {:?}", paused_once);
     }
+}
+
+/// The case that once failed on a fresh clone: the pausing median rule
+/// pauses a trial at its last iteration (its best, 9, is worse than the
+/// other's running mean there, 80/9, and better before). The trial
+/// completes there; it is never resumed past its end.
+#[test]
+fn a_pause_at_the_last_iteration_ends_the_trial() {
+    let sw = Sweep {
+        curves: vec![[10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 0.0].to_vec(), vec![9.0; MAX_T as usize]],
+        fails: vec![None, None],
+        order: vec![0],
+        slots: 1,
+    };
+    let c = MedianStoppingConfig { hard_stop: false, min_samples_required: 1, ..Default::default() };
+    let mut s = build(SchedulerConfig::MedianStopping(c));
+    let mut last = None;
+    let left = drive(&mut *s, &sw, &mut |e| {
+        if let Event::Result { trial: "t01", iteration, decision, .. } = e {
+            last = Some((iteration, decision));
+        }
+    });
+    assert_eq!(last, Some((MAX_T, Decision::Pause)), "the rule paused t01 at its last iteration");
+    assert!(left.is_empty(), "paused forever: {left:?}");
 }

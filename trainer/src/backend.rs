@@ -267,15 +267,4 @@ pub enum LaunchError {
 pub trait Backend: Send + Sync {
     /// Starts one run of a trial. Its reports and its exit arrive on `events`.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError>;
-
-    /// Called by the Tuner when it has acted on every event so far and is
-    /// about to wait for the next. A simulation advances its virtual clock
-    /// to its next event here; real backends do nothing.
-    fn idle(&self) {}
-
-    /// The backend's clock in seconds when it keeps a virtual one (a
-    /// simulation); `None` for the wall clock.
-    fn virtual_now(&self) -> Option<f64> {
-        None
-    }
 }

@@ -1,7 +1,6 @@
-//! Group commit and the files for people: the flusher task makes stored
-//! writes durable (one fsync for every burst of results), then answers the
-//! waiting workers, then appends `result.jsonl` / `progress.csv` and writes
-//! `params.json` under each trial's directory.
+//! The files for people: `result.jsonl` / `progress.csv` appended and
+//! `params.json` written under each trial's directory, and `status.json`,
+//! by a writer thread off the loop.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -10,8 +9,6 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use search::TrialResult;
-
-use crate::store::Store;
 
 /// A write for the flusher.
 #[derive(Debug)]
@@ -26,23 +23,19 @@ pub(crate) enum FileWrite {
     Result { trial_dir: std::sync::Arc<Path>, result: std::sync::Arc<TrialResult> },
 }
 
-/// Group commit and files for people: one flush makes a burst of results
-/// durable; the files under `trials/` are written by a background thread.
-pub(crate) struct Flusher {
-    store: Store,
-    /// Whether `make_durable` syncs (false in a simulation).
-    durable: bool,
+/// The files for people, written by a background thread at low priority so
+/// the report path gets the CPU first.
+pub(crate) struct FileWriter {
     file_tx: Option<std::sync::mpsc::Sender<Vec<FileWrite>>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Flusher {
-    pub(crate) fn spawn(store: Store, durable: bool) -> Self {
+impl FileWriter {
+    pub(crate) fn spawn() -> Self {
         let (file_tx, file_rx) = std::sync::mpsc::channel::<Vec<FileWrite>>();
         let writer = std::thread::Builder::new()
             .name("nestor-files".into())
             .spawn(move || {
-                // These files are for people; the report path gets the CPU first.
                 // SAFETY: setpriority on this thread's own id has no other effect.
                 unsafe {
                     libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
@@ -67,31 +60,11 @@ impl Flusher {
             })
             .map_err(|e| tracing::error!(error = %e, "cannot start the file writer"))
             .ok();
-        Self { store, durable, file_tx: Some(file_tx), writer }
-    }
-
-    /// Makes every write so far durable: one flush (fsync) for a whole burst
-    /// of results. It blocks the loop for that long, while further events
-    /// queue up and form the next burst.
-    pub(crate) fn make_durable(&self) -> Result<(), crate::store::StoreError> {
-        if self.durable {
-            self.store.flush()
-        } else {
-            Ok(())
-        }
-    }
-
-    /// The same on a blocking thread; the outcome arrives on `done`, and the
-    /// loop goes on storing the next batch meanwhile.
-    pub(crate) fn make_durable_in_background(&self, done: tokio::sync::mpsc::UnboundedSender<Result<(), crate::store::StoreError>>) {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            let _ = done.send(store.flush());
-        });
+        Self { file_tx: Some(file_tx), writer }
     }
 
     /// Queues files for the writer thread.
-    pub(crate) fn write_files(&self, files: Vec<FileWrite>) {
+    pub(crate) fn write(&self, files: Vec<FileWrite>) {
         if let (false, Some(tx)) = (files.is_empty(), &self.file_tx) {
             let _ = tx.send(files);
         }

@@ -14,8 +14,9 @@
 //! simulation writes the result store only: no per-trial files.
 //!
 //! The clock advances one event at a time, and only when the Tuner has
-//! acted on every event before it ([`Backend::idle`]): decisions are made
-//! in virtual-time order, and the same seed gives the same sweep.
+//! acted on every event before it: the backend is also the loop's clock,
+//! and moves when the loop is idle. Decisions are made in virtual-time
+//! order, and the same seed gives the same sweep.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -286,12 +287,14 @@ impl Clock {
 pub struct SimBackend {
     curves: Curves,
     clock: Mutex<Clock>,
+    /// Unix time at virtual time 0.
+    unix_origin: f64,
 }
 
 impl SimBackend {
     /// A backend replaying `curves`.
     pub fn new(curves: Curves) -> Self {
-        Self { curves, clock: Mutex::new(Clock::default()) }
+        Self { curves, clock: Mutex::new(Clock::default()), unix_origin: crate::runner::now_unix() }
     }
 }
 
@@ -308,6 +311,20 @@ impl Backend for SimBackend {
         clock.runs.insert(id, run);
         clock.schedule(id, at);
         Ok(handle)
+    }
+}
+
+impl crate::runner::Clock for SimBackend {
+    fn now(&self) -> f64 {
+        self.clock.lock().unwrap_or_else(|p| p.into_inner()).now
+    }
+
+    fn unix_now(&self) -> f64 {
+        self.unix_origin + self.now()
+    }
+
+    fn is_virtual(&self) -> bool {
+        true
     }
 
     fn idle(&self) {
@@ -373,10 +390,6 @@ impl Backend for SimBackend {
             c.waiting = Some((id, rx));
             return;
         }
-    }
-
-    fn virtual_now(&self) -> Option<f64> {
-        Some(self.clock.lock().unwrap_or_else(|p| p.into_inner()).now)
     }
 }
 

@@ -13,7 +13,7 @@ use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, Re
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
 use crate::experiment::{Algorithm, ExperimentFile, Resolved, SearchSection, TrainerSection};
 use crate::result_grid::ResultGrid;
-use crate::runner::{Finish, Runner};
+use crate::runner::{Clock, Durability, Finish, Parts, Reporter, Runner, Settings, WallClock};
 use crate::simulate::{ArmSearcher, SimBackend};
 use crate::store::Store;
 use crate::TuneError;
@@ -373,12 +373,18 @@ impl Tuner {
             // num_to_keep but not yet deleted) go before any trial runs again.
             collect_garbage(&store, &storage).await?;
         }
-        let backend: Arc<dyn Backend> = match trainable.kind {
-            Kind::Simulated(curves) => Arc::new(SimBackend::new(curves)),
-            Kind::Train(TrainLoop::Function(f)) => Arc::new(f),
+        // A replay of recorded curves is a backend that is also the loop's (virtual) clock.
+        let (backend, clock): (Arc<dyn Backend>, Arc<dyn Clock>) = match trainable.kind {
+            Kind::Simulated(curves) => {
+                let sim = Arc::new(SimBackend::new(curves));
+                (sim.clone(), sim)
+            }
+            Kind::Train(TrainLoop::Function(f)) => (Arc::new(f), Arc::new(WallClock::new())),
             Kind::Train(TrainLoop::Process(mut c)) => {
                 c.use_gpu = trainable.scaling.use_gpu;
-                Arc::new(ProcessBackend::start(c).await.map_err(|source| TuneError::Io { path: PathBuf::from("<report server>"), source })?)
+                let backend =
+                    ProcessBackend::start(c).await.map_err(|source| TuneError::Io { path: PathBuf::from("<report server>"), source })?;
+                (Arc::new(backend), Arc::new(WallClock::new()))
             }
         };
         let mut stoppers: Vec<Box<dyn Stopper>> = vec![Box::new(MetricThresholds(file.stop.clone()))];
@@ -399,44 +405,40 @@ impl Tuner {
             planned,
             max_concurrent
         ));
-        let simulated = backend.virtual_now().is_some();
-        let runner = Runner {
+        // A replay's results can be computed again: durable at its end only, and no files for people.
+        let durability = if clock.is_virtual() { Durability::AtEnd } else { Durability::EveryBatch };
+        let metric = file.experiment.metric.clone();
+        let reporter = Reporter::new(exp_dir.clone(), metric.clone(), progress, durability == Durability::EveryBatch, finished);
+        let settings = Settings {
             exp_dir: exp_dir.clone(),
+            metric,
+            max_concurrent,
+            max_trials: searcher.total_trials().unwrap_or(file.experiment.num_samples),
+            time_budget: file.experiment.time_budget_s.map(Duration::from_secs_f64),
+            fail_fast: file.experiment.fail_fast,
+            request,
+            checkpoint: file.checkpoint.clone(),
+            failure: file.failure.clone(),
+            stop_thresholds: MetricThresholds(file.stop.clone()),
+            durability,
+        };
+        let (runner, inputs) = Runner::new(Parts {
+            settings,
             store: store.clone(),
             backend,
-            max_trials: searcher.total_trials().unwrap_or(file.experiment.num_samples),
+            clock,
             searcher,
             scheduler,
             stopper: Box::new(CombinedStopper(stoppers)),
-            stop_thresholds: MetricThresholds(file.stop.clone()),
-            metric: file.experiment.metric.clone(),
-            max_concurrent,
-            time_budget: file.experiment.time_budget_s.map(Duration::from_secs_f64),
-            fail_fast: file.experiment.fail_fast,
-            pending,
-            next_index,
-            progress,
-            finished,
             pool,
-            request,
-            deferred_starts: Vec::new(),
             storage,
-            checkpoint: file.checkpoint.clone(),
-            failure: file.failure.clone(),
-            background: Default::default(),
-            stopping: false,
-            first_error: None,
-            dirty: Default::default(),
+            pending,
             paused,
+            next_index,
             seen,
-            told_no_more: false,
-            saved_scheduler: String::new(),
-            origin: std::time::Instant::now(),
-            unix_origin: crate::runner::now_unix(),
-            simulated,
-            pinned: Default::default(),
-        };
-        match runner.run().await? {
+            reporter,
+        });
+        match runner.run(inputs).await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
             Finish::Done => Ok(ResultGrid::from_store(&exp_dir, &store)?),
         }
@@ -475,13 +477,33 @@ fn replay_unseen(
         let decision = scheduler.on_trial_result(&crate::runner::view(&lists.pending[i]), &r);
         searcher.on_trial_result(&r.trial_id, &r);
         seen.insert(r.trial_id.clone(), r.seq + 1);
-        if let Some(e) = scheduler.take_exploits().into_iter().find(|e| e.trial_id == r.trial_id) {
-            // Carried out before the trial runs again.
-            lists.pending[i].pending_exploit = Some(e);
-            store.put_trial(&lists.pending[i])?;
-            continue;
+        match decision {
+            Decision::Continue => continue,
+            Decision::Exploit(e) => {
+                // Carried out before the trial runs again.
+                lists.pending[i].pending_exploit = Some(*e);
+                store.put_trial(&lists.pending[i])?;
+                continue;
+            }
+            Decision::Resize { num_workers } => {
+                // It restarts anyway: with the new size, when its latest checkpoint is the one decided on and fits.
+                let t = &mut lists.pending[i];
+                let fits = t
+                    .latest_checkpoint
+                    .as_ref()
+                    .filter(|c| Some(&c.uri) == r.checkpoint.as_ref())
+                    .is_some_and(|c| c.required_world_size().is_none_or(|n| n == num_workers));
+                if fits {
+                    t.num_workers = Some(num_workers);
+                    t.resizing = true;
+                    t.resizes += 1;
+                    store.put_trial(t)?;
+                }
+                continue;
+            }
+            Decision::Pause | Decision::Stop => {}
         }
-        let Some(mut t) = (decision != Decision::Continue).then(|| lists.pending.remove(i)).flatten() else { continue };
+        let Some(mut t) = lists.pending.remove(i) else { continue };
         if decision == Decision::Pause {
             t.status = TrialStatus::Paused;
             store.put_trial(&t)?;

@@ -123,11 +123,15 @@ impl Runner {
     /// Applies `num_to_keep` to `trial_id`'s committed checkpoints, sparing
     /// those pinned while an exploit copies them (they go at the next turn).
     pub(super) fn apply_retention(&mut self, trial_id: &str) -> Result<(), TuneError> {
-        let Some(keep) = self.checkpoint.num_to_keep else { return Ok(()) };
+        let Some(keep) = self.settings.checkpoint.num_to_keep else { return Ok(()) };
         let committed = self.store.checkpoints(trial_id)?;
-        let mut doomed =
-            crate::retention::doomed(&committed, keep, self.checkpoint.score_attribute.as_deref(), self.checkpoint.score_order);
-        doomed.retain(|c| !self.pinned.contains_key(&c.uri));
+        let mut doomed = crate::retention::doomed(
+            &committed,
+            keep,
+            self.settings.checkpoint.score_attribute.as_deref(),
+            self.settings.checkpoint.score_order,
+        );
+        doomed.retain(|c| !self.trials.pinned.contains_key(&c.uri));
         if doomed.is_empty() {
             return Ok(());
         }

@@ -2,12 +2,10 @@
 //! `max_failures` allows, else ERROR; and hung runs, killed after
 //! `hang_timeout_s`.
 
-use std::collections::HashMap;
-
 use schedulers::TrialStatus;
 use trainer::StopLevel;
 
-use super::{checkpoint_name, remove_uncommitted, view, Ending, Runner, Running};
+use super::{checkpoint_name, remove_uncommitted, view, Ending, Output, Runner};
 use crate::store::TrialRecord;
 use crate::TuneError;
 
@@ -15,49 +13,35 @@ impl Runner {
     /// A run of `rec` failed: it restarts from its latest committed
     /// checkpoint while `max_failures` allows (and the sweep goes on), else
     /// it is ERROR.
-    pub(super) fn failed_run(
-        &mut self,
-        mut rec: TrialRecord,
-        msg: String,
-        ended: &mut Vec<TrialRecord>,
-        running: &mut HashMap<String, Running>,
-    ) -> Result<(), TuneError> {
-        let restartable = !self.stopping && self.failure.may_restart(rec.failures);
+    pub(super) fn failed_run(&mut self, mut rec: TrialRecord, msg: String) -> Result<(), TuneError> {
+        let restartable = !self.phase.stopping && self.settings.failure.may_restart(rec.failures);
         rec.failures += 1;
         // The failed run may have left a checkpoint half written.
-        self.dirty.insert(rec.id.clone());
+        self.trials.dirty.insert(rec.id.clone());
         if !restartable {
-            return self.give_up(rec, msg, ended, running);
+            return self.give_up(rec, msg);
         }
         rec.status = TrialStatus::Pending;
         let first_line = crate::progress::headline(&msg);
         rec.last_failure = Some(msg);
         self.store.put_trial(&rec)?;
         let from = rec.latest_checkpoint.as_ref().map_or_else(|| "the start".to_string(), |c| checkpoint_name(&c.uri).to_string());
-        let count = if self.failure.max_failures < 0 {
-            format!("failure {}", rec.failures)
-        } else {
-            format!("failure {} of {}", rec.failures, self.failure.max_failures)
-        };
-        self.progress.note(&format!("{}: {first_line}; restarting from {from} ({count})", rec.id));
+        let max_failures = self.settings.failure.max_failures;
+        let count =
+            if max_failures < 0 { format!("failure {}", rec.failures) } else { format!("failure {} of {max_failures}", rec.failures) };
+        self.reporter.report(Output::Note(&format!("{}: {first_line}; restarting from {from} ({count})", rec.id)));
         // Before anything new: its resources were just released.
-        self.pending.push_front(rec);
+        self.trials.pending.push_front(rec);
         Ok(())
     }
 
     /// `rec` is ERROR for good.
-    pub(super) fn give_up(
-        &mut self,
-        mut rec: TrialRecord,
-        msg: String,
-        ended: &mut Vec<TrialRecord>,
-        running: &mut HashMap<String, Running>,
-    ) -> Result<(), TuneError> {
+    pub(super) fn give_up(&mut self, mut rec: TrialRecord, msg: String) -> Result<(), TuneError> {
         rec.status = TrialStatus::Error;
         rec.error = Some(msg.clone());
-        rec.ended_at = Some(self.unix_now());
+        rec.ended_at = Some(self.clock.unix_now());
         self.store.put_trial(&rec)?;
-        if self.dirty.remove(&rec.id) {
+        if self.trials.dirty.remove(&rec.id) {
             // Nothing runs it again: what its last run left half written goes now.
             let (trial, keep) = self.cleanup(&rec.id)?;
             self.background.spawn(&rec.id, async move {
@@ -68,28 +52,26 @@ impl Runner {
         }
         self.scheduler.on_trial_error(&view(&rec));
         self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
-        self.seen.remove(&rec.id);
-        if self.first_error.is_none() {
-            self.first_error = Some(format!("{}: {msg}", rec.id));
+        self.trials.seen.remove(&rec.id);
+        if self.phase.first_error.is_none() {
+            self.phase.first_error = Some(format!("{}: {msg}", rec.id));
         }
-        if self.fail_fast && !self.stopping {
-            self.stopping = true;
-            self.progress.note("fail_fast: a trial failed; stopping the sweep");
-            for other in running.values_mut() {
-                other.ending.get_or_insert(Ending::Stopped);
-                other.handle.stop(StopLevel::Graceful);
-            }
+        if self.settings.fail_fast && !self.phase.stopping {
+            self.reporter.report(Output::Note("fail_fast: a trial failed; stopping the sweep"));
+            self.stop_all();
         }
-        ended.push(rec);
+        self.commits.push_end(rec);
         Ok(())
     }
 
     /// Kills the runs that have not completed a step within the hang
     /// timeout; each counts as a failure naming the ranks it waited for.
-    pub(super) fn detect_hangs(&mut self, running: &mut HashMap<String, Running>) {
-        let Some(limit) = self.failure.hang_timeout_s else { return };
-        let now = self.clock();
-        for r in running.values_mut() {
+    pub(super) fn detect_hangs(&mut self) {
+        self.phase.last_hang_check = Some(std::time::Instant::now());
+        let Some(limit) = self.settings.failure.hang_timeout_s else { return };
+        let now = self.clock.now();
+        let trials_dir = self.settings.exp_dir.join("trials");
+        for r in self.trials.running.values_mut() {
             if r.ending.is_some() || now - r.last_report < limit {
                 continue;
             }
@@ -100,7 +82,7 @@ impl Runner {
                 let ranks: Vec<String> = lagging.iter().map(u32::to_string).collect();
                 msg.push_str(&format!("; waiting on rank {}", ranks.join(", ")));
             }
-            let log = r.dir.join("logs").join(format!("rank-{}.log", lagging.first().copied().unwrap_or(0)));
+            let log = trials_dir.join(&r.record.id).join("logs").join(format!("rank-{}.log", lagging.first().copied().unwrap_or(0)));
             let tail = trainer::log_tail(&log, 20);
             if !tail.is_empty() {
                 msg.push_str(&format!("; last log lines ({}):\n{tail}", log.display()));

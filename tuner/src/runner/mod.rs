@@ -1,5 +1,11 @@
-//! The experiment loop: one task owns all mutable experiment state and is
-//! fed by one channel of trial events. It admits trials, stores every result
+//! The experiment loop, in the shape of a dispatcher: [`Runner::run`] only
+//! turns its inputs (trial events, finished restores, finished flushes,
+//! timers, signals) into one [`LoopEvent`] at a time; [`Runner::handle`]
+//! acts on it, and [`Runner::advance`] admits trials, starts the next group
+//! commit and decides whether the sweep is over. Both are synchronous, so
+//! a unit test drives the loop with a scripted stream of events.
+//!
+//! The loop owns all mutable experiment state. It stores every result
 //! before the scheduler sees it, and answers workers once their result is
 //! durable.
 
@@ -9,43 +15,43 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
+use tokio::task::{Id as TaskId, JoinError, JoinSet};
 
-use schedulers::{Capacity, Decision, Exploit, Scheduler, Stopper, TrialStatus, TrialView};
+use schedulers::{Capacity, Decision, Scheduler, Stopper, TrialStatus, TrialView};
 use search::{Metrics, Searcher, Suggestion, TrialResult};
 use trainer::{
-    Allocation, Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Reply, Report, Request, ResourcePool, StopLevel, Storage,
+    Allocation, Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Report, Request, ResourcePool, StopLevel, Storage,
     TrialHandle,
 };
 
 use crate::config::{CheckpointConfig, FailureConfig};
-
-use crate::files::{FileWrite, Flusher};
-use crate::progress::Progress;
 use crate::store::{CheckpointRecord, Store, StoreError, TrialRecord, RECORD_VERSION};
 use crate::TuneError;
 
 mod checkpoints;
+mod clock;
+mod commits;
 mod exploits;
 mod failures;
 mod pausing;
+mod reporter;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use checkpoints::{remove_uncommitted, Background};
+pub(crate) use clock::{now_unix, Clock, WallClock};
+pub(crate) use commits::Durability;
 pub(crate) use exploits::config_change;
+pub(crate) use reporter::{Reporter, SNAPSHOT};
 
-/// The live-status file in the experiment directory, present while a sweep runs.
-pub(crate) const SNAPSHOT: &str = "status.json";
-
-/// Batches up to this many results are flushed on the loop itself; larger
-/// ones off it, while the next batch forms.
-const INLINE_FLUSH: usize = 2;
+use commits::{Batch, Commits, Stored};
+use reporter::Output;
 
 /// Longest a trial's end waits for a flush when no worker is waiting for one.
 const END_FLUSH_DELAY: Duration = Duration::from_millis(20);
 
-/// Seconds since the Unix epoch.
-pub(crate) fn now_unix() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
-}
+/// How often hangs are looked for and the display refreshed.
+const TICK: Duration = Duration::from_millis(500);
 
 /// `checkpoint_000007` for `.../checkpoint_000007` (a path or a URL).
 pub(crate) fn checkpoint_name(uri: &str) -> &str {
@@ -57,53 +63,99 @@ pub(crate) fn trial_id(index: u64) -> String {
     format!("trial_{index:05}")
 }
 
-/// A result stored in the current burst, and the worker waiting on it.
-struct Stored {
-    result: Arc<TrialResult>,
-    reply: Reply,
+/// One input of the loop.
+#[derive(Debug)]
+pub(crate) enum LoopEvent {
+    /// SIGINT or SIGTERM: the first stops the trials gracefully, the second kills them.
+    Interrupt,
+    /// The wall-clock time budget is spent.
+    BudgetSpent,
+    /// A trial's preparation off the loop ended (or panicked: an error on that trial).
+    Restored(Result<(TaskId, Restored), JoinError>),
+    /// A group commit off the loop ended.
+    Flushed { batch: u64, result: Result<(), StoreError> },
+    /// Trial ends have waited [`END_FLUSH_DELAY`] for a flush: they get their own.
+    EndsDue,
+    /// Events from running trials, in the order they came.
+    Trials(Vec<Event>),
+    /// The periodic tick: hangs, the display, `status.json`.
+    Tick,
 }
 
-/// Results and trial ends waiting to be durable, and the flush under way.
-/// One flush runs at a time, off the loop; what arrives meanwhile forms the
-/// next batch, flushed as soon as the current one is done.
-struct Commits {
-    /// Stored since the last flush started.
-    reports: Vec<Stored>,
-    /// Trials that ended since the last flush started: shown as ended once durable.
-    ended: Vec<TrialRecord>,
-    /// The batch being flushed now.
-    inflight: Option<Batch>,
-    flushed_tx: mpsc::UnboundedSender<Result<(), StoreError>>,
-    flushed_rx: mpsc::UnboundedReceiver<Result<(), StoreError>>,
+/// What the dispatcher does after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// Go on.
+    Go,
+    /// Ctrl-C twice: the trials are killed; leave at once.
+    Kill,
 }
 
-struct Batch {
-    reports: Vec<Stored>,
-    ended: Vec<TrialRecord>,
+/// How the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// Every trial ran (or the budget, fail_fast or a stopper ended the sweep).
+    Done,
+    /// Ctrl-C.
+    Interrupted,
 }
 
-impl Commits {
-    fn new() -> Self {
-        let (flushed_tx, flushed_rx) = mpsc::unbounded_channel();
-        Self { reports: Vec::new(), ended: Vec::new(), inflight: None, flushed_tx, flushed_rx }
-    }
-
-    /// Whether `trial`'s results are stored but not yet decided on.
-    fn holds(&self, trial: &str) -> bool {
-        self.reports.iter().chain(self.inflight.iter().flat_map(|b| &b.reports)).any(|p| p.result.trial_id == trial)
-    }
+/// The loop's settings, fixed for the sweep.
+pub(crate) struct Settings {
+    pub exp_dir: PathBuf,
+    /// The experiment's metric; every result must carry it.
+    pub metric: Option<String>,
+    pub max_concurrent: usize,
+    pub max_trials: u64,
+    pub time_budget: Option<Duration>,
+    pub fail_fast: bool,
+    /// What each trial asks for.
+    pub request: Request,
+    /// Which checkpoints to keep; where workers may save them.
+    pub checkpoint: CheckpointConfig,
+    /// Restarts after failures; hang detection.
+    pub failure: FailureConfig,
+    /// The `[stop]` thresholds alone: an exploit never restarts a trial
+    /// from a checkpoint that already meets them.
+    pub stop_thresholds: schedulers::MetricThresholds,
+    /// When results are made durable. A replay (`AtEnd`) also writes no
+    /// files for people and no checkpoint markers: its checkpoints are names only.
+    pub durability: Durability,
 }
 
-struct Running {
+/// Everything a sweep's loop is built from.
+pub(crate) struct Parts {
+    pub settings: Settings,
+    pub store: Store,
+    pub backend: Arc<dyn Backend>,
+    pub clock: Arc<dyn Clock>,
+    pub searcher: Box<dyn Searcher>,
+    pub scheduler: Box<dyn Scheduler>,
+    pub stopper: Box<dyn Stopper>,
+    /// The node's resources; a trial starts only with all its bundles.
+    pub pool: ResourcePool,
+    /// The experiment's checkpoint storage: `<storage>/<name>`.
+    pub storage: Storage,
+    /// Trials to (re)start before asking the searcher, oldest first.
+    pub pending: VecDeque<TrialRecord>,
+    /// PAUSED trials, oldest first.
+    pub paused: Vec<TrialRecord>,
+    /// Index of the next trial to create.
+    pub next_index: u64,
+    /// For each live trial, how many of its results the scheduler has seen.
+    pub seen: HashMap<String, u64>,
+    pub reporter: Reporter,
+}
+
+/// A running trial.
+pub(crate) struct Running {
     record: TrialRecord,
-    /// `<experiment>/trials/<id>`.
-    dir: Arc<std::path::Path>,
     handle: TrialHandle,
     /// Held until every process of the trial is gone.
     allocation: Allocation,
-    /// When this run started, on the runner's clock (seconds).
+    /// When this run started, on the loop's clock (seconds).
     started: f64,
-    /// When it last reported, on the runner's clock.
+    /// When it last reported, on the loop's clock.
     last_report: f64,
     /// Set when this run must end; the reason decides the final state.
     ending: Option<Ending>,
@@ -120,7 +172,7 @@ enum Ending {
     Resize(u32),
     /// The scheduler had it exploit another trial: restarted from the
     /// donor's checkpoint with the explored config.
-    Exploit(Box<Exploit>),
+    Exploit(Box<schedulers::Exploit>),
     /// The scheduler paused it: PAUSED, resumed from its checkpoint when
     /// the scheduler picks it.
     Paused,
@@ -131,10 +183,31 @@ enum Ending {
     Hung(String),
 }
 
+/// The trials by where they are.
+#[derive(Default)]
+pub(crate) struct Trials {
+    running: HashMap<String, Running>,
+    /// To (re)start before asking the searcher, first in line first.
+    pending: VecDeque<TrialRecord>,
+    /// PAUSED, oldest first: the scheduler picks which resumes.
+    paused: Vec<TrialRecord>,
+    /// Index of the next trial to create.
+    next_index: u64,
+    /// Trials whose last run failed: their storage may hold a checkpoint
+    /// half written, removed before they run again.
+    dirty: HashSet<String>,
+    /// Donor checkpoints being copied, kept from `num_to_keep` until done.
+    pinned: HashMap<String, usize>,
+    /// For each live trial, how many of its results the scheduler has seen:
+    /// saved with its state, so a resume replays only the rest.
+    seen: HashMap<String, u64>,
+}
+
 /// A trial prepared off the loop before it (re)starts: its uncommitted
 /// checkpoints removed (after a failed run), its checkpoint fetched from an
 /// object store; and how that went (the fetched copy's local directory).
-struct Restored {
+#[derive(Debug)]
+pub(crate) struct Restored {
     record: TrialRecord,
     allocation: Allocation,
     fetched: Result<Option<PathBuf>, String>,
@@ -143,535 +216,496 @@ struct Restored {
     exploit: Option<(CheckpointRecord, Option<CheckpointRecord>)>,
 }
 
-/// Everything the loop needs, built by the Tuner.
-pub(crate) struct Runner {
-    pub exp_dir: PathBuf,
-    pub store: Store,
-    pub backend: Arc<dyn Backend>,
-    pub searcher: Box<dyn Searcher>,
-    pub scheduler: Box<dyn Scheduler>,
-    pub stopper: Box<dyn Stopper>,
-    /// The `[stop]` thresholds alone: an exploit never restarts a trial
-    /// from a checkpoint that already meets them.
-    pub stop_thresholds: schedulers::MetricThresholds,
-    pub metric: Option<String>,
-    pub max_concurrent: usize,
-    pub max_trials: u64,
-    pub time_budget: Option<Duration>,
-    pub fail_fast: bool,
-    /// Trials to (re)start before asking the searcher, oldest first.
-    pub pending: VecDeque<TrialRecord>,
-    /// Index of the next trial to create.
-    pub next_index: u64,
-    pub progress: Progress,
-    /// Trials TERMINATED and ERROR so far (including before a resume).
-    pub finished: (u64, u64),
-    /// The node's resources; a trial starts only with all its bundles.
-    pub pool: ResourcePool,
-    /// What each trial asks for.
-    pub request: Request,
-    /// Trials started while earlier ends were not yet shown; shown after them.
-    pub deferred_starts: Vec<TrialRecord>,
-    /// The experiment's checkpoint storage: `<storage>/<name>`.
-    pub storage: Storage,
-    /// Which checkpoints to keep; where workers may save them.
-    pub checkpoint: CheckpointConfig,
-    /// Restarts after failures; hang detection.
-    pub failure: FailureConfig,
-    /// Commit markers and deletions under way, per trial; the sweep ends
-    /// after them.
-    pub background: Background,
-    /// Set once no new trial may start (Ctrl-C, time budget, fail_fast).
-    pub stopping: bool,
-    /// The first trial error, for fail_fast's message.
-    pub first_error: Option<String>,
-    /// Trials whose last run failed: their storage may hold a checkpoint
-    /// half written, removed before they run again.
-    pub dirty: HashSet<String>,
-    /// PAUSED trials, oldest first: the scheduler picks which resumes.
-    pub paused: Vec<TrialRecord>,
-    /// The scheduler was told no more trials will come.
-    pub told_no_more: bool,
-    /// The scheduler state last written to the store.
-    pub saved_scheduler: String,
-    /// For each live trial, how many of its results the scheduler has seen:
-    /// saved with its state, so a resume replays only the rest.
-    pub seen: HashMap<String, u64>,
-    /// The clock's origin (the backend's virtual clock replaces it).
-    pub origin: Instant,
-    /// Unix time at `origin`.
-    pub unix_origin: f64,
-    /// The backend keeps a virtual clock (a simulation); fixed for the sweep.
-    pub simulated: bool,
-    /// Donor checkpoints being copied, kept from `num_to_keep` until done.
-    pub pinned: HashMap<String, usize>,
+/// Trials being prepared off the loop, each an owned task: a panic comes
+/// back as a `JoinError` naming the task, and becomes an error on its trial.
+#[derive(Default)]
+struct Restores {
+    tasks: JoinSet<Restored>,
+    /// What each task holds, to release it if the task never comes back.
+    held: HashMap<TaskId, (TrialRecord, Allocation)>,
 }
 
-/// How the loop ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Finish {
-    /// Every trial ran (or the budget or fail_fast ended the sweep).
-    Done,
-    /// Ctrl-C.
-    Interrupted,
+impl Restores {
+    fn len(&self) -> usize {
+        self.held.len()
+    }
+}
+
+/// Where the sweep is in its life.
+#[derive(Default)]
+struct Phase {
+    /// Set once no new trial may start (Ctrl-C, time budget, fail_fast, a stopper).
+    stopping: bool,
+    interrupts: u32,
+    /// The searcher will suggest no more trials.
+    searcher_done: bool,
+    /// The scheduler was told no more trials will come.
+    told_no_more: bool,
+    /// The first trial error, for fail_fast's message.
+    first_error: Option<String>,
+    /// The scheduler state last written to the store.
+    saved_scheduler: String,
+    /// When hangs were last looked for.
+    last_hang_check: Option<Instant>,
+}
+
+/// What the dispatcher waits on besides the runner's own tasks.
+pub(crate) struct Inputs {
+    events: mpsc::UnboundedReceiver<Event>,
+    flushed: mpsc::UnboundedReceiver<(u64, Result<(), StoreError>)>,
+}
+
+/// The experiment loop and everything it owns.
+pub(crate) struct Runner {
+    settings: Settings,
+    store: Store,
+    backend: Arc<dyn Backend>,
+    clock: Arc<dyn Clock>,
+    searcher: Box<dyn Searcher>,
+    scheduler: Box<dyn Scheduler>,
+    stopper: Box<dyn Stopper>,
+    pool: ResourcePool,
+    storage: Storage,
+    trials: Trials,
+    restores: Restores,
+    commits: Commits,
+    reporter: Reporter,
+    /// Commit markers and deletions under way, per trial; the sweep ends after them.
+    background: Background,
+    phase: Phase,
+    events_tx: mpsc::UnboundedSender<Event>,
+    /// Tests: the next restore task panics.
+    #[cfg(test)]
+    restore_panics: bool,
 }
 
 impl Runner {
-    pub(crate) async fn run(mut self) -> Result<Finish, TuneError> {
-        let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
-        // A simulation's results are recomputed, not irreplaceable: made durable at its end only.
-        let flusher = Flusher::spawn(self.store.clone(), !self.simulated());
-        let mut running: HashMap<String, Running> = HashMap::new();
-        let mut searcher_done = false;
-        let mut interrupts = 0u32;
+    pub(crate) fn new(p: Parts) -> (Self, Inputs) {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (commits, flushed) = Commits::new(p.store.clone(), p.settings.durability);
+        let trials = Trials { pending: p.pending, paused: p.paused, next_index: p.next_index, seen: p.seen, ..Default::default() };
+        let runner = Self {
+            settings: p.settings,
+            store: p.store,
+            backend: p.backend,
+            clock: p.clock,
+            searcher: p.searcher,
+            scheduler: p.scheduler,
+            stopper: p.stopper,
+            pool: p.pool,
+            storage: p.storage,
+            trials,
+            restores: Restores::default(),
+            commits,
+            reporter: p.reporter,
+            background: Background::default(),
+            phase: Phase::default(),
+            events_tx,
+            #[cfg(test)]
+            restore_panics: false,
+        };
+        (runner, Inputs { events, flushed })
+    }
+
+    /// Runs the sweep to its end.
+    pub(crate) async fn run(mut self, mut inputs: Inputs) -> Result<Finish, TuneError> {
         // Timers live across turns of the loop: re-creating them every turn
         // would re-register them with the timer driver each time.
         let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-        // A simulation's budget is virtual time, checked every turn instead.
-        let wall_budget = self.time_budget.filter(|_| !self.simulated());
+        // A virtual clock's budget is checked every turn instead.
+        let wall_budget = self.settings.time_budget.filter(|_| !self.clock.is_virtual());
         let budget = tokio::time::sleep_until(wall_budget.map_or(far, |b| tokio::time::Instant::now() + b));
         tokio::pin!(budget);
-        let ended_timer = tokio::time::sleep_until(far);
-        tokio::pin!(ended_timer);
-        // Results and ends waiting for a flush before anyone acts on them.
-        let mut commits = Commits::new();
-        let mut files: Vec<FileWrite> = Vec::new();
-        let mut ended_deadline: Option<tokio::time::Instant> = None;
-        let mut last_snapshot = String::new();
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        let mut last_hang_check = Instant::now();
+        let ends_timer = tokio::time::sleep_until(far);
+        tokio::pin!(ends_timer);
+        let mut ends_deadline: Option<tokio::time::Instant> = None;
+        let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source })?;
-        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source })?;
-        // Trials waiting for their checkpoint to arrive from an object store.
-        let (restored_tx, mut restored_rx) = mpsc::unbounded_channel::<Restored>();
-        let mut restoring: usize = 0;
+        let signal =
+            |kind| tokio::signal::unix::signal(kind).map_err(|source| TuneError::Io { path: PathBuf::from("<signal handler>"), source });
+        let mut sigint = signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let mut sigterm = signal(tokio::signal::unix::SignalKind::terminate())?;
 
         self.tell_capacity();
         loop {
-            // Admit trials while there are free slots and resources for all of a trial's bundles.
-            self.apply_stopped(&mut running, &mut commits.ended)?;
-            if !self.stopping && self.simulated() && self.time_budget.is_some_and(|b| self.clock() >= b.as_secs_f64()) {
-                self.out_of_time(&mut running);
+            if self.advance()? {
+                break;
             }
-            while !self.stopping && running.len() + restoring < self.max_concurrent {
-                let Some(allocation) = self.pool.try_allocate(&self.request) else { break };
-                let can_add = !searcher_done && self.next_index < self.max_trials;
-                let mut next = self.pending.pop_front();
-                if next.is_none() {
-                    next = self.resume_paused(can_add);
+            // A trial's end rides on the next flush for results, or gets its own within END_FLUSH_DELAY.
+            if !self.commits.ends_waiting() {
+                ends_deadline = None;
+            } else if ends_deadline.is_none() {
+                let at = tokio::time::Instant::now() + END_FLUSH_DELAY;
+                ends_deadline = Some(at);
+                ends_timer.as_mut().reset(at);
+            }
+            if self.commits.is_idle() && self.restores.len() == 0 {
+                // A virtual clock moves only once every event so far is acted on.
+                self.clock.idle();
+            }
+            let budget_armed = !self.phase.stopping && wall_budget.is_some();
+            let restoring = self.restores.len() > 0;
+            // Not while a flush is under way (its end starts the next one): a
+            // ready timer would otherwise win every turn of this biased select.
+            let ends_armed = ends_deadline.is_some() && !self.commits.in_flight();
+            let event = tokio::select! {
+                biased;
+                _ = async { tokio::select! { _ = sigint.recv() => {}, _ = sigterm.recv() => {} } } => LoopEvent::Interrupt,
+                _ = &mut budget, if budget_armed => LoopEvent::BudgetSpent,
+                Some(done) = self.restores.tasks.join_next_with_id(), if restoring => LoopEvent::Restored(done),
+                Some((batch, result)) = inputs.flushed.recv() => LoopEvent::Flushed { batch, result },
+                _ = &mut ends_timer, if ends_armed => LoopEvent::EndsDue,
+                ev = inputs.events.recv() => {
+                    let Some(first) = ev else { break };
+                    let mut burst = vec![first];
+                    while let Ok(ev) = inputs.events.try_recv() {
+                        burst.push(ev);
+                    }
+                    LoopEvent::Trials(burst)
                 }
-                if next.is_none() && can_add {
-                    let id = trial_id(self.next_index);
-                    match self.searcher.suggest(&id) {
-                        Suggestion::Config(config) => {
-                            let record = TrialRecord::new(id, self.next_index, config, self.unix_now());
-                            self.next_index += 1;
-                            self.store.create_trial(&record, &self.searcher.save())?;
-                            let view = view(&record);
-                            self.scheduler.on_trial_add(&view);
-                            if !self.simulated() {
-                                self.save_scheduler()?;
-                            }
-                            // A simulation writes no per-trial files: thousands of tiny files would cost it more than its trials.
-                            if !self.simulated() {
-                                files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: record.config.clone() });
-                            }
-                            next = Some(record);
-                        }
-                        Suggestion::Wait => {}
-                        Suggestion::Finished => searcher_done = true,
-                    }
-                } else if next.is_none() {
-                    searcher_done = true;
-                }
-                if next.is_none() && searcher_done && !self.told_no_more {
-                    self.told_no_more = true;
-                    self.scheduler.on_no_more_trials();
-                    self.apply_stopped(&mut running, &mut commits.ended)?;
-                }
-                if next.is_none() {
-                    next = self.resume_paused(false);
-                }
-                let Some(record) = next else {
-                    self.pool.release(&allocation);
-                    break;
-                };
-                // A trial whose number of workers was changed needs its own bundles.
-                let request = self.request_for(&record);
-                let allocation = if request == self.request {
-                    allocation
-                } else {
-                    self.pool.release(&allocation);
-                    match self.pool.try_allocate(&request) {
-                        Some(a) => a,
-                        None => {
-                            // It waits, first in line, for workers to free up.
-                            self.pending.push_front(record);
-                            break;
-                        }
-                    }
-                };
-                // A start is shown after the ends not yet shown (they wait to be durable).
-                let ends_pending = !commits.ended.is_empty() || commits.inflight.as_ref().is_some_and(|b| !b.ended.is_empty());
-                let mut record = record;
-                let exploit = self.prepare_exploit(&mut record)?;
-                let check = if exploit.is_some() { Ok(None) } else { self.checkpoint_to_fetch(&record) };
-                match check {
-                    Err(msg) => {
-                        self.pool.release(&allocation);
-                        self.give_up(record, msg, &mut commits.ended, &mut running)?;
-                    }
-                    Ok(fetch) if fetch.is_some() || exploit.is_some() || self.dirty.contains(&record.id) => {
-                        // Prepared off the loop, launched when ready: the failed run's
-                        // leftovers removed, an exploit's checkpoint copied from its
-                        // donor, the checkpoint fetched from an object store.
-                        restoring += 1;
-                        let tx = restored_tx.clone();
-                        let cleanup = self.dirty.remove(&record.id).then(|| self.cleanup(&record.id)).transpose()?;
-                        let (storage, scratch) = (self.storage.clone(), self.trial_dir(&record.id).join("restore"));
-                        let trial_storage = self.storage.join(&format!("trials/{}", record.id));
-                        let settled = self.background.settled(&record.id);
-                        tokio::spawn(async move {
-                            let mut copied = None;
-                            let fetched = async {
-                                // Its deletions and markers still under way go first.
-                                settled.await;
-                                if let Some((trial, keep)) = cleanup {
-                                    remove_uncommitted(&trial, &keep).await.map_err(|e| e.to_string())?;
-                                }
-                                let mut fetch = fetch;
-                                if let Some(job) = &exploit {
-                                    for uri in &job.replaced {
-                                        storage.delete_checkpoint(uri).await.map_err(|e| e.to_string())?;
-                                    }
-                                    let uri = storage
-                                        .copy_checkpoint(&job.donor.uri, &trial_storage)
-                                        .await
-                                        .map_err(|e| format!("could not copy its donor's checkpoint {}: {e}", job.donor.uri))?;
-                                    copied = Some(CheckpointRecord { uri: uri.clone(), ..job.donor.clone() });
-                                    fetch = (!storage.is_local()).then_some(uri);
-                                }
-                                match fetch {
-                                    Some(uri) => storage.fetch_checkpoint(&uri, &scratch).await.map(Some).map_err(|e| e.to_string()),
-                                    None => Ok(None),
-                                }
-                            }
-                            .await;
-                            let exploit = exploit.map(|job| (job.donor, copied));
-                            let _ = tx.send(Restored { record, allocation, fetched, exploit });
-                        });
-                    }
-                    Ok(_) => {
-                        let local = self.local_checkpoint(&record);
-                        self.launch(record, allocation, local, &events_tx, &mut running, &mut commits.ended, ends_pending)?;
-                    }
+                _ = tick.tick() => LoopEvent::Tick,
+            };
+            if self.handle(event)? == Control::Kill {
+                // Trials still being prepared were never started: they stay as stored.
+                self.commit_now()?;
+                self.reporter.close().await;
+                return Ok(Finish::Interrupted);
+            }
+        }
+        self.finish().await
+    }
+
+    /// Acts on one event.
+    pub(crate) fn handle(&mut self, event: LoopEvent) -> Result<Control, TuneError> {
+        match event {
+            LoopEvent::Interrupt => return self.interrupt(),
+            LoopEvent::BudgetSpent => {
+                if !self.phase.stopping {
+                    self.out_of_time();
                 }
             }
+            LoopEvent::Restored(Ok((task, restored))) => {
+                self.restores.held.remove(&task);
+                self.on_restored(restored)?;
+            }
+            LoopEvent::Restored(Err(e)) => {
+                // The task panicked or was cancelled: its trial fails, the sweep goes on.
+                if let Some((record, allocation)) = self.restores.held.remove(&e.id()) {
+                    self.pool.release(&allocation);
+                    let why = if e.is_panic() { "panicked" } else { "was cancelled" };
+                    let msg = format!("the preparation of its restart {why}: {e}");
+                    tracing::error!(trial = %record.id, "{msg}");
+                    self.failed_run(record, msg)?;
+                }
+            }
+            LoopEvent::Flushed { batch, result } => {
+                if let Some(flushed) = self.commits.finished(batch, result) {
+                    self.finish_flush(flushed)?;
+                }
+            }
+            LoopEvent::EndsDue => {
+                if let Some(flushed) = self.commits.start(true) {
+                    self.finish_flush(flushed)?;
+                }
+            }
+            LoopEvent::Trials(events) => {
+                for ev in events {
+                    let span = tracing::debug_span!("trial", trial = %ev.trial_id);
+                    let _in = span.enter();
+                    self.on_trial_event(ev)?;
+                }
+                // Under a steady stream of events the tick may not get a turn.
+                if self.phase.last_hang_check.is_none_or(|t| t.elapsed() >= TICK) {
+                    self.detect_hangs();
+                }
+            }
+            LoopEvent::Tick => {
+                self.detect_hangs();
+                let mut rows: Vec<&TrialRecord> = self.trials.running.values().map(|r| &r.record).collect();
+                rows.sort_by_key(|r| r.index);
+                self.reporter.report(Output::Tick { running: &rows, trials: self.trials.next_index });
+            }
+        }
+        Ok(Control::Go)
+    }
+
+    /// After an event: ends what the scheduler gave up on, admits trials
+    /// while slots and resources allow, starts the group commit of what was
+    /// stored, and hands the files for people on. True once the sweep is over.
+    pub(crate) fn advance(&mut self) -> Result<bool, TuneError> {
+        loop {
+            self.apply_stopped()?;
+            let spent = self.settings.time_budget.is_some_and(|b| self.clock.now() >= b.as_secs_f64());
+            if spent && !self.phase.stopping {
+                self.out_of_time();
+            }
+            self.admit()?;
             // Group commit for the burst just handled; after admitting, so a
             // freed slot is refilled without waiting for the flush.
-            self.start_flush(&flusher, &mut commits, false);
-            flusher.write_files(std::mem::take(&mut files));
-            // A trial's end rides on the next flush for results, or gets its
-            // own within END_FLUSH_DELAY.
-            if commits.ended.is_empty() {
-                ended_deadline = None;
-            } else if ended_deadline.is_none() {
-                let at = tokio::time::Instant::now() + END_FLUSH_DELAY;
-                ended_deadline = Some(at);
-                ended_timer.as_mut().reset(at);
+            if let Some(flushed) = self.commits.start(false) {
+                self.finish_flush(flushed)?;
             }
-            if running.is_empty() && restoring == 0 && !self.stopping && !self.paused.is_empty() && !self.told_no_more {
+            self.reporter.flush();
+            let idle = self.trials.running.is_empty() && self.restores.len() == 0;
+            if !idle {
+                return Ok(false);
+            }
+            if !self.phase.stopping && !self.trials.paused.is_empty() && !self.phase.told_no_more {
                 // Nothing runs and nothing new starts: the scheduler decides with what it has.
-                self.told_no_more = true;
-                self.scheduler.on_no_more_trials();
+                self.tell_no_more()?;
                 continue;
             }
-            if running.is_empty() && restoring == 0 && (self.stopping || (searcher_done && self.pending.is_empty())) {
-                break;
-            }
-            if running.is_empty() && restoring == 0 {
+            if !self.phase.stopping && !(self.phase.searcher_done && self.trials.pending.is_empty()) {
                 // The searcher waits on trials, yet none runs: it can never proceed.
                 tracing::warn!("the searcher is waiting but no trial is running; ending the sweep");
-                break;
             }
+            return Ok(true);
+        }
+    }
 
-            if commits.inflight.is_none() && commits.reports.is_empty() && commits.ended.is_empty() && restoring == 0 {
-                // A simulation's clock moves only once every event so far is acted on.
-                self.backend.idle();
-            }
-            tokio::select! {
-                biased;
-                _ = async { tokio::select! { _ = sigint.recv() => {}, _ = sigterm.recv() => {} } } => {
-                    interrupts += 1;
-                    if interrupts == 1 {
-                        self.progress.note("Interrupted: stopping running trials (Ctrl-C again to kill them)");
-                        self.stopping = true;
-                        for r in running.values_mut() {
-                            r.ending = Some(Ending::Interrupted);
-                            r.handle.stop(StopLevel::Graceful);
-                        }
-                    } else {
-                        self.progress.note("Killing running trials");
-                        for (_, mut r) in running.drain() {
-                            r.handle.stop(StopLevel::Kill);
-                            r.record.status = TrialStatus::Pending;
-                            self.store.put_trial(&r.record)?;
-                        }
-                        // Trials still fetching their checkpoint were never started: they stay as stored.
-                        self.commit_now(&flusher, &mut running, &mut commits).await?;
-                        files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
-                        flusher.write_files(std::mem::take(&mut files));
-                        flusher.close().await;
-                        self.progress.finish();
-                        return Ok(Finish::Interrupted);
-                    }
-                }
-                _ = &mut budget, if !self.stopping && wall_budget.is_some() => self.out_of_time(&mut running),
-                Some(Restored { mut record, allocation, fetched, exploit }) = restored_rx.recv() => {
-                    restoring -= 1;
-                    let mut fetched = fetched;
-                    let mut dropped = false;
-                    if let Some((donor, copy)) = exploit {
-                        let donor_trial = record.pending_exploit.as_ref().map(|e| e.donor.clone()).unwrap_or_default();
-                        match (&fetched, copy) {
-                            _ if self.stopping => {}
-                            (Ok(_), Some(copy)) => {
-                                let (uri, iteration) = (copy.uri.clone(), copy.iteration);
-                                let e = self.finish_exploit(&mut record, &donor, copy)?;
-                                if self.simulated() {
-                                    self.apply_retention(&record.id)?;
-                                } else {
-                                    // The copy is a committed checkpoint like any other: durable, then marked.
-                                    self.store.flush()?;
-                                    self.after_commit(&record.id, &uri, iteration)?;
-                                    files.push(FileWrite::Params { trial_dir: self.trial_dir(&record.id), config: e.config });
-                                }
-                            }
-                            (Err(msg), None) => {
-                                // The copy failed: no exploit, and no failure either; it goes on from its own checkpoint.
-                                self.progress.note(&format!("{} does not exploit {donor_trial}: {msg}", record.id));
-                                record.pending_exploit = None;
-                                dropped = true;
-                            }
-                            (Ok(_), None) => fetched = Err("its exploit's copy went missing".into()),
-                            (Err(_), Some(_)) => {}
-                        }
-                        self.unpin(&donor_trial, &donor.uri)?;
-                    }
-                    match fetched {
-                        _ if dropped => {
-                            self.pool.release(&allocation);
-                            self.store.put_trial(&record)?;
-                            // What the copy left half done goes before it runs.
-                            self.dirty.insert(record.id.clone());
-                            self.pending.push_front(record);
-                        }
-                        _ if self.stopping => {
-                            // Never started: it stays as stored, resumed later.
-                            self.pool.release(&allocation);
-                        }
-                        Ok(fetched) => {
-                            let ends_pending = !commits.ended.is_empty() || commits.inflight.as_ref().is_some_and(|b| !b.ended.is_empty());
-                            let local = fetched.or_else(|| self.local_checkpoint(&record));
-                            self.launch(record, allocation, local, &events_tx, &mut running, &mut commits.ended, ends_pending)?;
-                        }
-                        Err(msg) => {
-                            self.pool.release(&allocation);
-                            let msg = format!("could not prepare its restart: {msg}");
-                            self.failed_run(record, msg, &mut commits.ended, &mut running)?;
-                        }
-                    }
-                }
-                // Not while a flush is under way: its end starts the next one.
-                Some(flushed) = commits.flushed_rx.recv() => {
-                    if let Some(batch) = commits.inflight.take() {
-                        self.finish_flush(&mut running, batch, flushed)?;
-                    }
-                    self.start_flush(&flusher, &mut commits, false);
-                }
-                // Not while a flush is under way (its end starts the next one): a
-                // ready timer would otherwise win every turn of this biased select.
-                _ = &mut ended_timer, if ended_deadline.is_some() && commits.inflight.is_none() => {
-                    self.start_flush(&flusher, &mut commits, true);
-                }
-                ev = events.recv() => {
-                    let Some(ev) = ev else { break };
-                    let mut next = Some(ev);
-                    while let Some(ev) = next {
-                        match ev.kind {
-                            EventKind::Report { report, reply } => match running.get_mut(&ev.trial_id) {
-                                Some(r) => {
-                                    let result = self.store_report(r, report, &mut files)?;
-                                    commits.reports.push(Stored { result, reply });
-                                }
-                                None => reply.send(Directive::Stop),
-                            },
-                            EventKind::Exited(outcome) => {
-                                // A trial's own results are decided on before its end.
-                                if commits.holds(&ev.trial_id) {
-                                    self.commit_now(&flusher, &mut running, &mut commits).await?;
-                                }
-                                self.on_exit(&ev.trial_id, outcome, &mut running, &mut commits.ended)?;
-                            }
-                        }
-                        next = events.try_recv().ok();
-                    }
-                    // Under a steady stream of events the tick below may not get a turn.
-                    if last_hang_check.elapsed() >= Duration::from_millis(500) {
-                        last_hang_check = Instant::now();
-                        self.detect_hangs(&mut running);
-                    }
-                }
-                _ = tick.tick() => {
-                    last_hang_check = Instant::now();
-                    self.detect_hangs(&mut running);
-                    self.progress.refresh(running.values().map(|r| &r.record));
-                    let snapshot = self.snapshot(&running);
-                    if snapshot != last_snapshot {
-                        files.push(FileWrite::Snapshot { path: self.exp_dir.join(SNAPSHOT), json: snapshot.clone() });
-                        last_snapshot = snapshot;
-                    }
-                }
-            }
-        }
-        if interrupts == 0 && !self.stopping {
+    /// The sweep is over: paused trials nothing will resume end, the
+    /// scheduler's state and every result are made durable, background file
+    /// work and the files for people are finished.
+    async fn finish(mut self) -> Result<Finish, TuneError> {
+        if self.phase.interrupts == 0 && !self.phase.stopping {
             // Nothing will resume them: the scheduler left them behind.
-            for rec in std::mem::take(&mut self.paused) {
+            for rec in std::mem::take(&mut self.trials.paused) {
                 self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref());
-                self.terminate_paused(rec, &mut commits.ended)?;
+                self.terminate_paused(rec)?;
             }
         }
-        self.saved_scheduler.clear();
+        self.phase.saved_scheduler.clear();
         self.save_scheduler()?;
-        self.commit_now(&flusher, &mut running, &mut commits).await?;
-        // A simulation syncs here only (a real sweep synced every batch already).
+        self.commit_now()?;
+        // A replay syncs here only (a real sweep synced every batch already).
         self.store.flush()?;
         self.background.drain().await;
-        files.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
-        flusher.write_files(std::mem::take(&mut files));
-        flusher.close().await;
-        self.progress.finish();
-        if interrupts > 0 {
+        let (interrupted, fail_fast, first_error) = (self.phase.interrupts > 0, self.settings.fail_fast, self.phase.first_error.take());
+        self.reporter.close().await;
+        if interrupted {
             return Ok(Finish::Interrupted);
         }
-        if let (true, Some(e)) = (self.fail_fast, self.first_error.take()) {
+        if let (true, Some(e)) = (fail_fast, first_error) {
             return Err(TuneError::FailFast(e));
         }
         Ok(Finish::Done)
     }
 
-    /// The time budget is spent: no new trial starts, the running ones stop.
-    fn out_of_time(&mut self, running: &mut HashMap<String, Running>) {
-        self.progress.note("Time budget reached: stopping running trials");
-        self.stopping = true;
-        for r in running.values_mut() {
-            r.ending.get_or_insert(Ending::Stopped);
-            r.handle.stop(StopLevel::Graceful);
-        }
-    }
-
-    /// Seconds on the runner's clock: the wall clock since the sweep
-    /// started, or a simulation's virtual clock.
-    fn clock(&self) -> f64 {
-        self.backend.virtual_now().unwrap_or_else(|| self.origin.elapsed().as_secs_f64())
-    }
-
-    /// Unix time now (virtual in a simulation: its start plus its clock).
-    fn unix_now(&self) -> f64 {
-        match self.backend.virtual_now() {
-            Some(v) => self.unix_origin + v,
-            None => now_unix(),
-        }
-    }
-
-    fn simulated(&self) -> bool {
-        self.simulated
-    }
-
-    fn trial_dir(&self, id: &str) -> PathBuf {
-        self.exp_dir.join("trials").join(id)
-    }
-
-    /// The live view `nestor status` shows while this sweep holds the store.
-    fn snapshot(&self, running: &HashMap<String, Running>) -> String {
-        let mut rows: Vec<&TrialRecord> = running.values().map(|r| &r.record).collect();
-        rows.sort_by_key(|r| r.index);
-        let rows: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "trial_id": r.id,
-                    "iteration": r.last_result.as_ref().map_or(0, |l| l.training_iteration),
-                    "metrics": r.last_result.as_ref().map(|l| crate::cli::metrics_json(&l.metrics)),
-                    "config": r.config,
-                })
-            })
-            .collect();
-        serde_json::json!({
-            "version": 1,
-            "pid": std::process::id(),
-            "metric": self.metric,
-            "trials": self.next_index,
-            "terminated": self.finished.0,
-            "error": self.finished.1,
-            "running": rows,
-        })
-        .to_string()
-    }
-
-    fn show_ended(&mut self, ended: &mut Vec<TrialRecord>) {
-        for r in ended.drain(..) {
-            match r.status {
-                TrialStatus::Terminated => self.finished.0 += 1,
-                TrialStatus::Error => self.finished.1 += 1,
-                _ => {}
+    fn interrupt(&mut self) -> Result<Control, TuneError> {
+        self.phase.interrupts += 1;
+        if self.phase.interrupts == 1 {
+            self.reporter.report(Output::Note("Interrupted: stopping running trials (Ctrl-C again to kill them)"));
+            self.phase.stopping = true;
+            for r in self.trials.running.values_mut() {
+                r.ending = Some(Ending::Interrupted);
+                r.handle.stop(StopLevel::Graceful);
             }
-            self.progress.trial_ended(&r);
+            return Ok(Control::Go);
         }
-        for r in std::mem::take(&mut self.deferred_starts) {
-            self.progress.trial_started(&r);
+        self.reporter.report(Output::Note("Killing running trials"));
+        for (_, mut r) in std::mem::take(&mut self.trials.running) {
+            r.handle.stop(StopLevel::Kill);
+            r.record.status = TrialStatus::Pending;
+            self.store.put_trial(&r.record)?;
         }
+        Ok(Control::Kill)
     }
 
-    /// What `record` asks for: the experiment's request, with as many
-    /// workers as a resource-changing scheduler gave it.
-    pub(super) fn request_for(&self, record: &TrialRecord) -> Request {
-        match record.num_workers {
-            Some(n) if n as usize != self.request.workers.len() => {
-                let worker = self.request.workers.first().cloned().unwrap_or_default();
-                Request { workers: vec![worker; n.max(1) as usize], ..self.request.clone() }
+    /// Admits trials while there are free slots and resources for all of a trial's bundles.
+    fn admit(&mut self) -> Result<(), TuneError> {
+        while !self.phase.stopping && self.trials.running.len() + self.restores.len() < self.settings.max_concurrent {
+            let Some(allocation) = self.pool.try_allocate(&self.settings.request) else { break };
+            let Some(record) = self.next_trial()? else {
+                self.pool.release(&allocation);
+                break;
+            };
+            // A trial whose number of workers was changed needs its own bundles.
+            let request = self.request_for(&record);
+            let allocation = if request == self.settings.request {
+                allocation
+            } else {
+                self.pool.release(&allocation);
+                match self.pool.try_allocate(&request) {
+                    Some(a) => a,
+                    None => {
+                        // It waits, first in line, for workers to free up.
+                        self.trials.pending.push_front(record);
+                        break;
+                    }
+                }
+            };
+            self.start(record, allocation)?;
+        }
+        Ok(())
+    }
+
+    /// The trial to run next: one restarting, one the scheduler resumes,
+    /// or a new one from the searcher.
+    fn next_trial(&mut self) -> Result<Option<TrialRecord>, TuneError> {
+        if let Some(record) = self.trials.pending.pop_front() {
+            return Ok(Some(record));
+        }
+        let can_add = !self.phase.searcher_done && self.trials.next_index < self.settings.max_trials;
+        if let Some(record) = self.resume_paused(can_add) {
+            return Ok(Some(record));
+        }
+        if can_add {
+            let id = trial_id(self.trials.next_index);
+            match self.searcher.suggest(&id) {
+                Suggestion::Config(config) => {
+                    let record = TrialRecord::new(id, self.trials.next_index, config, self.clock.unix_now());
+                    self.trials.next_index += 1;
+                    self.store.create_trial(&record, &self.searcher.save())?;
+                    self.scheduler.on_trial_add(&view(&record));
+                    if self.settings.durability == Durability::EveryBatch {
+                        self.save_scheduler()?;
+                    }
+                    self.reporter.report(Output::Params { trial: &record.id, config: &record.config });
+                    return Ok(Some(record));
+                }
+                Suggestion::Wait => {}
+                Suggestion::Finished => self.phase.searcher_done = true,
             }
-            _ => self.request.clone(),
+        } else {
+            self.phase.searcher_done = true;
+        }
+        if self.phase.searcher_done && !self.phase.told_no_more {
+            self.tell_no_more()?;
+        }
+        Ok(self.resume_paused(false))
+    }
+
+    /// Tells the scheduler no new trial will come, and ends what it gives up on.
+    fn tell_no_more(&mut self) -> Result<(), TuneError> {
+        self.phase.told_no_more = true;
+        self.scheduler.on_no_more_trials();
+        self.apply_stopped()
+    }
+
+    /// Starts `record` on `allocation`: at once, or after its preparation
+    /// off the loop (a failed run's leftovers removed, an exploit's
+    /// checkpoint copied from its donor, a checkpoint fetched from an object store).
+    fn start(&mut self, mut record: TrialRecord, allocation: Allocation) -> Result<(), TuneError> {
+        let exploit = self.prepare_exploit(&mut record)?;
+        let fetch = if exploit.is_some() { Ok(None) } else { self.checkpoint_to_fetch(&record) };
+        let fetch = match fetch {
+            Ok(fetch) => fetch,
+            Err(msg) => {
+                self.pool.release(&allocation);
+                return self.give_up(record, msg);
+            }
+        };
+        if fetch.is_none() && exploit.is_none() && !self.trials.dirty.contains(&record.id) {
+            let local = self.local_checkpoint(&record);
+            return self.launch(record, allocation, local);
+        }
+        let cleanup = self.trials.dirty.remove(&record.id).then(|| self.cleanup(&record.id)).transpose()?;
+        let (storage, scratch) = (self.storage.clone(), self.trial_dir(&record.id).join("restore"));
+        let trial_storage = self.storage.join(&format!("trials/{}", record.id));
+        let settled = self.background.settled(&record.id);
+        let held = (record.clone(), allocation.clone());
+        #[cfg(test)]
+        let panics = std::mem::take(&mut self.restore_panics);
+        let span = tracing::info_span!("trial", trial = %record.id);
+        let task = async move {
+            #[cfg(test)]
+            if panics {
+                panic!("injected: a restore task panics");
+            }
+            let mut copied = None;
+            let fetched = async {
+                // Its deletions and markers still under way go first.
+                settled.await;
+                if let Some((trial, keep)) = cleanup {
+                    remove_uncommitted(&trial, &keep).await.map_err(|e| e.to_string())?;
+                }
+                let mut fetch = fetch;
+                if let Some(job) = &exploit {
+                    for uri in &job.replaced {
+                        storage.delete_checkpoint(uri).await.map_err(|e| e.to_string())?;
+                    }
+                    let uri = storage
+                        .copy_checkpoint(&job.donor.uri, &trial_storage)
+                        .await
+                        .map_err(|e| format!("could not copy its donor's checkpoint {}: {e}", job.donor.uri))?;
+                    copied = Some(CheckpointRecord { uri: uri.clone(), ..job.donor.clone() });
+                    fetch = (!storage.is_local()).then_some(uri);
+                }
+                match fetch {
+                    Some(uri) => storage.fetch_checkpoint(&uri, &scratch).await.map(Some).map_err(|e| e.to_string()),
+                    None => Ok(None),
+                }
+            }
+            .await;
+            let exploit = exploit.map(|job| (job.donor, copied));
+            Restored { record, allocation, fetched, exploit }
+        };
+        let handle = self.restores.tasks.spawn(tracing::Instrument::instrument(task, span));
+        self.restores.held.insert(handle.id(), held);
+        Ok(())
+    }
+
+    /// A trial's preparation is over: it launches, or fails, or (an exploit
+    /// whose copy failed) goes back in line to run from its own checkpoint.
+    fn on_restored(&mut self, restored: Restored) -> Result<(), TuneError> {
+        let Restored { mut record, allocation, mut fetched, exploit } = restored;
+        let mut dropped = false;
+        if let Some((donor, copy)) = exploit {
+            let donor_trial = record.pending_exploit.as_ref().map(|e| e.donor.clone()).unwrap_or_default();
+            match (&fetched, copy) {
+                _ if self.phase.stopping => {}
+                (Ok(_), Some(copy)) => {
+                    let (uri, iteration) = (copy.uri.clone(), copy.iteration);
+                    let e = self.finish_exploit(&mut record, &donor, copy)?;
+                    if self.settings.durability == Durability::AtEnd {
+                        self.apply_retention(&record.id)?;
+                    } else {
+                        // The copy is a committed checkpoint like any other: durable, then marked.
+                        self.store.flush()?;
+                        self.after_commit(&record.id, &uri, iteration)?;
+                        self.reporter.report(Output::Params { trial: &record.id, config: &e.config });
+                    }
+                }
+                (Err(msg), None) => {
+                    // The copy failed: no exploit, and no failure either; it goes on from its own checkpoint.
+                    self.reporter.report(Output::Note(&format!("{} does not exploit {donor_trial}: {msg}", record.id)));
+                    record.pending_exploit = None;
+                    dropped = true;
+                }
+                (Ok(_), None) => fetched = Err("its exploit's copy went missing".into()),
+                (Err(_), Some(_)) => {}
+            }
+            self.unpin(&donor_trial, &donor.uri)?;
+        }
+        match fetched {
+            _ if dropped => {
+                self.pool.release(&allocation);
+                self.store.put_trial(&record)?;
+                // What the copy left half done goes before it runs.
+                self.trials.dirty.insert(record.id.clone());
+                self.trials.pending.push_front(record);
+                Ok(())
+            }
+            _ if self.phase.stopping => {
+                // Never started: it stays as stored, resumed later.
+                self.pool.release(&allocation);
+                Ok(())
+            }
+            Ok(fetched) => {
+                let local = fetched.or_else(|| self.local_checkpoint(&record));
+                self.launch(record, allocation, local)
+            }
+            Err(msg) => {
+                self.pool.release(&allocation);
+                self.failed_run(record, format!("could not prepare its restart: {msg}"))
+            }
         }
     }
 
-    /// Tells the scheduler how many workers of the experiment's size the node holds.
-    pub(super) fn tell_capacity(&mut self) {
-        let one = Request { workers: self.request.workers.iter().take(1).cloned().collect(), ..self.request.clone() };
-        let mut probe = self.pool.clone();
-        let mut workers = 0u32;
-        // Each trial's trainer share is counted once per worker here: a lower bound.
-        while workers < 100_000 && probe.try_allocate(&one).is_some() {
-            workers += 1;
-        }
-        let trial_workers = self.request.workers.len().max(1) as u32;
-        self.scheduler.on_capacity(Capacity { workers: workers.max(trial_workers), trial_workers });
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn launch(
-        &mut self,
-        mut record: TrialRecord,
-        allocation: Allocation,
-        checkpoint: Option<PathBuf>,
-        events: &mpsc::UnboundedSender<Event>,
-        running: &mut HashMap<String, Running>,
-        ended: &mut Vec<TrialRecord>,
-        ends_pending: bool,
-    ) -> Result<(), TuneError> {
+    /// Launches a run of `record` on `allocation` from `checkpoint`.
+    fn launch(&mut self, mut record: TrialRecord, allocation: Allocation, checkpoint: Option<PathBuf>) -> Result<(), TuneError> {
+        let span = tracing::info_span!("trial", trial = %record.id);
+        let _in = span.enter();
         // A paused trial resuming is not a restart, nor is one restarting from the checkpoint it exploited.
         let exploited = record.pending_exploit.take().is_some();
         let resized = std::mem::take(&mut record.resizing);
@@ -686,7 +720,7 @@ impl Runner {
             record.resumes += 1;
         }
         record.status = TrialStatus::Running;
-        record.started_at = Some(self.unix_now());
+        record.started_at = Some(self.clock.unix_now());
         record.resources = allocation.workers.clone();
         let spec = LaunchSpec {
             trial_id: record.id.clone(),
@@ -694,81 +728,71 @@ impl Runner {
             trial_dir: self.trial_dir(&record.id),
             checkpoint,
             start_iteration: record.latest_checkpoint.as_ref().map_or(0, |c| c.iteration),
-            checkpoint_frequency: self.checkpoint.frequency.unwrap_or(0),
+            checkpoint_frequency: self.settings.checkpoint.frequency.unwrap_or(0),
             workers: allocation.workers.clone(),
             storage: self.storage.join(&format!("trials/{}", record.id)),
-            checkpoint_roots: self.checkpoint.allowed_dirs.clone(),
+            checkpoint_roots: self.settings.checkpoint.allowed_dirs.clone(),
         };
-        match self.backend.launch(spec, events.clone()) {
+        match self.backend.launch(spec, self.events_tx.clone()) {
             Ok(handle) => {
                 self.store.put_trial(&record)?;
-                if ends_pending {
-                    self.deferred_starts.push(record.clone());
-                } else {
-                    self.progress.trial_started(&record);
-                }
-                let now = self.clock();
-                let dir = Arc::from(self.trial_dir(&record.id));
-                running
-                    .insert(record.id.clone(), Running { record, dir, handle, allocation, started: now, last_report: now, ending: None });
+                // A start is shown after the ends not yet shown (they wait to be durable).
+                self.reporter.report(Output::Started { record: &record, after_ends: self.commits.ends_pending() });
+                let now = self.clock.now();
+                let running = Running { record, handle, allocation, started: now, last_report: now, ending: None };
+                self.trials.running.insert(running.record.id.clone(), running);
             }
             Err(e) => {
                 self.pool.release(&allocation);
                 // The trial could not start: it is an error, the sweep goes on.
                 record.status = TrialStatus::Error;
                 record.error = Some(e.to_string());
-                record.ended_at = Some(self.unix_now());
+                record.ended_at = Some(self.clock.unix_now());
                 self.store.put_trial(&record)?;
                 self.scheduler.on_trial_error(&view(&record));
                 self.searcher.on_trial_complete(&record.id, None, true);
-                ended.push(record);
+                self.commits.push_end(record);
             }
         }
         Ok(())
     }
 
-    /// Starts flushing what is stored so far (off the loop), unless a flush is
-    /// under way; trial ends ride along. `force` flushes for ended trials
-    /// alone too.
-    fn start_flush(&self, flusher: &Flusher, c: &mut Commits, force: bool) {
-        // A simulation has no workers waiting: everything is acted on at once.
-        let ends_only = (force || self.simulated()) && !c.ended.is_empty();
-        if c.inflight.is_some() || (c.reports.is_empty() && !ends_only) {
-            return;
+    fn on_trial_event(&mut self, ev: Event) -> Result<(), TuneError> {
+        match ev.kind {
+            EventKind::Report { report, reply } => {
+                if self.trials.running.contains_key(&ev.trial_id) {
+                    let result = self.store_report(&ev.trial_id, report)?;
+                    self.commits.push_report(Stored { result, reply });
+                } else {
+                    reply.send(Directive::Stop);
+                }
+            }
+            EventKind::Exited(outcome) => {
+                // A trial's own results are decided on before its end.
+                if self.commits.holds(&ev.trial_id) {
+                    self.commit_now()?;
+                }
+                self.on_exit(&ev.trial_id, outcome)?;
+            }
         }
-        c.inflight = Some(Batch { reports: std::mem::take(&mut c.reports), ended: std::mem::take(&mut c.ended) });
-        if self.simulated() || c.inflight.as_ref().is_some_and(|b| b.reports.len() <= INLINE_FLUSH) {
-            // A small batch: a flush right here answers sooner than a hand-off to another thread.
-            let _ = c.flushed_tx.send(flusher.make_durable());
-        } else {
-            flusher.make_durable_in_background(c.flushed_tx.clone());
-        }
+        Ok(())
     }
 
     /// A batch is durable: the scheduler, stoppers and searcher see each of its
     /// results, and the workers get their answers.
-    fn finish_flush(
-        &mut self,
-        running: &mut HashMap<String, Running>,
-        mut batch: Batch,
-        flushed: Result<(), StoreError>,
-    ) -> Result<(), TuneError> {
+    fn finish_flush(&mut self, (mut batch, flushed): (Batch, Result<(), StoreError>)) -> Result<(), TuneError> {
         // On failure the waiting workers' answers are dropped, which they
         // read as Stop: nothing not durable is ever acknowledged.
         flushed?;
         self.show_ended(&mut batch.ended);
         let mut committed = Vec::new();
         for Stored { result, reply } in batch.reports {
-            let directive = match running.get_mut(&result.trial_id) {
-                Some(r) => self.decide(r, &result),
-                None => Directive::Stop,
-            };
-            reply.send(directive);
+            reply.send(self.decide(&result));
             if let Some(uri) = &result.checkpoint {
                 committed.push((result.trial_id.clone(), uri.clone(), result.training_iteration));
             }
         }
-        if !self.simulated() {
+        if self.settings.durability == Durability::EveryBatch {
             for (trial, uri, iteration) in committed {
                 self.after_commit(&trial, &uri, iteration)?;
             }
@@ -778,44 +802,41 @@ impl Runner {
     }
 
     /// Makes everything stored so far durable and acts on it, now.
-    async fn commit_now(&mut self, flusher: &Flusher, running: &mut HashMap<String, Running>, c: &mut Commits) -> Result<(), TuneError> {
-        if let Some(batch) = c.inflight.take() {
-            let flushed = c.flushed_rx.recv().await.unwrap_or(Ok(()));
-            self.finish_flush(running, batch, flushed)?;
-        }
-        if !c.reports.is_empty() || !c.ended.is_empty() {
-            let batch = Batch { reports: std::mem::take(&mut c.reports), ended: std::mem::take(&mut c.ended) };
-            let flushed = flusher.make_durable();
-            self.finish_flush(running, batch, flushed)?;
+    fn commit_now(&mut self) -> Result<(), TuneError> {
+        for batch in self.commits.now()? {
+            self.finish_flush((batch, Ok(())))?;
         }
         Ok(())
     }
 
-    fn on_exit(
-        &mut self,
-        trial_id: &str,
-        outcome: ExitOutcome,
-        running: &mut HashMap<String, Running>,
-        ended: &mut Vec<TrialRecord>,
-    ) -> Result<(), TuneError> {
-        let Some(mut r) = running.remove(trial_id) else { return Ok(()) };
+    fn show_ended(&mut self, ended: &mut Vec<TrialRecord>) {
+        for r in ended.drain(..) {
+            self.reporter.report(Output::Ended(&r));
+        }
+        if !self.commits.ends_pending() {
+            self.reporter.report(Output::EndsShown);
+        }
+    }
+
+    fn on_exit(&mut self, trial_id: &str, outcome: ExitOutcome) -> Result<(), TuneError> {
+        let Some(mut r) = self.trials.running.remove(trial_id) else { return Ok(()) };
         // The backend reports an exit only once every process is gone.
         self.pool.release(&r.allocation);
-        r.record.time_total_s += (self.clock() - r.started).max(0.0);
+        r.record.time_total_s += (self.clock.now() - r.started).max(0.0);
         let mut rec = r.record;
         match (r.ending.take(), outcome) {
             (Some(Ending::Interrupted), _) => {
                 rec.status = TrialStatus::Pending;
                 self.store.put_trial(&rec)?;
-                ended.push(rec);
+                self.commits.push_end(rec);
             }
             (Some(Ending::Paused), ExitOutcome::Completed | ExitOutcome::Stopped) => {
                 rec.status = TrialStatus::Paused;
                 self.store.put_trial(&rec)?;
                 self.searcher.on_trial_pause(&rec.id);
-                let at = self.paused.partition_point(|p| p.index < rec.index);
-                self.paused.insert(at, rec.clone());
-                ended.push(rec);
+                let at = self.trials.paused.partition_point(|p| p.index < rec.index);
+                self.trials.paused.insert(at, rec.clone());
+                self.commits.push_end(rec);
             }
             (Some(Ending::Resize(n)), ExitOutcome::Completed | ExitOutcome::Stopped) => {
                 // It restarts from its latest checkpoint with `n` workers, first in line (also after a crash).
@@ -826,44 +847,47 @@ impl Runner {
                 rec.resizes += 1;
                 self.store.put_trial(&rec)?;
                 let from = rec.latest_checkpoint.as_ref().map_or("its start".to_string(), |c| checkpoint_name(&c.uri).to_string());
-                self.progress.note(&format!("{} restarts with {n} worker(s) (was {was}) from {from}", rec.id));
-                self.pending.push_front(rec);
+                self.reporter.report(Output::Note(&format!("{} restarts with {n} worker(s) (was {was}) from {from}", rec.id)));
+                self.trials.pending.push_front(rec);
             }
             (Some(Ending::Exploit(e)), ExitOutcome::Completed | ExitOutcome::Stopped) => {
                 // Carried out before it runs again (first in line), also after a crash.
                 rec.status = TrialStatus::Pending;
                 rec.pending_exploit = Some(*e);
                 self.store.put_trial(&rec)?;
-                self.pending.push_front(rec);
+                self.trials.pending.push_front(rec);
             }
             (Some(Ending::Failed(msg)), _) | (Some(Ending::Stopped), ExitOutcome::Failed(msg)) => {
-                self.give_up(rec, msg, ended, running)?;
+                self.give_up(rec, msg)?;
             }
             (Some(Ending::Hung(msg)), _)
             | (None | Some(Ending::Paused | Ending::Exploit(_) | Ending::Resize(_)), ExitOutcome::Failed(msg)) => {
-                self.failed_run(rec, msg, ended, running)?;
+                self.failed_run(rec, msg)?;
             }
             (_, ExitOutcome::Completed | ExitOutcome::Stopped) => {
                 rec.status = TrialStatus::Terminated;
                 rec.error = None;
-                rec.ended_at = Some(self.unix_now());
+                rec.ended_at = Some(self.clock.unix_now());
                 self.store.put_trial(&rec)?;
                 self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref());
                 self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
-                self.seen.remove(&rec.id);
+                self.trials.seen.remove(&rec.id);
                 // What the searcher learnt from it survives a crash (it is durable with the trial's end).
-                if !self.simulated() {
+                if self.settings.durability == Durability::EveryBatch {
                     self.store.put_meta("searcher", &self.searcher.save())?;
                 }
-                ended.push(rec);
+                self.commits.push_end(rec);
             }
         }
         Ok(())
     }
 
-    /// Stores one report as a result (not yet durable) and returns it.
-    fn store_report(&mut self, r: &mut Running, report: Report, files: &mut Vec<FileWrite>) -> Result<Arc<TrialResult>, TuneError> {
-        let (now, unix) = (self.clock(), self.unix_now());
+    /// Stores one report of running trial `trial` as a result (not yet durable) and returns it.
+    fn store_report(&mut self, trial: &str, report: Report) -> Result<Arc<TrialResult>, TuneError> {
+        let (now, unix) = (self.clock.now(), self.clock.unix_now());
+        let Some(r) = self.trials.running.get_mut(trial) else {
+            return Err(TuneError::Corrupt(self.settings.exp_dir.clone(), format!("{trial}: a report of a trial not running")));
+        };
         let rec = &mut r.record;
         let mut metrics: Metrics = report.metrics;
         metrics.insert("time_this_iter_s".into(), (now - r.last_report).max(0.0));
@@ -878,7 +902,7 @@ impl Runner {
             metrics,
             checkpoint: report.checkpoint.as_ref().map(|c| c.uri.clone()),
         };
-        // Durable before anyone acts on it: stored here, flushed by `commit`.
+        // Durable before anyone acts on it: stored here, flushed by the group commit.
         self.store.put_result(&result)?;
         rec.num_results += 1;
         if let Some(c) = report.checkpoint {
@@ -897,83 +921,131 @@ impl Runner {
         // The trial's record is rewritten at its start and end only; in between,
         // its results and checkpoints trees are the truth (see Store::refresh_trial).
         let result = Arc::new(result);
-        if !self.simulated() {
-            files.push(FileWrite::Result { trial_dir: Arc::clone(&r.dir), result: Arc::clone(&result) });
-        }
+        self.reporter.report(Output::Result(&result));
         Ok(result)
     }
 
-    /// What a durable result means for its trial.
-    fn decide(&mut self, r: &mut Running, result: &TrialResult) -> Directive {
-        if let Some(metric) = &self.metric {
-            if !result.metrics.contains_key(metric) {
-                let reported: Vec<&str> = result.metrics.keys().map(String::as_str).collect();
-                let msg = format!("trial reported no `{metric}` (the experiment's metric); it reported: {}", reported.join(", "));
-                r.ending = Some(Ending::Failed(msg));
-                r.handle.stop(StopLevel::Graceful);
-                return Directive::Stop;
-            }
+    /// What a durable result means for its trial: the answer to its workers.
+    fn decide(&mut self, result: &TrialResult) -> Directive {
+        let Some(r) = self.trials.running.get_mut(&result.trial_id) else { return Directive::Stop };
+        if let Some(msg) = missing_metric(self.settings.metric.as_deref(), &*self.scheduler, result) {
+            r.ending = Some(Ending::Failed(msg));
+            r.handle.stop(StopLevel::Graceful);
+            return Directive::Stop;
         }
-        for (setting, name) in self.scheduler.required_metrics() {
-            if result.metric(&name).is_none() {
-                let reported: Vec<&str> = result.metrics.keys().map(String::as_str).collect();
-                let msg = format!("trial reported no `{name}` ({setting}); it reported: {}", reported.join(", "));
-                r.ending = Some(Ending::Failed(msg));
-                r.handle.stop(StopLevel::Graceful);
-                return Directive::Stop;
-            }
-        }
-        let v = view(&r.record);
-        let decision = self.scheduler.on_trial_result(&v, result);
-        let mut exploit = None;
-        for e in self.scheduler.take_exploits() {
-            if e.trial_id == r.record.id {
-                exploit = Some(e);
-            } else {
-                tracing::warn!(trial = %e.trial_id, "ignoring an exploit decided on another trial's result");
-            }
-        }
-        let mut resize = None;
-        let resizes = self.scheduler.take_resizes();
-        // A Pause that only asked for a resize that cannot happen: the trial goes on.
-        let had_resize = resizes.iter().any(|z| z.trial_id == r.record.id);
-        for z in resizes {
-            if z.trial_id != r.record.id {
-                tracing::warn!(trial = %z.trial_id, "ignoring a resize decided on another trial's result");
-                continue;
-            }
-            // Only from a checkpoint that the new number of workers can restore.
-            match r.record.latest_checkpoint.as_ref().filter(|c| Some(&c.uri) == result.checkpoint.as_ref()) {
-                Some(c) if c.required_world_size().is_none_or(|n| n == z.num_workers) => resize = Some(z.num_workers),
-                Some(c) => {
-                    tracing::warn!(trial = %z.trial_id, "not resizing: checkpoint {} holds the shards of {} ranks", c.uri, c.world_size)
-                }
-                None => tracing::warn!(trial = %z.trial_id, "not resizing: its result carried no committed checkpoint"),
-            }
-        }
-        self.seen.insert(result.trial_id.clone(), result.seq + 1);
+        let decision = self.scheduler.on_trial_result(&view(&r.record), result);
+        self.trials.seen.insert(result.trial_id.clone(), result.seq + 1);
         let stop = self.stopper.should_stop_trial(&result.trial_id, result);
         self.searcher.on_trial_result(&result.trial_id, result);
-        if r.ending.is_some() {
+        let directive = if r.ending.is_some() {
+            Directive::Stop
+        } else {
+            // A trial that meets its stop criteria is complete, whatever else was decided:
+            // pausing it (or restarting it elsewhere) would leave nothing to resume.
+            let ending = if stop { Some(Ending::Stopped) } else { ending_of(decision, &r.record, result) };
+            let directive = if ending.is_some() { Directive::Stop } else { Directive::Continue };
+            r.ending = ending;
+            directive
+        };
+        if self.stopper.should_stop_all() {
+            if !self.phase.stopping {
+                self.reporter.report(Output::Note("A stopper ended the sweep: stopping running trials"));
+            }
+            self.stop_all();
             return Directive::Stop;
         }
-        if stop || decision == Decision::Stop {
-            r.ending = Some(Ending::Stopped);
-            return Directive::Stop;
+        directive
+    }
+
+    /// The time budget is spent: no new trial starts, the running ones stop.
+    fn out_of_time(&mut self) {
+        self.reporter.report(Output::Note("Time budget reached: stopping running trials"));
+        self.stop_all();
+    }
+
+    /// No new trial starts; the running ones stop (TERMINATED).
+    fn stop_all(&mut self) {
+        self.phase.stopping = true;
+        for r in self.trials.running.values_mut() {
+            r.ending.get_or_insert(Ending::Stopped);
+            r.handle.stop(StopLevel::Graceful);
         }
-        if let Some(e) = exploit {
-            r.ending = Some(Ending::Exploit(Box::new(e)));
-            return Directive::Stop;
+    }
+
+    fn trial_dir(&self, id: &str) -> PathBuf {
+        self.settings.exp_dir.join("trials").join(id)
+    }
+
+    /// What `record` asks for: the experiment's request, with as many
+    /// workers as a resource-changing scheduler gave it.
+    fn request_for(&self, record: &TrialRecord) -> Request {
+        let request = &self.settings.request;
+        match record.num_workers {
+            Some(n) if n as usize != request.workers.len() => {
+                let worker = request.workers.first().cloned().unwrap_or_default();
+                Request { workers: vec![worker; n.max(1) as usize], ..request.clone() }
+            }
+            _ => request.clone(),
         }
-        if let Some(n) = resize {
-            r.ending = Some(Ending::Resize(n));
-            return Directive::Stop;
+    }
+
+    /// Tells the scheduler how many workers of the experiment's size the node holds.
+    fn tell_capacity(&mut self) {
+        let request = &self.settings.request;
+        let one = Request { workers: request.workers.iter().take(1).cloned().collect(), ..request.clone() };
+        let mut probe = self.pool.clone();
+        let mut workers = 0u32;
+        // Each trial's trainer share is counted once per worker here: a lower bound.
+        while workers < 100_000 && probe.try_allocate(&one).is_some() {
+            workers += 1;
         }
-        if decision == Decision::Pause && !had_resize {
-            r.ending = Some(Ending::Paused);
-            return Directive::Stop;
+        let trial_workers = request.workers.len().max(1) as u32;
+        self.scheduler.on_capacity(Capacity { workers: workers.max(trial_workers), trial_workers });
+    }
+}
+
+/// Why `result` breaks a rule: it lacks the experiment's metric or one the
+/// scheduler needs.
+fn missing_metric(metric: Option<&str>, scheduler: &dyn Scheduler, result: &TrialResult) -> Option<String> {
+    let reported = || result.metrics.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
+    if let Some(metric) = metric {
+        if !result.metrics.contains_key(metric) {
+            return Some(format!("trial reported no `{metric}` (the experiment's metric); it reported: {}", reported()));
         }
-        Directive::Continue
+    }
+    for (setting, name) in scheduler.required_metrics() {
+        if result.metric(&name).is_none() {
+            return Some(format!("trial reported no `{name}` ({setting}); it reported: {}", reported()));
+        }
+    }
+    None
+}
+
+/// How the scheduler's decision on `result` ends the run of `record`, if it does.
+fn ending_of(decision: Decision, record: &TrialRecord, result: &TrialResult) -> Option<Ending> {
+    match decision {
+        Decision::Continue => None,
+        Decision::Stop => Some(Ending::Stopped),
+        Decision::Pause => Some(Ending::Paused),
+        Decision::Exploit(e) if e.trial_id == record.id => Some(Ending::Exploit(e)),
+        Decision::Exploit(e) => {
+            tracing::warn!(trial = %record.id, "ignoring an exploit naming another trial ({})", e.trial_id);
+            None
+        }
+        // Only from the checkpoint of this result, and one the new number of workers can restore.
+        Decision::Resize { num_workers } => {
+            match record.latest_checkpoint.as_ref().filter(|c| Some(&c.uri) == result.checkpoint.as_ref()) {
+                Some(c) if c.required_world_size().is_none_or(|n| n == num_workers) => Some(Ending::Resize(num_workers)),
+                Some(c) => {
+                    tracing::warn!(trial = %record.id, "not resizing: checkpoint {} holds the shards of {} ranks", c.uri, c.world_size);
+                    None
+                }
+                None => {
+                    tracing::warn!(trial = %record.id, "not resizing: its result carried no committed checkpoint");
+                    None
+                }
+            }
+        }
     }
 }
 

@@ -1,0 +1,416 @@
+//! Unit tests of the loop: a scripted backend that launches nothing, a real
+//! sled store in a temporary directory, and events handed to
+//! [`Runner::handle`] one at a time, as the dispatcher would.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use schedulers::{Decision, Fifo, MetricThresholds, Scheduler, Stopper, TrialStatus, TrialView};
+use search::{BasicVariantGenerator, Domain, Space, TrialResult};
+use trainer::{
+    Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, NodeResources, Reply, Report, Request,
+    ResourcePool, ScalingConfig, StopLevel, Storage, TrialHandle,
+};
+
+use super::*;
+use crate::config::ProgressMode;
+use crate::progress::Progress;
+
+/// A launched run: its spec, and what the loop asked of it (the test sends its events).
+struct Launched {
+    spec: LaunchSpec,
+    stop: watch::Receiver<StopLevel>,
+}
+
+/// A backend that starts nothing: the test plays the trial's part.
+#[derive(Clone, Default)]
+struct Scripted {
+    launched: Arc<Mutex<Vec<Launched>>>,
+}
+
+impl Backend for Scripted {
+    fn launch(&self, spec: LaunchSpec, _events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
+        let (handle, stop) = TrialHandle::detached();
+        self.launched.lock().unwrap().push(Launched { spec, stop });
+        Ok(handle)
+    }
+}
+
+/// A scheduler that returns what the test queued, then `Continue`.
+#[derive(Clone, Default)]
+struct Queued(Arc<Mutex<std::collections::VecDeque<Decision>>>);
+
+impl Scheduler for Queued {
+    fn on_trial_result(&mut self, _: &TrialView<'_>, _: &TrialResult) -> Decision {
+        self.0.lock().unwrap().pop_front().unwrap_or(Decision::Continue)
+    }
+}
+
+/// Ends the whole sweep once it has seen `after` results.
+struct StopAllAfter {
+    after: usize,
+    seen: usize,
+}
+
+impl Stopper for StopAllAfter {
+    fn should_stop_trial(&mut self, _: &str, _: &TrialResult) -> bool {
+        self.seen += 1;
+        false
+    }
+    fn should_stop_all(&mut self) -> bool {
+        self.seen >= self.after
+    }
+}
+
+struct Harness {
+    runner: Runner,
+    backend: Scripted,
+    store: Store,
+    _dir: tempfile::TempDir,
+}
+
+struct Options {
+    trials: u64,
+    cpus: f64,
+    max_concurrent: usize,
+    scheduler: Box<dyn Scheduler>,
+    stopper: Box<dyn Stopper>,
+    failure: FailureConfig,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            trials: 1,
+            cpus: 4.0,
+            max_concurrent: 4,
+            scheduler: Box::new(Fifo),
+            stopper: Box::new(MetricThresholds::default()),
+            failure: FailureConfig::default(),
+        }
+    }
+}
+
+fn harness(o: Options) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let exp_dir = dir.path().join("exp");
+    std::fs::create_dir_all(&exp_dir).unwrap();
+    let store = Store::open(&exp_dir.join("store")).unwrap();
+    let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build().unwrap();
+    let backend = Scripted::default();
+    let settings = Settings {
+        exp_dir: exp_dir.clone(),
+        metric: Some("loss".into()),
+        max_concurrent: o.max_concurrent,
+        max_trials: o.trials,
+        time_budget: None,
+        fail_fast: false,
+        request: Request::from_scaling(&ScalingConfig::default()),
+        checkpoint: CheckpointConfig::default(),
+        failure: o.failure,
+        stop_thresholds: MetricThresholds::default(),
+        durability: Durability::EveryBatch,
+    };
+    let reporter = Reporter::new(exp_dir.clone(), Some("loss".into()), Progress::new(ProgressMode::Quiet, None), true, (0, 0));
+    let (runner, _inputs) = Runner::new(Parts {
+        settings,
+        store: store.clone(),
+        backend: Arc::new(backend.clone()),
+        clock: Arc::new(WallClock::new()),
+        searcher: Box::new(BasicVariantGenerator::new(space, o.trials, 0)),
+        scheduler: o.scheduler,
+        stopper: o.stopper,
+        pool: ResourcePool::new(NodeResources::declared(o.cpus)),
+        storage: Storage::local(&exp_dir),
+        pending: Default::default(),
+        paused: Vec::new(),
+        next_index: 0,
+        seen: Default::default(),
+        reporter,
+    });
+    Harness { runner, backend, store, _dir: dir }
+}
+
+impl Harness {
+    fn launched(&self) -> usize {
+        self.backend.launched.lock().unwrap().len()
+    }
+
+    fn trial_of(&self, run: usize) -> String {
+        self.backend.launched.lock().unwrap()[run].spec.trial_id.clone()
+    }
+
+    fn stop_level(&self, run: usize) -> StopLevel {
+        *self.backend.launched.lock().unwrap()[run].stop.borrow()
+    }
+
+    /// Run `run` reports `iteration` with `loss` (and a checkpoint named
+    /// after it, when asked); returns where the answer arrives.
+    fn report(&mut self, run: usize, iteration: u64, loss: f64, checkpoint: bool) -> oneshot::Receiver<Directive> {
+        let trial = self.trial_of(run);
+        let (reply, rx) = Reply::channel();
+        let report = Report {
+            rank: 0,
+            training_iteration: iteration,
+            metrics: [("loss".to_string(), loss)].into_iter().collect(),
+            checkpoint: checkpoint.then(|| CheckpointRef {
+                uri: format!("{}/trials/{trial}/checkpoint_{iteration:06}", self.runner.settings.exp_dir.display()),
+                ranks: vec![0],
+                world_size: 1,
+            }),
+        };
+        let ev = Event { trial_id: trial, kind: EventKind::Report { report, reply } };
+        assert_eq!(self.runner.handle(LoopEvent::Trials(vec![ev])).unwrap(), Control::Go);
+        rx
+    }
+
+    fn exit(&mut self, run: usize, outcome: ExitOutcome) {
+        let ev = Event { trial_id: self.trial_of(run), kind: EventKind::Exited(outcome) };
+        assert_eq!(self.runner.handle(LoopEvent::Trials(vec![ev])).unwrap(), Control::Go);
+    }
+
+    /// One turn after an event; true once the sweep is over.
+    fn advance(&mut self) -> bool {
+        self.runner.advance().unwrap()
+    }
+
+    fn status(&self, trial: &str) -> TrialStatus {
+        self.store.trial(trial).unwrap().unwrap().status
+    }
+}
+
+fn answer(rx: &mut oneshot::Receiver<Directive>) -> Directive {
+    rx.try_recv().expect("the worker got no answer yet")
+}
+
+#[tokio::test]
+async fn a_trial_is_answered_once_its_result_is_durable_and_ends_terminated() {
+    let mut h = harness(Options::default());
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 1);
+    let trial = h.trial_of(0);
+    assert_eq!(h.status(&trial), TrialStatus::Running);
+    let mut rx = h.report(0, 1, 0.5, false);
+    // Stored, not yet flushed: nobody answers the worker.
+    assert!(rx.try_recv().is_err());
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Continue);
+    assert_eq!(h.store.results(&trial).unwrap().len(), 1);
+    h.exit(0, ExitOutcome::Completed);
+    assert!(h.advance(), "one trial, finished: the sweep is over");
+    assert_eq!(h.status(&trial), TrialStatus::Terminated);
+    // Its end is shown once durable: with the next flush, or the sweep's last.
+    assert_eq!(h.runner.reporter.finished(), (0, 0));
+    h.runner.commit_now().unwrap();
+    assert_eq!(h.runner.reporter.finished(), (1, 0));
+}
+
+#[tokio::test]
+async fn admission_keeps_to_max_concurrent_and_refills_a_freed_slot() {
+    let mut h = harness(Options { trials: 5, max_concurrent: 2, ..Default::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 2);
+    h.exit(0, ExitOutcome::Completed);
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 3, "the freed slot is taken at once");
+    // Resources bound it too: one CPU, one trial at a time.
+    let mut h = harness(Options { trials: 3, cpus: 1.0, max_concurrent: 8, ..Default::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 1);
+}
+
+#[tokio::test]
+async fn a_pause_at_the_last_iteration_completes_the_trial() {
+    let decisions = Queued::default();
+    decisions.0.lock().unwrap().extend([Decision::Continue, Decision::Pause]);
+    let stop = MetricThresholds([("training_iteration".to_string(), 2.0)].into_iter().collect());
+    let mut h = harness(Options { scheduler: Box::new(decisions), stopper: Box::new(stop), ..Default::default() });
+    assert!(!h.advance());
+    let mut rx = h.report(0, 1, 0.5, true);
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Continue);
+    let mut rx = h.report(0, 2, 0.4, true);
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Stop);
+    h.exit(0, ExitOutcome::Completed);
+    assert!(h.advance());
+    let trial = h.trial_of(0);
+    assert_eq!(h.status(&trial), TrialStatus::Terminated, "paused at its end: nothing would be left to resume");
+    assert!(h.runner.trials.paused.is_empty());
+    assert_eq!(h.launched(), 1, "never resumed");
+}
+
+#[tokio::test]
+async fn a_pause_before_the_end_pauses_and_the_trial_resumes() {
+    let decisions = Queued::default();
+    decisions.0.lock().unwrap().push_back(Decision::Pause);
+    let stop = MetricThresholds([("training_iteration".to_string(), 3.0)].into_iter().collect());
+    let mut h = harness(Options { scheduler: Box::new(decisions), stopper: Box::new(stop), ..Default::default() });
+    assert!(!h.advance());
+    let mut rx = h.report(0, 1, 0.5, true);
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Stop);
+    h.exit(0, ExitOutcome::Stopped);
+    // Nothing else can start: the default choice resumes it, from its checkpoint.
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 2);
+    let resumed = h.backend.launched.lock().unwrap()[1].spec.clone();
+    assert_eq!(resumed.start_iteration, 1);
+    assert!(resumed.checkpoint.as_ref().is_some_and(|c| c.ends_with("checkpoint_000001")));
+    let trial = h.trial_of(1);
+    assert_eq!(h.store.trial(&trial).unwrap().unwrap().resumes, 1);
+}
+
+#[tokio::test]
+async fn a_resize_that_cannot_restore_its_checkpoint_lets_the_trial_go_on() {
+    let decisions = Queued::default();
+    decisions.0.lock().unwrap().extend([Decision::Resize { num_workers: 2 }, Decision::Resize { num_workers: 2 }]);
+    let mut h = harness(Options { scheduler: Box::new(decisions), ..Default::default() });
+    assert!(!h.advance());
+    // No checkpoint with the result: nothing to restart from.
+    let mut rx = h.report(0, 1, 0.5, false);
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Continue);
+    // With one, the trial stops and restarts first in line with 2 workers.
+    let mut rx = h.report(0, 2, 0.5, true);
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Stop);
+    h.exit(0, ExitOutcome::Stopped);
+    assert!(!h.advance());
+    let launched = h.backend.launched.lock().unwrap();
+    assert_eq!(launched.len(), 2);
+    assert_eq!(launched[1].spec.workers.len(), 2);
+    assert_eq!(launched[1].spec.start_iteration, 2);
+}
+
+#[tokio::test]
+async fn an_exploit_is_carried_out_before_the_recipient_runs_again() {
+    let decisions = Queued::default();
+    let mut h = harness(Options { trials: 2, scheduler: Box::new(decisions.clone()), ..Default::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 2);
+    let (a, b) = (h.trial_of(0), h.trial_of(1));
+    // The donor's checkpoint must exist: the exploit copies its files.
+    let donor_ckpt = h.runner.settings.exp_dir.join("trials").join(&b).join("checkpoint_000001");
+    std::fs::create_dir_all(donor_ckpt.join("rank-0")).unwrap();
+    std::fs::write(donor_ckpt.join("rank-0").join("w"), b"weights").unwrap();
+    let mut rx = h.report(1, 1, 0.1, true);
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Continue);
+    let config = serde_json::json!({ "x": 0.25 });
+    decisions.0.lock().unwrap().push_back(Decision::Exploit(Box::new(schedulers::Exploit {
+        trial_id: a.clone(),
+        donor: b.clone(),
+        checkpoint: donor_ckpt.display().to_string(),
+        checkpoint_iteration: 1,
+        config: config.clone(),
+    })));
+    let mut rx = h.report(0, 1, 0.9, true);
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Stop);
+    h.exit(0, ExitOutcome::Stopped);
+    let record = h.store.trial(&a).unwrap().unwrap();
+    assert!(record.pending_exploit.is_some(), "written into its record before it runs again");
+    assert!(!h.advance());
+    assert_eq!(h.runner.restores.len(), 1, "the copy runs off the loop");
+}
+
+#[tokio::test]
+async fn a_panicking_restore_fails_its_trial_and_the_sweep_goes_on() {
+    let mut h = harness(Options { trials: 2, max_concurrent: 1, ..Default::default() });
+    // The first trial had a failed run: it is prepared off the loop, and that task panics.
+    h.runner.trials.dirty.insert(trial_id(0));
+    h.runner.restore_panics = true;
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 0);
+    assert_eq!(h.runner.restores.len(), 1);
+    let done = h.runner.restores.tasks.join_next_with_id().await.unwrap();
+    assert!(done.as_ref().is_err_and(|e| e.is_panic()));
+    assert_eq!(h.runner.handle(LoopEvent::Restored(done)).unwrap(), Control::Go);
+    assert_eq!(h.runner.restores.len(), 0, "nothing is left counted as restoring");
+    assert!(!h.advance());
+    // Its slot and resources are back: the next trial runs.
+    assert_eq!(h.launched(), 1);
+    assert_eq!(h.trial_of(0), trial_id(1));
+    let failed = h.store.trial(&trial_id(0)).unwrap().unwrap();
+    assert_eq!(failed.status, TrialStatus::Error);
+    assert!(failed.error.as_deref().is_some_and(|e| e.contains("panicked")), "{:?}", failed.error);
+}
+
+#[tokio::test]
+async fn a_stopper_that_stops_all_ends_the_sweep() {
+    let mut h =
+        harness(Options { trials: 10, max_concurrent: 2, stopper: Box::new(StopAllAfter { after: 1, seen: 0 }), ..Default::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 2);
+    let mut rx = h.report(0, 1, 0.5, false);
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Stop);
+    assert_eq!(h.stop_level(1), StopLevel::Graceful, "the other running trial is stopped too");
+    h.exit(0, ExitOutcome::Stopped);
+    h.exit(1, ExitOutcome::Stopped);
+    assert!(h.advance(), "no new trial starts: the sweep is over");
+    assert_eq!(h.launched(), 2);
+    assert_eq!(h.status(&h.trial_of(1)), TrialStatus::Terminated);
+}
+
+#[tokio::test]
+async fn a_result_without_the_metric_fails_the_trial_naming_what_it_reported() {
+    let mut h = harness(Options::default());
+    assert!(!h.advance());
+    let trial = h.trial_of(0);
+    let (reply, mut rx) = Reply::channel();
+    let report = Report { rank: 0, training_iteration: 1, metrics: [("acc".to_string(), 0.5)].into_iter().collect(), checkpoint: None };
+    h.runner.handle(LoopEvent::Trials(vec![Event { trial_id: trial.clone(), kind: EventKind::Report { report, reply } }])).unwrap();
+    assert!(!h.advance());
+    assert_eq!(answer(&mut rx), Directive::Stop);
+    h.exit(0, ExitOutcome::Stopped);
+    assert!(h.advance());
+    let rec = h.store.trial(&trial).unwrap().unwrap();
+    assert_eq!(rec.status, TrialStatus::Error);
+    let error = rec.error.unwrap();
+    assert!(error.contains("no `loss`") && error.contains("acc"), "{error}");
+}
+
+#[tokio::test]
+async fn a_failed_run_restarts_while_max_failures_allows() {
+    let mut h = harness(Options { failure: FailureConfig { max_failures: 1, ..Default::default() }, ..Default::default() });
+    assert!(!h.advance());
+    h.exit(0, ExitOutcome::Failed("rank 0 died".into()));
+    // A failed run may have left a checkpoint half written: cleaned off the loop first.
+    assert!(!h.advance());
+    assert_eq!(h.runner.restores.len(), 1);
+    let trial = h.trial_of(0);
+    assert_eq!(h.store.trial(&trial).unwrap().unwrap().failures, 1);
+}
+
+#[tokio::test]
+async fn a_report_of_a_trial_not_running_is_told_to_stop() {
+    let mut h = harness(Options::default());
+    assert!(!h.advance());
+    let (reply, mut rx) = Reply::channel();
+    let report = Report { rank: 0, training_iteration: 1, metrics: Default::default(), checkpoint: None };
+    h.runner.handle(LoopEvent::Trials(vec![Event { trial_id: "trial_99999".into(), kind: EventKind::Report { report, reply } }])).unwrap();
+    assert_eq!(answer(&mut rx), Directive::Stop);
+    assert!(h.store.results("trial_99999").unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_first_interrupt_stops_gracefully_and_the_second_kills() {
+    let mut h = harness(Options { trials: 3, ..Default::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 3);
+    assert_eq!(h.runner.handle(LoopEvent::Interrupt).unwrap(), Control::Go);
+    assert!((0..3).all(|i| h.stop_level(i) == StopLevel::Graceful));
+    h.exit(0, ExitOutcome::Stopped);
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 3, "nothing new starts");
+    assert_eq!(h.runner.handle(LoopEvent::Interrupt).unwrap(), Control::Kill);
+    assert!((1..3).all(|i| h.stop_level(i) == StopLevel::Kill));
+    h.runner.commit_now().unwrap();
+    // Interrupted trials are PENDING again, to resume later.
+    assert!((0..3).all(|i| h.status(&h.trial_of(i)) == TrialStatus::Pending));
+}
