@@ -52,14 +52,72 @@ pub struct Curves {
 
 #[derive(Clone)]
 enum Source {
-    Table(Arc<Vec<(Config, Curve)>>),
+    Table(Arc<Table>),
     Function(Arc<CurveFn>),
+}
+
+/// A table of curves, each found by its config in constant time.
+struct Table {
+    rows: Vec<(Config, Curve)>,
+    /// Canonical text of each config -> its row.
+    index: HashMap<String, usize>,
+}
+
+impl Table {
+    /// The table of `rows`; a config given twice finds its first row.
+    fn new(rows: Vec<(Config, Curve)>) -> Self {
+        let mut index = HashMap::with_capacity(rows.len());
+        for (i, (config, _)) in rows.iter().enumerate() {
+            index.entry(canonical(config)).or_insert(i);
+        }
+        Self { rows, index }
+    }
+
+    fn get(&self, config: &Config) -> Option<&Curve> {
+        self.index.get(&canonical(config)).map(|&i| &self.rows[i].1)
+    }
+}
+
+/// A config's text with object keys sorted: equal configs, equal texts.
+fn canonical(config: &Config) -> String {
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(&m[k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(config, &mut out);
+    out
 }
 
 impl std::fmt::Debug for Curves {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let n = match &self.source {
-            Source::Table(t) => Some(t.len()),
+            Source::Table(t) => Some(t.rows.len()),
             Source::Function(_) => None,
         };
         f.debug_struct("Curves").field("metric", &self.metric).field("table", &n).finish()
@@ -87,7 +145,7 @@ impl Curves {
 
     /// Curves from a table of configs and their curves (each config once).
     pub fn from_table(metric: impl Into<String>, table: Vec<(Config, Curve)>) -> Self {
-        Self { metric: metric.into(), source: Source::Table(Arc::new(table)) }
+        Self { metric: metric.into(), source: Source::Table(Arc::new(Table::new(table))) }
     }
 
     /// Curves from a JSON-lines file (see the module documentation).
@@ -101,6 +159,7 @@ impl Curves {
     pub fn parse_jsonl(text: &str, origin: &str, metric: impl Into<String>) -> Result<Self, CurvesError> {
         let err = |line: usize, message: String| CurvesError { origin: origin.to_string(), message: format!("line {line}: {message}") };
         let mut table = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for (i, line) in text.lines().enumerate() {
             let n = i + 1;
             if line.trim().is_empty() {
@@ -128,7 +187,7 @@ impl Curves {
             let spi = spi
                 .filter(|s| *s > 0.0 && s.is_finite())
                 .ok_or_else(|| err(n, "`seconds_per_iteration` must be a positive number".into()))?;
-            if table.iter().any(|(c, _): &(Config, Curve)| c == config) {
+            if !seen.insert(canonical(config)) {
                 return Err(err(n, format!("config {config} appears twice")));
             }
             table.push((config.clone(), Curve { metrics, seconds_per_iteration: spi }));
@@ -136,7 +195,7 @@ impl Curves {
         if table.is_empty() {
             return Err(CurvesError { origin: origin.to_string(), message: "holds no curve".into() });
         }
-        Ok(Self { metric: metric.into(), source: Source::Table(Arc::new(table)) })
+        Ok(Self { metric: metric.into(), source: Source::Table(Arc::new(Table::new(table))) })
     }
 
     /// The metric the curves are values of.
@@ -147,7 +206,7 @@ impl Curves {
     /// The file's configs, when the curves come from one.
     pub fn configs(&self) -> Option<Vec<Config>> {
         match &self.source {
-            Source::Table(t) => Some(t.iter().map(|(c, _)| c.clone()).collect()),
+            Source::Table(t) => Some(t.rows.iter().map(|(c, _)| c.clone()).collect()),
             Source::Function(_) => None,
         }
     }
@@ -168,11 +227,7 @@ impl Curves {
         };
         match &self.source {
             Source::Function(f) => Ok(f(config)),
-            Source::Table(t) => t
-                .iter()
-                .find(|(c, _)| c == config)
-                .map(|(_, curve)| curve.clone())
-                .ok_or_else(|| format!("the curves file has no curve for config {config}")),
+            Source::Table(t) => t.get(config).cloned().ok_or_else(|| format!("the curves file has no curve for config {config}")),
         }
     }
 }
@@ -551,5 +606,22 @@ mod tests {
         assert!(bad("{\"config\": {}, \"metrics\": [1]}\n{\"config\": {}, \"metrics\": [2]}").contains("appears twice"));
         assert_eq!(bad(""), "c.jsonl: holds no curve");
         assert!(bad("nope").starts_with("c.jsonl: line 1: not JSON"));
+    }
+
+    #[test]
+    fn a_curve_is_found_by_its_config_whatever_the_key_order() {
+        let mut a = serde_json::Map::new();
+        a.insert("b".into(), serde_json::json!({"y": 1, "x": [1.5, "s"]}));
+        a.insert("a".into(), serde_json::json!(2));
+        let mut b = serde_json::Map::new();
+        b.insert("a".into(), serde_json::json!(2));
+        b.insert("b".into(), serde_json::json!({"x": [1.5, "s"], "y": 1}));
+        assert_eq!(canonical(&Value::Object(a.clone())), canonical(&Value::Object(b.clone())));
+        // 2 and 2.0 are different configs, as they are different JSON values.
+        assert_ne!(canonical(&serde_json::json!({"a": 2})), canonical(&serde_json::json!({"a": 2.0})));
+        let curve = Curve { metrics: vec![1.0], seconds_per_iteration: 1.0 };
+        let table = Table::new(vec![(Value::Object(a), curve.clone())]);
+        assert_eq!(table.get(&Value::Object(b)), Some(&curve));
+        assert_eq!(table.get(&serde_json::json!({"a": 2})), None);
     }
 }
