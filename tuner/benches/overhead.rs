@@ -23,6 +23,16 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 static REPORT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// The highest resident set sampled while trials run (KiB): the loop's own
+/// memory, before the sweep's result grid is loaded at its end.
+static SWEEP_RSS_KB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn rss_kb() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
+}
+
 fn peak_rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -43,6 +53,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (s2, e2) = (Arc::clone(&starts), Arc::clone(&ends));
     let trainable = Trainable::function(move |ctx| {
         s2.lock().map_err(|_| "poisoned")?.push(Instant::now());
+        if STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 50 == 0 {
+            SWEEP_RSS_KB.fetch_max(rss_kb(), std::sync::atomic::Ordering::Relaxed);
+        }
         std::thread::sleep(Duration::from_millis(sleep_ms));
         let x: f64 = ctx.param("x")?;
         let t = Instant::now();
@@ -92,6 +105,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!("mean slot gap (trial end -> next start) {:.0} us", gaps.iter().sum::<f64>() / gaps.len().max(1) as f64);
-    println!("driver peak RSS {:.1} MB", peak_rss_mb());
+    println!(
+        "driver RSS during the sweep (sampled every 50 trials) {:.1} MB; peak RSS with the result grid loaded {:.1} MB",
+        SWEEP_RSS_KB.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0,
+        peak_rss_mb()
+    );
     Ok(())
 }
