@@ -1,13 +1,14 @@
 //! A trial's step aggregator: collects every rank's report of a step, and
 //! hands the step to the driver once all ranks (that are still running) have
-//! reported it. Shared by the gRPC service and in-process workers.
+//! reported it. Fed by the trial's report intake, whether its ranks report
+//! over gRPC or in-process.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::backend::{CheckpointRef, Directive, Event, EventKind, Reply, Report};
+use crate::backend::{CheckpointRef, Directive, Event, EventKind, Reply, Report, StepProgress};
 
 /// Why a rank's report was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -177,6 +178,12 @@ impl Aggregator {
             // A driver that is gone drops the reply: the ranks read Stop.
             let _ = self.events.send(event);
         }
+    }
+}
+
+impl StepProgress for Aggregator {
+    fn lagging_ranks(&self) -> Vec<u32> {
+        Aggregator::lagging_ranks(self)
     }
 }
 

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::aggregate::Aggregator;
 use crate::resources::WorkerBundle;
 use crate::storage::Storage;
 
@@ -172,6 +171,14 @@ pub struct Event {
     pub kind: EventKind,
 }
 
+/// A run's step progress, as its aggregator knows it: which ranks the
+/// next step waits for (named when a run hangs).
+pub(crate) trait StepProgress: Send + Sync + std::fmt::Debug {
+    /// The running ranks that have reported the fewest steps, when not all
+    /// are level.
+    fn lagging_ranks(&self) -> Vec<u32>;
+}
+
 /// How hard to stop a trial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StopLevel {
@@ -190,8 +197,8 @@ pub struct TrialHandle {
     stop: watch::Sender<StopLevel>,
     /// Process groups to SIGKILL at once on [`StopLevel::Kill`].
     groups: Vec<i32>,
-    /// The run's step aggregator: which ranks a step waits for.
-    steps: Option<Arc<Aggregator>>,
+    /// The run's step progress: which ranks a step waits for.
+    steps: Option<Arc<dyn StepProgress>>,
 }
 
 impl TrialHandle {
@@ -201,7 +208,7 @@ impl TrialHandle {
         Self::new(Vec::new(), None)
     }
 
-    pub(crate) fn new(groups: Vec<i32>, steps: Option<Arc<Aggregator>>) -> (Self, watch::Receiver<StopLevel>) {
+    pub(crate) fn new(groups: Vec<i32>, steps: Option<Arc<dyn StepProgress>>) -> (Self, watch::Receiver<StopLevel>) {
         let (tx, rx) = watch::channel(StopLevel::Run);
         (Self { stop: tx, groups, steps }, rx)
     }

@@ -42,6 +42,14 @@ pub enum CheckpointError {
     },
 }
 
+impl CheckpointError {
+    /// Whether the worker's report is at fault (a path that is not a
+    /// directory, or not one it may checkpoint from), rather than storage.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, CheckpointError::NotADirectory(_) | CheckpointError::Outside { .. } | CheckpointError::Foreign(_))
+    }
+}
+
 /// `checkpoint_000007` for iteration 7.
 pub fn checkpoint_dir_name(iteration: u64) -> String {
     format!("checkpoint_{iteration:06}")

@@ -10,10 +10,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::aggregate::Aggregator;
 use crate::backend::{Directive, StopLevel};
-use crate::checkpoint::{check_source, CheckpointError};
+use crate::checkpoint::CheckpointError;
 use crate::collective::{Collective, CollectiveError, ReduceOp};
+use crate::intake::{Intake, IntakeError};
 use crate::proto;
 
 /// Why `report` did not return `Ok`.
@@ -89,10 +89,8 @@ async fn exchange(
 
 /// What the ranks of one in-process run share.
 pub(crate) struct Group {
-    pub(crate) aggregator: Arc<Aggregator>,
-    /// Where the trial's checkpoints go, and the directories ranks may checkpoint from.
-    pub(crate) storage: crate::storage::Storage,
-    pub(crate) roots: Vec<PathBuf>,
+    /// The trial's report intake (the same checks as over gRPC).
+    pub(crate) intake: Intake,
     /// The driver's runtime, for uploads to an object store.
     pub(crate) runtime: Option<tokio::runtime::Handle>,
     pub(crate) collective: Collective,
@@ -323,24 +321,19 @@ impl Context {
                 if group.failed.load(Ordering::Acquire) {
                     return Err(ReportError::Stopped);
                 }
-                let refused = |e: crate::aggregate::ArriveError| ReportError::Refused(e.to_string());
-                let iteration = group.aggregator.next_iteration(self.rank).map_err(refused)?;
-                let checkpoint = match checkpoint {
-                    Some(dir) => {
-                        let src = check_source(dir, &group.roots)?;
-                        let upload = group.storage.upload_shard(&src, iteration, self.rank);
-                        Some(match &group.runtime {
-                            Some(rt) => rt.block_on(upload)?,
-                            None => tokio::runtime::Builder::new_current_thread()
-                                .enable_all()
-                                .build()
-                                .map_err(|e| ReportError::Transport(e.to_string()))?
-                                .block_on(upload)?,
-                        })
-                    }
-                    None => None,
+                let submit = group.intake.submit(self.rank, metrics, checkpoint);
+                let submitted = match &group.runtime {
+                    Some(rt) => rt.block_on(submit),
+                    None => tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| ReportError::Transport(e.to_string()))?
+                        .block_on(submit),
                 };
-                let rx = group.aggregator.arrive(self.rank, iteration, metrics, checkpoint).map_err(refused)?;
+                let (_, rx) = submitted.map_err(|e| match e {
+                    IntakeError::Refused(msg) => ReportError::Refused(msg),
+                    IntakeError::Checkpoint(e) => ReportError::Checkpoint(e),
+                })?;
                 let directive = rx.blocking_recv().unwrap_or(Directive::Stop);
                 if *group.stop.borrow() > StopLevel::Run {
                     Directive::Stop

@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 use crate::aggregate::Aggregator;
-use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, TrialHandle};
+use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, TrialHandle};
 use crate::collective::Collective;
 use crate::context::{Context, Group, ReportError};
+use crate::intake::Intake;
 
 /// What a training function returns: `Ok`, or any error (which fails the
 /// trial, except [`ReportError::Stopped`], which ends it normally).
@@ -93,11 +94,9 @@ impl Backend for FunctionBackend {
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let world_size = spec.world_size();
         let aggregator = Arc::new(Aggregator::new(&spec.trial_id, world_size, spec.start_iteration, events.clone()));
-        let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(&aggregator)));
+        let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(&aggregator) as Arc<dyn StepProgress>));
         let group = Arc::new(Group {
-            aggregator,
-            storage: spec.storage.clone(),
-            roots: spec.roots(None),
+            intake: Intake::new(spec.storage.clone(), spec.roots(None), aggregator),
             runtime: tokio::runtime::Handle::try_current().ok(),
             collective: Collective::new(world_size, stop.clone()),
             failed: AtomicBool::new(false),
@@ -135,11 +134,11 @@ impl Backend for FunctionBackend {
                         }
                         group.failed.store(true, Ordering::Release);
                         group.collective.abort(format!("rank {rank} failed: {msg}"));
-                        group.aggregator.fail();
+                        group.intake.aggregator().fail();
                     }
                     None => {
                         group.collective.abort(format!("rank {rank} has returned"));
-                        group.aggregator.rank_finished(rank);
+                        group.intake.aggregator().rank_finished(rank);
                     }
                 }
                 if exit.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {

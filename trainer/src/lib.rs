@@ -15,6 +15,7 @@ mod checkpoint;
 mod collective;
 mod context;
 mod function;
+mod intake;
 mod process;
 mod resources;
 mod scaling;

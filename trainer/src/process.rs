@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StopLevel, TrialHandle};
+use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
 use crate::scaling::TorchConfig;
 use crate::service::ReportServer;
 
@@ -230,7 +230,7 @@ impl Backend for ProcessBackend {
             commands.push(self.command(&spec, rank, &token, master_port, &rendezvous, &log_paths[rank as usize])?);
         }
         let roots = spec.roots(cfg.working_dir.as_deref());
-        let steps = self.server.register(&spec, token, roots, events.clone());
+        let registration = self.server.register(&spec, token, roots, events.clone());
         let (exits_tx, mut exits) = mpsc::unbounded_channel::<RankExit>();
         let mut pgids = Vec::with_capacity(commands.len());
         // From this thread only: PR_SET_PDEATHSIG fires when the thread that
@@ -245,7 +245,7 @@ impl Backend for ProcessBackend {
                     signal_group(pid as i32, libc::SIGKILL);
                 }
             }
-            self.server.unregister(&spec.trial_id);
+            drop(registration);
             return Err(LaunchError::Spawn { program, source });
         }
         for (rank, child) in spawned.into_iter().enumerate() {
@@ -258,8 +258,10 @@ impl Backend for ProcessBackend {
             });
         }
         drop(exits_tx);
-        let (handle, mut stop) = TrialHandle::new(pgids.iter().copied().filter(|&g| g > 0).collect(), Some(steps));
-        let server = Arc::clone(&self.server);
+        let (handle, mut stop) = TrialHandle::new(
+            pgids.iter().copied().filter(|&g| g > 0).collect(),
+            Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
+        );
         let grace = cfg.grace_period;
         let trial_id = spec.trial_id;
         tokio::spawn(async move {
@@ -278,10 +280,10 @@ impl Backend for ProcessBackend {
                         let Some(RankExit { rank, status }) = exit else { break };
                         remaining -= 1;
                         match status {
-                            Ok(s) if s.success() => server.rank_finished(&trial_id, rank),
-                            Ok(_) if requested > StopLevel::Run => server.rank_failed(&trial_id),
+                            Ok(s) if s.success() => registration.aggregator().rank_finished(rank),
+                            Ok(_) if requested > StopLevel::Run => registration.aggregator().fail(),
                             Ok(s) => {
-                                server.rank_failed(&trial_id);
+                                registration.aggregator().fail();
                                 if failure.is_none() && remaining > 0 {
                                     tracing::warn!(trial = %trial_id, rank, "{}; stopping the other ranks", describe_exit(s));
                                     signal_all(libc::SIGTERM);
@@ -293,7 +295,7 @@ impl Backend for ProcessBackend {
                                 failure.get_or_insert((rank, describe_exit(s)));
                             }
                             Err(e) => {
-                                server.rank_failed(&trial_id);
+                                registration.aggregator().fail();
                                 wait_error.get_or_insert(format!("failed to wait for rank {rank}: {e}"));
                             }
                         }
@@ -323,7 +325,8 @@ impl Backend for ProcessBackend {
             signal_all(libc::SIGKILL);
             wait_groups_gone(&pgids).await;
             let _ = std::fs::remove_file(&rendezvous);
-            server.unregister(&trial_id);
+            // Its reports are refused from here on.
+            drop(registration);
             let outcome = match (failure, wait_error) {
                 (Some((rank, how)), _) => {
                     let log = &log_paths[rank as usize];

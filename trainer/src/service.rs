@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::{mpsc, oneshot};
@@ -11,25 +11,61 @@ use tonic::{Request, Response, Status};
 
 use crate::aggregate::Aggregator;
 use crate::backend::{Directive, Event};
-use crate::checkpoint::{check_source, CheckpointError};
+use crate::intake::{Intake, IntakeError};
 use crate::proto::reporter_server::{Reporter, ReporterServer};
 use crate::proto::{self, ReportReply, ReportRequest};
-use crate::storage::Storage;
 
 /// Largest report accepted, in bytes.
 pub const MAX_REPORT_BYTES: usize = 1 << 20;
 
-struct Registration {
+/// A registered trial: its secret and its report intake.
+struct Entry {
     token: String,
-    storage: Storage,
-    /// Directories the ranks may checkpoint from.
-    roots: Vec<PathBuf>,
-    aggregator: Arc<Aggregator>,
+    intake: Arc<Intake>,
 }
 
 #[derive(Default)]
 struct Registry {
-    trials: RwLock<HashMap<String, Arc<Registration>>>,
+    trials: RwLock<HashMap<String, Arc<Entry>>>,
+}
+
+impl Registry {
+    fn get(&self, trial_id: &str) -> Option<Arc<Entry>> {
+        self.trials.read().ok().and_then(|m| m.get(trial_id).cloned())
+    }
+}
+
+/// A trial registered with the report server, for as long as this guard
+/// lives: dropping it unregisters the trial, and its workers' reports are
+/// refused from then on.
+#[derive(Debug)]
+pub(crate) struct Registration {
+    registry: std::sync::Weak<Registry>,
+    trial_id: String,
+    intake: Arc<Intake>,
+}
+
+impl Registration {
+    /// The trial's step aggregator (told when a rank ends or fails).
+    pub(crate) fn aggregator(&self) -> &Arc<Aggregator> {
+        self.intake.aggregator()
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(registry) = self.registry.upgrade() {
+            if let Ok(mut map) = registry.trials.write() {
+                map.remove(&self.trial_id);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Registry")
+    }
 }
 
 /// The report service, listening on loopback; one per driver, shared by all
@@ -84,44 +120,22 @@ impl ReportServer {
         format!("http://{}", self.addr)
     }
 
-    /// Registers a run of `spec.trial_id` and returns its step aggregator.
+    /// Registers a run of `spec.trial_id`: its reports are taken until the
+    /// returned guard is dropped.
     pub(crate) fn register(
         &self,
         spec: &crate::LaunchSpec,
         token: String,
         roots: Vec<PathBuf>,
         events: mpsc::UnboundedSender<Event>,
-    ) -> Arc<Aggregator> {
+    ) -> Registration {
         let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events));
-        let reg = Registration { token, storage: spec.storage.clone(), roots, aggregator: Arc::clone(&aggregator) };
+        let intake = Arc::new(Intake::new(spec.storage.clone(), roots, aggregator));
+        let entry = Entry { token, intake: Arc::clone(&intake) };
         if let Ok(mut map) = self.registry.trials.write() {
-            map.insert(spec.trial_id.clone(), Arc::new(reg));
+            map.insert(spec.trial_id.clone(), Arc::new(entry));
         }
-        aggregator
-    }
-
-    /// A rank of `trial_id` has exited cleanly: its steps no longer wait for it.
-    pub(crate) fn rank_finished(&self, trial_id: &str, rank: u32) {
-        if let Some(reg) = self.registration(trial_id) {
-            reg.aggregator.rank_finished(rank);
-        }
-    }
-
-    /// A rank of `trial_id` has failed: no step of the run completes any more.
-    pub(crate) fn rank_failed(&self, trial_id: &str) {
-        if let Some(reg) = self.registration(trial_id) {
-            reg.aggregator.fail();
-        }
-    }
-
-    fn registration(&self, trial_id: &str) -> Option<Arc<Registration>> {
-        self.registry.trials.read().ok().and_then(|m| m.get(trial_id).cloned())
-    }
-
-    pub(crate) fn unregister(&self, trial_id: &str) {
-        if let Ok(mut map) = self.registry.trials.write() {
-            map.remove(trial_id);
-        }
+        Registration { registry: Arc::downgrade(&self.registry), trial_id: spec.trial_id.clone(), intake }
     }
 }
 
@@ -153,38 +167,20 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<Rep
     if r.version != 1 {
         return refuse(Status::invalid_argument(format!("unsupported protocol version {} (this driver speaks 1)", r.version)));
     }
-    let reg = registry.trials.read().ok().and_then(|m| m.get(&r.trial_id).cloned());
-    let Some(reg) = reg else {
+    let Some(entry) = registry.get(&r.trial_id) else {
         return refuse(Status::not_found(format!("unknown trial `{}`", r.trial_id)));
     };
-    if !tokens_equal(&reg.token, &r.token) {
+    if !tokens_equal(&entry.token, &r.token) {
         return refuse(Status::unauthenticated(format!("wrong token for trial `{}`", r.trial_id)));
     }
-    if let Some(bad) = r.metrics.keys().find(|k| k.is_empty() || k.len() > 256) {
-        return refuse(Status::invalid_argument(format!("invalid metric name {bad:?}")));
-    }
-    let iteration = match reg.aggregator.next_iteration(r.rank) {
-        Ok(i) => i,
+    let checkpoint = (!r.checkpoint_dir.is_empty()).then(|| PathBuf::from(&r.checkpoint_dir));
+    let submitted = entry.intake.submit(r.rank, r.metrics.clone().into_iter().collect(), checkpoint.as_deref()).await;
+    drop(entry);
+    let (iteration, rx) = match submitted {
+        Ok(ok) => ok,
+        Err(IntakeError::Checkpoint(e)) if !e.is_refusal() => return refuse(Status::unavailable(e.to_string())),
         Err(e) => return refuse(Status::invalid_argument(e.to_string())),
     };
-    let checkpoint = if r.checkpoint_dir.is_empty() {
-        None
-    } else {
-        let src = match check_source(Path::new(&r.checkpoint_dir), &reg.roots) {
-            Ok(src) => src,
-            Err(e) => return refuse(Status::invalid_argument(e.to_string())),
-        };
-        match reg.storage.upload_shard(&src, iteration, r.rank).await {
-            Ok(uri) => Some(uri),
-            Err(e @ CheckpointError::NotADirectory(_)) => return refuse(Status::invalid_argument(e.to_string())),
-            Err(e) => return refuse(Status::unavailable(e.to_string())),
-        }
-    };
-    let rx = match reg.aggregator.arrive(r.rank, iteration, r.metrics.into_iter().collect(), checkpoint) {
-        Ok(rx) => rx,
-        Err(e) => return refuse(Status::invalid_argument(e.to_string())),
-    };
-    drop(reg);
     let directive = match rx.await.unwrap_or(Directive::Stop) {
         Directive::Continue => proto::Directive::Continue,
         Directive::Stop => proto::Directive::Stop,
@@ -233,14 +229,16 @@ mod tests {
     use super::*;
     use crate::proto::reporter_client::ReporterClient;
 
-    async fn setup() -> (ReportServer, mpsc::UnboundedReceiver<Event>, ReporterClient<tonic::transport::Channel>, tempfile::TempDir) {
+    type Setup = (ReportServer, mpsc::UnboundedReceiver<Event>, ReporterClient<tonic::transport::Channel>, tempfile::TempDir, Registration);
+
+    async fn setup() -> Setup {
         let server = ReportServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
         let dir = tempfile::tempdir().unwrap();
         let spec = crate::LaunchSpec::new("t1", serde_json::json!({}), dir.path());
-        server.register(&spec, "secret".into(), spec.roots(None), tx);
+        let registration = server.register(&spec, "secret".into(), spec.roots(None), tx);
         let client = ReporterClient::connect(server.url()).await.unwrap();
-        (server, rx, client, dir)
+        (server, rx, client, dir, registration)
     }
 
     fn request(token: &str, rank: u32) -> ReportRequest {
@@ -256,7 +254,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_reports_are_refused_and_change_nothing() {
-        let (_server, mut rx, mut client, dir) = setup().await;
+        let (_server, mut rx, mut client, dir, registration) = setup().await;
         let status = client.report(request("wrong", 0)).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unauthenticated);
         assert_eq!(status.message(), "wrong token for trial `t1`");
@@ -303,6 +301,11 @@ mod tests {
         assert_eq!(reply.directive, proto::Directive::Stop as i32);
         assert_eq!(reply.training_iteration, 1);
         answer.await.unwrap();
+
+        // Once its registration is dropped, the trial's reports are refused.
+        drop(registration);
+        let status = client.report(request("secret", 0)).await.unwrap_err();
+        assert_eq!((status.code(), status.message()), (tonic::Code::NotFound, "unknown trial `t1`"));
     }
 
     /// A message whose `metrics` field (5) is a number: not a map of doubles.
@@ -320,7 +323,7 @@ mod tests {
 
     #[tokio::test]
     async fn malformed_and_huge_messages_are_refused() {
-        let (server, mut rx, mut client, _dir) = setup().await;
+        let (server, mut rx, mut client, _dir, _registration) = setup().await;
         let mut grpc = tonic::client::Grpc::new(tonic::transport::Channel::from_shared(server.url()).unwrap().connect().await.unwrap());
         grpc.ready().await.unwrap();
         let codec = tonic_prost::ProstCodec::<Malformed, ReportReply>::default();
@@ -344,7 +347,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = crate::LaunchSpec::new("t1", serde_json::json!({}), dir.path());
         spec.workers = vec![crate::WorkerBundle::cpus(1.0); 2];
-        server.register(&spec, "secret".into(), spec.roots(None), tx);
+        let _registration = server.register(&spec, "secret".into(), spec.roots(None), tx);
         let shard = tempfile::tempdir().unwrap();
         std::fs::write(shard.path().join("w.bin"), b"rank 1").unwrap();
         let mut c1 = ReporterClient::connect(server.url()).await.unwrap();
@@ -361,7 +364,7 @@ mod tests {
         assert_eq!((report.rank, report.metrics["loss"]), (0, 0.5), "rank 0's metrics are the trial's");
         let ckpt = report.checkpoint.unwrap();
         assert_eq!((ckpt.ranks.as_slice(), ckpt.world_size), (&[1][..], 2), "rank 1 alone saved a shard");
-        assert_eq!(std::fs::read(Path::new(&ckpt.uri).join("rank-1/w.bin")).unwrap(), b"rank 1");
+        assert_eq!(std::fs::read(std::path::Path::new(&ckpt.uri).join("rank-1/w.bin")).unwrap(), b"rank 1");
         reply.send(Directive::Continue);
         for r in [rank0.await.unwrap().unwrap(), rank1.await.unwrap().unwrap()] {
             assert_eq!(r.into_inner().directive, proto::Directive::Continue as i32);

@@ -414,6 +414,28 @@ mod tests {
         assert!(matches!(err, TrainError::Resources(ResourceError::NeverFits { .. })), "{err}");
     }
 
+    /// In-process ranks go through the same intake as gRPC workers: the
+    /// same report is refused with the same message.
+    #[test]
+    fn an_in_process_rank_gets_the_refusals_a_grpc_worker_gets() {
+        let storage = tempfile::tempdir().unwrap();
+        let err = Trainer::function(|ctx| {
+            ctx.report([("", 1.0)], None)?;
+            Ok(())
+        })
+        .storage(storage.path())
+        .name("bad-metric")
+        .fit()
+        .unwrap_err();
+        match err {
+            TrainError::Failed { message, output } => {
+                assert_eq!(message, "report refused: invalid metric name \"\"");
+                assert!(output.history.is_empty(), "nothing reached the driver");
+            }
+            other => panic!("{other}"),
+        }
+    }
+
     #[test]
     fn a_failed_run_restarts_from_its_latest_checkpoint() {
         use std::sync::atomic::{AtomicBool, Ordering};

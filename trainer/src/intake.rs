@@ -1,0 +1,77 @@
+//! One trial's report intake: the checks every rank's report goes through
+//! and the persistence of its checkpoint shard, before the step aggregator
+//! takes it. The gRPC service and in-process ranks both report through it,
+//! so they accept and refuse the same reports with the same errors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use crate::aggregate::Aggregator;
+use crate::backend::Directive;
+use crate::checkpoint::{check_source, CheckpointError};
+use crate::storage::Storage;
+
+/// The longest metric name a report may carry.
+pub(crate) const MAX_METRIC_NAME: usize = 256;
+
+/// Why a report was not taken.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum IntakeError {
+    /// The report is wrong (a metric name, the rank, a step reported twice):
+    /// the same report will never be taken.
+    #[error("{0}")]
+    Refused(String),
+    /// Its checkpoint could not be taken: not a directory the worker may
+    /// checkpoint from ([`CheckpointError::is_refusal`]), or storage failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+/// A trial's intake: where its checkpoint shards go, where workers may
+/// checkpoint from, and the aggregator of its steps.
+#[derive(Debug)]
+pub(crate) struct Intake {
+    storage: Storage,
+    roots: Vec<PathBuf>,
+    aggregator: Arc<Aggregator>,
+}
+
+impl Intake {
+    pub(crate) fn new(storage: Storage, roots: Vec<PathBuf>, aggregator: Arc<Aggregator>) -> Self {
+        Self { storage, roots, aggregator }
+    }
+
+    /// The trial's step aggregator.
+    pub(crate) fn aggregator(&self) -> &Arc<Aggregator> {
+        &self.aggregator
+    }
+
+    /// Takes `rank`'s next report: checks its metric names, persists its
+    /// checkpoint shard (if any) under the step's checkpoint, and hands it to
+    /// the aggregator. Returns the step's iteration and where the driver's
+    /// decision on it arrives.
+    pub(crate) async fn submit(
+        &self,
+        rank: u32,
+        metrics: BTreeMap<String, f64>,
+        checkpoint: Option<&Path>,
+    ) -> Result<(u64, oneshot::Receiver<Directive>), IntakeError> {
+        if let Some(bad) = metrics.keys().find(|k| k.is_empty() || k.len() > MAX_METRIC_NAME) {
+            return Err(IntakeError::Refused(format!("invalid metric name {bad:?}")));
+        }
+        let refused = |e: crate::aggregate::ArriveError| IntakeError::Refused(e.to_string());
+        let iteration = self.aggregator.next_iteration(rank).map_err(refused)?;
+        let checkpoint = match checkpoint {
+            Some(dir) => {
+                let src = check_source(dir, &self.roots)?;
+                Some(self.storage.upload_shard(&src, iteration, rank).await?)
+            }
+            None => None,
+        };
+        let rx = self.aggregator.arrive(rank, iteration, metrics, checkpoint).map_err(refused)?;
+        Ok((iteration, rx))
+    }
+}
