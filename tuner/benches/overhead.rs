@@ -53,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (s2, e2) = (Arc::clone(&starts), Arc::clone(&ends));
     let trainable = Trainable::function(move |ctx| {
         s2.lock().map_err(|_| "poisoned")?.push(Instant::now());
-        if STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 50 == 0 {
+        if STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed).is_multiple_of(50) {
             SWEEP_RSS_KB.fetch_max(rss_kb(), std::sync::atomic::Ordering::Relaxed);
         }
         std::thread::sleep(Duration::from_millis(sleep_ms));

@@ -39,6 +39,9 @@ pub(crate) struct Batch {
     pub ended: Vec<TrialRecord>,
 }
 
+/// A flush off the loop is over: its batch number and how it went.
+pub(crate) type FlushDone = (u64, Result<(), StoreError>);
+
 /// A batch once its flush is over, and how the flush went.
 pub(crate) type Flushed = (Batch, Result<(), StoreError>);
 
@@ -52,12 +55,12 @@ pub(crate) struct Commits {
     /// The batch being flushed off the loop, and its number.
     inflight: Option<(u64, Batch)>,
     next_batch: u64,
-    done_tx: mpsc::UnboundedSender<(u64, Result<(), StoreError>)>,
+    done_tx: mpsc::UnboundedSender<FlushDone>,
 }
 
 impl Commits {
     /// Commits over `store`; background flushes report on the receiver.
-    pub(crate) fn new(store: Store, durability: Durability) -> (Self, mpsc::UnboundedReceiver<(u64, Result<(), StoreError>)>) {
+    pub(crate) fn new(store: Store, durability: Durability) -> (Self, mpsc::UnboundedReceiver<FlushDone>) {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let c = Self { store, durability, reports: Vec::new(), ended: Vec::new(), inflight: None, next_batch: 0, done_tx };
         (c, done_rx)

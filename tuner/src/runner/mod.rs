@@ -71,7 +71,7 @@ pub(crate) enum LoopEvent {
     /// The wall-clock time budget is spent.
     BudgetSpent,
     /// A trial's preparation off the loop ended (or panicked: an error on that trial).
-    Restored(Result<(TaskId, Restored), JoinError>),
+    Restored(Result<(TaskId, Box<Restored>), JoinError>),
     /// A group commit off the loop ended.
     Flushed { batch: u64, result: Result<(), StoreError> },
     /// Trial ends have waited [`END_FLUSH_DELAY`] for a flush: they get their own.
@@ -220,7 +220,7 @@ pub(crate) struct Restored {
 /// back as a `JoinError` naming the task, and becomes an error on its trial.
 #[derive(Default)]
 struct Restores {
-    tasks: JoinSet<Restored>,
+    tasks: JoinSet<Box<Restored>>,
     /// What each task holds, to release it if the task never comes back.
     held: HashMap<TaskId, (TrialRecord, Allocation)>,
 }
@@ -252,7 +252,7 @@ struct Phase {
 /// What the dispatcher waits on besides the runner's own tasks.
 pub(crate) struct Inputs {
     events: mpsc::UnboundedReceiver<Event>,
-    flushed: mpsc::UnboundedReceiver<(u64, Result<(), StoreError>)>,
+    flushed: mpsc::UnboundedReceiver<commits::FlushDone>,
 }
 
 /// The experiment loop and everything it owns.
@@ -386,7 +386,7 @@ impl Runner {
             }
             LoopEvent::Restored(Ok((task, restored))) => {
                 self.restores.held.remove(&task);
-                self.on_restored(restored)?;
+                self.on_restored(*restored)?;
             }
             LoopEvent::Restored(Err(e)) => {
                 // The task panicked or was cancelled: its trial fails, the sweep goes on.
@@ -455,7 +455,8 @@ impl Runner {
                 self.tell_no_more()?;
                 continue;
             }
-            if !self.phase.stopping && !(self.phase.searcher_done && self.trials.pending.is_empty()) {
+            let finished = self.phase.searcher_done && self.trials.pending.is_empty();
+            if !self.phase.stopping && !finished {
                 // The searcher waits on trials, yet none runs: it can never proceed.
                 tracing::warn!("the searcher is waiting but no trial is running; ending the sweep");
             }
@@ -638,7 +639,7 @@ impl Runner {
             }
             .await;
             let exploit = exploit.map(|job| (job.donor, copied));
-            Restored { record, allocation, fetched, exploit }
+            Box::new(Restored { record, allocation, fetched, exploit })
         };
         let handle = self.restores.tasks.spawn(tracing::Instrument::instrument(task, span));
         self.restores.held.insert(handle.id(), held);
