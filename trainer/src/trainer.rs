@@ -2,7 +2,6 @@
 //! (Ray Train's `TorchTrainer(...).fit()`).
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -236,12 +235,14 @@ impl Trainer {
             }
         };
         let results_path = dir.join("result.jsonl");
-        let mut results = std::fs::File::create(&results_path).map_err(io(&results_path))?;
+        let mut results = crate::ResultFiles::open(&dir, true).map_err(io(&results_path))?;
         let mut out =
             TrainOutput { metrics: None, history: Vec::new(), checkpoint: self.resume_from.clone(), path: dir.clone(), failures: 0 };
         let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(io(Path::new("<signal>")))?;
         let mut interrupted = false;
         let hang_limit = self.failure.hang_timeout_s.map(Duration::from_secs_f64);
+        // Results written so far, across restarts (a result's position in the file).
+        let mut seq = 0u64;
         let outcome = loop {
             // One run of the workers; after a failure, the next starts from the latest checkpoint.
             let start_iteration = out.checkpoint.as_deref().and_then(checkpoint_iteration).unwrap_or(0);
@@ -275,9 +276,9 @@ impl Trainer {
                     }
                     _ = tick.tick(), if hang_limit.is_some() && hung.is_none() => {
                         if hang_limit.is_some_and(|limit| last_step.elapsed() >= limit) {
-                            let ranks: Vec<String> = handle.lagging_ranks().iter().map(u32::to_string).collect();
-                            let waiting = if ranks.is_empty() { String::new() } else { format!("; waiting on rank {}", ranks.join(", ")) };
-                            hung = Some(format!("hung: no report for {} s (failure.hang_timeout_s){waiting}", self.failure.hang_timeout_s.unwrap_or(0.0)));
+                            let after = out.history.last().map_or(start_iteration, |s| s.training_iteration);
+                            let limit = self.failure.hang_timeout_s.unwrap_or(0.0);
+                            hung = Some(hang_message(limit, after, &handle.lagging_ranks(), &dir.join("logs")));
                             handle.stop(StopLevel::Kill);
                         }
                     }
@@ -288,13 +289,17 @@ impl Trainer {
                             let checkpoint = report.checkpoint.map(|c| PathBuf::from(c.uri));
                             let mut metrics = report.metrics;
                             metrics.insert("training_iteration".into(), report.training_iteration as f64);
-                            let line = serde_json::json!({
-                                "training_iteration": report.training_iteration,
-                                "metrics": metrics.iter().map(|(k, v)| (k.clone(), if v.is_finite() { serde_json::json!(v) } else { serde_json::json!(v.to_string()) })).collect::<serde_json::Map<_, _>>(),
-                                "checkpoint": checkpoint,
-                            });
+                            let uri = checkpoint.as_ref().map(|c| c.display().to_string());
+                            let line = crate::ResultLine {
+                                trial_id: &name,
+                                seq,
+                                training_iteration: report.training_iteration,
+                                metrics: &metrics,
+                                checkpoint: uri.as_deref(),
+                            };
+                            seq += 1;
                             // Durable before the workers go on.
-                            writeln!(results, "{line}").and_then(|()| results.sync_data()).map_err(io(&results_path))?;
+                            results.append(&line).and_then(|()| results.sync()).map_err(io(&results_path))?;
                             if checkpoint.is_some() {
                                 out.checkpoint.clone_from(&checkpoint);
                             }
@@ -329,6 +334,24 @@ impl Trainer {
             _ => Ok(out),
         }
     }
+}
+
+/// A hung run's failure, as the Tuner and a [`Trainer`] run both say it:
+/// how long nothing came, after which iteration, the ranks the next step
+/// waits for, and the end of the first one's log (`logs/rank-<r>.log`, when
+/// its workers are processes).
+pub fn hang_message(limit_s: f64, after_iteration: u64, lagging: &[u32], logs: &Path) -> String {
+    let mut msg = format!("hung: no report for {limit_s} s (failure.hang_timeout_s) after iteration {after_iteration}");
+    if !lagging.is_empty() {
+        let ranks: Vec<String> = lagging.iter().map(u32::to_string).collect();
+        msg.push_str(&format!("; waiting on rank {}", ranks.join(", ")));
+    }
+    let log = logs.join(format!("rank-{}.log", lagging.first().copied().unwrap_or(0)));
+    let tail = crate::log_tail(&log, 20);
+    if !tail.is_empty() {
+        msg.push_str(&format!("; last log lines ({}):\n{tail}", log.display()));
+    }
+    msg
 }
 
 /// The runtime a blocking `fit` drives its run on: the loop on the calling
@@ -382,6 +405,10 @@ mod tests {
             assert_eq!(std::fs::read_to_string(ckpt.join(format!("rank-{r}/w"))).unwrap(), "-3", "every rank's shard, in sync");
         }
         assert_eq!(std::fs::read_to_string(out.path.join("result.jsonl")).unwrap().lines().count(), 3);
+        // The same files a tuner's trial gets: a header and a row per step.
+        let csv = std::fs::read_to_string(out.path.join("progress.csv")).unwrap();
+        assert_eq!(csv.lines().next(), Some("trial_id,training_iteration,rank,w"));
+        assert_eq!(csv.lines().count(), 4);
 
         // A failing rank fails the run, naming it; the others stop.
         let err = Trainer::function(|ctx| {

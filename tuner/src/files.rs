@@ -3,12 +3,12 @@
 //! by a writer thread off the loop.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use search::TrialResult;
+use trainer::{ResultFiles, ResultLine};
 
 /// A write for the flusher.
 #[derive(Debug)]
@@ -23,96 +23,111 @@ pub(crate) enum FileWrite {
     Result { trial_dir: std::sync::Arc<Path>, result: std::sync::Arc<TrialResult> },
 }
 
-/// The files for people, written by a background thread at low priority so
-/// the report path gets the CPU first.
+/// Writer threads: file creation is latency-bound (a disk of the cloud,
+/// a network file system), and several threads creating files at once keep
+/// up with a thousand short trials a second where one cannot.
+const WRITERS: usize = 4;
+
+/// Open trial files kept per writer thread before they are closed.
+const OPEN_PER_WRITER: usize = 64;
+
+/// The files for people, written by a few background threads at low
+/// priority, so the report path gets the CPU first. A trial's files always
+/// go to the same thread, so its lines are written in order; `status.json`
+/// and its removal go to the first.
 pub(crate) struct FileWriter {
-    file_tx: Option<std::sync::mpsc::Sender<Vec<FileWrite>>>,
-    writer: Option<std::thread::JoinHandle<()>>,
+    senders: Vec<std::sync::mpsc::Sender<Vec<FileWrite>>>,
+    writers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl FileWriter {
     pub(crate) fn spawn() -> Self {
-        let (file_tx, file_rx) = std::sync::mpsc::channel::<Vec<FileWrite>>();
-        let writer = std::thread::Builder::new()
-            .name("nestor-files".into())
-            .spawn(move || {
-                // SAFETY: setpriority on this thread's own id has no other effect.
-                unsafe {
-                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+        let mut senders = Vec::with_capacity(WRITERS);
+        let mut writers = Vec::with_capacity(WRITERS);
+        for n in 0..WRITERS {
+            let (tx, rx) = std::sync::mpsc::channel::<Vec<FileWrite>>();
+            let spawned = std::thread::Builder::new().name(format!("nestor-files-{n}")).spawn(move || write_batches(&rx));
+            match spawned {
+                Ok(handle) => {
+                    senders.push(tx);
+                    writers.push(handle);
                 }
-                let mut open: HashMap<PathBuf, TrialFiles> = HashMap::new();
-                while let Ok(batch) = file_rx.recv() {
-                    for f in batch {
-                        if let Err(e) = write_file(&f, &mut open) {
-                            tracing::warn!(error = %e, "could not write a trial file");
-                        }
-                    }
-                    // Each batch reaches the files before the next is taken; handles stay open for the next.
-                    for files in open.values_mut() {
-                        if let Err(e) = files.flush() {
-                            tracing::warn!(error = %e, "could not write a trial file");
-                        }
-                    }
-                    if open.len() > 256 {
-                        open.clear();
-                    }
-                }
-            })
-            .map_err(|e| tracing::error!(error = %e, "cannot start the file writer"))
-            .ok();
-        Self { file_tx: Some(file_tx), writer }
+                Err(e) => tracing::error!(error = %e, "cannot start a file writer"),
+            }
+        }
+        Self { senders, writers }
     }
 
-    /// Queues files for the writer thread.
+    /// Queues files for the writer threads.
     pub(crate) fn write(&self, files: Vec<FileWrite>) {
-        if let (false, Some(tx)) = (files.is_empty(), &self.file_tx) {
-            let _ = tx.send(files);
+        if files.is_empty() || self.senders.is_empty() {
+            return;
+        }
+        let mut shards: Vec<Vec<FileWrite>> = (0..self.senders.len()).map(|_| Vec::new()).collect();
+        for f in files {
+            let shard = match &f {
+                FileWrite::Params { trial_dir, .. } => shard_of(trial_dir, shards.len()),
+                FileWrite::Result { trial_dir, .. } => shard_of(trial_dir, shards.len()),
+                FileWrite::Snapshot { .. } | FileWrite::Remove { .. } => 0,
+            };
+            shards[shard].push(f);
+        }
+        for (tx, batch) in self.senders.iter().zip(shards) {
+            if !batch.is_empty() {
+                let _ = tx.send(batch);
+            }
         }
     }
 
     /// Waits for every queued file write.
     pub(crate) async fn close(mut self) {
-        self.file_tx = None;
-        if let Some(w) = self.writer.take() {
-            let _ = tokio::task::spawn_blocking(move || w.join()).await;
+        self.senders.clear();
+        let writers = std::mem::take(&mut self.writers);
+        let _ = tokio::task::spawn_blocking(move || {
+            for w in writers {
+                let _ = w.join();
+            }
+        })
+        .await;
+    }
+}
+
+/// Which writer a trial's files go to.
+fn shard_of(trial_dir: &Path, writers: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    trial_dir.hash(&mut h);
+    (h.finish() % writers.max(1) as u64) as usize
+}
+
+/// One writer thread: takes batches until the loop closes it.
+fn write_batches(rx: &std::sync::mpsc::Receiver<Vec<FileWrite>>) {
+    // SAFETY: setpriority on this thread's own id has no other effect.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+    }
+    let mut open: HashMap<PathBuf, ResultFiles> = HashMap::new();
+    while let Ok(batch) = rx.recv() {
+        for f in batch {
+            if let Err(e) = write_file(&f, &mut open) {
+                tracing::warn!(error = %e, "could not write a trial file");
+            }
+        }
+        // Each batch reaches the files before the next is taken; handles stay open for the next.
+        for files in open.values_mut() {
+            if let Err(e) = files.flush() {
+                tracing::warn!(error = %e, "could not write a trial file");
+            }
+        }
+        if open.len() > OPEN_PER_WRITER {
+            open.clear();
         }
     }
 }
 
-/// One CSV field, quoted when it holds a comma, quote or newline.
-pub(crate) fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
+pub(crate) use trainer::csv_field;
 
-/// A trial's open `result.jsonl` and `progress.csv`, and the CSV's columns.
-struct TrialFiles {
-    jsonl: std::io::BufWriter<std::fs::File>,
-    csv: std::io::BufWriter<std::fs::File>,
-    columns: Option<Vec<String>>,
-}
-
-impl TrialFiles {
-    fn open(trial_dir: &Path) -> std::io::Result<Self> {
-        std::fs::create_dir_all(trial_dir)?;
-        let append = |name: &str| std::fs::OpenOptions::new().create(true).append(true).open(trial_dir.join(name));
-        // A resumed trial keeps the columns its file started with.
-        let columns = std::fs::read_to_string(trial_dir.join("progress.csv"))
-            .ok()
-            .and_then(|t| t.lines().next().map(|h| h.split(',').map(String::from).collect::<Vec<_>>()));
-        Ok(Self { jsonl: std::io::BufWriter::new(append("result.jsonl")?), csv: std::io::BufWriter::new(append("progress.csv")?), columns })
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.jsonl.flush()?;
-        self.csv.flush()
-    }
-}
-
-fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, TrialFiles>) -> std::io::Result<()> {
+fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::io::Result<()> {
     match f {
         FileWrite::Snapshot { path, json } => {
             let tmp = path.with_extension("json.tmp");
@@ -131,27 +146,16 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, TrialFiles>) -> std::io
         FileWrite::Result { trial_dir, result } => {
             let files = match open.entry(trial_dir.to_path_buf()) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => e.insert(TrialFiles::open(trial_dir)?),
+                // Its first result ever: no file of it can exist yet.
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(ResultFiles::open(trial_dir, result.seq == 0)?),
             };
-            serde_json::to_writer(&mut files.jsonl, &**result)?;
-            files.jsonl.write_all(b"\n")?;
-            if files.columns.is_none() {
-                let mut c = vec!["trial_id".to_string(), "training_iteration".to_string()];
-                c.extend(result.metrics.keys().filter(|k| *k != "training_iteration").cloned());
-                writeln!(files.csv, "{}", c.iter().map(|s| csv_field(s)).collect::<Vec<_>>().join(","))?;
-                files.columns = Some(c);
-            }
-            let row: Vec<String> = files
-                .columns
-                .iter()
-                .flatten()
-                .map(|c| match c.as_str() {
-                    "trial_id" => csv_field(&result.trial_id),
-                    "training_iteration" => result.training_iteration.to_string(),
-                    other => result.metrics.get(other).map(|v| v.to_string()).unwrap_or_default(),
-                })
-                .collect();
-            writeln!(files.csv, "{}", row.join(","))
+            files.append(&ResultLine {
+                trial_id: &result.trial_id,
+                seq: result.seq,
+                training_iteration: result.training_iteration,
+                metrics: &result.metrics,
+                checkpoint: result.checkpoint.as_deref(),
+            })
         }
     }
 }

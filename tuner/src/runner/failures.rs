@@ -75,18 +75,8 @@ impl Runner {
             if r.ending.is_some() || now - r.last_report < limit {
                 continue;
             }
-            let lagging = r.handle.lagging_ranks();
             let after = r.record.last_result.as_ref().map_or(0, |l| l.training_iteration);
-            let mut msg = format!("hung: no report for {limit} s (failure.hang_timeout_s) after iteration {after}");
-            if !lagging.is_empty() {
-                let ranks: Vec<String> = lagging.iter().map(u32::to_string).collect();
-                msg.push_str(&format!("; waiting on rank {}", ranks.join(", ")));
-            }
-            let log = trials_dir.join(&r.record.id).join("logs").join(format!("rank-{}.log", lagging.first().copied().unwrap_or(0)));
-            let tail = trainer::log_tail(&log, 20);
-            if !tail.is_empty() {
-                msg.push_str(&format!("; last log lines ({}):\n{tail}", log.display()));
-            }
+            let msg = trainer::hang_message(limit, after, &r.handle.lagging_ranks(), &trials_dir.join(&r.record.id).join("logs"));
             tracing::warn!(trial = %r.record.id, "{}", msg.lines().next().unwrap_or_default());
             r.ending = Some(Ending::Hung(msg));
             // A hung rank has nothing left to save: kill the group now.
