@@ -36,6 +36,14 @@ pub struct TuneConfig {
     pub max_concurrent_search: Option<usize>,
     /// Run each config this many times (Ray's `Repeater`).
     pub repeat: Option<usize>,
+    /// TPE's settings (`[search]` `n_startup_trials`, `n_ei_candidates`,
+    /// `multivariate`); `None` keeps what the experiment has.
+    pub tpe: Option<search::TpeOptions>,
+    /// BOHB's settings (`[search]` `min_points_in_model`, `top_n_percent`,
+    /// `random_fraction`, `n_ei_candidates` as `num_samples`,
+    /// `bandwidth_factor`); its budget is the scheduler's `time_attr`.
+    /// `None` keeps what the experiment has.
+    pub bohb: Option<search::BohbOptions>,
     /// The trial scheduler.
     pub scheduler: SchedulerConfig,
 }
@@ -53,6 +61,8 @@ impl Default for TuneConfig {
             points_to_evaluate: Vec::new(),
             max_concurrent_search: None,
             repeat: None,
+            tpe: None,
+            bohb: None,
             scheduler: SchedulerConfig::Fifo,
         }
     }

@@ -96,7 +96,8 @@ impl Tuner {
         }
     }
 
-    /// Sets what to tune and how.
+    /// Sets what to tune and how. Settings it leaves at `None` (TPE's and
+    /// BOHB's) keep what the experiment had, from its file or an earlier call.
     pub fn tune_config(mut self, c: TuneConfig) -> Self {
         let e = &mut self.file.experiment;
         e.metric = c.metric;
@@ -105,6 +106,19 @@ impl Tuner {
         e.max_concurrent_trials = c.max_concurrent_trials;
         e.time_budget_s = c.time_budget_s;
         e.seed = c.seed;
+        let mut kept = std::mem::take(&mut self.file.search);
+        if let Some(t) = c.tpe {
+            kept.n_startup_trials = Some(t.n_startup_trials);
+            kept.n_ei_candidates = Some(t.n_ei_candidates);
+            kept.multivariate = Some(t.multivariate);
+        }
+        if let Some(b) = c.bohb {
+            kept.min_points_in_model = b.min_points_in_model;
+            kept.top_n_percent = Some(b.top_n_percent);
+            kept.random_fraction = Some(b.random_fraction);
+            kept.n_ei_candidates = Some(b.num_samples);
+            kept.bandwidth_factor = Some(b.bandwidth_factor);
+        }
         self.file.search = SearchSection {
             algorithm: c.search,
             points_to_evaluate: c
@@ -117,7 +131,7 @@ impl Tuner {
                 .collect(),
             max_concurrent: c.max_concurrent_search,
             repeat: c.repeat,
-            ..Default::default()
+            ..kept
         };
         self.points = c.points_to_evaluate;
         self.file.scheduler = c.scheduler;

@@ -335,3 +335,64 @@ fn each_config_repeats_with_its_index() {
     assert_eq!(grid.len(), 6);
     assert_eq!(grid.iter().filter(|t| t.config["__trial_index__"] == 2).count(), 2);
 }
+
+/// Every search setting a file can hold can be set in Rust, and survives:
+/// into the experiment the sweep writes (and resumes from), and through a
+/// later `tune_config` that leaves it out.
+#[test]
+fn tpe_and_bohb_settings_set_in_rust_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let read = |name: &str| -> toml::Table {
+        toml::from_str(&std::fs::read_to_string(dir.path().join(name).join("experiment.toml")).unwrap()).unwrap()
+    };
+    let tpe = search::TpeOptions { n_startup_trials: 2, n_ei_candidates: 7, multivariate: true };
+    Tuner::new(quadratic(), space())
+        .tune_config(TuneConfig { search: Algorithm::Tpe, tpe: Some(tpe), ..tune(3, 1) })
+        .run_config(run(dir.path(), "tpe", Stop::new()))
+        .fit()
+        .unwrap();
+    let file = read("tpe");
+    assert_eq!(file["search"]["algorithm"].as_str(), Some("tpe"));
+    assert_eq!(file["search"]["n_startup_trials"].as_integer(), Some(2));
+    assert_eq!(file["search"]["n_ei_candidates"].as_integer(), Some(7));
+    assert_eq!(file["search"]["multivariate"].as_bool(), Some(true));
+
+    // A file's settings stay when Rust sets the rest.
+    let text = std::fs::read_to_string(dir.path().join("tpe").join("experiment.toml")).unwrap();
+    let resolved = tuner::ExperimentFile::parse(&text, "tpe/experiment.toml", &[]).unwrap();
+    Tuner::from_file(resolved, Some(quadratic()))
+        .tune_config(TuneConfig { search: Algorithm::Tpe, ..tune(2, 2) })
+        .run_config(run(dir.path(), "again", Stop::new()))
+        .fit()
+        .unwrap();
+    let file = read("again");
+    assert_eq!(file["search"]["n_startup_trials"].as_integer(), Some(2));
+    assert_eq!(file["search"]["multivariate"].as_bool(), Some(true));
+
+    let bohb = search::BohbOptions {
+        min_points_in_model: Some(4),
+        top_n_percent: 20.0,
+        random_fraction: 0.5,
+        num_samples: 16,
+        bandwidth_factor: 2.0,
+        ..Default::default()
+    };
+    let hyperband = tuner::SchedulerConfig::HyperbandBohb(schedulers::HyperBandConfig { max_t: 9.0, ..Default::default() });
+    // HyperBand pauses trials: a replay of curves, whose checkpoints are names.
+    let curves = tuner::simulate::Curves::from_fn("loss", |c| tuner::simulate::Curve {
+        metrics: (1..=9).map(|t| c["x"].as_f64().unwrap_or(0.0).abs() + 1.0 / f64::from(t)).collect(),
+        seconds_per_iteration: 1.0,
+    });
+    let checkpoint = tuner::CheckpointConfig { frequency: Some(1), ..Default::default() };
+    Tuner::new(Trainable::simulated(curves), space())
+        .tune_config(TuneConfig { search: Algorithm::Bohb, bohb: Some(bohb), scheduler: hyperband, ..tune(3, 1) })
+        .run_config(RunConfig { checkpoint, ..run(dir.path(), "bohb", Stop::new()) })
+        .fit()
+        .unwrap();
+    let s = read("bohb")["search"].clone();
+    assert_eq!(s["min_points_in_model"].as_integer(), Some(4));
+    assert_eq!(s["top_n_percent"].as_float(), Some(20.0));
+    assert_eq!(s["random_fraction"].as_float(), Some(0.5));
+    assert_eq!(s["n_ei_candidates"].as_integer(), Some(16));
+    assert_eq!(s["bandwidth_factor"].as_float(), Some(2.0));
+}
