@@ -4,7 +4,7 @@
 //! the driver's peak RSS.
 //!
 //! ```text
-//! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C]
+//! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C --no-trial-files]
 //! ```
 
 use std::sync::{Arc, Mutex};
@@ -79,6 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             name: "overhead".into(),
             storage: dir.path().to_path_buf(),
             progress: ProgressMode::Quiet,
+            trial_files: !std::env::args().any(|a| a == "--no-trial-files"),
             ..Default::default()
         });
     let start = Instant::now();
@@ -87,7 +88,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let elapsed = end.duration_since(start).as_secs_f64();
     assert_eq!(grid.num_terminated() as u64, trials, "every trial must finish");
     let ideal = trials as f64 * sleep_ms as f64 / 1000.0 / concurrency as f64;
-    println!("trials={trials} sleep={sleep_ms}ms concurrency={concurrency}");
+    let files = if std::env::args().any(|a| a == "--no-trial-files") { "no trial files" } else { "trial files written" };
+    println!("trials={trials} sleep={sleep_ms}ms concurrency={concurrency} ({files})");
     println!("total {elapsed:.3}s, ideal {ideal:.3}s, overhead {:.1}%", (elapsed / ideal - 1.0) * 100.0);
     println!("mean report round trip {:.0} us", REPORT_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / trials as f64 / 1000.0);
     // A slot freed by the k-th trial to end is taken by the (k + concurrency)-th to start.

@@ -180,6 +180,9 @@ pub struct RunConfig {
     pub stop: Stop,
     /// End the sweep at the first trial error.
     pub fail_fast: bool,
+    /// Write each trial's files for people (`params.json`, `result.jsonl`,
+    /// `progress.csv`); default true. The store has every result either way.
+    pub trial_files: bool,
     /// Progress display.
     pub progress: ProgressMode,
 }
@@ -194,6 +197,7 @@ impl Default for RunConfig {
             failure: FailureConfig::default(),
             stop: Stop::new(),
             fail_fast: false,
+            trial_files: true,
             progress: ProgressMode::Auto,
         }
     }

@@ -122,6 +122,12 @@ pub struct ExperimentSection {
     /// Stop the whole sweep at the first trial error.
     #[serde(default, skip_serializing_if = "is_false")]
     pub fail_fast: bool,
+    /// Write each trial's files for people (`params.json`, `result.jsonl`,
+    /// `progress.csv`; default true). The store holds every result either
+    /// way (`nestor export`); turning them off saves four file creations
+    /// per trial, which on a slow file system is most of a short trial's cost.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub trial_files: bool,
 }
 
 impl Default for ExperimentSection {
@@ -137,6 +143,7 @@ impl Default for ExperimentSection {
             storage: None,
             local_dir: None,
             fail_fast: false,
+            trial_files: true,
         }
     }
 }
@@ -159,6 +166,14 @@ impl ExperimentSection {
 
 fn one() -> u64 {
     1
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 fn is_false(b: &bool) -> bool {

@@ -150,6 +150,7 @@ impl Tuner {
             None => e.storage = Some(c.storage.display().to_string()),
         }
         e.fail_fast = c.fail_fast;
+        e.trial_files = c.trial_files;
         self.file.checkpoint = c.checkpoint;
         self.file.failure = c.failure;
         let Stop { thresholds, custom } = c.stop;
@@ -422,7 +423,8 @@ impl Tuner {
         // A replay's results can be computed again: durable at its end only, and no files for people.
         let durability = if clock.is_virtual() { Durability::AtEnd } else { Durability::EveryBatch };
         let metric = file.experiment.metric.clone();
-        let reporter = Reporter::new(exp_dir.clone(), metric.clone(), progress, durability == Durability::EveryBatch, finished);
+        let files = file.experiment.trial_files && durability == Durability::EveryBatch;
+        let reporter = Reporter::new(exp_dir.clone(), metric.clone(), progress, files, finished);
         let settings = Settings {
             exp_dir: exp_dir.clone(),
             metric,

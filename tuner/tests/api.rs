@@ -396,3 +396,36 @@ fn tpe_and_bohb_settings_set_in_rust_survive() {
     assert_eq!(s["n_ei_candidates"].as_integer(), Some(16));
     assert_eq!(s["bandwidth_factor"].as_float(), Some(2.0));
 }
+
+/// `trial_files = false`: nothing under `trials/`, every result in the store.
+#[test]
+fn a_sweep_without_trial_files_keeps_every_result_in_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let grid = Tuner::new(quadratic(), space())
+        .tune_config(tune(2, 1))
+        .run_config(RunConfig { trial_files: false, ..run(dir.path(), "nofiles", Stop::new()) })
+        .fit()
+        .unwrap();
+    assert_eq!(grid.len(), 4);
+    assert!(grid.iter().all(|t| t.history.len() == 10));
+    let exp = dir.path().join("nofiles");
+    let files: Vec<_> = walk(&exp.join("trials")).into_iter().filter(|p| p.is_file()).collect();
+    assert!(files.is_empty(), "{files:?}");
+    let text = std::fs::read_to_string(exp.join("experiment.toml")).unwrap();
+    assert!(text.contains("trial_files = false"), "{text}");
+    // The store's results export as files would have held them.
+    let again = tuner::ResultGrid::load(&exp).unwrap();
+    assert_eq!(again.iter().map(|t| t.history.len()).sum::<usize>(), 40);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
