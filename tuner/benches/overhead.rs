@@ -7,15 +7,13 @@
 //! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C --no-trial-files]
 //! ```
 
+mod support;
+use support::{arg, peak_rss_mb};
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tuner::{Domain, Mode, NodeResources, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(default)
-}
 
 // The allocator of the `nestor` binary, so the driver here is the one users run.
 #[global_allocator]
@@ -27,20 +25,6 @@ static REPORT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// memory, before the sweep's result grid is loaded at its end.
 static SWEEP_RSS_KB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-fn rss_kb() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
-}
-
-fn peak_rss_mb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let trials = arg("--trials", 1000);
@@ -54,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let trainable = Trainable::function(move |ctx| {
         s2.lock().map_err(|_| "poisoned")?.push(Instant::now());
         if STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed).is_multiple_of(50) {
-            SWEEP_RSS_KB.fetch_max(rss_kb(), std::sync::atomic::Ordering::Relaxed);
+            SWEEP_RSS_KB.fetch_max(support::status_kb("VmRSS"), std::sync::atomic::Ordering::Relaxed);
         }
         std::thread::sleep(Duration::from_millis(sleep_ms));
         let x: f64 = ctx.param("x")?;

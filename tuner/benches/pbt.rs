@@ -13,6 +13,9 @@
 //!
 //! `cargo bench -p nestor-tuner --bench pbt [-- --seeds 10 --trials 16 --iterations 200]`
 
+mod support;
+use support::arg;
+
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
@@ -23,11 +26,6 @@ use tuner::{CheckpointConfig, Domain, Mode, NodeResources, ProgressMode, RunConf
 const DIM: usize = 10;
 const STEPS_PER_ITERATION: u64 = 10;
 const NOISE: f64 = 1.0;
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(default)
-}
 
 /// Curvatures log-spaced in [0.1, 1]: condition number 10.
 fn curvature(i: usize) -> f64 {

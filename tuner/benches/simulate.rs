@@ -8,6 +8,9 @@
 //! cargo bench -p nestor-tuner --bench simulate [-- --trials N]
 //! ```
 
+mod support;
+use support::{arg, peak_rss_mb};
+
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -17,20 +20,6 @@ use tuner::{ExperimentFile, ProgressMode, Trainable, Tuner};
 // The allocator of the `nestor` binary, so the driver here is the one users run.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(default)
-}
-
-fn peak_rss_mb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
 
 fn dir_size(path: &std::path::Path) -> u64 {
     std::fs::read_dir(path)
