@@ -117,6 +117,27 @@ pub mod metrics_serde {
         map.end()
     }
 
+    /// `metrics` as a JSON value, written as [`serialize`] writes them.
+    pub fn to_json(metrics: &Metrics) -> serde_json::Value {
+        serde_json::Value::Object(
+            metrics
+                .iter()
+                .map(|(k, &v)| {
+                    let v = if v.is_finite() {
+                        serde_json::json!(v)
+                    } else if v.is_nan() {
+                        serde_json::json!("NaN")
+                    } else if v > 0.0 {
+                        serde_json::json!("Infinity")
+                    } else {
+                        serde_json::json!("-Infinity")
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        )
+    }
+
     #[derive(serde::Deserialize)]
     #[serde(untagged)]
     enum Num {
@@ -175,6 +196,9 @@ mod tests {
         assert_eq!(back.metrics["c"], f64::NEG_INFINITY);
         assert_eq!(back.metrics["d"], 0.5);
         assert_eq!(back.seq, 3);
+        // The JSON value says the same as the serializer.
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(metrics_serde::to_json(&r.metrics), value["metrics"]);
     }
 
     #[test]

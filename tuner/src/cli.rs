@@ -253,14 +253,7 @@ fn out_err(e: std::io::Error) -> Failure {
 
 /// Metrics as JSON; non-finite values as the strings "NaN", "Infinity", "-Infinity".
 pub fn metrics_json(m: &Metrics) -> Value {
-    serde_json::to_value(MetricsRef(m)).unwrap_or(Value::Null)
-}
-
-struct MetricsRef<'a>(&'a Metrics);
-impl serde::Serialize for MetricsRef<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        search::metrics_serde::serialize(self.0, s)
-    }
+    search::metrics_serde::to_json(m)
 }
 
 /// `2`, or `2 gpu:0,1` when its ranks hold GPUs (`-` before its first start).

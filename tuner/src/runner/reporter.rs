@@ -147,7 +147,7 @@ impl Reporter {
                 serde_json::json!({
                     "trial_id": r.id,
                     "iteration": r.last_result.as_ref().map_or(0, |l| l.training_iteration),
-                    "metrics": r.last_result.as_ref().map(|l| crate::cli::metrics_json(&l.metrics)),
+                    "metrics": r.last_result.as_ref().map(|l| search::metrics_serde::to_json(&l.metrics)),
                     "config": r.config,
                 })
             })
