@@ -39,6 +39,9 @@ use search::TrialResult;
 
 use crate::objective::{ranked, Objective, Score};
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
+use search::Mode;
+
+use crate::config::{four, halving, hundred, invalid, objective, one, one_usize, training_iteration, ConfigError};
 
 /// Which ASHA.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,5 +276,74 @@ impl Scheduler for Asha {
         self.assigned = serde_json::from_value(state["assigned"].clone()).map_err(err)?;
         self.trials = serde_json::from_value(state["trials"].clone()).map_err(err)?;
         Ok(())
+    }
+}
+
+/// ASHA's settings (Ray's `ASHAScheduler` names and defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AshaConfig {
+    /// `stopping` (default) or `promotion`.
+    #[serde(default)]
+    pub asha_type: AshaType,
+    /// The metric (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// `min` or `max` (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// The time attribute rungs are laid on.
+    #[serde(default = "training_iteration")]
+    pub time_attr: String,
+    /// Trials stop at this time (default 100).
+    #[serde(default = "hundred")]
+    pub max_t: f64,
+    /// The first rung (default 1).
+    #[serde(default = "one")]
+    pub grace_period: f64,
+    /// Keep 1 in this many at each rung (default 4).
+    #[serde(default = "four")]
+    pub reduction_factor: f64,
+    /// Brackets (default 1).
+    #[serde(default = "one_usize")]
+    pub brackets: usize,
+}
+
+impl Default for AshaConfig {
+    fn default() -> Self {
+        Self {
+            asha_type: AshaType::Stopping,
+            metric: None,
+            mode: None,
+            time_attr: training_iteration(),
+            max_t: hundred(),
+            grace_period: one(),
+            reduction_factor: four(),
+            brackets: 1,
+        }
+    }
+}
+
+impl AshaConfig {
+    /// Checks the settings and builds ASHA; `metric` and `mode` default to the experiment's.
+    pub(crate) fn build(&self, default_metric: Option<&str>, default_mode: Option<Mode>) -> Result<Asha, ConfigError> {
+        let c = self;
+        let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;
+        halving(c.max_t, c.grace_period, c.reduction_factor)?;
+        if c.brackets == 0 {
+            return Err(invalid("brackets", "must be at least 1"));
+        }
+        let asha = Asha::new(obj, c.asha_type, c.max_t, c.grace_period, c.reduction_factor, c.brackets);
+        if let Some(s) = asha.milestones().iter().position(Vec::is_empty) {
+            return Err(invalid(
+                "brackets",
+                format!(
+                    "bracket {s} would have no rung: grace_period * reduction_factor^{s} = {} is not below max_t = {}",
+                    c.grace_period * c.reduction_factor.powi(s as i32),
+                    c.max_t
+                ),
+            ));
+        }
+        Ok(asha)
     }
 }

@@ -27,6 +27,9 @@ use search::TrialResult;
 
 use crate::objective::{ranked, Objective, Score};
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
+use search::Mode;
+
+use crate::config::{eighty_one, halving, objective, one, three, training_iteration, ConfigError};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Bracket {
@@ -247,5 +250,52 @@ impl Scheduler for HyperBand {
         self.trials = serde_json::from_value(state["trials"].clone()).map_err(err)?;
         self.to_stop = serde_json::from_value(state["to_stop"].clone()).map_err(err)?;
         Ok(())
+    }
+}
+
+/// HyperBand's settings (Ray's `HyperBandScheduler` names and defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HyperBandConfig {
+    /// The metric (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// `min` or `max` (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// The time attribute rungs are laid on.
+    #[serde(default = "training_iteration")]
+    pub time_attr: String,
+    /// The longest a trial runs (default 81).
+    #[serde(default = "eighty_one")]
+    pub max_t: f64,
+    /// The least a trial runs (default 1).
+    #[serde(default = "one")]
+    pub grace_period: f64,
+    /// Keep 1 in this many at each halving (default 3).
+    #[serde(default = "three")]
+    pub reduction_factor: f64,
+}
+
+impl Default for HyperBandConfig {
+    fn default() -> Self {
+        Self {
+            metric: None,
+            mode: None,
+            time_attr: training_iteration(),
+            max_t: eighty_one(),
+            grace_period: one(),
+            reduction_factor: three(),
+        }
+    }
+}
+
+impl HyperBandConfig {
+    /// Checks the settings and builds HyperBand; `metric` and `mode` default to the experiment's.
+    pub(crate) fn build(&self, default_metric: Option<&str>, default_mode: Option<Mode>) -> Result<HyperBand, ConfigError> {
+        let c = self;
+        let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;
+        halving(c.max_t, c.grace_period, c.reduction_factor)?;
+        Ok(HyperBand::new(obj, c.max_t, c.grace_period, c.reduction_factor))
     }
 }

@@ -14,6 +14,7 @@ mod hyperband;
 mod median;
 mod objective;
 mod pbt;
+mod pbt_config;
 mod resource_changing;
 mod scheduler;
 mod stopper;

@@ -21,6 +21,9 @@ use search::TrialResult;
 
 use crate::objective::{Objective, Score};
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
+use search::Mode;
+
+use crate::config::{invalid, objective, one, three_usize, training_iteration, yes, ConfigError};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 struct History {
@@ -171,6 +174,57 @@ impl Scheduler for MedianStopping {
     }
 }
 
+/// The median stopping rule's settings (Ray's `MedianStoppingRule` names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MedianStoppingConfig {
+    /// The metric (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// `min` or `max` (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// The time attribute.
+    #[serde(default = "training_iteration")]
+    pub time_attr: String,
+    /// No trial is judged before this time (default 1).
+    #[serde(default = "one")]
+    pub grace_period: f64,
+    /// Other trials needed to judge one (default 3).
+    #[serde(default = "three_usize")]
+    pub min_samples_required: usize,
+    /// Stop (default) or, when false, pause a trial below the median.
+    #[serde(default = "yes")]
+    pub hard_stop: bool,
+}
+
+impl Default for MedianStoppingConfig {
+    fn default() -> Self {
+        Self {
+            metric: None,
+            mode: None,
+            time_attr: training_iteration(),
+            grace_period: one(),
+            min_samples_required: three_usize(),
+            hard_stop: true,
+        }
+    }
+}
+
+impl MedianStoppingConfig {
+    /// Checks the settings and builds the rule; `metric` and `mode` default to the experiment's.
+    pub(crate) fn build(&self, default_metric: Option<&str>, default_mode: Option<Mode>) -> Result<MedianStopping, ConfigError> {
+        let c = self;
+        let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;
+        if !(c.grace_period >= 0.0 && c.grace_period.is_finite()) {
+            return Err(invalid("grace_period", format!("must be 0 or more, got {}", c.grace_period)));
+        }
+        if c.min_samples_required == 0 {
+            return Err(invalid("min_samples_required", "must be at least 1"));
+        }
+        Ok(MedianStopping::new(obj, c.grace_period, c.min_samples_required, c.hard_stop))
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
