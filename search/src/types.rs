@@ -119,23 +119,13 @@ pub mod metrics_serde {
 
     /// `metrics` as a JSON value, written as [`serialize`] writes them.
     pub fn to_json(metrics: &Metrics) -> serde_json::Value {
-        serde_json::Value::Object(
-            metrics
-                .iter()
-                .map(|(k, &v)| {
-                    let v = if v.is_finite() {
-                        serde_json::json!(v)
-                    } else if v.is_nan() {
-                        serde_json::json!("NaN")
-                    } else if v > 0.0 {
-                        serde_json::json!("Infinity")
-                    } else {
-                        serde_json::json!("-Infinity")
-                    };
-                    (k.clone(), v)
-                })
-                .collect(),
-        )
+        struct Ref<'a>(&'a Metrics);
+        impl serde::Serialize for Ref<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                serialize(self.0, s)
+            }
+        }
+        serde_json::to_value(Ref(metrics)).unwrap_or(serde_json::Value::Null)
     }
 
     #[derive(serde::Deserialize)]
