@@ -34,13 +34,6 @@ pub enum Decision {
     },
 }
 
-impl Decision {
-    /// Whether the trial's run ends here (anything but `Continue`).
-    pub fn ends_run(&self) -> bool {
-        *self != Decision::Continue
-    }
-}
-
 /// A trial's lifecycle state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
