@@ -4,8 +4,11 @@
 //! the driver's peak RSS.
 //!
 //! ```text
-//! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C --no-trial-files]
+//! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C --no-trial-files --asha]
 //! ```
+//!
+//! `--asha` schedules with ASHA (stopping, `max_t` 4): a scheduler whose
+//! state grows with every trial, where FIFO (the default) keeps none.
 
 mod support;
 use support::{arg, peak_rss_mb};
@@ -13,7 +16,7 @@ use support::{arg, peak_rss_mb};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tuner::{Domain, Mode, NodeResources, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
+use tuner::{AshaConfig, Domain, Mode, NodeResources, ProgressMode, RunConfig, SchedulerConfig, Space, Trainable, TuneConfig, Tuner};
 
 // The allocator of the `nestor` binary, so the driver here is the one users run.
 #[global_allocator]
@@ -30,6 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let trials = arg("--trials", 1000);
     let sleep_ms = arg("--sleep-ms", 20);
     let concurrency = arg("--concurrency", 16) as usize;
+    let asha = std::env::args().any(|a| a == "--asha");
     let dir = tempfile::tempdir()?;
     let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build()?;
     let starts = Arc::new(Mutex::new(Vec::with_capacity(trials as usize)));
@@ -57,6 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             num_samples: trials,
             max_concurrent_trials: Some(concurrency),
             seed: Some(0),
+            scheduler: if asha { SchedulerConfig::Asha(AshaConfig { max_t: 4.0, ..Default::default() }) } else { SchedulerConfig::Fifo },
             ..Default::default()
         })
         .run_config(RunConfig {
@@ -73,7 +78,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(grid.num_terminated() as u64, trials, "every trial must finish");
     let ideal = trials as f64 * sleep_ms as f64 / 1000.0 / concurrency as f64;
     let files = if std::env::args().any(|a| a == "--no-trial-files") { "no trial files" } else { "trial files written" };
-    println!("trials={trials} sleep={sleep_ms}ms concurrency={concurrency} ({files})");
+    let scheduler = if asha { "ASHA" } else { "FIFO" };
+    println!("trials={trials} sleep={sleep_ms}ms concurrency={concurrency} scheduler={scheduler} ({files})");
     println!("total {elapsed:.3}s, ideal {ideal:.3}s, overhead {:.1}%", (elapsed / ideal - 1.0) * 100.0);
     println!("mean report round trip {:.0} us", REPORT_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / trials as f64 / 1000.0);
     // A slot freed by the k-th trial to end is taken by the (k + concurrency)-th to start.

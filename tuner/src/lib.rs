@@ -6,6 +6,7 @@ pub mod cli;
 mod config;
 mod experiment;
 mod files;
+mod journal;
 mod progress;
 mod result_grid;
 mod retention;

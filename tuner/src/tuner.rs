@@ -6,13 +6,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper};
+use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper, TrialView};
 use search::{BasicVariantGenerator, Bohb, ConcurrencyLimiter, Domain, Repeater, Searcher, Space, Tpe, TpeOptions};
 use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, Storage, TrainLoop};
 
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
 use crate::experiment::{Algorithm, ExperimentFile, Resolved, SearchSection, TrainerSection};
+use crate::journal::Journaled;
 use crate::result_grid::ResultGrid;
+use crate::runner::view;
 use crate::runner::{Clock, Durability, Finish, Parts, Reporter, Runner, Settings, WallClock};
 use crate::simulate::{ArmSearcher, SimBackend};
 use crate::store::Store;
@@ -283,7 +285,7 @@ impl Tuner {
             (None, Some(n)) => Box::new(ConcurrencyLimiter::new(basic, n)),
             (None, None) => basic,
         };
-        let mut scheduler: Box<dyn Scheduler> = match self.custom_scheduler.take() {
+        let scheduler: Box<dyn Scheduler> = match self.custom_scheduler.take() {
             Some(custom) => custom,
             None => file
                 .scheduler
@@ -328,27 +330,27 @@ impl Tuner {
         };
         let mut pending = VecDeque::new();
         let mut paused = Vec::new();
-        let mut seen: std::collections::HashMap<String, u64> = Default::default();
-        let mut replay = false;
         let mut next_index = 0;
         let mut finished = (0, 0);
-        let store = if resuming {
+        // A replay of recorded curves writes the scheduler's state at its end only.
+        let journal = !matches!(trainable.kind, Kind::Simulated(_));
+        let (store, scheduler) = if resuming {
             let store = Store::open_existing(&store_dir)?;
             if let Some(state) = store.meta("searcher")? {
                 searcher.restore(&state)?;
             }
-            // The scheduler's state, and how many results of each live trial it had seen.
-            let saved = store.meta("scheduler")?;
-            if let Some(saved) = &saved {
-                let state = saved.get("scheduler").unwrap_or(saved);
-                scheduler.restore(state).map_err(|e| TuneError::Corrupt(exp_dir.clone(), e.to_string()))?;
-                if let Some(s) = saved.get("seen") {
-                    seen = serde_json::from_value(s.clone())
-                        .map_err(|e| TuneError::Corrupt(exp_dir.clone(), format!("scheduler state: {e}")))?;
-                    replay = true;
+            // The scheduler's latest snapshot, and the calls made after it.
+            let mut scheduler = Journaled::resume(scheduler, &store, journal)?;
+            let trials = store.trials()?;
+            // Trials created after the journal ends (the driver died before the
+            // flush that would have written their `on_trial_add`), in creation order.
+            if let Some(added) = scheduler.added() {
+                for t in trials.iter().filter(|t| t.index >= added) {
+                    let created = TrialView { status: schedulers::TrialStatus::Pending, num_results: 0, ..view(t) };
+                    scheduler.on_trial_add(&created)?;
                 }
             }
-            for mut t in store.trials()? {
+            for mut t in trials {
                 if !t.status.is_finished() {
                     store.refresh_trial(&mut t)?;
                 }
@@ -360,11 +362,18 @@ impl Tuner {
                     _ => pending.push_back(t),
                 }
             }
-            if replay {
-                let mut lists = TrialLists { pending: &mut pending, paused: &mut paused, finished: &mut finished };
-                replay_unseen(&store, &mut *scheduler, &mut *searcher, &mut seen, &mut lists)?;
+            let mut lists = TrialLists { pending: &mut pending, paused: &mut paused, finished: &mut finished };
+            replay_unseen(&store, &mut scheduler, &mut *searcher, &mut lists)?;
+            // Trials that ended after the journal ends, ended for the scheduler too.
+            let ended: Vec<_> = store.trials()?.into_iter().filter(|t| t.status.is_finished() && scheduler.is_live(&t.id)).collect();
+            for t in &ended {
+                if t.status == schedulers::TrialStatus::Error {
+                    scheduler.on_trial_error(&view(t))?;
+                } else {
+                    scheduler.on_trial_complete(&view(t), t.last_result.as_ref())?;
+                }
             }
-            store
+            (store, scheduler)
         } else {
             if store_dir.exists() {
                 return Err(TuneError::Exists(exp_dir));
@@ -381,7 +390,8 @@ impl Tuner {
                 // Beside the checkpoints, for tools that only see the bucket.
                 storage.put_bytes("experiment.toml", text.into_bytes()).await.map_err(TuneError::Storage)?;
             }
-            store
+            let scheduler = Journaled::new(scheduler, &store, journal);
+            (store, scheduler)
         };
         if resuming {
             // Checkpoints a crash left uncommitted (half uploaded, or beyond
@@ -451,7 +461,6 @@ impl Tuner {
             pending,
             paused,
             next_index,
-            seen,
             reporter,
         });
         match runner.run(inputs).await? {
@@ -468,31 +477,34 @@ struct TrialLists<'a> {
     finished: &'a mut (u64, u64),
 }
 
-/// Feeds the scheduler the results stored after its saved state (the
-/// driver died between a result's flush and the state's), in the order they
-/// were stored, and applies its decisions as the sweep would have: a trial
-/// it stops ends TERMINATED, one it pauses is PAUSED.
+/// Feeds the scheduler the results stored after what its journal holds
+/// (the driver died between a result's flush and the journal's), in the
+/// order they were stored, and applies its decisions as the sweep would
+/// have: a trial it stops ends TERMINATED, one it pauses is PAUSED (a
+/// PAUSED trial with such results is decided on again, as if running).
 fn replay_unseen(
     store: &Store,
-    scheduler: &mut dyn Scheduler,
+    scheduler: &mut Journaled,
     searcher: &mut dyn Searcher,
-    seen: &mut std::collections::HashMap<String, u64>,
     lists: &mut TrialLists<'_>,
 ) -> Result<(), TuneError> {
     use schedulers::{Decision, TrialStatus};
     let mut unseen = Vec::new();
-    for t in lists.pending.iter() {
-        let from = seen.get(&t.id).copied().unwrap_or(0);
+    for t in lists.pending.iter().chain(lists.paused.iter()) {
+        let from = scheduler.seen(&t.id);
         unseen.extend(store.results(&t.id)?.into_iter().filter(|r| r.seq >= from));
     }
+    let deciding: std::collections::HashSet<&str> = unseen.iter().map(|r| r.trial_id.as_str()).collect();
+    let (again, still): (Vec<_>, Vec<_>) = std::mem::take(lists.paused).into_iter().partition(|t| deciding.contains(t.id.as_str()));
+    *lists.paused = still;
+    lists.pending.extend(again);
     let at = |r: &search::TrialResult| r.metrics.get("timestamp").copied().unwrap_or(0.0);
     unseen.sort_by(|a, b| at(a).total_cmp(&at(b)).then(a.trial_id.cmp(&b.trial_id)).then(a.seq.cmp(&b.seq)));
     for r in unseen {
         let Some(i) = lists.pending.iter().position(|t| t.id == r.trial_id) else { continue };
         tracing::info!(trial = %r.trial_id, iteration = r.training_iteration, "replaying a result the scheduler had not seen");
-        let decision = scheduler.on_trial_result(&crate::runner::view(&lists.pending[i]), &r);
+        let decision = scheduler.on_trial_result(&view(&lists.pending[i]), &r)?;
         searcher.on_trial_result(&r.trial_id, &r);
-        seen.insert(r.trial_id.clone(), r.seq + 1);
         match decision {
             Decision::Continue => continue,
             Decision::Exploit(e) => {
@@ -530,9 +542,8 @@ fn replay_unseen(
             t.status = TrialStatus::Terminated;
             t.ended_at = Some(crate::runner::now_unix());
             store.put_trial(&t)?;
-            scheduler.on_trial_complete(&crate::runner::view(&t), t.last_result.as_ref());
+            scheduler.on_trial_complete(&view(&t), t.last_result.as_ref())?;
             searcher.on_trial_complete(&t.id, t.last_result.as_ref(), false);
-            seen.remove(&t.id);
             lists.finished.0 += 1;
         }
     }

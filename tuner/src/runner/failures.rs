@@ -50,9 +50,8 @@ impl Runner {
                 }
             });
         }
-        self.scheduler.on_trial_error(&view(&rec));
+        self.scheduler.on_trial_error(&view(&rec))?;
         self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), true);
-        self.trials.seen.remove(&rec.id);
         if self.phase.first_error.is_none() {
             self.phase.first_error = Some(format!("{}: {msg}", rec.id));
         }

@@ -25,6 +25,7 @@ use trainer::{
 };
 
 use crate::config::{CheckpointConfig, FailureConfig};
+use crate::journal::Journaled;
 use crate::store::{CheckpointRecord, Store, StoreError, TrialRecord, RECORD_VERSION};
 use crate::TuneError;
 
@@ -130,7 +131,8 @@ pub(crate) struct Parts {
     pub backend: Arc<dyn Backend>,
     pub clock: Arc<dyn Clock>,
     pub searcher: Box<dyn Searcher>,
-    pub scheduler: Box<dyn Scheduler>,
+    /// The scheduler, each of its hook calls journaled.
+    pub scheduler: Journaled,
     pub stopper: Box<dyn Stopper>,
     /// The node's resources; a trial starts only with all its bundles.
     pub pool: ResourcePool,
@@ -142,8 +144,6 @@ pub(crate) struct Parts {
     pub paused: Vec<TrialRecord>,
     /// Index of the next trial to create.
     pub next_index: u64,
-    /// For each live trial, how many of its results the scheduler has seen.
-    pub seen: HashMap<String, u64>,
     pub reporter: Reporter,
 }
 
@@ -198,9 +198,6 @@ pub(crate) struct Trials {
     dirty: HashSet<String>,
     /// Donor checkpoints being copied, kept from `num_to_keep` until done.
     pinned: HashMap<String, usize>,
-    /// For each live trial, how many of its results the scheduler has seen:
-    /// saved with its state, so a resume replays only the rest.
-    seen: HashMap<String, u64>,
 }
 
 /// A trial prepared off the loop before it (re)starts: its uncommitted
@@ -243,8 +240,6 @@ struct Phase {
     told_no_more: bool,
     /// The first trial error, for fail_fast's message.
     first_error: Option<String>,
-    /// The scheduler state last written to the store.
-    saved_scheduler: String,
     /// When hangs were last looked for.
     last_hang_check: Option<Instant>,
 }
@@ -262,7 +257,7 @@ pub(crate) struct Runner {
     backend: Arc<dyn Backend>,
     clock: Arc<dyn Clock>,
     searcher: Box<dyn Searcher>,
-    scheduler: Box<dyn Scheduler>,
+    scheduler: Journaled,
     stopper: Box<dyn Stopper>,
     pool: ResourcePool,
     storage: Storage,
@@ -283,7 +278,7 @@ impl Runner {
     pub(crate) fn new(p: Parts) -> (Self, Inputs) {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (commits, flushed) = Commits::new(p.store.clone(), p.settings.durability);
-        let trials = Trials { pending: p.pending, paused: p.paused, next_index: p.next_index, seen: p.seen, ..Default::default() };
+        let trials = Trials { pending: p.pending, paused: p.paused, next_index: p.next_index, ..Default::default() };
         let runner = Self {
             settings: p.settings,
             store: p.store,
@@ -326,7 +321,7 @@ impl Runner {
         let mut sigint = signal(tokio::signal::unix::SignalKind::interrupt())?;
         let mut sigterm = signal(tokio::signal::unix::SignalKind::terminate())?;
 
-        self.tell_capacity();
+        self.tell_capacity()?;
         loop {
             if self.advance()? {
                 break;
@@ -471,12 +466,11 @@ impl Runner {
         if self.phase.interrupts == 0 && !self.phase.stopping {
             // Nothing will resume them: the scheduler left them behind.
             for rec in std::mem::take(&mut self.trials.paused) {
-                self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref());
+                self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref())?;
                 self.terminate_paused(rec)?;
             }
         }
-        self.phase.saved_scheduler.clear();
-        self.save_scheduler()?;
+        self.scheduler.finish()?;
         self.commit_now()?;
         // A replay syncs here only (a real sweep synced every batch already).
         self.store.flush()?;
@@ -547,7 +541,7 @@ impl Runner {
             return Ok(Some(record));
         }
         let can_add = !self.phase.searcher_done && self.trials.next_index < self.settings.max_trials;
-        if let Some(record) = self.resume_paused(can_add) {
+        if let Some(record) = self.resume_paused(can_add)? {
             return Ok(Some(record));
         }
         if can_add {
@@ -557,10 +551,7 @@ impl Runner {
                     let record = TrialRecord::new(id, self.trials.next_index, config, self.clock.unix_now());
                     self.trials.next_index += 1;
                     self.store.create_trial(&record, &self.searcher.save())?;
-                    self.scheduler.on_trial_add(&view(&record));
-                    if self.settings.durability == Durability::EveryBatch {
-                        self.save_scheduler()?;
-                    }
+                    self.scheduler.on_trial_add(&view(&record))?;
                     self.reporter.report(Output::Params { trial: &record.id, config: &record.config });
                     return Ok(Some(record));
                 }
@@ -573,13 +564,13 @@ impl Runner {
         if self.phase.searcher_done && !self.phase.told_no_more {
             self.tell_no_more()?;
         }
-        Ok(self.resume_paused(false))
+        self.resume_paused(false)
     }
 
     /// Tells the scheduler no new trial will come, and ends what it gives up on.
     fn tell_no_more(&mut self) -> Result<(), TuneError> {
         self.phase.told_no_more = true;
-        self.scheduler.on_no_more_trials();
+        self.scheduler.on_no_more_trials()?;
         self.apply_stopped()
     }
 
@@ -750,7 +741,7 @@ impl Runner {
                 record.error = Some(e.to_string());
                 record.ended_at = Some(self.clock.unix_now());
                 self.store.put_trial(&record)?;
-                self.scheduler.on_trial_error(&view(&record));
+                self.scheduler.on_trial_error(&view(&record))?;
                 self.searcher.on_trial_complete(&record.id, None, true);
                 self.commits.push_end(record);
             }
@@ -788,7 +779,7 @@ impl Runner {
         self.show_ended(&mut batch.ended);
         let mut committed = Vec::new();
         for Stored { result, reply } in batch.reports {
-            reply.send(self.decide(&result));
+            reply.send(self.decide(&result)?);
             if let Some(uri) = &result.checkpoint {
                 committed.push((result.trial_id.clone(), uri.clone(), result.training_iteration));
             }
@@ -797,7 +788,7 @@ impl Runner {
             for (trial, uri, iteration) in committed {
                 self.after_commit(&trial, &uri, iteration)?;
             }
-            self.save_scheduler()?;
+            self.scheduler.maintain();
         }
         Ok(())
     }
@@ -870,9 +861,8 @@ impl Runner {
                 rec.error = None;
                 rec.ended_at = Some(self.clock.unix_now());
                 self.store.put_trial(&rec)?;
-                self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref());
+                self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref())?;
                 self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
-                self.trials.seen.remove(&rec.id);
                 // What the searcher learnt from it survives a crash (it is durable with the trial's end).
                 if self.settings.durability == Durability::EveryBatch {
                     self.store.put_meta("searcher", &self.searcher.save())?;
@@ -927,15 +917,14 @@ impl Runner {
     }
 
     /// What a durable result means for its trial: the answer to its workers.
-    fn decide(&mut self, result: &TrialResult) -> Directive {
-        let Some(r) = self.trials.running.get_mut(&result.trial_id) else { return Directive::Stop };
-        if let Some(msg) = missing_metric(self.settings.metric.as_deref(), &*self.scheduler, result) {
+    fn decide(&mut self, result: &TrialResult) -> Result<Directive, TuneError> {
+        let Some(r) = self.trials.running.get_mut(&result.trial_id) else { return Ok(Directive::Stop) };
+        if let Some(msg) = missing_metric(self.settings.metric.as_deref(), self.scheduler.scheduler(), result) {
             r.ending = Some(Ending::Failed(msg));
             r.handle.stop(StopLevel::Graceful);
-            return Directive::Stop;
+            return Ok(Directive::Stop);
         }
-        let decision = self.scheduler.on_trial_result(&view(&r.record), result);
-        self.trials.seen.insert(result.trial_id.clone(), result.seq + 1);
+        let decision = self.scheduler.on_trial_result(&view(&r.record), result)?;
         let stop = self.stopper.should_stop_trial(&result.trial_id, result);
         self.searcher.on_trial_result(&result.trial_id, result);
         let directive = if r.ending.is_some() {
@@ -953,9 +942,9 @@ impl Runner {
                 self.reporter.report(Output::Note("A stopper ended the sweep: stopping running trials"));
             }
             self.stop_all();
-            return Directive::Stop;
+            return Ok(Directive::Stop);
         }
-        directive
+        Ok(directive)
     }
 
     /// The time budget is spent: no new trial starts, the running ones stop.
@@ -991,7 +980,7 @@ impl Runner {
     }
 
     /// Tells the scheduler how many workers of the experiment's size the node holds.
-    fn tell_capacity(&mut self) {
+    fn tell_capacity(&mut self) -> Result<(), TuneError> {
         let request = &self.settings.request;
         let one = Request { workers: request.workers.iter().take(1).cloned().collect(), ..request.clone() };
         let mut probe = self.pool.clone();
@@ -1001,7 +990,7 @@ impl Runner {
             workers += 1;
         }
         let trial_workers = request.workers.len().max(1) as u32;
-        self.scheduler.on_capacity(Capacity { workers: workers.max(trial_workers), trial_workers });
+        self.scheduler.on_capacity(Capacity { workers: workers.max(trial_workers), trial_workers })
     }
 }
 

@@ -121,14 +121,13 @@ fn harness(o: Options) -> Harness {
         backend: Arc::new(backend.clone()),
         clock: Arc::new(WallClock::new()),
         searcher: Box::new(BasicVariantGenerator::new(space, o.trials, 0)),
-        scheduler: o.scheduler,
+        scheduler: Journaled::new(o.scheduler, &store, true),
         stopper: o.stopper,
         pool: ResourcePool::new(NodeResources::declared(o.cpus)),
         storage: Storage::local(&exp_dir),
         pending: Default::default(),
         paused: Vec::new(),
         next_index: 0,
-        seen: Default::default(),
         reporter,
     });
     Harness { runner, backend, store, _dir: dir }

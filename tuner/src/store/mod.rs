@@ -3,16 +3,22 @@
 //!
 //! Trees: `meta` (experiment file, searcher and scheduler state), `trials`
 //! (one record per trial), `results` (key: trial id, 0x00, big-endian
-//! sequence number, so a prefix scan is a trial's time series) and
+//! sequence number, so a prefix scan is a trial's time series),
 //! `checkpoints` (committed checkpoints; key: trial id, 0x00, big-endian
-//! iteration). Values are versioned JSON.
+//! iteration) and `exploits`. Values are versioned JSON. Beside the
+//! database, `journal/` holds the scheduler's hook calls since its latest
+//! snapshot (segments.rs).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sled::Transactional;
+
+mod segments;
+use segments::{Op, Segment, Segments};
 
 use schedulers::TrialStatus;
 use search::{Config, Metrics, TrialResult};
@@ -223,6 +229,9 @@ pub struct Store {
     results: sled::Tree,
     checkpoints: sled::Tree,
     exploits: sled::Tree,
+    segments: Arc<Segments>,
+    /// Held by a flush.
+    flushing: Arc<std::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -249,10 +258,12 @@ impl Store {
     /// Opens (creating if needed) the store at `path`. A lock still held
     /// for a moment by a store just closed (sled's flusher thread lets go
     /// shortly after the last handle) is waited for, up to a second.
+    /// Nothing is flushed in the background: writes are durable at
+    /// [`Store::flush`], which also writes the scheduler's journal.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
         let db = loop {
-            let opened = sled::Config::new().path(path).cache_capacity(8 << 20).flush_every_ms(Some(500)).open();
+            let opened = sled::Config::new().path(path).cache_capacity(8 << 20).flush_every_ms(None).open();
             match opened {
                 Ok(db) => break db,
                 Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") => {
@@ -272,6 +283,8 @@ impl Store {
             results: tree("results")?,
             checkpoints: tree("checkpoints")?,
             exploits: tree("exploits")?,
+            segments: Arc::default(),
+            flushing: Arc::default(),
             db,
         })
     }
@@ -312,10 +325,44 @@ impl Store {
         Ok(self.meta.get("experiment").map_err(self.sled_err())?.map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 
-    /// Stores a meta value (e.g. `scheduler` state).
-    pub fn put_meta(&self, key: &str, value: &Value) -> Result<(), StoreError> {
-        self.meta.insert(key, Self::encode(value)).map_err(self.sled_err())?;
-        Ok(())
+    /// The store's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stores a meta value (e.g. `scheduler` state); returns its size in bytes.
+    pub fn put_meta(&self, key: &str, value: &Value) -> Result<usize, StoreError> {
+        let bytes = Self::encode(value);
+        let size = bytes.len();
+        self.meta.insert(key, bytes).map_err(self.sled_err())?;
+        Ok(size)
+    }
+
+    /// Queues a hook call for the scheduler's journal: written by the next
+    /// flush, once the database is durable.
+    pub(crate) fn push_journal(&self, call: Vec<u8>) {
+        self.segments.push(Op::Call(call));
+    }
+
+    /// Queues a new journal segment, `generation`, starting with a snapshot
+    /// of the scheduler's state (written by the next flush, like a call).
+    pub(crate) fn push_snapshot(&self, generation: u64, snapshot: Vec<u8>) {
+        self.segments.push(Op::Start { generation, snapshot });
+    }
+
+    /// Goes on writing the journal's segment `generation` (a resume).
+    pub(crate) fn resume_journal(&self, generation: u64) -> Result<(), StoreError> {
+        self.segments.resume(&self.path, generation).map_err(|e| self.io_err("journal", e))
+    }
+
+    /// The journal's latest segment with a whole snapshot: its generation
+    /// and its records, the snapshot first.
+    pub(crate) fn latest_journal(&self) -> Result<Option<Segment>, StoreError> {
+        segments::latest(&self.path).map_err(|e| self.io_err("journal", e))
+    }
+
+    fn io_err(&self, what: &str, e: std::io::Error) -> StoreError {
+        StoreError::Corrupt { path: self.path.clone(), key: what.into(), message: e.to_string() }
     }
 
     /// Reads a meta value.
@@ -379,6 +426,15 @@ impl Store {
     /// Every stored result of a trial, in sequence order.
     pub fn results(&self, trial_id: &str) -> Result<Vec<TrialResult>, StoreError> {
         self.series(&self.results, trial_id)
+    }
+
+    /// One stored result of a trial.
+    pub fn result(&self, trial_id: &str, seq: u64) -> Result<Option<TrialResult>, StoreError> {
+        let key = series_key(trial_id, seq);
+        match self.results.get(&key).map_err(self.sled_err())? {
+            Some(v) => Ok(Some(self.decode(&key, &v)?)),
+            None => Ok(None),
+        }
     }
 
     /// Every trial's results, in sequence order, keyed by trial id.
@@ -462,15 +518,16 @@ impl Store {
         Ok(all)
     }
 
-    /// Makes every write so far durable (fsync).
+    /// Makes every write so far durable (fsync), then writes the journal
+    /// calls made before it started (see segments.rs). One flush at a
+    /// time, so the journal keeps the order of its calls.
     pub fn flush(&self) -> Result<(), StoreError> {
+        let _one = self.flushing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let journal = self.segments.take();
         self.db.flush().map_err(self.sled_err())?;
-        Ok(())
-    }
-
-    /// Makes every write so far durable, without blocking the caller's thread.
-    pub async fn flush_async(&self) -> Result<(), StoreError> {
-        self.db.flush_async().await.map_err(self.sled_err())?;
+        if !journal.is_empty() {
+            self.segments.write(&self.path, journal).map_err(|e| self.io_err("journal", e))?;
+        }
         Ok(())
     }
 }
