@@ -33,7 +33,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use search::TrialResult;
 
@@ -161,6 +161,22 @@ impl Asha {
     }
 }
 
+/// ASHA's saved state.
+#[derive(Serialize)]
+struct Saved<'a> {
+    version: u32,
+    kind: &'static str,
+    brackets: &'a [Bracket],
+    assigned: &'a [u64],
+    trials: &'a BTreeMap<String, TrialState>,
+}
+
+impl Asha {
+    fn saved(&self) -> Saved<'_> {
+        Saved { version: 1, kind: "asha", brackets: &self.brackets, assigned: &self.assigned, trials: &self.trials }
+    }
+}
+
 impl Scheduler for Asha {
     fn on_trial_add(&mut self, trial: &TrialView<'_>) {
         if self.trials.contains_key(trial.id) {
@@ -253,13 +269,11 @@ impl Scheduler for Asha {
     }
 
     fn save(&self) -> Value {
-        json!({
-            "version": 1,
-            "kind": "asha",
-            "brackets": self.brackets,
-            "assigned": self.assigned,
-            "trials": self.trials,
-        })
+        serde_json::to_value(self.saved()).unwrap_or_default()
+    }
+
+    fn save_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.saved()).unwrap_or_default()
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {

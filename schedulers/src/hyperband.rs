@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use search::TrialResult;
 
@@ -143,6 +143,22 @@ impl HyperBand {
     }
 }
 
+/// HyperBand's saved state.
+#[derive(Serialize)]
+struct Saved<'a> {
+    version: u32,
+    kind: &'static str,
+    brackets: &'a [Bracket],
+    trials: &'a BTreeMap<String, TrialState>,
+    to_stop: &'a [String],
+}
+
+impl HyperBand {
+    fn saved(&self) -> Saved<'_> {
+        Saved { version: 1, kind: "hyperband", brackets: &self.brackets, trials: &self.trials, to_stop: &self.to_stop }
+    }
+}
+
 impl Scheduler for HyperBand {
     fn on_trial_add(&mut self, trial: &TrialView<'_>) {
         if self.trials.contains_key(trial.id) {
@@ -238,7 +254,11 @@ impl Scheduler for HyperBand {
     }
 
     fn save(&self) -> Value {
-        json!({ "version": 1, "kind": "hyperband", "brackets": self.brackets, "trials": self.trials, "to_stop": self.to_stop })
+        serde_json::to_value(self.saved()).unwrap_or_default()
+    }
+
+    fn save_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.saved()).unwrap_or_default()
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {

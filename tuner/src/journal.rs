@@ -306,17 +306,26 @@ impl Journaled {
         if self.log.as_ref().is_some_and(|log| log.bytes > 0) {
             self.write_snapshot();
         }
-        self.store.put_meta("scheduler", &self.state())?;
+        self.store.put_meta_json("scheduler", self.state())?;
         Ok(())
     }
 
-    /// The scheduler's whole state and what it was told.
-    fn state(&self) -> Value {
-        let mut state = serde_json::json!({ "version": SNAPSHOT_VERSION, "scheduler": self.scheduler.save() });
-        if let (Value::Object(map), Ok(Value::Object(told))) = (&mut state, serde_json::to_value(&self.told)) {
-            map.extend(told);
+    /// The scheduler's whole state and what it was told, as JSON text
+    /// (written without a `Value` of the whole: see `Scheduler::save_json`).
+    fn state(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Snapshot<'a> {
+            version: u64,
+            scheduler: &'a serde_json::value::RawValue,
+            #[serde(flatten)]
+            told: &'a Told,
         }
-        state
+        let scheduler = String::from_utf8(self.scheduler.save_json()).ok().and_then(|s| serde_json::value::RawValue::from_string(s).ok());
+        let scheduler = scheduler.unwrap_or_else(|| {
+            tracing::warn!("the scheduler's state is not JSON; saving it as null");
+            serde_json::value::RawValue::from_string("null".into()).unwrap_or_default()
+        });
+        serde_json::to_vec(&Snapshot { version: SNAPSHOT_VERSION, scheduler: &scheduler, told: &self.told }).unwrap_or_default()
     }
 
     /// Starts a new journal segment with the scheduler's whole state.
@@ -324,7 +333,7 @@ impl Journaled {
         if self.log.is_none() {
             return;
         }
-        let bytes = serde_json::to_vec(&self.state()).unwrap_or_default();
+        let bytes = self.state();
         let Some(log) = &mut self.log else { return };
         log.generation += 1;
         log.snapshot_bytes = bytes.len();

@@ -351,12 +351,16 @@ impl Store {
         &self.path
     }
 
-    /// Stores a meta value (e.g. `scheduler` state); returns its size in bytes.
-    pub fn put_meta(&self, key: &str, value: &Value) -> Result<usize, StoreError> {
-        let bytes = Self::encode(value);
-        let size = bytes.len();
-        self.meta.insert(key, bytes).map_err(self.sled_err())?;
-        Ok(size)
+    /// Stores a meta value (e.g. the searcher's state).
+    pub fn put_meta(&self, key: &str, value: &Value) -> Result<(), StoreError> {
+        self.meta.insert(key, Self::encode(value)).map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// Stores a meta value given as JSON text.
+    pub(crate) fn put_meta_json(&self, key: &str, json: Vec<u8>) -> Result<(), StoreError> {
+        self.meta.insert(key, json).map_err(self.sled_err())?;
+        Ok(())
     }
 
     /// Queues a hook call for the scheduler's journal: written by the next
