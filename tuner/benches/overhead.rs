@@ -16,7 +16,7 @@ use support::{arg, peak_rss_mb};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tuner::{AshaConfig, Domain, Mode, NodeResources, ProgressMode, RunConfig, SchedulerConfig, Space, Trainable, TuneConfig, Tuner};
+use tuner::{AshaConfig, ReportError, Domain, Mode, NodeResources, ProgressMode, RunConfig, SchedulerConfig, Space, Trainable, TuneConfig, Tuner};
 
 // The allocator of the `nestor` binary, so the driver here is the one users run.
 #[global_allocator]
@@ -47,10 +47,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::thread::sleep(Duration::from_millis(sleep_ms));
         let x: f64 = ctx.param("x")?;
         let t = Instant::now();
-        ctx.report([("loss", x)], None)?;
+        let reported = ctx.report([("loss", x)], None);
         REPORT_NS.fetch_add(t.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         e2.lock().map_err(|_| "poisoned")?.push(Instant::now());
-        Ok(())
+        // A trial ASHA stops is answered like one it lets go on: it ends here either way.
+        match reported {
+            Ok(()) | Err(ReportError::Stopped) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     });
     // Each trial is one single-CPU worker; declare enough CPUs for `concurrency` of them.
     let tuner = Tuner::new(trainable, space)
