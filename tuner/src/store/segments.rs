@@ -13,9 +13,10 @@
 //! was made before a flush that covered what the loop did about it (the
 //! database may hold a little more, from writes after the last flush; a
 //! resume squares that with the trials' records). A new segment is synced
-//! at once and the ones before it are deleted; calls are written without
-//! a sync (the page cache keeps them when the driver dies, and the next
-//! flush's sync covers them).
+//! at once and the ones before it are deleted. Calls are written without a
+//! sync: the page cache keeps them when the driver dies; if the machine
+//! loses power the journal may end earlier than the database, which a
+//! resume squares the same way.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
