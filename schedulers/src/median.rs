@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use search::TrialResult;
 
@@ -116,6 +116,20 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The median rule's saved state: every live trial's history.
+#[derive(Serialize)]
+struct Saved<'a> {
+    version: u32,
+    kind: &'static str,
+    trials: &'a BTreeMap<String, History>,
+}
+
+impl MedianStopping {
+    fn saved(&self) -> Saved<'_> {
+        Saved { version: 1, kind: "median_stopping", trials: &self.trials }
+    }
+}
+
 impl Scheduler for MedianStopping {
     fn on_trial_result(&mut self, trial: &TrialView<'_>, result: &TrialResult) -> Decision {
         let Some((t, score)) = self.objective.read(result) else { return Decision::Continue };
@@ -158,7 +172,11 @@ impl Scheduler for MedianStopping {
     }
 
     fn save(&self) -> Value {
-        json!({ "version": 1, "kind": "median_stopping", "trials": self.trials })
+        serde_json::to_value(self.saved()).unwrap_or_default()
+    }
+
+    fn save_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.saved()).unwrap_or_default()
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {

@@ -390,6 +390,32 @@ fn set(config: &mut Config, path: &[String], value: Value) {
     }
 }
 
+/// PBT's (or PB2's) saved state.
+#[derive(Serialize)]
+struct Saved<'a> {
+    version: u32,
+    kind: &'static str,
+    members: &'a BTreeMap<String, Member>,
+    perturbations: u64,
+    added: u64,
+    /// PB2's observations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    observations: Option<&'a [Observation]>,
+}
+
+impl Pbt {
+    fn saved(&self) -> Saved<'_> {
+        Saved {
+            version: 1,
+            kind: self.kind(),
+            members: &self.members,
+            perturbations: self.perturbations,
+            added: self.added,
+            observations: self.bandit.as_ref().map(|b| b.data.as_slice()),
+        }
+    }
+}
+
 impl Scheduler for Pbt {
     fn on_trial_add(&mut self, trial: &TrialView<'_>) {
         self.member(trial);
@@ -477,12 +503,11 @@ impl Scheduler for Pbt {
     }
 
     fn save(&self) -> Value {
-        let mut state =
-            json!({ "version": 1, "kind": self.kind(), "members": self.members, "perturbations": self.perturbations, "added": self.added });
-        if let Some(b) = &self.bandit {
-            state["observations"] = json!(b.data);
-        }
-        state
+        serde_json::to_value(self.saved()).unwrap_or_default()
+    }
+
+    fn save_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.saved()).unwrap_or_default()
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {

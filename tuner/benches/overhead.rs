@@ -16,7 +16,9 @@ use support::{arg, peak_rss_mb};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tuner::{AshaConfig, ReportError, Domain, Mode, NodeResources, ProgressMode, RunConfig, SchedulerConfig, Space, Trainable, TuneConfig, Tuner};
+use tuner::{
+    AshaConfig, Domain, Mode, NodeResources, ProgressMode, ReportError, RunConfig, SchedulerConfig, Space, Trainable, TuneConfig, Tuner,
+};
 
 // The allocator of the `nestor` binary, so the driver here is the one users run.
 #[global_allocator]

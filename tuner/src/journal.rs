@@ -602,6 +602,16 @@ mod tests {
     fn build(kind: usize) -> Box<dyn Scheduler> {
         let config = match kind {
             3 => return Box::new(Recorder::default()),
+            4 => SchedulerConfig::MedianStopping(schedulers::MedianStoppingConfig { grace_period: 2.0, ..Default::default() }),
+            5 => {
+                let mutations: toml::Table = toml::from_str("x = { uniform = [0.0, 1.0] }").unwrap();
+                SchedulerConfig::Pbt(schedulers::PbtConfig {
+                    perturbation_interval: 2.0,
+                    hyperparam_mutations: mutations,
+                    seed: Some(7),
+                    ..Default::default()
+                })
+            }
             0 => SchedulerConfig::Asha(AshaConfig {
                 asha_type: AshaType::Promotion,
                 max_t: 9.0,
@@ -762,7 +772,7 @@ mod tests {
         /// and any number of times, is where the one never stopped is.
         #[test]
         fn a_resumed_scheduler_is_where_its_calls_left_it(
-            kind in 0usize..4,
+            kind in 0usize..6,
             seed in any::<u64>(),
             cuts in proptest::collection::vec(0usize..600, 0..4),
             min_bytes in prop_oneof![Just(0usize), Just(2048), Just(1 << 20)],
