@@ -174,30 +174,40 @@ impl ResultGrid {
             None => (None, None),
         };
         // One pass over each tree, not one scan per trial.
-        let mut results = store.all_results()?;
-        let mut all_checkpoints = store.all_checkpoints()?;
+        // A trial at a time, the three trees side by side in id order:
+        // nothing of a trial is held but its outcome.
+        let mut results = store.each_trial_results();
+        let mut all_checkpoints = store.each_trial_checkpoints();
         let mut trials = Vec::new();
-        for t in store.trials()? {
-            let history = effective_history(results.remove(&t.id).unwrap_or_default());
-            let checkpoints = all_checkpoints.remove(&t.id).unwrap_or_default();
-            trials.push(TrialOutcome {
-                metrics: history.last().map(|r| r.metrics.clone()),
-                path: experiment_dir.join("trials").join(&t.id),
-                trial_id: t.id,
-                config: t.config,
-                status: t.status,
-                error: t.error,
-                restarts: t.restarts,
-                resumes: t.resumes,
-                failures: t.failures,
-                exploits: t.exploits,
-                resizes: t.resizes,
-                last_failure: t.last_failure.clone(),
-                resources: t.resources,
-                history,
-                checkpoints,
-            });
+        for t in store.each_trial() {
+            let t = t?;
+            let history = effective_history(results.of(&t.id)?);
+            let checkpoints = all_checkpoints.of(&t.id)?;
+            let index = t.index;
+            trials.push((
+                index,
+                TrialOutcome {
+                    metrics: history.last().map(|r| r.metrics.clone()),
+                    path: experiment_dir.join("trials").join(&t.id),
+                    trial_id: t.id,
+                    config: t.config,
+                    status: t.status,
+                    error: t.error,
+                    restarts: t.restarts,
+                    resumes: t.resumes,
+                    failures: t.failures,
+                    exploits: t.exploits,
+                    resizes: t.resizes,
+                    last_failure: t.last_failure.clone(),
+                    resources: t.resources,
+                    history,
+                    checkpoints,
+                },
+            ));
         }
+        // Creation order (ids need not sort so).
+        trials.sort_by_key(|(index, _)| *index);
+        let trials = trials.into_iter().map(|(_, t)| t).collect();
         Ok(Self { experiment_dir: experiment_dir.to_path_buf(), metric, mode, trials, exploits: store.exploits()? })
     }
 

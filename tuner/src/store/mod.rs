@@ -433,13 +433,17 @@ impl Store {
 
     /// Every trial, in creation order.
     pub fn trials(&self) -> Result<Vec<TrialRecord>, StoreError> {
-        let mut out = Vec::new();
-        for kv in self.trials.iter() {
-            let (k, v) = kv.map_err(self.sled_err())?;
-            out.push(self.decode::<TrialRecord>(&k, &v)?);
-        }
+        let mut out = self.each_trial().collect::<Result<Vec<_>, _>>()?;
         out.sort_by_key(|t| t.index);
         Ok(out)
+    }
+
+    /// Every trial, one record at a time, in the order of their ids.
+    pub fn each_trial(&self) -> impl Iterator<Item = Result<TrialRecord, StoreError>> + '_ {
+        self.trials.iter().map(|kv| {
+            let (k, v) = kv.map_err(self.sled_err())?;
+            self.decode::<TrialRecord>(&k, &v)
+        })
     }
 
     /// Appends a result (its `seq` must be the trial's next sequence number).
@@ -471,6 +475,18 @@ impl Store {
             out.entry(r.trial_id.clone()).or_default().push(r);
         }
         Ok(out)
+    }
+
+    /// Every trial's results, a trial at a time in the order of their ids
+    /// (as [`Store::each_trial`]), each in sequence order.
+    pub fn each_trial_results(&self) -> Series<'_, TrialResult> {
+        Series { store: self, iter: self.results.iter().peekable(), _of: std::marker::PhantomData }
+    }
+
+    /// Every trial's committed checkpoints, a trial at a time in the order
+    /// of their ids, each oldest first.
+    pub fn each_trial_checkpoints(&self) -> Series<'_, CheckpointRecord> {
+        Series { store: self, iter: self.checkpoints.iter().peekable(), _of: std::marker::PhantomData }
     }
 
     /// Every trial's committed checkpoints, oldest first, keyed by trial id.
@@ -557,6 +573,58 @@ impl Store {
     }
 }
 
+/// A series tree read a trial at a time: `(trial id, its records)`.
+pub struct Series<'a, T> {
+    store: &'a Store,
+    iter: std::iter::Peekable<sled::Iter>,
+    _of: std::marker::PhantomData<T>,
+}
+
+impl<T> Series<'_, T> {
+    /// The id of the next trial this series holds records of.
+    fn next_id(&mut self) -> Option<Vec<u8>> {
+        match self.iter.peek()? {
+            Ok((k, _)) => Some(k.split(|b| *b == 0).next().unwrap_or_default().to_vec()),
+            Err(_) => Some(Vec::new()),
+        }
+    }
+}
+
+impl<T: serde::de::DeserializeOwned> Series<'_, T> {
+    /// The records of `trial_id` (none when it has none): the records of
+    /// trials before it, in id order, are passed over.
+    pub fn of(&mut self, trial_id: &str) -> Result<Vec<T>, StoreError> {
+        while self.next_id().is_some_and(|id| id.as_slice() < trial_id.as_bytes()) {
+            self.iter.next().transpose().map_err(self.store.sled_err())?;
+        }
+        Ok(if self.next_id().is_some_and(|id| id == trial_id.as_bytes()) {
+            self.next().transpose()?.map(|(_, records)| records).unwrap_or_default()
+        } else {
+            Vec::new()
+        })
+    }
+}
+
+impl<T: serde::de::DeserializeOwned> Iterator for Series<'_, T> {
+    type Item = Result<(String, Vec<T>), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let id = self.next_id()?;
+        let mut records = Vec::new();
+        while self.next_id().is_some_and(|next| next == id) {
+            let decoded = match self.iter.next()? {
+                Ok((k, v)) => self.store.decode(&k, &v),
+                Err(e) => Err((self.store.sled_err())(e)),
+            };
+            match decoded {
+                Ok(r) => records.push(r),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        Some(Ok((String::from_utf8_lossy(&id).into_owned(), records)))
+    }
+}
+
 /// A trial's effective metric history: its results with those superseded by a
 /// restart removed. A trial restarted from the checkpoint of iteration `k`
 /// reports `k+1, k+2, ...` again; results of the earlier run past `k` stay in
@@ -587,6 +655,38 @@ mod tests {
             metrics: [("loss".to_string(), loss)].into_iter().collect(),
             checkpoint: None,
         }
+    }
+
+    #[test]
+    fn series_read_a_trial_at_a_time_in_id_order_pass_over_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        // Ids that do not sort as they were created, and results of trials with no record.
+        for (index, id) in ["t1", "t2", "t10"].into_iter().enumerate() {
+            store.put_trial(&TrialRecord::new(id.into(), index as u64, serde_json::json!({}), 0.0)).unwrap();
+        }
+        for (id, n) in [("t0", 2), ("t1", 2), ("t10", 1), ("t2", 3), ("t3", 1)] {
+            for seq in 0..n {
+                store.put_result(&result(id, seq, seq + 1, seq as f64)).unwrap();
+            }
+        }
+        let ckpt =
+            CheckpointRecord { version: 1, iteration: 1, uri: "c".into(), ranks: vec![0], world_size: 1, metrics: Default::default() };
+        store.put_checkpoint("t10", &ckpt).unwrap();
+        let ids: Vec<String> = store.each_trial().map(|t| t.unwrap().id).collect();
+        assert_eq!(ids, ["t1", "t10", "t2"]);
+        let (mut results, mut checkpoints) = (store.each_trial_results(), store.each_trial_checkpoints());
+        let seqs = |r: Vec<TrialResult>| r.iter().map(|r| r.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(results.of("t1").unwrap()), [0, 1]);
+        assert_eq!(checkpoints.of("t1").unwrap().len(), 0);
+        assert_eq!(seqs(results.of("t10").unwrap()), [0]);
+        assert_eq!(checkpoints.of("t10").unwrap(), [ckpt]);
+        assert_eq!(seqs(results.of("t2").unwrap()), [0, 1, 2]);
+        assert_eq!(seqs(results.of("t4").unwrap()), Vec::<u64>::new());
+        // The grid holds the trials in creation order, each with its own history.
+        let grid = crate::ResultGrid::from_store(dir.path(), &store).unwrap();
+        let got: Vec<(String, usize)> = grid.iter().map(|t| (t.trial_id.clone(), t.history.len())).collect();
+        assert_eq!(got, [("t1".to_string(), 2), ("t2".into(), 3), ("t10".into(), 1)]);
     }
 
     #[test]
