@@ -350,9 +350,13 @@ impl Tuner {
                     scheduler.on_trial_add(&created)?;
                 }
             }
+            // Trials that ended after the journal ends: ended for the scheduler too (below).
+            let mut ended = Vec::new();
             for mut t in trials {
                 if !t.status.is_finished() {
                     store.refresh_trial(&mut t)?;
+                } else if scheduler.is_live(&t.id) {
+                    ended.push(t.clone());
                 }
                 next_index = next_index.max(t.index + 1);
                 match t.status {
@@ -364,8 +368,6 @@ impl Tuner {
             }
             let mut lists = TrialLists { pending: &mut pending, paused: &mut paused, finished: &mut finished };
             replay_unseen(&store, &mut scheduler, &mut *searcher, &mut lists)?;
-            // Trials that ended after the journal ends, ended for the scheduler too.
-            let ended: Vec<_> = store.trials()?.into_iter().filter(|t| t.status.is_finished() && scheduler.is_live(&t.id)).collect();
             for t in &ended {
                 if t.status == schedulers::TrialStatus::Error {
                     scheduler.on_trial_error(&view(t))?;
