@@ -190,8 +190,9 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
     """Reports one step of this rank: metrics (name -> number; NaN allowed) and
     optionally a directory holding this step's checkpoint (copied before this
     returns, so it may be reused). Blocks until every rank has reported the
-    step and the driver has decided; raises ``SystemExit(0)`` when the trial
-    must stop, so training ends cleanly."""
+    step and the driver has stored it and decided (it is durable with the
+    driver's next group commit, a moment later); raises ``SystemExit(0)``
+    when the trial must stop, so training ends cleanly."""
     global _channel
     values = _metrics(metrics)
     path = ""

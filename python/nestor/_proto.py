@@ -36,6 +36,7 @@ def _file():
     reply = fdp.message_type.add(name="ReportReply")
     _field(reply, "directive", 1, _F.TYPE_ENUM, type_name=".nestor.v1.Directive")
     _field(reply, "training_iteration", 2, _F.TYPE_UINT64)
+    _field(reply, "acknowledged_iteration", 3, _F.TYPE_UINT64)
     return fdp
 
 

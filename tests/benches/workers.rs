@@ -59,7 +59,7 @@ async fn start_times(n: u32, reps: u64, command: &[&str], reports: bool) -> Resu
             match kind {
                 EventKind::Report { reply, .. } => {
                     reported.push(t0.elapsed().as_secs_f64() * 1e3);
-                    reply.send(Directive::Stop);
+                    reply.send(Directive::Stop).durable();
                 }
                 EventKind::Exited(_) => break,
             }

@@ -4,10 +4,11 @@
 //! over gRPC or in-process.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::ack::{Acknowledged, Watermark};
 use crate::backend::{CheckpointRef, Directive, Event, EventKind, Reply, Report, StepProgress};
 
 /// Why a rank's report was not taken.
@@ -50,6 +51,8 @@ pub(crate) struct Aggregator {
     world_size: u32,
     events: mpsc::UnboundedSender<Event>,
     state: Mutex<State>,
+    /// How far the run's steps are durable in the driver's store.
+    acks: Arc<Watermark>,
 }
 
 impl Aggregator {
@@ -59,6 +62,7 @@ impl Aggregator {
             trial_id: trial_id.to_string(),
             world_size,
             events,
+            acks: Watermark::new(start_iteration),
             state: Mutex::new(State {
                 failed: false,
                 next: vec![start_iteration + 1; n],
@@ -86,6 +90,11 @@ impl Aggregator {
     pub(crate) fn next_iteration(&self, rank: u32) -> Result<u64, ArriveError> {
         let r = self.check_rank(rank)?;
         Ok(self.lock().next[r])
+    }
+
+    /// Watches how far the run's steps are acknowledged (durable).
+    pub(crate) fn acknowledged(&self) -> Acknowledged {
+        self.acks.watch()
     }
 
     /// `rank` reports `iteration`; the receiver gets the driver's decision
@@ -132,6 +141,10 @@ impl Aggregator {
     pub(crate) fn fail(&self) {
         let mut st = self.lock();
         st.failed = true;
+        if let Some(&first) = st.steps.keys().next() {
+            // Never stored, so never acknowledged: nobody waits for it.
+            drop(self.acks.owe(first));
+        }
         st.steps.clear();
     }
 
@@ -160,6 +173,9 @@ impl Aggregator {
     fn complete_ready(&self, st: &mut State) {
         if st.failed {
             // Dropping the waiters tells the ranks to stop.
+            if let Some(&first) = st.steps.keys().next() {
+                drop(self.acks.owe(first));
+            }
             st.steps.clear();
             return;
         }
@@ -174,7 +190,10 @@ impl Aggregator {
             ranks.sort_unstable();
             let checkpoint = step.checkpoint.map(|uri| CheckpointRef { uri, ranks, world_size: self.world_size });
             let report = Report { rank, training_iteration: iteration, metrics, checkpoint };
-            let event = Event { trial_id: self.trial_id.clone(), kind: EventKind::Report { report, reply: Reply::new(step.waiters) } };
+            let event = Event {
+                trial_id: self.trial_id.clone(),
+                kind: EventKind::Report { report, reply: Reply::new(step.waiters, self.acks.owe(iteration)) },
+            };
             // A driver that is gone drops the reply: the ranks read Stop.
             let _ = self.events.send(event);
         }
@@ -209,10 +228,15 @@ mod tests {
         let EventKind::Report { report, reply } = ev.kind else { panic!("a report") };
         assert_eq!((report.rank, report.training_iteration, report.metrics["loss"]), (0, 5, 0.5));
         assert_eq!(report.checkpoint, Some(CheckpointRef { uri: "ck".into(), ranks: vec![2], world_size: 3 }));
-        reply.send(Directive::Stop);
+        let acks = agg.acknowledged();
+        assert_eq!(acks.through(), 4, "the checkpoint's steps");
+        let ack = reply.send(Directive::Stop);
         for mut r in [r0, r1, r2] {
             assert_eq!(r.try_recv().unwrap(), Directive::Stop, "every rank gets the decision");
         }
+        assert_eq!(acks.through(), 4, "answered, not yet durable");
+        ack.durable();
+        assert_eq!(acks.through(), 5);
         assert_eq!(agg.arrive(0, 5, metrics(0.0), None).unwrap_err(), ArriveError::Duplicate { rank: 0, iteration: 5 });
         assert!(matches!(agg.arrive(3, 6, metrics(0.0), None), Err(ArriveError::Rank { .. })));
     }

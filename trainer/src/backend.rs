@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::ack::{Ack, Acknowledged, Watermark};
 use crate::resources::WorkerBundle;
 use crate::storage::Storage;
 
@@ -88,25 +89,38 @@ impl LaunchSpec {
 #[derive(Debug)]
 pub struct Reply {
     waiters: Vec<oneshot::Sender<Directive>>,
+    ack: Ack,
 }
 
 impl Reply {
-    pub(crate) fn new(waiters: Vec<oneshot::Sender<Directive>>) -> Self {
-        Self { waiters }
+    pub(crate) fn new(waiters: Vec<oneshot::Sender<Directive>>, ack: Ack) -> Self {
+        Self { waiters, ack }
     }
 
-    /// A reply and the one receiver waiting on it.
+    /// A reply and the one receiver waiting on it; nobody watches its
+    /// acknowledgement.
     pub fn channel() -> (Self, oneshot::Receiver<Directive>) {
         let (tx, rx) = oneshot::channel();
-        (Self { waiters: vec![tx] }, rx)
+        (Self { waiters: vec![tx], ack: Ack::unwatched() }, rx)
     }
 
-    /// Answers every waiting rank.
-    pub fn send(self, directive: Directive) {
+    /// A reply to step `iteration` of a run of its own, the one receiver
+    /// waiting on it, and what watches its acknowledgement.
+    pub fn watched(iteration: u64) -> (Self, oneshot::Receiver<Directive>, Acknowledged) {
+        let (tx, rx) = oneshot::channel();
+        let mark = Watermark::new(iteration.saturating_sub(1));
+        let watch = mark.watch();
+        (Self { waiters: vec![tx], ack: mark.owe(iteration) }, rx, watch)
+    }
+
+    /// Answers every waiting rank with the decision on the step, and returns
+    /// what they are owed once its result is durable.
+    pub fn send(self, directive: Directive) -> Ack {
         for w in self.waiters {
             // A rank that has gone away needs no answer.
             let _ = w.send(directive);
         }
+        self.ack
     }
 }
 

@@ -125,6 +125,10 @@ pub struct Context {
     world_size: u32,
     trial_dir_ready: std::cell::Cell<bool>,
     transport: Transport,
+    /// The last step this worker reported, if any.
+    last_iteration: Option<u64>,
+    /// How far its steps were acknowledged, as last heard.
+    acknowledged: u64,
 }
 
 impl std::fmt::Debug for Context {
@@ -147,6 +151,8 @@ impl Context {
             world_size: spec.world_size(),
             trial_dir_ready: std::cell::Cell::new(false),
             transport: Transport::InProcess(group),
+            last_iteration: None,
+            acknowledged: spec.start_iteration,
         }
     }
 
@@ -205,6 +211,8 @@ impl Context {
                 token,
                 session: None,
             },
+            last_iteration: None,
+            acknowledged: start_iteration,
         })
     }
 
@@ -306,9 +314,11 @@ impl Context {
     /// directory may be reused afterwards).
     ///
     /// Every rank reports every step; rank 0's metrics are the trial's. Blocks
-    /// until all ranks have reported this step, the result is durable and the
-    /// scheduler has decided. Returns [`ReportError::Stopped`] when the trial
-    /// must stop: end training with `?`.
+    /// until all ranks have reported this step, the result is stored and the
+    /// scheduler has decided; it is durable with the driver's next group
+    /// commit ([`Context::acknowledged_iteration`], [`Context::sync`]).
+    /// Returns [`ReportError::Stopped`] when the trial must stop: end
+    /// training with `?`.
     pub fn report<I, K>(&mut self, metrics: I, checkpoint: Option<&Path>) -> Result<(), ReportError>
     where
         I: IntoIterator<Item = (K, f64)>,
@@ -322,19 +332,13 @@ impl Context {
                     return Err(ReportError::Stopped);
                 }
                 let submit = group.intake.submit(self.rank, metrics, checkpoint);
-                let submitted = match &group.runtime {
-                    Some(rt) => rt.block_on(submit),
-                    None => tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| ReportError::Transport(e.to_string()))?
-                        .block_on(submit),
-                };
-                let (_, rx) = submitted.map_err(|e| match e {
+                let (iteration, rx) = block_on(group.runtime.as_ref(), submit)?.map_err(|e| match e {
                     IntakeError::Refused(msg) => ReportError::Refused(msg),
                     IntakeError::Checkpoint(e) => ReportError::Checkpoint(e),
                 })?;
+                self.last_iteration = Some(iteration);
                 let directive = rx.blocking_recv().unwrap_or(Directive::Stop);
+                self.acknowledged = group.intake.aggregator().acknowledged().through();
                 if *group.stop.borrow() > StopLevel::Run {
                     Directive::Stop
                 } else {
@@ -351,6 +355,8 @@ impl Context {
                     checkpoint_dir: checkpoint.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
                 };
                 let reply = rt.block_on(exchange(client, session, request))?;
+                self.last_iteration = Some(reply.training_iteration);
+                self.acknowledged = self.acknowledged.max(reply.acknowledged_iteration);
                 match proto::Directive::try_from(reply.directive) {
                     Ok(proto::Directive::Continue) => Directive::Continue,
                     _ => Directive::Stop,
@@ -361,5 +367,60 @@ impl Context {
             Directive::Continue => Ok(()),
             Directive::Stop => Err(ReportError::Stopped),
         }
+    }
+
+    /// Every step of this run up to this iteration is durable in the
+    /// driver's result store (acknowledged), as last heard from the driver:
+    /// it trails the steps reported by about one group commit.
+    pub fn acknowledged_iteration(&self) -> u64 {
+        match &self.transport {
+            Transport::InProcess(group) => group.intake.aggregator().acknowledged().through().max(self.acknowledged),
+            Transport::Grpc { .. } => self.acknowledged,
+        }
+    }
+
+    /// Waits until every step this worker has reported is durable in the
+    /// driver's result store, and returns the last one. Nothing needs it to
+    /// end a trial (the driver records a trial's end only after its
+    /// results); it is for code that must know, such as a step that deletes
+    /// its own copy of something once the driver holds it.
+    pub fn sync(&mut self) -> Result<u64, ReportError> {
+        let Some(iteration) = self.last_iteration else { return Ok(self.acknowledged) };
+        match &mut self.transport {
+            Transport::InProcess(group) => {
+                let mut acks = group.intake.aggregator().acknowledged();
+                block_on(group.runtime.as_ref(), async move { acks.wait_for(iteration).await })?
+                    .map_err(|e| ReportError::Transport(e.to_string()))?;
+            }
+            Transport::Grpc { rt, session, .. } => {
+                // Closing our side: the driver ends the stream once all of it is durable.
+                if let Some(s) = session.take() {
+                    let Session { requests, mut replies } = *s;
+                    drop(requests);
+                    loop {
+                        match rt.block_on(replies.message()) {
+                            Ok(Some(_)) => {}
+                            Ok(None) => break,
+                            Err(status) => return Err(status_error(&status)),
+                        }
+                    }
+                }
+            }
+        }
+        self.acknowledged = self.acknowledged.max(iteration);
+        Ok(iteration)
+    }
+}
+
+/// Runs `f` to completion on the driver's runtime, or on one of its own
+/// when the worker has none.
+fn block_on<F: std::future::Future>(runtime: Option<&tokio::runtime::Handle>, f: F) -> Result<F::Output, ReportError> {
+    match runtime {
+        Some(rt) => Ok(rt.block_on(f)),
+        None => Ok(tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ReportError::Transport(e.to_string()))?
+            .block_on(f)),
     }
 }

@@ -9,6 +9,7 @@
 //! thread or a process reached over gRPC.
 #![warn(missing_docs)]
 
+mod ack;
 mod aggregate;
 mod backend;
 mod checkpoint;
@@ -30,6 +31,7 @@ pub mod proto {
     tonic::include_proto!("nestor.v1");
 }
 
+pub use ack::{Ack, Acknowledged, NotAcknowledged};
 pub use backend::{
     Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Reply, Report, StopLevel, TrialHandle,
 };

@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
+use crate::ack::Acknowledged;
 use crate::aggregate::Aggregator;
 use crate::backend::{Directive, Event};
 use crate::intake::{Intake, IntakeError};
@@ -158,8 +159,9 @@ fn tokens_equal(a: &str, b: &str) -> bool {
 
 /// Checks one report, persists its checkpoint shard, hands it to its trial's
 /// aggregator and waits for the driver's decision. A refusal is logged with
-/// the sender and changes nothing.
-async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<ReportReply, Status> {
+/// the sender and changes nothing. Also returns what watches the run's
+/// acknowledgements.
+async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<(ReportReply, Acknowledged), Status> {
     let refuse = |status: Status| {
         tracing::warn!(%peer, trial = %r.trial_id, rank = r.rank, reason = %status.message(), "report refused");
         Err(status)
@@ -175,6 +177,7 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<Rep
     }
     let checkpoint = (!r.checkpoint_dir.is_empty()).then(|| PathBuf::from(&r.checkpoint_dir));
     let submitted = entry.intake.submit(r.rank, r.metrics.clone().into_iter().collect(), checkpoint.as_deref()).await;
+    let acks = entry.intake.aggregator().acknowledged();
     drop(entry);
     let (iteration, rx) = match submitted {
         Ok(ok) => ok,
@@ -185,7 +188,15 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<Rep
         Directive::Continue => proto::Directive::Continue,
         Directive::Stop => proto::Directive::Stop,
     };
-    Ok(ReportReply { directive: directive as i32, training_iteration: iteration })
+    let reply = ReportReply { directive: directive as i32, training_iteration: iteration, acknowledged_iteration: acks.through() };
+    Ok((reply, acks))
+}
+
+/// A report stream's state between requests: the stream, and the run and
+/// step its last report was.
+struct Open {
+    inbound: tonic::Streaming<ReportRequest>,
+    last: Option<(Acknowledged, u64)>,
 }
 
 type ReplyStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<ReportReply, Status>> + Send>>;
@@ -194,7 +205,7 @@ type ReplyStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<Repo
 impl Reporter for Service {
     async fn report(&self, request: Request<ReportRequest>) -> Result<Response<ReportReply>, Status> {
         let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
-        handle(&self.registry, request.into_inner(), &peer).await.map(Response::new)
+        handle(&self.registry, request.into_inner(), &peer).await.map(|(reply, _)| Response::new(reply))
     }
 
     type SessionStream = ReplyStream;
@@ -204,18 +215,28 @@ impl Reporter for Service {
         let inbound = request.into_inner();
         let registry = Arc::clone(&self.registry);
         // One reply per request, in order, produced as the reply stream is polled;
-        // after a refusal (or a broken stream) the stream ends.
-        let replies = futures_util::stream::unfold(Some(inbound), move |inbound| {
+        // after a refusal (or a broken stream) the stream ends. Once the worker
+        // closes its side, it ends when every report on it is durable.
+        let replies = futures_util::stream::unfold(Some(Open { inbound, last: None }), move |open| {
             let (registry, peer) = (Arc::clone(&registry), peer.clone());
             async move {
-                let mut inbound = inbound?;
+                let Open { mut inbound, last } = open?;
                 let request = match inbound.message().await {
                     Ok(Some(r)) => r,
-                    Ok(None) => return None,
+                    Ok(None) => {
+                        let (mut acks, iteration) = last?;
+                        return match acks.wait_for(iteration).await {
+                            Ok(_) => None,
+                            Err(e) => Some((Err(Status::unavailable(e.to_string())), None)),
+                        };
+                    }
                     Err(status) => return Some((Err(status), None)),
                 };
                 match handle(&registry, request, &peer).await {
-                    Ok(reply) => Some((Ok(reply), Some(inbound))),
+                    Ok((reply, acks)) => {
+                        let last = Some((acks, reply.training_iteration));
+                        Some((Ok(reply), Some(Open { inbound, last })))
+                    }
                     Err(status) => Some((Err(status), None)),
                 }
             }
@@ -295,7 +316,7 @@ mod tests {
             let crate::EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
             assert_eq!(report.training_iteration, 1);
             assert_eq!(report.metrics["loss"], 0.5);
-            reply.send(Directive::Stop);
+            reply.send(Directive::Stop).durable();
         });
         let reply = client.report(request("secret", 0)).await.unwrap().into_inner();
         assert_eq!(reply.directive, proto::Directive::Stop as i32);
@@ -340,6 +361,53 @@ mod tests {
         assert!(rx.try_recv().is_err(), "nothing reached the trial");
     }
 
+    /// The driver's side of the next step to reach it.
+    async fn next_step(rx: &mut mpsc::UnboundedReceiver<Event>) -> crate::Reply {
+        let ev = rx.recv().await.expect("the step reached the driver");
+        let crate::EventKind::Report { reply, .. } = ev.kind else { panic!("expected a report") };
+        reply
+    }
+
+    /// A report stream: answered with each decision at once, told how far
+    /// it is acknowledged, and ended by the driver once all of it is durable.
+    #[tokio::test]
+    async fn a_session_is_answered_at_once_and_closes_once_its_reports_are_durable() {
+        let (_server, mut rx, mut client, _dir, _registration) = setup().await;
+        let (tx, requests) = mpsc::channel(4);
+        let mut replies = client.session(tokio_stream::wrappers::ReceiverStream::new(requests)).await.unwrap().into_inner();
+        tx.send(request("secret", 0)).await.unwrap();
+        let ack1 = next_step(&mut rx).await.send(Directive::Continue);
+        let r1 = replies.message().await.unwrap().unwrap();
+        assert_eq!((r1.directive, r1.training_iteration, r1.acknowledged_iteration), (proto::Directive::Continue as i32, 1, 0));
+
+        // Step 1 becomes durable before step 2 is answered.
+        tx.send(request("secret", 0)).await.unwrap();
+        let reply = next_step(&mut rx).await;
+        ack1.durable();
+        let ack2 = reply.send(Directive::Continue);
+        let r2 = replies.message().await.unwrap().unwrap();
+        assert_eq!((r2.training_iteration, r2.acknowledged_iteration), (2, 1), "step 1 acknowledged with the answer to step 2");
+
+        // Closing our side: the stream ends once step 2 is durable, not before.
+        drop(tx);
+        let end = tokio::spawn(async move { replies.message().await });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!end.is_finished(), "step 2 is not durable yet");
+        ack2.durable();
+        assert!(end.await.unwrap().unwrap().is_none(), "ended OK: everything sent is durable");
+
+        // A step answered and never stored: the close says so.
+        let (tx, requests) = mpsc::channel(4);
+        let mut replies = client.session(tokio_stream::wrappers::ReceiverStream::new(requests)).await.unwrap().into_inner();
+        tx.send(request("secret", 0)).await.unwrap();
+        drop(next_step(&mut rx).await.send(Directive::Stop));
+        assert_eq!(replies.message().await.unwrap().unwrap().training_iteration, 3);
+        drop(tx);
+        let status = replies.message().await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(status.message().contains("step 3 was answered but is not durable"), "{}", status.message());
+    }
+
     #[tokio::test]
     async fn ranks_are_answered_together_once_all_have_reported() {
         let server = ReportServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
@@ -365,7 +433,7 @@ mod tests {
         let ckpt = report.checkpoint.unwrap();
         assert_eq!((ckpt.ranks.as_slice(), ckpt.world_size), (&[1][..], 2), "rank 1 alone saved a shard");
         assert_eq!(std::fs::read(std::path::Path::new(&ckpt.uri).join("rank-1/w.bin")).unwrap(), b"rank 1");
-        reply.send(Directive::Continue);
+        reply.send(Directive::Continue).durable();
         for r in [rank0.await.unwrap().unwrap(), rank1.await.unwrap().unwrap()] {
             assert_eq!(r.into_inner().directive, proto::Directive::Continue as i32);
         }

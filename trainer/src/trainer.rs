@@ -305,7 +305,7 @@ impl Trainer {
                             }
                             out.metrics = Some(metrics.clone());
                             out.history.push(Step { training_iteration: report.training_iteration, metrics, checkpoint });
-                            reply.send(if interrupted { Directive::Stop } else { Directive::Continue });
+                            reply.send(if interrupted { Directive::Stop } else { Directive::Continue }).durable();
                         }
                         Some(EventKind::Exited(outcome)) => break outcome,
                         None => break ExitOutcome::Failed("the workers' channel closed".into()),

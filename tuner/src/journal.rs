@@ -13,9 +13,11 @@
 //! last snapshot's size, so its cost is amortized over the calls it
 //! replaces, and a resume replays at most that much.
 //!
-//! Calls and snapshots go to the store, which writes them to a file of its
-//! own after each flush (store/segments.rs): the journal never holds a
-//! call whose consequences the database could have lost.
+//! Calls wait here until the loop releases them, once it has stored what
+//! they led to (a result's decision is written into its trial's record
+//! right after the call); then they go to the store, which writes them to
+//! a file of its own after each flush (store/segments.rs). So the journal
+//! never holds a call whose consequences the database could have lost.
 
 use std::collections::HashMap;
 
@@ -118,6 +120,8 @@ struct Log {
     /// Each trial the journal named since the latest snapshot, with the
     /// config it gave (a view leaves out a config already given).
     configs: HashMap<String, Config>,
+    /// Calls made and not yet released to the store.
+    held: Vec<Vec<u8>>,
     /// The paused list the latest `Choose` since the snapshot saw, with
     /// each trial's config.
     paused: Vec<(View, Config)>,
@@ -292,6 +296,17 @@ impl Journaled {
         }
     }
 
+    /// Hands the calls made so far to the store (its next flush writes
+    /// them). The loop calls it once everything those calls led to is
+    /// stored: before it starts a flush.
+    pub(crate) fn release(&mut self) {
+        if let Some(log) = &mut self.log {
+            for call in log.held.drain(..) {
+                self.store.push_journal(call);
+            }
+        }
+    }
+
     /// Takes a snapshot when the calls since the last one have outgrown
     /// their share. Called after each batch.
     pub(crate) fn maintain(&mut self) {
@@ -333,6 +348,8 @@ impl Journaled {
         if self.log.is_none() {
             return;
         }
+        // The calls it covers go first, into the segment it ends.
+        self.release();
         let bytes = self.state();
         let Some(log) = &mut self.log else { return };
         log.generation += 1;
@@ -347,14 +364,22 @@ impl Journaled {
         let Some(log) = &mut self.log else { return };
         let bytes = serde_json::to_vec(&call(log)).unwrap_or_default();
         log.bytes += bytes.len();
-        self.store.push_journal(bytes);
+        log.held.push(bytes);
     }
 }
 
 impl Log {
     /// A log whose latest snapshot is `generation` (the next is one more).
     fn new(generation: u64) -> Self {
-        Self { bytes: 0, snapshot_bytes: 0, generation, configs: HashMap::new(), paused: Vec::new(), min_bytes: MIN_JOURNAL_BYTES }
+        Self {
+            bytes: 0,
+            snapshot_bytes: 0,
+            generation,
+            configs: HashMap::new(),
+            paused: Vec::new(),
+            held: Vec::new(),
+            min_bytes: MIN_JOURNAL_BYTES,
+        }
     }
 
     fn view(&mut self, trial: &TrialView<'_>) -> View {
@@ -645,6 +670,7 @@ mod tests {
         for step in 0..steps {
             if cuts.contains(&step) {
                 // What a flush wrote is what a driver killed now leaves.
+                journaled.release();
                 store.flush().unwrap();
                 let mut resumed = Journaled::resume(build(kind), &store, true).unwrap();
                 resumed.log.as_mut().unwrap().min_bytes = min_bytes;
@@ -752,6 +778,7 @@ mod tests {
                     }
                 }
                 _ => {
+                    journaled.release();
                     store.flush().unwrap();
                     let before = journaled.log.as_ref().unwrap().snapshot_bytes;
                     journaled.maintain();
@@ -759,6 +786,7 @@ mod tests {
                 }
             }
         }
+        journaled.release();
         store.flush().unwrap();
         let resumed = Journaled::resume(build(kind), &store, true).unwrap();
         assert_eq!(resumed.scheduler().save(), reference.save(), "state after a resume at the end");
@@ -805,6 +833,7 @@ mod tests {
             store.put_result(&result).unwrap();
             assert_eq!(j.on_trial_result(&t, &result).unwrap(), Decision::Stop);
             j.on_trial_complete(&t, Some(&result)).unwrap();
+            j.release();
             store.flush().unwrap();
             j.maintain();
             longest = longest.max(store.latest_journal().unwrap().map_or(0, |(_, records)| records.len()));
@@ -815,6 +844,7 @@ mod tests {
         let snapshot = j.log.as_ref().unwrap().snapshot_bytes;
         assert!(snapshot > 4096, "{snapshot}");
         assert!(longest > 0 && longest < 2000, "the journal held {longest} entries at once");
+        j.release();
         store.flush().unwrap();
         let resumed = Journaled::resume(build(0), &store, true).unwrap();
         assert_eq!(resumed.scheduler().save(), j.scheduler().save());

@@ -336,7 +336,8 @@ impl Tuner {
         let journal = !matches!(trainable.kind, Kind::Simulated(_));
         let (store, scheduler) = if resuming {
             let store = Store::open_existing(&store_dir)?;
-            if let Some(state) = store.meta("searcher")? {
+            store.recover_created()?;
+            if let Some(state) = store.searcher()? {
                 searcher.restore(&state)?;
             }
             // The scheduler's latest snapshot, and the calls made after it.
@@ -386,7 +387,7 @@ impl Tuner {
                 .map_err(|source| TuneError::Io { path: exp_dir.join("experiment.toml"), source })?;
             let store = Store::open(&store_dir)?;
             store.put_experiment(&text)?;
-            store.put_meta("searcher", &searcher.save())?;
+            store.put_searcher(&searcher.save())?;
             store.flush()?;
             if !storage.is_local() {
                 // Beside the checkpoints, for tools that only see the bucket.
@@ -479,11 +480,27 @@ struct TrialLists<'a> {
     finished: &'a mut (u64, u64),
 }
 
-/// Feeds the scheduler the results stored after what its journal holds
-/// (the driver died between a result's flush and the journal's), in the
-/// order they were stored, and applies its decisions as the sweep would
-/// have: a trial it stops ends TERMINATED, one it pauses is PAUSED (a
-/// PAUSED trial with such results is decided on again, as if running).
+/// What the resume hands the scheduler, or carries out for it, in the
+/// order the sweep met them.
+enum Catch {
+    /// A stored result its journal does not hold.
+    Unseen(search::TrialResult),
+    /// A decision it made (and journaled) on a trial whose run never exited.
+    Decided(schedulers::Decision),
+}
+
+/// Squares the scheduler with what the store holds beyond its journal, in
+/// the order it was stored:
+/// - results stored after what its journal holds (the driver died between
+///   a result's flush and the journal's) are fed to it, and its decisions
+///   applied (a PAUSED trial with such results is decided on again, as if
+///   running);
+/// - decisions it made whose runs never exited (the driver died in
+///   between) are carried out.
+///
+/// Either way as the sweep would have: a trial it stops ends TERMINATED,
+/// one it pauses is PAUSED, an exploit or a resize is carried out before
+/// the trial runs again.
 fn replay_unseen(
     store: &Store,
     scheduler: &mut Journaled,
@@ -491,22 +508,45 @@ fn replay_unseen(
     lists: &mut TrialLists<'_>,
 ) -> Result<(), TuneError> {
     use schedulers::{Decision, TrialStatus};
-    let mut unseen = Vec::new();
+    let at = |r: &search::TrialResult| r.metrics.get("timestamp").copied().unwrap_or(0.0);
+    let mut catches = Vec::new();
     for t in lists.pending.iter().chain(lists.paused.iter()) {
         let from = scheduler.seen(&t.id);
-        unseen.extend(store.results(&t.id)?.into_iter().filter(|r| r.seq >= from));
+        for r in store.results(&t.id)?.into_iter().filter(|r| r.seq >= from) {
+            catches.push((at(&r), t.id.clone(), r.seq, Catch::Unseen(r)));
+        }
     }
-    let deciding: std::collections::HashSet<&str> = unseen.iter().map(|r| r.trial_id.as_str()).collect();
-    let (again, still): (Vec<_>, Vec<_>) = std::mem::take(lists.paused).into_iter().partition(|t| deciding.contains(t.id.as_str()));
+    let deciding: std::collections::HashSet<String> = catches.iter().map(|c| c.1.clone()).collect();
+    for t in lists.pending.iter_mut() {
+        match t.decided.take() {
+            // Decided on a result the journal does not hold: decided again below.
+            Some(_) if deciding.contains(&t.id) => store.put_trial(t)?,
+            Some(d) => {
+                let when = t.last_result.as_ref().map_or(0.0, at);
+                catches.push((when, t.id.clone(), t.num_results, Catch::Decided(d)));
+            }
+            None => {}
+        }
+    }
+    let (again, still): (Vec<_>, Vec<_>) = std::mem::take(lists.paused).into_iter().partition(|t| deciding.contains(&t.id));
     *lists.paused = still;
     lists.pending.extend(again);
-    let at = |r: &search::TrialResult| r.metrics.get("timestamp").copied().unwrap_or(0.0);
-    unseen.sort_by(|a, b| at(a).total_cmp(&at(b)).then(a.trial_id.cmp(&b.trial_id)).then(a.seq.cmp(&b.seq)));
-    for r in unseen {
-        let Some(i) = lists.pending.iter().position(|t| t.id == r.trial_id) else { continue };
-        tracing::info!(trial = %r.trial_id, iteration = r.training_iteration, "replaying a result the scheduler had not seen");
-        let decision = scheduler.on_trial_result(&view(&lists.pending[i]), &r)?;
-        searcher.on_trial_result(&r.trial_id, &r);
+    catches.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    for (_, id, _, catch) in catches {
+        let Some(i) = lists.pending.iter().position(|t| t.id == id) else { continue };
+        let (decision, result) = match catch {
+            Catch::Unseen(r) => {
+                tracing::info!(trial = %r.trial_id, iteration = r.training_iteration, "replaying a result the scheduler had not seen");
+                let decision = scheduler.on_trial_result(&view(&lists.pending[i]), &r)?;
+                searcher.on_trial_result(&r.trial_id, &r);
+                (decision, Some(r))
+            }
+            Catch::Decided(d) => {
+                tracing::info!(trial = %id, "carrying out a decision its run did not live to see: {d:?}");
+                let last = lists.pending[i].last_result.clone();
+                (d, last)
+            }
+        };
         match decision {
             Decision::Continue => continue,
             Decision::Exploit(e) => {
@@ -521,14 +561,14 @@ fn replay_unseen(
                 let fits = t
                     .latest_checkpoint
                     .as_ref()
-                    .filter(|c| Some(&c.uri) == r.checkpoint.as_ref())
+                    .filter(|c| result.as_ref().is_some_and(|r| Some(&c.uri) == r.checkpoint.as_ref()))
                     .is_some_and(|c| c.required_world_size().is_none_or(|n| n == num_workers));
                 if fits {
                     t.num_workers = Some(num_workers);
                     t.resizing = true;
                     t.resizes += 1;
-                    store.put_trial(t)?;
                 }
+                store.put_trial(t)?;
                 continue;
             }
             Decision::Pause | Decision::Stop => {}
@@ -549,6 +589,7 @@ fn replay_unseen(
             lists.finished.0 += 1;
         }
     }
+    scheduler.release();
     store.flush()?;
     Ok(())
 }
@@ -612,4 +653,70 @@ fn random_seed() -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     (z ^ (z >> 31)) >> 11
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use schedulers::{Decision, Exploit, Fifo, TrialStatus};
+    use search::TrialResult;
+
+    use super::*;
+    use crate::store::TrialRecord;
+
+    /// A run that got its decision and died with the driver before it
+    /// exited: its record says what was decided; the resume carries it out
+    /// without asking the scheduler again (its journal holds the call).
+    #[test]
+    fn a_decision_whose_run_never_exited_is_carried_out_on_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let mut scheduler = Journaled::new(Box::new(Fifo), &store, true);
+        let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build().unwrap();
+        let mut searcher = BasicVariantGenerator::new(space, 4, 0);
+        let exploit = Exploit {
+            trial_id: "t2".into(),
+            donor: "t0".into(),
+            checkpoint: "c".into(),
+            checkpoint_iteration: 1,
+            config: serde_json::json!({ "x": 0.5 }),
+        };
+        let decided = [Some(Decision::Pause), Some(Decision::Stop), Some(Decision::Exploit(Box::new(exploit.clone()))), None];
+        let mut pending = VecDeque::new();
+        for (i, d) in decided.into_iter().enumerate() {
+            let mut t = TrialRecord::new(format!("t{i}"), i as u64, serde_json::json!({ "x": 0.1 }), 0.0);
+            scheduler.on_trial_add(&view(&t)).unwrap();
+            t.status = TrialStatus::Running;
+            let r = TrialResult {
+                trial_id: t.id.clone(),
+                seq: 0,
+                training_iteration: 1,
+                metrics: [("loss".to_string(), 1.0), ("timestamp".to_string(), i as f64)].into_iter().collect(),
+                checkpoint: None,
+            };
+            store.put_result(&r).unwrap();
+            assert_eq!(scheduler.on_trial_result(&view(&t), &r).unwrap(), Decision::Continue);
+            t.num_results = 1;
+            t.last_result = Some(r);
+            t.decided = d;
+            store.put_trial(&t).unwrap();
+            // Resumed, a trial that was running is pending.
+            t.status = TrialStatus::Pending;
+            pending.push_back(t);
+        }
+        let (mut paused, mut finished) = (Vec::new(), (0, 0));
+        let mut lists = TrialLists { pending: &mut pending, paused: &mut paused, finished: &mut finished };
+        replay_unseen(&store, &mut scheduler, &mut searcher, &mut lists).unwrap();
+        assert_eq!(paused.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["t0"]);
+        assert_eq!(store.trial("t0").unwrap().unwrap().status, TrialStatus::Paused);
+        assert_eq!(finished, (1, 0));
+        assert_eq!(store.trial("t1").unwrap().unwrap().status, TrialStatus::Terminated);
+        assert!(!scheduler.is_live("t1"), "the scheduler is told it completed");
+        assert_eq!(pending.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["t2", "t3"]);
+        assert_eq!(pending[0].pending_exploit, Some(exploit), "carried out before it runs again");
+        assert_eq!(store.trial("t2").unwrap().unwrap().decided, None);
+        assert!(pending.iter().all(|t| t.decided.is_none()));
+        assert!(["t0", "t2", "t3"].iter().all(|t| scheduler.seen(t) == 1), "no result fed twice");
+    }
 }

@@ -96,6 +96,7 @@ fn main() -> anyhow::Result<()> {
     // behind once its experiment is removed.
     let scratch = ctx.trial_dir().join(format!(".scratch-rank-{rank}-{}", std::process::id()));
     let offset = 100.0 * f64::from(rank);
+    let mut acked = start;
     for step in start + 1..=steps {
         std::thread::sleep(Duration::from_millis(sleep_ms));
         if fail_at == Some(step) {
@@ -127,11 +128,23 @@ fn main() -> anyhow::Result<()> {
         if report_world_size {
             metrics.push(("world_size", f64::from(ctx.world_size())));
         }
-        match ctx.report(metrics, ckpt.as_deref()) {
-            Ok(()) if quiet => {}
-            Ok(()) => eprintln!("rank {rank}: acked step {step}"),
+        let reported = ctx.report(metrics, ckpt.as_deref());
+        if !quiet {
+            // Acknowledgements trail the decisions by a group commit.
+            for s in acked + 1..=ctx.acknowledged_iteration() {
+                eprintln!("rank {rank}: acked step {s}");
+            }
+            acked = acked.max(ctx.acknowledged_iteration());
+        }
+        match reported {
+            Ok(()) => {}
             Err(ReportError::Stopped) => break,
             Err(e) => return Err(e.into()),
+        }
+    }
+    if !quiet {
+        for s in acked + 1..=ctx.sync()? {
+            eprintln!("rank {rank}: acked step {s}");
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);

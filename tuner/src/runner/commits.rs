@@ -1,36 +1,34 @@
-//! Group commit: results and trial ends wait here until one flush makes a
-//! whole burst of them durable; only then does anyone act on them. One
-//! flush runs at a time (small ones on the loop, larger ones on a blocking
-//! thread); what arrives meanwhile forms the next batch.
+//! Group commit: results (decided on already) and trial ends wait here
+//! until one flush makes a whole burst of them durable; only then are they
+//! acknowledged to their workers, their checkpoints committed and their
+//! ends shown. One flush runs at a time, on a blocking thread, so the loop
+//! never waits for the disk; what arrives meanwhile forms the next batch.
 
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
 use search::TrialResult;
-use trainer::Reply;
+use trainer::Ack;
 
 use crate::store::{Store, StoreError, TrialRecord};
-
-/// Batches up to this many results are flushed on the loop itself; larger
-/// ones off it, while the next batch forms.
-const INLINE_FLUSH: usize = 2;
 
 /// When stored results are made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Durability {
-    /// Every batch is flushed before anyone acts on it (a real sweep: a
-    /// result acknowledged to a worker survives a crash).
+    /// Every batch is flushed before its results are acknowledged and
+    /// acted on beyond the decision (a real sweep: a result acknowledged to
+    /// a worker survives a crash).
     EveryBatch,
     /// Only at the end (a replay of recorded curves: its results can be
     /// computed again, and nobody waits on an acknowledgement).
     AtEnd,
 }
 
-/// A result stored in the current burst, and the worker waiting on it.
+/// A result stored and decided on, and what its workers are owed once it is durable.
 pub(crate) struct Stored {
     pub result: Arc<TrialResult>,
-    pub reply: Reply,
+    pub ack: Ack,
 }
 
 /// What one flush made durable.
@@ -66,7 +64,7 @@ impl Commits {
         (c, done_rx)
     }
 
-    /// A result stored (not yet durable), with the worker waiting on it.
+    /// A result stored and decided on (not yet durable).
     pub(crate) fn push_report(&mut self, stored: Stored) {
         self.reports.push(stored);
     }
@@ -76,7 +74,7 @@ impl Commits {
         self.ended.push(record);
     }
 
-    /// Whether `trial`'s results are stored but not yet decided on.
+    /// Whether `trial`'s results are stored but not yet durable.
     pub(crate) fn holds(&self, trial: &str) -> bool {
         self.reports.iter().chain(self.inflight.iter().flat_map(|(_, b)| &b.reports)).any(|p| p.result.trial_id == trial)
     }
@@ -101,10 +99,10 @@ impl Commits {
         self.inflight.is_none() && self.reports.is_empty() && self.ended.is_empty()
     }
 
-    /// Starts flushing what is stored so far, unless a flush is under way;
-    /// trial ends ride along, and `force` flushes for ends alone. A small
-    /// batch is flushed right here and returned; a larger one goes to a
-    /// blocking thread and comes back through [`Commits::finished`].
+    /// Starts flushing what is stored so far on a blocking thread (it comes
+    /// back through [`Commits::finished`]), unless a flush is under way;
+    /// trial ends ride along, and `force` flushes for ends alone. A replay
+    /// (durable only at the end) gets its batch back at once.
     pub(crate) fn start(&mut self, force: bool) -> Option<Flushed> {
         let at_end = self.durability == Durability::AtEnd;
         let ends_only = (force || at_end) && !self.ended.is_empty();
@@ -114,11 +112,6 @@ impl Commits {
         let batch = Batch { reports: std::mem::take(&mut self.reports), ended: std::mem::take(&mut self.ended) };
         if at_end {
             return Some((batch, Ok(())));
-        }
-        if batch.reports.len() <= INLINE_FLUSH {
-            // A flush right here answers sooner than a hand-off to another thread.
-            let flushed = self.store.flush();
-            return Some((batch, flushed));
         }
         let id = self.next_batch;
         self.next_batch += 1;

@@ -6,8 +6,10 @@
 //! a unit test drives the loop with a scripted stream of events.
 //!
 //! The loop owns all mutable experiment state. It stores every result
-//! before the scheduler sees it, and answers workers once their result is
-//! durable.
+//! before the scheduler sees it and answers the workers with the decision
+//! at once; a group commit off the loop then makes the result durable,
+//! and only then is it acknowledged, its checkpoint committed, its trial's
+//! end shown or a run restarted from it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -181,6 +183,21 @@ enum Ending {
     /// No report within the hang timeout: killed, and a failure like a
     /// rank's death (restarted while `max_failures` allows).
     Hung(String),
+}
+
+impl Ending {
+    /// The decision on a result this ending carries out, as its trial's
+    /// record keeps it until the run has exited.
+    fn decided(&self) -> Option<Decision> {
+        match self {
+            Ending::Stopped => Some(Decision::Stop),
+            Ending::Paused => Some(Decision::Pause),
+            Ending::Resize(n) => Some(Decision::Resize { num_workers: *n }),
+            Ending::Exploit(e) => Some(Decision::Exploit(e.clone())),
+            // Not the scheduler's: the next run meets the same fate.
+            Ending::Interrupted | Ending::Failed(_) | Ending::Hung(_) => None,
+        }
+    }
 }
 
 /// The trials by where they are.
@@ -399,6 +416,7 @@ impl Runner {
                 }
             }
             LoopEvent::EndsDue => {
+                self.scheduler.release();
                 if let Some(flushed) = self.commits.start(true) {
                     self.finish_flush(flushed)?;
                 }
@@ -436,7 +454,9 @@ impl Runner {
             }
             self.admit()?;
             // Group commit for the burst just handled; after admitting, so a
-            // freed slot is refilled without waiting for the flush.
+            // freed slot is refilled without waiting for the flush. The
+            // scheduler's calls go with it: what they led to is stored.
+            self.scheduler.release();
             if let Some(flushed) = self.commits.start(false) {
                 self.finish_flush(flushed)?;
             }
@@ -578,6 +598,11 @@ impl Runner {
     /// off the loop (a failed run's leftovers removed, an exploit's
     /// checkpoint copied from its donor, a checkpoint fetched from an object store).
     fn start(&mut self, mut record: TrialRecord, allocation: Allocation) -> Result<(), TuneError> {
+        // A run starts from committed checkpoints only: its own, or its donor's.
+        let donor = record.pending_exploit.as_ref().map(|e| e.donor.as_str());
+        if self.commits.holds(&record.id) || donor.is_some_and(|d| self.commits.holds(d)) {
+            self.commit_now()?;
+        }
         let exploit = self.prepare_exploit(&mut record)?;
         let fetch = if exploit.is_some() { Ok(None) } else { self.checkpoint_to_fetch(&record) };
         let fetch = match fetch {
@@ -753,48 +778,43 @@ impl Runner {
         match ev.kind {
             EventKind::Report { report, reply } => {
                 if self.trials.running.contains_key(&ev.trial_id) {
+                    // Stored, decided on and answered now; acknowledged once durable.
                     let result = self.store_report(&ev.trial_id, report)?;
-                    self.commits.push_report(Stored { result, reply });
+                    let ack = reply.send(self.decide(&result)?);
+                    self.commits.push_report(Stored { result, ack });
                 } else {
-                    reply.send(Directive::Stop);
+                    // Not stored: never acknowledged.
+                    drop(reply.send(Directive::Stop));
                 }
             }
-            EventKind::Exited(outcome) => {
-                // A trial's own results are decided on before its end.
-                if self.commits.holds(&ev.trial_id) {
-                    self.commit_now()?;
-                }
-                self.on_exit(&ev.trial_id, outcome)?;
-            }
+            EventKind::Exited(outcome) => self.on_exit(&ev.trial_id, outcome)?,
         }
         Ok(())
     }
 
-    /// A batch is durable: the scheduler, stoppers and searcher see each of its
-    /// results, and the workers get their answers.
+    /// A batch is durable: its results are acknowledged to their workers,
+    /// its checkpoints committed, its trial ends shown.
     fn finish_flush(&mut self, (mut batch, flushed): (Batch, Result<(), StoreError>)) -> Result<(), TuneError> {
-        // On failure the waiting workers' answers are dropped, which they
-        // read as Stop: nothing not durable is ever acknowledged.
+        // On failure the acknowledgements are dropped, which their workers
+        // read as never coming: nothing not durable is ever acknowledged.
         flushed?;
         self.show_ended(&mut batch.ended);
-        let mut committed = Vec::new();
-        for Stored { result, reply } in batch.reports {
-            reply.send(self.decide(&result)?);
+        if self.settings.durability == Durability::AtEnd {
+            return Ok(());
+        }
+        for Stored { result, ack } in batch.reports {
+            ack.durable();
             if let Some(uri) = &result.checkpoint {
-                committed.push((result.trial_id.clone(), uri.clone(), result.training_iteration));
+                self.after_commit(&result.trial_id, uri, result.training_iteration)?;
             }
         }
-        if self.settings.durability == Durability::EveryBatch {
-            for (trial, uri, iteration) in committed {
-                self.after_commit(&trial, &uri, iteration)?;
-            }
-            self.scheduler.maintain();
-        }
+        self.scheduler.maintain();
         Ok(())
     }
 
     /// Makes everything stored so far durable and acts on it, now.
     fn commit_now(&mut self) -> Result<(), TuneError> {
+        self.scheduler.release();
         for batch in self.commits.now()? {
             self.finish_flush((batch, Ok(())))?;
         }
@@ -816,6 +836,8 @@ impl Runner {
         self.pool.release(&r.allocation);
         r.record.time_total_s += (self.clock.now() - r.started).max(0.0);
         let mut rec = r.record;
+        // Carried out now.
+        rec.decided = None;
         match (r.ending.take(), outcome) {
             (Some(Ending::Interrupted), _) => {
                 rec.status = TrialStatus::Pending;
@@ -865,7 +887,7 @@ impl Runner {
                 self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
                 // What the searcher learnt from it survives a crash (it is durable with the trial's end).
                 if self.settings.durability == Durability::EveryBatch {
-                    self.store.put_meta("searcher", &self.searcher.save())?;
+                    self.store.put_searcher(&self.searcher.save())?;
                 }
                 self.commits.push_end(rec);
             }
@@ -916,7 +938,7 @@ impl Runner {
         Ok(result)
     }
 
-    /// What a durable result means for its trial: the answer to its workers.
+    /// What a stored result means for its trial: the answer to its workers.
     fn decide(&mut self, result: &TrialResult) -> Result<Directive, TuneError> {
         let Some(r) = self.trials.running.get_mut(&result.trial_id) else { return Ok(Directive::Stop) };
         if let Some(msg) = missing_metric(self.settings.metric.as_deref(), self.scheduler.scheduler(), result) {
@@ -934,6 +956,12 @@ impl Runner {
             // pausing it (or restarting it elsewhere) would leave nothing to resume.
             let ending = if stop { Some(Ending::Stopped) } else { ending_of(decision, &r.record, result) };
             let directive = if ending.is_some() { Directive::Stop } else { Directive::Continue };
+            // Stored before the scheduler's call is released to its journal:
+            // a crash before the run exits leaves the decision to carry out.
+            r.record.decided = ending.as_ref().and_then(Ending::decided);
+            if r.record.decided.is_some() {
+                self.store.put_trial(&r.record)?;
+            }
             r.ending = ending;
             directive
         };

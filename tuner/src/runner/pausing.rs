@@ -46,7 +46,7 @@ impl Runner {
         self.store.put_trial(&rec)?;
         self.searcher.on_trial_complete(&rec.id, rec.last_result.as_ref(), false);
         self.scheduler.forget(&rec.id);
-        if let Err(e) = self.store.put_meta("searcher", &self.searcher.save()) {
+        if let Err(e) = self.store.put_searcher(&self.searcher.save()) {
             tracing::warn!(error = %e, "could not save the searcher state");
         }
         self.commits.push_end(rec);

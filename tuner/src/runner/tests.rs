@@ -11,8 +11,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use schedulers::{Decision, Fifo, MetricThresholds, Scheduler, Stopper, TrialStatus, TrialView};
 use search::{BasicVariantGenerator, Domain, Space, TrialResult};
 use trainer::{
-    Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, NodeResources, Reply, Report, Request,
-    ResourcePool, ScalingConfig, StopLevel, Storage, TrialHandle,
+    Acknowledged, Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, NodeResources, Reply, Report,
+    Request, ResourcePool, ScalingConfig, StopLevel, Storage, TrialHandle,
 };
 
 use super::*;
@@ -67,6 +67,7 @@ impl Stopper for StopAllAfter {
 
 struct Harness {
     runner: Runner,
+    inputs: Inputs,
     backend: Scripted,
     store: Store,
     _dir: tempfile::TempDir,
@@ -115,7 +116,7 @@ fn harness(o: Options) -> Harness {
         durability: Durability::EveryBatch,
     };
     let reporter = Reporter::new(exp_dir.clone(), Some("loss".into()), Progress::new(ProgressMode::Quiet, None), true, (0, 0));
-    let (runner, _inputs) = Runner::new(Parts {
+    let (runner, inputs) = Runner::new(Parts {
         settings,
         store: store.clone(),
         backend: Arc::new(backend.clone()),
@@ -130,7 +131,7 @@ fn harness(o: Options) -> Harness {
         next_index: 0,
         reporter,
     });
-    Harness { runner, backend, store, _dir: dir }
+    Harness { runner, inputs, backend, store, _dir: dir }
 }
 
 impl Harness {
@@ -149,8 +150,13 @@ impl Harness {
     /// Run `run` reports `iteration` with `loss` (and a checkpoint named
     /// after it, when asked); returns where the answer arrives.
     fn report(&mut self, run: usize, iteration: u64, loss: f64, checkpoint: bool) -> oneshot::Receiver<Directive> {
+        self.report_watched(run, iteration, loss, checkpoint).0
+    }
+
+    /// [`Harness::report`], and what watches the report's acknowledgement.
+    fn report_watched(&mut self, run: usize, iteration: u64, loss: f64, checkpoint: bool) -> (oneshot::Receiver<Directive>, Acknowledged) {
         let trial = self.trial_of(run);
-        let (reply, rx) = Reply::channel();
+        let (reply, rx, acks) = Reply::watched(iteration);
         let report = Report {
             rank: 0,
             training_iteration: iteration,
@@ -163,7 +169,13 @@ impl Harness {
         };
         let ev = Event { trial_id: trial, kind: EventKind::Report { report, reply } };
         assert_eq!(self.runner.handle(LoopEvent::Trials(vec![ev])).unwrap(), Control::Go);
-        rx
+        (rx, acks)
+    }
+
+    /// Waits for the group commit under way off the loop, and hands its end to the loop.
+    async fn flushed(&mut self) {
+        let (batch, result) = self.inputs.flushed.recv().await.unwrap();
+        assert_eq!(self.runner.handle(LoopEvent::Flushed { batch, result }).unwrap(), Control::Go);
     }
 
     fn exit(&mut self, run: usize, outcome: ExitOutcome) {
@@ -186,25 +198,32 @@ fn answer(rx: &mut oneshot::Receiver<Directive>) -> Directive {
 }
 
 #[tokio::test]
-async fn a_trial_is_answered_once_its_result_is_durable_and_ends_terminated() {
+async fn a_trial_is_answered_at_once_acknowledged_once_durable_and_ends_terminated() {
     let mut h = harness(Options::default());
     assert!(!h.advance());
     assert_eq!(h.launched(), 1);
     let trial = h.trial_of(0);
     assert_eq!(h.status(&trial), TrialStatus::Running);
-    let mut rx = h.report(0, 1, 0.5, false);
-    // Stored, not yet flushed: nobody answers the worker.
-    assert!(rx.try_recv().is_err());
-    assert!(!h.advance());
+    let (mut rx, acks) = h.report_watched(0, 1, 0.5, false);
+    // Stored and decided on: the worker goes on, without waiting for the disk.
     assert_eq!(answer(&mut rx), Directive::Continue);
     assert_eq!(h.store.results(&trial).unwrap().len(), 1);
+    assert_eq!(acks.through(), 0, "not durable yet: not acknowledged");
+    // The group commit runs off the loop; the loop goes on meanwhile.
+    assert!(!h.advance());
+    assert!(h.runner.commits.in_flight());
+    let (mut rx, second) = h.report_watched(0, 2, 0.4, false);
+    assert_eq!(answer(&mut rx), Directive::Continue, "answered while a flush is under way");
+    h.flushed().await;
+    assert_eq!(acks.through(), 1, "acknowledged once durable");
     h.exit(0, ExitOutcome::Completed);
     assert!(h.advance(), "one trial, finished: the sweep is over");
     assert_eq!(h.status(&trial), TrialStatus::Terminated);
     // Its end is shown once durable: with the next flush, or the sweep's last.
     assert_eq!(h.runner.reporter.finished(), (0, 0));
-    h.runner.commit_now().unwrap();
+    h.flushed().await;
     assert_eq!(h.runner.reporter.finished(), (1, 0));
+    assert_eq!(second.through(), 2, "the second result rode on the flush of the trial's end");
 }
 
 #[tokio::test]
@@ -390,10 +409,11 @@ async fn a_failed_run_restarts_while_max_failures_allows() {
 async fn a_report_of_a_trial_not_running_is_told_to_stop() {
     let mut h = harness(Options::default());
     assert!(!h.advance());
-    let (reply, mut rx) = Reply::channel();
+    let (reply, mut rx, mut acks) = Reply::watched(1);
     let report = Report { rank: 0, training_iteration: 1, metrics: Default::default(), checkpoint: None };
     h.runner.handle(LoopEvent::Trials(vec![Event { trial_id: "trial_99999".into(), kind: EventKind::Report { report, reply } }])).unwrap();
     assert_eq!(answer(&mut rx), Directive::Stop);
+    assert!(acks.wait_for(1).await.is_err(), "not stored: never acknowledged");
     assert!(h.store.results("trial_99999").unwrap().is_empty());
 }
 

@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sled::Transactional;
 
 mod segments;
 use segments::{Op, Segment, Segments};
@@ -160,6 +159,12 @@ pub struct TrialRecord {
     /// after a failure).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resizing: bool,
+    /// The decision on one of its results that ends its current run (the
+    /// scheduler's, or `Stop` for its stop criteria), kept from when it is
+    /// made until the run has exited: after a crash in between, the resume
+    /// carries it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided: Option<schedulers::Decision>,
 }
 
 /// One exploit carried out: `trial_id` restarted from `donor`'s checkpoint
@@ -215,6 +220,7 @@ impl TrialRecord {
             num_workers: None,
             resizes: 0,
             resizing: false,
+            decided: None,
         }
     }
 }
@@ -272,6 +278,21 @@ fn segment_size(path: &Path) -> usize {
         .lines()
         .find_map(|l| l.strip_prefix("segment_size: ").and_then(|n| n.trim().parse().ok()))
         .unwrap_or(SEGMENT_BYTES)
+}
+
+/// The searcher's key: its state, and the record of the trial suggested
+/// with it (until a later save).
+#[derive(Serialize)]
+struct SavedSearcher<'a> {
+    searcher_state: &'a Value,
+    created: Option<&'a TrialRecord>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadedSearcher {
+    searcher_state: Value,
+    created: Option<TrialRecord>,
 }
 
 impl Store {
@@ -399,22 +420,50 @@ impl Store {
     }
 
     /// Stores a new trial together with the searcher state after suggesting
-    /// it, atomically: a resumed searcher never re-suggests or skips a trial.
+    /// it, atomically: a resumed searcher never re-suggests or skips a
+    /// trial. One write carries both (the searcher's key holds the new
+    /// record too, [`Store::recover_created`] puts it back after a crash),
+    /// so no multi-key batch forces a log write of its own per trial; the
+    /// trial's own key is written after it.
     pub fn create_trial(&self, trial: &TrialRecord, searcher_state: &Value) -> Result<(), StoreError> {
-        let t = Self::encode(trial);
-        let s = Self::encode(searcher_state);
-        (&self.trials, &self.meta)
-            .transaction(|(trials, meta)| {
-                trials.insert(trial.id.as_bytes(), t.as_slice())?;
-                meta.insert("searcher", s.as_slice())?;
-                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
-            })
-            .map_err(|e| match e {
-                sled::transaction::TransactionError::Storage(source) => StoreError::Sled { path: self.path.clone(), source },
-                sled::transaction::TransactionError::Abort(()) => {
-                    StoreError::Corrupt { path: self.path.clone(), key: trial.id.clone(), message: "transaction aborted".into() }
-                }
-            })
+        let saved = SavedSearcher { searcher_state, created: Some(trial) };
+        self.meta.insert("searcher", Self::encode(&saved)).map_err(self.sled_err())?;
+        self.put_trial(trial)
+    }
+
+    /// Stores the searcher's state.
+    pub fn put_searcher(&self, searcher_state: &Value) -> Result<(), StoreError> {
+        let saved = SavedSearcher { searcher_state, created: None };
+        self.meta.insert("searcher", Self::encode(&saved)).map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// The searcher's latest state, and the trial created with it (if it was).
+    fn saved_searcher(&self) -> Result<Option<(Value, Option<TrialRecord>)>, StoreError> {
+        let Some(bytes) = self.meta.get("searcher").map_err(self.sled_err())? else { return Ok(None) };
+        let value: Value = self.decode(b"searcher", &bytes)?;
+        // Stores written before the record rode along hold the bare state.
+        match serde_json::from_value::<LoadedSearcher>(value.clone()) {
+            Ok(l) => Ok(Some((l.searcher_state, l.created))),
+            Err(_) => Ok(Some((value, None))),
+        }
+    }
+
+    /// The searcher's latest state.
+    pub fn searcher(&self) -> Result<Option<Value>, StoreError> {
+        Ok(self.saved_searcher()?.map(|(state, _)| state))
+    }
+
+    /// After a crash: writes the record of the trial created with the
+    /// searcher's latest state, when the crash came between the two writes.
+    /// True when it did.
+    pub fn recover_created(&self) -> Result<bool, StoreError> {
+        let Some((_, Some(created))) = self.saved_searcher()? else { return Ok(false) };
+        if self.trials.contains_key(created.id.as_bytes()).map_err(self.sled_err())? {
+            return Ok(false);
+        }
+        self.put_trial(&created)?;
+        Ok(true)
     }
 
     /// Writes a trial's record.
@@ -687,6 +736,33 @@ mod tests {
         let grid = crate::ResultGrid::from_store(dir.path(), &store).unwrap();
         let got: Vec<(String, usize)> = grid.iter().map(|t| (t.trial_id.clone(), t.history.len())).collect();
         assert_eq!(got, [("t1".to_string(), 2), ("t2".into(), 3), ("t10".into(), 1)]);
+    }
+
+    #[test]
+    fn a_trial_created_with_the_searchers_state_survives_a_crash_between_the_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let state = serde_json::json!({ "suggested": 1 });
+        let first = TrialRecord::new("t0".into(), 0, serde_json::json!({ "x": 1 }), 0.0);
+        store.create_trial(&first, &state).unwrap();
+        assert_eq!(store.searcher().unwrap(), Some(state));
+        assert!(!store.recover_created().unwrap(), "both writes landed: nothing to do");
+        // The driver died after the searcher's key was written, before the trial's.
+        let second = TrialRecord::new("t1".into(), 1, serde_json::json!({ "x": 2 }), 0.0);
+        let state = serde_json::json!({ "suggested": 2 });
+        let saved = SavedSearcher { searcher_state: &state, created: Some(&second) };
+        store.meta.insert("searcher", Store::encode(&saved)).unwrap();
+        assert_eq!(store.trial("t1").unwrap(), None);
+        assert!(store.recover_created().unwrap());
+        assert_eq!(store.trial("t1").unwrap(), Some(second));
+        assert_eq!(store.searcher().unwrap(), Some(state));
+        // A later save of the state alone; and a store written before the record rode along.
+        store.put_searcher(&serde_json::json!([3])).unwrap();
+        assert_eq!(store.searcher().unwrap(), Some(serde_json::json!([3])));
+        assert!(!store.recover_created().unwrap());
+        store.put_meta("searcher", &serde_json::json!({ "rng": [1, 2] })).unwrap();
+        assert_eq!(store.searcher().unwrap(), Some(serde_json::json!({ "rng": [1, 2] })));
+        assert_eq!(store.trials().unwrap().len(), 2);
     }
 
     #[test]
