@@ -37,6 +37,8 @@ static SWEEP_RSS_KB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the `nestor` binary does.
+    tuner::return_freed_memory_at_once();
     let trials = arg("--trials", 1000);
     let sleep_ms = arg("--sleep-ms", 20);
     let concurrency = arg("--concurrency", 16) as usize;

@@ -2,6 +2,7 @@
 //! result queries, TOML experiment files and the `nestor` command line.
 #![warn(missing_docs)]
 
+mod alloc;
 pub mod cli;
 mod config;
 mod experiment;
@@ -17,6 +18,7 @@ mod tuner;
 
 use std::path::PathBuf;
 
+pub use alloc::return_freed_memory_at_once;
 pub use config::{Algorithm, CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig};
 pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, SearchSection, TrainerSection};
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};

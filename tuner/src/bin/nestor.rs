@@ -6,5 +6,6 @@
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    tuner::return_freed_memory_at_once();
     tuner::cli::main()
 }
