@@ -337,13 +337,21 @@ pub struct WorkerBundle {
     /// CPUs.
     pub cpus: f64,
     /// The GPUs it may use (NVML indices), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<u32>,
     /// Its share of each of `gpus` (1 for whole GPUs).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub gpu_share: f64,
     /// Memory in bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub memory_bytes: f64,
     /// Custom resources.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub custom: BTreeMap<String, f64>,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl WorkerBundle {

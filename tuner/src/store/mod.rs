@@ -77,6 +77,10 @@ pub struct CheckpointRecord {
     pub metrics: Metrics,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 fn rank_0() -> Vec<u32> {
     vec![0]
 }
@@ -113,18 +117,22 @@ pub struct TrialRecord {
     /// Unix time of creation.
     pub created_at: f64,
     /// Unix time of the latest start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<f64>,
     /// Unix time it ended (TERMINATED or ERROR).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<f64>,
     /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// How many times it was restarted (after an interruption or failure).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub restarts: u32,
     /// How many times it resumed after the scheduler paused it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub resumes: u32,
     /// How many of its runs failed (a rank died, exited non-zero or hung).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub failures: u32,
     /// Why its latest failed run failed (it was restarted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,15 +142,17 @@ pub struct TrialRecord {
     /// Training time accumulated over all runs, in seconds.
     pub time_total_s: f64,
     /// Its latest result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_result: Option<TrialResult>,
     /// Its latest committed checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latest_checkpoint: Option<CheckpointRecord>,
     /// The bundles of its latest run, one per rank (CPUs, GPUs, memory, custom).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<trainer::WorkerBundle>,
     /// How many times it took over another trial's checkpoint and explored
     /// config (population-based training).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub exploits: u32,
     /// An exploit decided but not yet carried out: done before it runs
     /// again, also after a crash.
@@ -153,7 +163,7 @@ pub struct TrialRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_workers: Option<u32>,
     /// How many times its number of workers was changed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub resizes: u32,
     /// Stopped to restart with another number of workers (not a restart
     /// after a failure).
