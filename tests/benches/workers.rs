@@ -6,9 +6,10 @@
 //!    gRPC (the aggregated step) with the fixture worker (one report, exit),
 //!    for N = 1, 4, 16;
 //! 2. throughput: 16 single-worker trials reporting as fast as they can
-//!    through the whole Tuner (every result stored in sled and flushed
-//!    before its worker's report returns); and one 16-rank trial doing the
-//!    same (a result per step of all 16 ranks).
+//!    through the whole Tuner (every result stored in sled and decided on
+//!    before its worker's report returns, and flushed in group commits off
+//!    the loop); and one 16-rank trial doing the same (a result per step
+//!    of all 16 ranks).
 //!
 //! ```text
 //! cargo bench -p nestor-tests --bench workers [-- --reps R --steps S]
@@ -137,6 +138,8 @@ fn part(name: &str) -> bool {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the `nestor` binary does.
+    tuner::return_freed_memory_at_once();
     let reps = arg("--reps", 30);
     let steps = arg("--steps", 2000);
     if part("start") {

@@ -99,9 +99,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("trials={trials} sleep={sleep_ms}ms concurrency={concurrency} scheduler={scheduler} ({files})");
     println!("total {elapsed:.3}s, ideal {ideal:.3}s, overhead {:.1}%", (elapsed / ideal - 1.0) * 100.0);
     println!("mean report round trip {:.0} us", REPORT_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / trials as f64 / 1000.0);
+    let oversleep = OVERSLEPT_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / trials as f64 / 1e9;
+    println!("mean oversleep (a trial's 20 ms sleep beyond 20 ms: the OS's timers, not nestor) {:.0} us", oversleep * 1e6);
+    // Each slot runs its trials one after another: their oversleeps add up along it.
+    let os_share = trials.div_ceil(concurrency as u64) as f64 * oversleep;
     println!(
-        "mean oversleep (a trial's 20 ms sleep beyond 20 ms: the OS's timers, not nestor) {:.0} us",
-        OVERSLEPT_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / trials as f64 / 1000.0
+        "of the overhead, the sleeps' own overshoot {:.1}% and the rest (nestor, and the threads' wake-ups) {:.1}%",
+        os_share / ideal * 100.0,
+        (elapsed - ideal - os_share) / ideal * 100.0
     );
     // A slot freed by the k-th trial to end is taken by the (k + concurrency)-th to start.
     let mut starts = starts.lock().map_err(|_| "poisoned")?.clone();

@@ -35,6 +35,8 @@ fn dir_size(path: &std::path::Path) -> u64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the `nestor` binary does.
+    tuner::return_freed_memory_at_once();
     let trials = arg("--trials", 100_000);
     let dir = tempfile::tempdir()?;
     // Curves that fall at a config-dependent rate towards a config-dependent floor.
