@@ -8,6 +8,7 @@
 mod basic;
 pub mod benchmarks;
 mod bohb;
+mod config;
 pub mod conformance;
 mod domain;
 mod error;
@@ -20,6 +21,7 @@ mod types;
 
 pub use basic::BasicVariantGenerator;
 pub use bohb::{Bohb, BohbOptions};
+pub use config::{Algorithm, SearchConfig, SettingError};
 pub use domain::Domain;
 pub use error::{SearchError, SpaceError};
 pub use limiter::ConcurrencyLimiter;

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 pub use trainer::FailureConfig;
 use trainer::{Context, FunctionBackend, ProcessConfig, ScalingConfig, TrainLoop, TrainResult, Trainer};
 
-pub use crate::experiment::Algorithm;
 pub use schedulers::SchedulerConfig;
+use search::Algorithm;
 
 /// What to tune and how: Ray Tune's `TuneConfig`.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use schedulers::SchedulerConfig;
-use search::{Config, Mode, Space};
+use search::{Algorithm, Config, Mode, SearchConfig, Space};
 
 use crate::config::{CheckpointConfig, FailureConfig};
 use trainer::{DistBackend, NodeResources, PlacementStrategy, Resources, ScalingConfig, TorchConfig};
@@ -62,9 +62,9 @@ pub struct ExperimentFile {
     /// `[space]`: the search space.
     #[serde(default)]
     pub space: toml::Table,
-    /// `[search]`.
+    /// `[search]`: the search crate's own settings type.
     #[serde(default)]
-    pub search: SearchSection,
+    pub search: SearchConfig,
     /// `[scheduler]`: `type = "fifo" | "asha" | "hyperband" | "median_stopping"`
     /// and that scheduler's settings.
     #[serde(default)]
@@ -180,62 +180,6 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-/// The search algorithm.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Algorithm {
-    /// Random search (grid axes expanded).
-    #[default]
-    Random,
-    /// Grid search (random axes still sampled, as in Ray).
-    Grid,
-    /// TPE, the tree-structured Parzen estimator (needs experiment.metric and mode).
-    Tpe,
-    /// BOHB: TPE models per budget, with `scheduler.type = "hyperband_bohb"`.
-    Bohb,
-}
-
-/// `[search]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SearchSection {
-    /// `random`, `grid`, `tpe` or `bohb`.
-    #[serde(default)]
-    pub algorithm: Algorithm,
-    /// TPE: random configs before the model takes over (default 10).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n_startup_trials: Option<usize>,
-    /// TPE and BOHB: candidates per suggestion (default 24; BOHB 64).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n_ei_candidates: Option<usize>,
-    /// BOHB: observations a budget's model needs, beyond 2 (default: parameters + 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_points_in_model: Option<usize>,
-    /// BOHB: the share of a budget's observations that fit the good model, in percent (default 15).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_n_percent: Option<f64>,
-    /// BOHB: the share of configs drawn at random (default 1/3).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub random_fraction: Option<f64>,
-    /// BOHB: how much wider the good model's kernels are when drawing candidates (default 3).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bandwidth_factor: Option<f64>,
-    /// TPE: model the parameters jointly (default false).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub multivariate: Option<bool>,
-    /// Configs (possibly partial) to run first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub points_to_evaluate: Vec<toml::Table>,
-    /// Cap on the searcher's live trials (a concurrency limiter).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_concurrent: Option<usize>,
-    /// Run each config this many times (`__trial_index__` 0, 1, ... in its
-    /// config); the searcher learns the mean of the repeats. `num_samples`
-    /// then counts trials, repeats included (as in Ray).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub repeat: Option<usize>,
-}
-
 /// `[trainer]`: a worker command per trial.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -339,21 +283,11 @@ pub struct Resolved {
 }
 
 impl ExperimentFile {
-    /// BOHB's settings from `[search]`, its budget the scheduler's `time_attr`.
-    pub fn bohb_options(&self) -> search::BohbOptions {
-        let s = &self.search;
-        let d = search::BohbOptions::default();
-        let time_attr = match &self.scheduler {
+    /// BOHB's budget: the scheduler's `time_attr`.
+    pub fn bohb_budget(&self) -> String {
+        match &self.scheduler {
             SchedulerConfig::HyperbandBohb(h) | SchedulerConfig::Hyperband(h) => h.time_attr.clone(),
-            _ => d.time_attr.clone(),
-        };
-        search::BohbOptions {
-            time_attr,
-            min_points_in_model: s.min_points_in_model,
-            top_n_percent: s.top_n_percent.unwrap_or(d.top_n_percent),
-            random_fraction: s.random_fraction.unwrap_or(d.random_fraction),
-            num_samples: s.n_ei_candidates.unwrap_or(d.num_samples),
-            bandwidth_factor: s.bandwidth_factor.unwrap_or(d.bandwidth_factor),
+            _ => search::BohbOptions::default().time_attr,
         }
     }
 
@@ -384,6 +318,13 @@ impl ExperimentFile {
 
     /// Checks every part; the error names the key and the rule.
     pub fn resolve(self, origin: &str) -> Result<Resolved, ExperimentError> {
+        self.resolve_with(origin, None)
+    }
+
+    /// [`ExperimentFile::resolve`] with the space already built (in Rust):
+    /// it is checked against the rest of the file and used as it is, not
+    /// read back from the file's `[space]`.
+    pub fn resolve_with(self, origin: &str, space: Option<Space>) -> Result<Resolved, ExperimentError> {
         let invalid = |key: &str, message: String| ExperimentError::Invalid { file: origin.to_string(), key: key.to_string(), message };
         let e = &self.experiment;
         if e.name.is_empty() || e.name.contains('/') || e.name == "." || e.name == ".." {
@@ -457,52 +398,18 @@ impl ExperimentFile {
             return Err(invalid(key, format!("{what}: set checkpoint.frequency (how often, in iterations, trials save one)")));
         }
         let s = &self.search;
-        let tpe_settings = [
-            ("n_startup_trials", s.n_startup_trials.is_some(), Algorithm::Tpe),
-            ("multivariate", s.multivariate.is_some(), Algorithm::Tpe),
-            ("min_points_in_model", s.min_points_in_model.is_some(), Algorithm::Bohb),
-            ("top_n_percent", s.top_n_percent.is_some(), Algorithm::Bohb),
-            ("random_fraction", s.random_fraction.is_some(), Algorithm::Bohb),
-            ("bandwidth_factor", s.bandwidth_factor.is_some(), Algorithm::Bohb),
-        ];
-        for (key, set, of) in tpe_settings {
-            if set && s.algorithm != of {
-                let name = if of == Algorithm::Tpe { "tpe" } else { "bohb" };
-                return Err(invalid(
-                    &format!("search.{key}"),
-                    format!("is a {} setting: set search.algorithm = \"{name}\" or remove it", name.to_uppercase()),
-                ));
-            }
-        }
-        if s.n_ei_candidates.is_some() && !matches!(s.algorithm, Algorithm::Tpe | Algorithm::Bohb) {
-            return Err(invalid("search.n_ei_candidates", "is a TPE and BOHB setting: set search.algorithm = \"tpe\" or remove it".into()));
-        }
-        if let Algorithm::Tpe | Algorithm::Bohb = s.algorithm {
-            let name = if s.algorithm == Algorithm::Tpe { "tpe" } else { "bohb" };
-            if e.metric.is_none() {
-                return Err(invalid("experiment.metric", format!("required by search.algorithm = \"{name}\" (the metric it models)")));
-            }
-            if s.n_ei_candidates == Some(0) {
-                return Err(invalid("search.n_ei_candidates", "must be at least 1".into()));
-            }
-        }
-        if s.algorithm == Algorithm::Bohb {
-            if !matches!(self.scheduler, SchedulerConfig::HyperbandBohb(_) | SchedulerConfig::Hyperband(_)) {
-                return Err(invalid(
-                    "search.algorithm",
-                    format!(
-                        "bohb learns from the budgets of HyperBand's brackets: set scheduler.type = \"hyperband_bohb\" (not \"{}\")",
-                        self.scheduler.name()
-                    ),
-                ));
-            }
-            self.bohb_options().check().map_err(|(key, message)| invalid(&format!("search.{key}"), message))?;
-        }
-        if self.search.repeat == Some(0) {
-            return Err(invalid("search.repeat", "must be at least 1".into()));
-        }
-        if self.search.max_concurrent == Some(0) {
-            return Err(invalid("search.max_concurrent", "must be at least 1".into()));
+        s.check(e.metric.as_deref()).map_err(|err| {
+            let key = if err.key.contains('.') { err.key.clone() } else { format!("search.{}", err.key) };
+            invalid(&key, err.message)
+        })?;
+        if s.algorithm == Algorithm::Bohb && !matches!(self.scheduler, SchedulerConfig::HyperbandBohb(_) | SchedulerConfig::Hyperband(_)) {
+            return Err(invalid(
+                "search.algorithm",
+                format!(
+                    "bohb learns from the budgets of HyperBand's brackets: set scheduler.type = \"hyperband_bohb\" (not \"{}\")",
+                    self.scheduler.name()
+                ),
+            ));
         }
         if let Some(t) = &self.trainer {
             if t.command.is_empty() || t.command[0].is_empty() {
@@ -527,10 +434,12 @@ impl ExperimentFile {
                 return Err(invalid(&format!("stop.{k}"), "threshold must be a number".into()));
             }
         }
-        let space = Space::from_toml(&self.space).map_err(|err| invalid(&format!("space.{}", err.path), err.message))?;
+        let space = match space {
+            Some(space) => space,
+            None => Space::from_toml(&self.space).map_err(|err| invalid(&format!("space.{}", err.path), err.message))?,
+        };
         self.scheduler.check_space(&space).map_err(|err| invalid(&format!("scheduler.{}", err.key), err.message.clone()))?;
-        let points: Vec<Config> =
-            self.search.points_to_evaluate.iter().map(|t| search::toml_to_json(&toml::Value::Table(t.clone()))).collect();
+        let points: Vec<Config> = self.search.points();
         for (i, p) in points.iter().enumerate() {
             space.check_point(p, &format!("search.points_to_evaluate[{i}]")).map_err(|err| invalid(&err.path, err.message))?;
         }

@@ -19,8 +19,8 @@ mod tuner;
 use std::path::PathBuf;
 
 pub use alloc::return_freed_memory_at_once;
-pub use config::{Algorithm, CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig};
-pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, SearchSection, TrainerSection};
+pub use config::{CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig};
+pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, TrainerSection};
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
 pub use schedulers::{
     AshaConfig, AshaType, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, ResourceChangingConfig, TrialStatus,
@@ -29,7 +29,7 @@ pub use schedulers::{
 pub use tuner::Tuner;
 
 /// Re-exports for writing trainables without naming the other crates.
-pub use search::{Domain, Mode, Space, TpeOptions};
+pub use search::{Algorithm, BohbOptions, Domain, Mode, SearchConfig, Space, TpeOptions};
 pub use trainer::{
     Context, DistBackend, NodeResources, PlacementStrategy, ReduceOp, ReportError, Resources, ScalingConfig, TorchConfig, TrainOutput,
     TrainResult, Trainer,

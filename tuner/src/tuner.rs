@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper, TrialView};
-use search::{BasicVariantGenerator, Bohb, ConcurrencyLimiter, Domain, Repeater, Searcher, Space, Tpe, TpeOptions};
+use search::{BasicVariantGenerator, Domain, SearchConfig, Searcher, Space};
 use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, Storage, TrainLoop};
 
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
-use crate::experiment::{Algorithm, ExperimentFile, Resolved, SearchSection, TrainerSection};
+use crate::experiment::{ExperimentFile, Resolved, TrainerSection};
 use crate::journal::Journaled;
 use crate::result_grid::ResultGrid;
 use crate::runner::view;
@@ -108,20 +108,7 @@ impl Tuner {
         e.max_concurrent_trials = c.max_concurrent_trials;
         e.time_budget_s = c.time_budget_s;
         e.seed = c.seed;
-        let mut kept = std::mem::take(&mut self.file.search);
-        if let Some(t) = c.tpe {
-            kept.n_startup_trials = Some(t.n_startup_trials);
-            kept.n_ei_candidates = Some(t.n_ei_candidates);
-            kept.multivariate = Some(t.multivariate);
-        }
-        if let Some(b) = c.bohb {
-            kept.min_points_in_model = b.min_points_in_model;
-            kept.top_n_percent = Some(b.top_n_percent);
-            kept.random_fraction = Some(b.random_fraction);
-            kept.n_ei_candidates = Some(b.num_samples);
-            kept.bandwidth_factor = Some(b.bandwidth_factor);
-        }
-        self.file.search = SearchSection {
+        let mut search = SearchConfig {
             algorithm: c.search,
             points_to_evaluate: c
                 .points_to_evaluate
@@ -133,8 +120,16 @@ impl Tuner {
                 .collect(),
             max_concurrent: c.max_concurrent_search,
             repeat: c.repeat,
-            ..kept
+            // TPE's and BOHB's settings left at None keep what the experiment had.
+            ..std::mem::take(&mut self.file.search)
         };
+        if let Some(t) = &c.tpe {
+            search.set_tpe(t);
+        }
+        if let Some(b) = &c.bohb {
+            search.set_bohb(b);
+        }
+        self.file.search = search;
         self.points = c.points_to_evaluate;
         self.file.scheduler = c.scheduler;
         self
@@ -228,9 +223,10 @@ impl Tuner {
             self.file.experiment.seed = Some(random_seed());
         }
         // Check everything before anything is written: settings made in Rust
-        // get the checks a file gets.
-        self.file.clone().resolve(&self.origin)?;
-        let file = &self.file;
+        // get the checks a file gets, and the sweep runs what was checked
+        // (a Rust space as it was built, not read back from its TOML).
+        let Resolved { file, space: checked_space, .. } = self.file.clone().resolve_with(&self.origin, Some(self.space.clone()))?;
+        let file = &file;
         let seed = file.experiment.seed.unwrap_or(0);
         let trainable = match (self.trainable.take(), &file.trainer) {
             (Some(t), _) => t,
@@ -239,7 +235,7 @@ impl Tuner {
         };
         // A curves file with no space of the experiment's own: the space is a choice of its configs.
         let arms = match &trainable.kind {
-            Kind::Simulated(curves) if self.space.is_empty() => curves.configs(),
+            Kind::Simulated(curves) if checked_space.is_empty() => curves.configs(),
             _ => None,
         };
         let space = match &arms {
@@ -247,43 +243,18 @@ impl Tuner {
                 .param(ArmSearcher::<BasicVariantGenerator>::PARAM, Domain::choice(0..configs.len() as u64))
                 .build()
                 .map_err(search::SearchError::from)?,
-            None => self.space.clone(),
+            None => checked_space,
         };
-        let basic: Box<dyn Searcher> = match file.search.algorithm {
-            Algorithm::Tpe => {
-                let defaults = TpeOptions::default();
-                let options = TpeOptions {
-                    n_startup_trials: file.search.n_startup_trials.unwrap_or(defaults.n_startup_trials),
-                    n_ei_candidates: file.search.n_ei_candidates.unwrap_or(defaults.n_ei_candidates),
-                    multivariate: file.search.multivariate.unwrap_or(defaults.multivariate),
-                };
-                let metric = file.experiment.metric.clone().unwrap_or_default();
-                let mode = file.experiment.mode.unwrap_or_default();
-                Box::new(Tpe::new(space, metric, mode, seed, options).with_points(self.points.clone())?)
-            }
-            Algorithm::Bohb => {
-                let metric = file.experiment.metric.clone().unwrap_or_default();
-                let mode = file.experiment.mode.unwrap_or_default();
-                Box::new(Bohb::new(space, metric, mode, seed, file.bohb_options()).with_points(self.points.clone())?)
-            }
-            Algorithm::Random | Algorithm::Grid => {
-                // With repeats, num_samples counts trials (as in Ray): fewer configs.
-                let configs = file.experiment.num_samples.div_ceil(file.search.repeat.unwrap_or(1).max(1) as u64);
-                Box::new(BasicVariantGenerator::new(space, configs, seed).with_points(self.points.clone())?)
-            }
-        };
+        let e = &file.experiment;
+        let basic =
+            file.search.searcher(space, e.metric.as_deref(), e.mode, seed, e.num_samples, self.points.clone(), &file.bohb_budget())?;
         let basic: Box<dyn Searcher> = match arms {
             Some(configs) => Box::new(ArmSearcher::new(basic, configs)),
             None => basic,
         };
-        let basic: Box<dyn Searcher> = match file.search.repeat {
-            Some(n) if n > 1 => Box::new(Repeater::new(basic, n)),
-            _ => basic,
-        };
-        let mut searcher: Box<dyn Searcher> = match (self.custom_searcher.take(), file.search.max_concurrent) {
-            (Some(custom), _) => custom,
-            (None, Some(n)) => Box::new(ConcurrencyLimiter::new(basic, n)),
-            (None, None) => basic,
+        let mut searcher: Box<dyn Searcher> = match self.custom_searcher.take() {
+            Some(custom) => custom,
+            None => file.search.around(basic),
         };
         let scheduler: Box<dyn Scheduler> = match self.custom_scheduler.take() {
             Some(custom) => custom,
