@@ -10,7 +10,7 @@ use schedulers::SchedulerConfig;
 use search::{Algorithm, Config, Mode, SearchConfig, Space};
 
 use crate::config::{CheckpointConfig, FailureConfig};
-use trainer::{DistBackend, NodeResources, PlacementStrategy, Resources, ScalingConfig, TorchConfig};
+use trainer::{NodeResources, TrainerConfig};
 
 /// Errors in an experiment file or its overrides. Each names the file and the
 /// key (with line and column where the TOML parser gives them).
@@ -72,9 +72,9 @@ pub struct ExperimentFile {
     /// `[stop]`: Ray's dict form, metric -> threshold (stop when `>=`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stop: BTreeMap<String, f64>,
-    /// `[trainer]`: how trials run.
+    /// `[trainer]`: how trials run (the trainer crate's own settings type).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trainer: Option<TrainerSection>,
+    pub trainer: Option<TrainerConfig>,
     /// `[resources]`: the node's resources, declared (`CPU = 16, GPU = 8`,
     /// `memory` in bytes, custom names); what is not declared is detected.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -178,95 +178,6 @@ fn is_true(b: &bool) -> bool {
 
 fn is_false(b: &bool) -> bool {
     !*b
-}
-
-/// `[trainer]`: a worker command per trial.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TrainerSection {
-    /// Program and arguments, e.g. `["python", "train.py"]`.
-    pub command: Vec<String>,
-    /// Extra environment variables for the workers.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
-    /// Working directory of the workers (default: where nestor runs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub working_dir: Option<PathBuf>,
-    /// Seconds between SIGTERM and SIGKILL when a trial is stopped.
-    #[serde(default = "default_grace")]
-    pub grace_period_s: f64,
-    /// Data-parallel workers (processes) per trial.
-    #[serde(default = "one_u32")]
-    pub num_workers: u32,
-    /// Give each worker a GPU (unless `resources_per_worker` says otherwise).
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub use_gpu: bool,
-    /// What each worker needs: `{ CPU = 2, GPU = 0.5, memory = ..., custom = n }`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources_per_worker: Option<Resources>,
-    /// `PACK` (default), `SPREAD`, `STRICT_PACK` or `STRICT_SPREAD`.
-    #[serde(default)]
-    pub placement_strategy: PlacementStrategy,
-    /// Reserved per trial beside its workers.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub trainer_resources: Resources,
-    /// Collective backend for PyTorch workers: `gloo` or `nccl` (default: nccl with use_gpu).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<DistBackend>,
-    /// Seconds a collective may wait before it fails.
-    #[serde(default = "default_collective_timeout")]
-    pub collective_timeout_s: f64,
-    /// Where the report server listens (default: loopback, a free port).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub report_bind: Option<std::net::SocketAddr>,
-}
-
-fn default_grace() -> f64 {
-    5.0
-}
-
-fn one_u32() -> u32 {
-    1
-}
-
-fn default_collective_timeout() -> f64 {
-    TorchConfig::default().timeout_s
-}
-
-impl TrainerSection {
-    /// A section running `command` with one worker and every default.
-    pub fn new(command: Vec<String>) -> Self {
-        Self {
-            command,
-            env: BTreeMap::new(),
-            working_dir: None,
-            grace_period_s: default_grace(),
-            num_workers: 1,
-            use_gpu: false,
-            resources_per_worker: None,
-            placement_strategy: PlacementStrategy::Pack,
-            trainer_resources: Resources::new(),
-            backend: None,
-            collective_timeout_s: default_collective_timeout(),
-            report_bind: None,
-        }
-    }
-
-    /// Its scaling keys as a `ScalingConfig`.
-    pub fn scaling(&self) -> ScalingConfig {
-        ScalingConfig {
-            num_workers: self.num_workers,
-            use_gpu: self.use_gpu,
-            resources_per_worker: self.resources_per_worker.clone(),
-            placement_strategy: self.placement_strategy,
-            trainer_resources: self.trainer_resources.clone(),
-        }
-    }
-
-    /// Its backend keys as a `TorchConfig`.
-    pub fn torch(&self) -> TorchConfig {
-        TorchConfig { backend: self.backend, timeout_s: self.collective_timeout_s }
-    }
 }
 
 /// An experiment file whose every part has been checked.
@@ -412,16 +323,7 @@ impl ExperimentFile {
             ));
         }
         if let Some(t) = &self.trainer {
-            if t.command.is_empty() || t.command[0].is_empty() {
-                return Err(invalid("trainer.command", "must name a program, e.g. [\"python\", \"train.py\"]".into()));
-            }
-            if !(t.grace_period_s >= 0.0 && t.grace_period_s.is_finite()) {
-                return Err(invalid("trainer.grace_period_s", format!("must be >= 0, got {}", t.grace_period_s)));
-            }
-            if !(t.collective_timeout_s > 0.0 && t.collective_timeout_s.is_finite()) {
-                return Err(invalid("trainer.collective_timeout_s", format!("must be > 0, got {}", t.collective_timeout_s)));
-            }
-            t.scaling().validate().map_err(|e| invalid(&format!("trainer.{}", e.key), e.message))?;
+            t.check().map_err(|e| invalid(&format!("trainer.{}", e.key), e.message))?;
         }
         if !self.resources.is_empty() {
             NodeResources::from_declared(&self.resources).map_err(|e| match e {

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 pub use alloc::return_freed_memory_at_once;
 pub use config::{CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig};
-pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved, TrainerSection};
+pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved};
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
 pub use schedulers::{
     AshaConfig, AshaType, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, ResourceChangingConfig, TrialStatus,
@@ -32,7 +32,7 @@ pub use tuner::Tuner;
 pub use search::{Algorithm, BohbOptions, Domain, Mode, SearchConfig, Space, TpeOptions};
 pub use trainer::{
     Context, DistBackend, NodeResources, PlacementStrategy, ReduceOp, ReportError, Resources, ScalingConfig, TorchConfig, TrainOutput,
-    TrainResult, Trainer,
+    TrainResult, Trainer, TrainerConfig,
 };
 
 /// Errors of running or restoring a sweep.

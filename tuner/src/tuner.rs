@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper, TrialView};
 use search::{BasicVariantGenerator, Domain, SearchConfig, Searcher, Space};
-use trainer::{Backend, NodeResources, ProcessBackend, ProcessConfig, Request, ResourcePool, Storage, TrainLoop};
+use trainer::{Backend, NodeResources, ProcessBackend, Request, ResourcePool, Storage, TrainLoop};
 
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
-use crate::experiment::{ExperimentFile, Resolved, TrainerSection};
+use crate::experiment::{ExperimentFile, Resolved};
 use crate::journal::Journaled;
 use crate::result_grid::ResultGrid;
 use crate::runner::view;
@@ -230,7 +230,16 @@ impl Tuner {
         let seed = file.experiment.seed.unwrap_or(0);
         let trainable = match (self.trainable.take(), &file.trainer) {
             (Some(t), _) => t,
-            (None, Some(t)) => Trainable::process(process_config(t, &self.origin)?).scaling(t.scaling()),
+            (None, Some(t)) => {
+                let config = t.process_config().map_err(|e| {
+                    TuneError::Experiment(crate::ExperimentError::Invalid {
+                        file: self.origin.clone(),
+                        key: format!("trainer.{}", e.key),
+                        message: e.message,
+                    })
+                })?;
+                Trainable::process(config).scaling(t.scaling())
+            }
             (None, None) => return Err(TuneError::NoTrainer),
         };
         // A curves file with no space of the experiment's own: the space is a choice of its configs.
@@ -581,39 +590,6 @@ async fn collect_garbage(store: &Store, storage: &Storage) -> Result<(), TuneErr
     });
     futures_util::stream::iter(sweeps).buffer_unordered(16).try_collect::<Vec<()>>().await?;
     Ok(())
-}
-
-fn process_config(t: &TrainerSection, origin: &str) -> Result<ProcessConfig, TuneError> {
-    let invalid = |key: &str, message: String| {
-        TuneError::Experiment(crate::ExperimentError::Invalid { file: origin.into(), key: key.into(), message })
-    };
-    if let Some(dir) = &t.working_dir {
-        if !dir.is_dir() {
-            return Err(invalid("trainer.working_dir", format!("{} is not a directory", dir.display())));
-        }
-    }
-    // Refuse a program that cannot start before the first trial, not once per trial.
-    let program = Path::new(&t.command[0]);
-    let found = if program.components().count() > 1 {
-        t.working_dir.as_deref().unwrap_or(Path::new(".")).join(program).is_file()
-    } else {
-        std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
-    };
-    if !found {
-        return Err(invalid(
-            "trainer.command",
-            format!("program {:?} not found (relative paths are from the working directory)", t.command[0]),
-        ));
-    }
-    let mut c = ProcessConfig::new(t.command.clone());
-    c.env = t.env.clone();
-    c.working_dir = t.working_dir.clone();
-    c.grace_period = Duration::from_secs_f64(t.grace_period_s);
-    c.torch = t.torch();
-    if let Some(bind) = t.report_bind {
-        c.report_bind = bind;
-    }
-    Ok(c)
 }
 
 fn random_seed() -> u64 {
