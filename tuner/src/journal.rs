@@ -809,6 +809,32 @@ mod tests {
         }
     }
 
+    /// A call reaches the journal file only once the loop has released it
+    /// (after storing what it led to) and a flush has run; a snapshot
+    /// releases the calls it covers first.
+    #[test]
+    fn calls_wait_for_their_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let mut j = Journaled::new(build(0), &store, true);
+        let config = json!({ "x": 0.5 });
+        let t = TrialView { id: "t0", config: &config, status: TrialStatus::Running, num_results: 0, num_workers: 1 };
+        let records = |store: &Store| store.latest_journal().unwrap().map_or(0, |(_, records)| records.len());
+        store.flush().unwrap();
+        let before = records(&store);
+        j.on_trial_add(&t).unwrap();
+        store.flush().unwrap();
+        assert_eq!(records(&store), before, "held: not written by a flush before its release");
+        j.release();
+        store.flush().unwrap();
+        assert_eq!(records(&store), before + 1);
+        j.on_trial_error(&t).unwrap();
+        j.write_snapshot();
+        store.flush().unwrap();
+        let resumed = Journaled::resume(build(0), &store, true).unwrap();
+        assert!(!resumed.is_live("t0"), "the snapshot holds the call it released");
+    }
+
     /// The journal is pruned once a snapshot is durable: a long sweep keeps
     /// a journal of bounded length.
     #[test]

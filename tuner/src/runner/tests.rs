@@ -271,7 +271,13 @@ async fn a_pause_before_the_end_pauses_and_the_trial_resumes() {
     let mut rx = h.report(0, 1, 0.5, true);
     assert!(!h.advance());
     assert_eq!(answer(&mut rx), Directive::Stop);
+    // Until its run exits, its record keeps the decision (a crash now leaves it for the resume).
+    let trial = h.trial_of(0);
+    let stored = h.store.trial(&trial).unwrap().unwrap();
+    assert_eq!((stored.status, stored.decided), (TrialStatus::Running, Some(Decision::Pause)));
     h.exit(0, ExitOutcome::Stopped);
+    let stored = h.store.trial(&trial).unwrap().unwrap();
+    assert_eq!((stored.status, stored.decided), (TrialStatus::Paused, None), "carried out by the exit");
     // Nothing else can start: the default choice resumes it, from its checkpoint.
     assert!(!h.advance());
     assert_eq!(h.launched(), 2);
