@@ -380,7 +380,9 @@ impl Context {
     }
 
     /// Waits until every step this worker has reported is durable in the
-    /// driver's result store, and returns the last one. Nothing needs it to
+    /// driver's result store, and returns how far its steps are
+    /// acknowledged (its last step, unless a refused report ended its
+    /// stream before the driver could say). Nothing needs it to
     /// end a trial (the driver records a trial's end only after its
     /// results); it is for code that must know, such as a step that deletes
     /// its own copy of something once the driver holds it.
@@ -393,16 +395,16 @@ impl Context {
                     .map_err(|e| ReportError::Transport(e.to_string()))?;
             }
             Transport::Grpc { rt, session, .. } => {
+                // No stream open (a refusal ended it, or it was synced already): what was heard is all there is.
+                let Some(s) = session.take() else { return Ok(self.acknowledged) };
                 // Closing our side: the driver ends the stream once all of it is durable.
-                if let Some(s) = session.take() {
-                    let Session { requests, mut replies } = *s;
-                    drop(requests);
-                    loop {
-                        match rt.block_on(replies.message()) {
-                            Ok(Some(_)) => {}
-                            Ok(None) => break,
-                            Err(status) => return Err(status_error(&status)),
-                        }
+                let Session { requests, mut replies } = *s;
+                drop(requests);
+                loop {
+                    match rt.block_on(replies.message()) {
+                        Ok(Some(_)) => {}
+                        Ok(None) => break,
+                        Err(status) => return Err(status_error(&status)),
                     }
                 }
             }
