@@ -34,6 +34,11 @@ impl Watermark {
         Arc::new(Self(watch::Sender::new(Mark { through: start, lost: None })))
     }
 
+    /// Every step up to this iteration is durable.
+    pub(crate) fn through(&self) -> u64 {
+        self.0.borrow().through
+    }
+
     /// Watches the mark.
     pub(crate) fn watch(&self) -> Acknowledged {
         Acknowledged(self.0.subscribe())

@@ -97,6 +97,11 @@ impl Aggregator {
         self.acks.watch()
     }
 
+    /// How far the run's steps are acknowledged now.
+    pub(crate) fn acknowledged_through(&self) -> u64 {
+        self.acks.through()
+    }
+
     /// `rank` reports `iteration`; the receiver gets the driver's decision
     /// once the step is complete and decided on.
     pub(crate) fn arrive(

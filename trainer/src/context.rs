@@ -338,7 +338,6 @@ impl Context {
                 })?;
                 self.last_iteration = Some(iteration);
                 let directive = rx.blocking_recv().unwrap_or(Directive::Stop);
-                self.acknowledged = group.intake.aggregator().acknowledged().through();
                 if *group.stop.borrow() > StopLevel::Run {
                     Directive::Stop
                 } else {
@@ -374,7 +373,7 @@ impl Context {
     /// it trails the steps reported by about one group commit.
     pub fn acknowledged_iteration(&self) -> u64 {
         match &self.transport {
-            Transport::InProcess(group) => group.intake.aggregator().acknowledged().through().max(self.acknowledged),
+            Transport::InProcess(group) => group.intake.aggregator().acknowledged_through().max(self.acknowledged),
             Transport::Grpc { .. } => self.acknowledged,
         }
     }

@@ -415,12 +415,7 @@ impl Runner {
                     self.finish_flush(flushed)?;
                 }
             }
-            LoopEvent::EndsDue => {
-                self.scheduler.release();
-                if let Some(flushed) = self.commits.start(true) {
-                    self.finish_flush(flushed)?;
-                }
-            }
+            LoopEvent::EndsDue => self.start_commit(true)?,
             LoopEvent::Trials(events) => {
                 for ev in events {
                     let span = tracing::debug_span!("trial", trial = %ev.trial_id);
@@ -454,12 +449,8 @@ impl Runner {
             }
             self.admit()?;
             // Group commit for the burst just handled; after admitting, so a
-            // freed slot is refilled without waiting for the flush. The
-            // scheduler's calls go with it: what they led to is stored.
-            self.scheduler.release();
-            if let Some(flushed) = self.commits.start(false) {
-                self.finish_flush(flushed)?;
-            }
+            // freed slot is refilled without waiting for the flush.
+            self.start_commit(false)?;
             self.reporter.flush();
             let idle = self.trials.running.is_empty() && self.restores.len() == 0;
             if !idle {
@@ -810,6 +801,17 @@ impl Runner {
         }
         self.scheduler.maintain();
         Ok(())
+    }
+
+    /// Starts the group commit of what is stored (`force`: trial ends
+    /// alone too). The scheduler's calls go with it: what they led to is
+    /// stored by now.
+    fn start_commit(&mut self, force: bool) -> Result<(), TuneError> {
+        self.scheduler.release();
+        match self.commits.start(force) {
+            Some(flushed) => self.finish_flush(flushed),
+            None => Ok(()),
+        }
     }
 
     /// Makes everything stored so far durable and acts on it, now.

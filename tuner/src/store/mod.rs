@@ -451,11 +451,10 @@ impl Store {
     /// The searcher's latest state, and the trial created with it (if it was).
     fn saved_searcher(&self) -> Result<Option<(Value, Option<TrialRecord>)>, StoreError> {
         let Some(bytes) = self.meta.get("searcher").map_err(self.sled_err())? else { return Ok(None) };
-        let value: Value = self.decode(b"searcher", &bytes)?;
-        // Stores written before the record rode along hold the bare state.
-        match serde_json::from_value::<LoadedSearcher>(value.clone()) {
+        match serde_json::from_slice::<LoadedSearcher>(&bytes) {
             Ok(l) => Ok(Some((l.searcher_state, l.created))),
-            Err(_) => Ok(Some((value, None))),
+            // Stores written before the record rode along hold the bare state.
+            Err(_) => Ok(Some((self.decode(b"searcher", &bytes)?, None))),
         }
     }
 
