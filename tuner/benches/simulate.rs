@@ -61,10 +61,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
     )?;
     let started = Instant::now();
-    let resolved = ExperimentFile::load(&sweep, &[])?;
+    let experiment = ExperimentFile::read(&sweep, &[])?;
     let curves = Curves::from_jsonl(&curves_path, "loss")?;
     let loaded = started.elapsed().as_secs_f64();
-    let tuner = Tuner::from_file(resolved, Some(Trainable::simulated(curves))).progress(ProgressMode::Quiet);
+    let tuner = Tuner::from_file(experiment, sweep.display().to_string(), Some(Trainable::simulated(curves))).progress(ProgressMode::Quiet);
     let exp = tuner.experiment_dir();
     let sweep_started = Instant::now();
     let grid = tuner.fit()?;

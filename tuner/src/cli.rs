@@ -191,8 +191,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             if let Some(s) = storage {
                 sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
             }
-            let resolved = ExperimentFile::load(&file, &sets).map_err(TuneError::from)?;
-            let tuner = Tuner::from_file(resolved, None).progress(progress(plain));
+            let experiment = ExperimentFile::read(&file, &sets).map_err(TuneError::from)?;
+            let tuner = Tuner::from_file(experiment, file.display().to_string(), None).progress(progress(plain));
             let dir = tuner.experiment_dir();
             let grid = tuner.fit()?;
             print_summary(&grid, &dir)
@@ -205,8 +205,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             if let Some(w) = workers {
                 sets.push(format!("experiment.max_concurrent_trials={w}"));
             }
-            let resolved = ExperimentFile::load(&file, &sets).map_err(TuneError::from)?;
-            let Some(metric) = resolved.file.experiment.metric.clone() else {
+            let experiment = ExperimentFile::read(&file, &sets).map_err(TuneError::from)?;
+            let Some(metric) = experiment.experiment.metric.clone() else {
                 return Err(Failure {
                     code: 2,
                     message: format!("{}: experiment.metric: required to simulate (the curves' values are that metric)", file.display()),
@@ -214,11 +214,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             };
             let curves = crate::simulate::Curves::from_jsonl(&curves, metric).map_err(|e| Failure { code: 2, message: e.to_string() })?;
             let started = std::time::Instant::now();
-            let tuner = Tuner::from_file(resolved, Some(crate::Trainable::simulated(curves))).progress(if plain {
-                ProgressMode::Plain
-            } else {
-                ProgressMode::Quiet
-            });
+            let tuner = Tuner::from_file(experiment, file.display().to_string(), Some(crate::Trainable::simulated(curves)))
+                .progress(if plain { ProgressMode::Plain } else { ProgressMode::Quiet });
             let dir = tuner.experiment_dir();
             let grid = tuner.fit()?;
             print_summary(&grid, &dir)?;

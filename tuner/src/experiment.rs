@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use schedulers::SchedulerConfig;
+use schedulers::{Scheduler, SchedulerConfig};
 use search::{Algorithm, Config, Mode, SearchConfig, Space};
 
 use crate::config::{CheckpointConfig, FailureConfig};
@@ -180,8 +180,8 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-/// An experiment file whose every part has been checked.
-#[derive(Debug, Clone)]
+/// An experiment whose every part has been checked, built once: what a
+/// sweep runs.
 pub struct Resolved {
     /// Where it came from (a file name), for error messages.
     pub origin: String,
@@ -191,6 +191,19 @@ pub struct Resolved {
     pub space: Space,
     /// Its points to evaluate, as JSON.
     pub points: Vec<Config>,
+    /// Its scheduler, built from `[scheduler]` (seeded by the experiment's
+    /// seed where the section sets none).
+    pub scheduler: Box<dyn Scheduler>,
+}
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved")
+            .field("origin", &self.origin)
+            .field("file", &self.file)
+            .field("space", &self.space)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ExperimentFile {
@@ -204,27 +217,37 @@ impl ExperimentFile {
 
     /// Reads, overrides (`--set key=value`) and checks an experiment file.
     pub fn load(path: &Path, sets: &[String]) -> Result<Resolved, ExperimentError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Read { path: path.to_path_buf(), source })?;
-        Self::parse(&text, &path.display().to_string(), sets)
+        Self::read(path, sets)?.resolve(&path.display().to_string())
     }
 
     /// Parses TOML text (`origin` names it in errors), applies overrides, checks.
     pub fn parse(text: &str, origin: &str, sets: &[String]) -> Result<Resolved, ExperimentError> {
+        Self::from_toml(text, origin, sets)?.resolve(origin)
+    }
+
+    /// Reads an experiment file and applies overrides (`--set key=value`):
+    /// its syntax, keys and types are checked, its rules not yet (that is
+    /// [`ExperimentFile::resolve`], which a sweep runs once, at its start).
+    pub fn read(path: &Path, sets: &[String]) -> Result<ExperimentFile, ExperimentError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Read { path: path.to_path_buf(), source })?;
+        Self::from_toml(&text, &path.display().to_string(), sets)
+    }
+
+    /// [`ExperimentFile::read`] from TOML text (`origin` names it in errors).
+    pub fn from_toml(text: &str, origin: &str, sets: &[String]) -> Result<ExperimentFile, ExperimentError> {
         let parse_err = |file: &str, e: toml::de::Error| ExperimentError::Parse { file: file.to_string(), message: one_line(&e, None) };
         let file: ExperimentFile =
             toml::from_str(text).map_err(|e| ExperimentError::Parse { file: origin.to_string(), message: one_line(&e, Some(text)) })?;
-        let file = if sets.is_empty() {
-            file
-        } else {
-            let mut table: toml::Table =
-                text.parse().map_err(|e| ExperimentError::Parse { file: origin.to_string(), message: one_line(&e, Some(text)) })?;
-            for arg in sets {
-                apply_set(&mut table, arg)?;
-            }
-            let joined = sets.iter().map(|s| format!("--set {s}")).collect::<Vec<_>>().join(" ");
-            ExperimentFile::deserialize(table).map_err(|e| parse_err(&joined, e))?
-        };
-        file.resolve(origin)
+        if sets.is_empty() {
+            return Ok(file);
+        }
+        let mut table: toml::Table =
+            text.parse().map_err(|e| ExperimentError::Parse { file: origin.to_string(), message: one_line(&e, Some(text)) })?;
+        for arg in sets {
+            apply_set(&mut table, arg)?;
+        }
+        let joined = sets.iter().map(|s| format!("--set {s}")).collect::<Vec<_>>().join(" ");
+        ExperimentFile::deserialize(table).map_err(|e| parse_err(&joined, e))
     }
 
     /// Checks every part; the error names the key and the rule.
@@ -286,8 +309,13 @@ impl ExperimentFile {
         if c.frequency == Some(0) {
             return Err(invalid("checkpoint.frequency", "must be at least 1 (leave it out when trials checkpoint as they choose)".into()));
         }
-        // The scheduler is built (and so checked) here, to refuse it before anything is written.
-        self.scheduler.build(e.metric.as_deref(), e.mode).map_err(|err| invalid(&format!("scheduler.{}", err.key), err.message.clone()))?;
+        // The scheduler is built (and so checked) here, once, to refuse it before anything is written.
+        let scheduler = self
+            .scheduler
+            .clone()
+            .with_default_seed(e.seed)
+            .build(e.metric.as_deref(), e.mode)
+            .map_err(|err| invalid(&format!("scheduler.{}", err.key), err.message.clone()))?;
         if self.scheduler.pauses_trials() && c.frequency.is_none() {
             let what = match &self.scheduler {
                 SchedulerConfig::Asha(_) => "asha_type = \"promotion\" pauses trials and resumes them from their checkpoints",
@@ -345,7 +373,7 @@ impl ExperimentFile {
         for (i, p) in points.iter().enumerate() {
             space.check_point(p, &format!("search.points_to_evaluate[{i}]")).map_err(|err| invalid(&err.path, err.message))?;
         }
-        Ok(Resolved { origin: origin.to_string(), file: self, space, points })
+        Ok(Resolved { origin: origin.to_string(), file: self, space, points, scheduler })
     }
 
     /// The file as TOML text (what `experiment.toml` and the store keep).

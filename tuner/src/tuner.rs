@@ -44,8 +44,10 @@ use crate::TuneError;
 pub struct Tuner {
     trainable: Option<Trainable>,
     file: ExperimentFile,
-    space: Space,
-    points: Vec<search::Config>,
+    /// A space built in Rust (used as built); else the file's `[space]`.
+    space: Option<Space>,
+    /// Points set in Rust (as JSON); else the file's.
+    points: Option<Vec<search::Config>>,
     custom_stop: Option<Box<dyn Stopper>>,
     progress: ProgressMode,
     restore_dir: Option<PathBuf>,
@@ -68,8 +70,8 @@ impl Tuner {
         Self {
             trainable: Some(trainable),
             file,
-            space,
-            points: Vec::new(),
+            space: Some(space),
+            points: None,
             custom_stop: None,
             progress: ProgressMode::Auto,
             restore_dir: None,
@@ -80,18 +82,20 @@ impl Tuner {
         }
     }
 
-    /// A sweep from a checked experiment file; its `[trainer]` says what runs,
-    /// unless `trainable` is given.
-    pub fn from_file(resolved: Resolved, trainable: Option<Trainable>) -> Self {
+    /// A sweep from an experiment file ([`ExperimentFile::read`]; `origin`
+    /// names it in errors); its `[trainer]` says what runs, unless
+    /// `trainable` is given. [`Tuner::fit`] checks it, once, before anything
+    /// is written.
+    pub fn from_file(file: ExperimentFile, origin: impl Into<String>, trainable: Option<Trainable>) -> Self {
         Self {
             trainable,
-            file: resolved.file,
-            space: resolved.space,
-            points: resolved.points,
+            file,
+            space: None,
+            points: None,
             custom_stop: None,
             progress: ProgressMode::Auto,
             restore_dir: None,
-            origin: resolved.origin,
+            origin: origin.into(),
             custom_searcher: None,
             custom_scheduler: None,
             resources: None,
@@ -130,7 +134,7 @@ impl Tuner {
             search.set_bohb(b);
         }
         self.file.search = search;
-        self.points = c.points_to_evaluate;
+        self.points = Some(c.points_to_evaluate);
         self.file.scheduler = c.scheduler;
         self
     }
@@ -203,8 +207,9 @@ impl Tuner {
         let store = Store::open_existing(&dir.join("store"))?;
         let text = store.experiment()?.ok_or_else(|| TuneError::Corrupt(dir.clone(), "the store holds no experiment".into()))?;
         drop(store);
-        let resolved = ExperimentFile::parse(&text, &format!("{}/experiment.toml", dir.display()), &[])?;
-        let mut t = Tuner::from_file(resolved, trainable);
+        let origin = format!("{}/experiment.toml", dir.display());
+        let file = ExperimentFile::from_toml(&text, &origin, &[])?;
+        let mut t = Tuner::from_file(file, origin, trainable);
         t.restore_dir = Some(dir);
         Ok(t)
     }
@@ -225,7 +230,9 @@ impl Tuner {
         // Check everything before anything is written: settings made in Rust
         // get the checks a file gets, and the sweep runs what was checked
         // (a Rust space as it was built, not read back from its TOML).
-        let Resolved { file, space: checked_space, .. } = self.file.clone().resolve_with(&self.origin, Some(self.space.clone()))?;
+        let Resolved { file, space: checked_space, points, scheduler: configured, .. } =
+            self.file.clone().resolve_with(&self.origin, self.space.take())?;
+        let points = self.points.take().unwrap_or(points);
         let file = &file;
         let seed = file.experiment.seed.unwrap_or(0);
         let trainable = match (self.trainable.take(), &file.trainer) {
@@ -255,8 +262,7 @@ impl Tuner {
             None => checked_space,
         };
         let e = &file.experiment;
-        let basic =
-            file.search.searcher(space, e.metric.as_deref(), e.mode, seed, e.num_samples, self.points.clone(), &file.bohb_budget())?;
+        let basic = file.search.searcher(space, e.metric.as_deref(), e.mode, seed, e.num_samples, points, &file.bohb_budget())?;
         let basic: Box<dyn Searcher> = match arms {
             Some(configs) => Box::new(ArmSearcher::new(basic, configs)),
             None => basic,
@@ -265,21 +271,7 @@ impl Tuner {
             Some(custom) => custom,
             None => file.search.around(basic),
         };
-        let scheduler: Box<dyn Scheduler> = match self.custom_scheduler.take() {
-            Some(custom) => custom,
-            None => file
-                .scheduler
-                .clone()
-                .with_default_seed(file.experiment.seed)
-                .build(file.experiment.metric.as_deref(), file.experiment.mode)
-                .map_err(|e| {
-                    TuneError::Experiment(crate::ExperimentError::Invalid {
-                        file: self.origin.clone(),
-                        key: format!("scheduler.{}", e.key),
-                        message: e.message,
-                    })
-                })?,
-        };
+        let scheduler: Box<dyn Scheduler> = self.custom_scheduler.take().unwrap_or(configured);
         trainable.scaling.validate()?;
         let node = match (self.resources.take(), file.resources.is_empty(), &trainable.kind) {
             (Some(node), _, _) => node,

@@ -359,8 +359,8 @@ fn tpe_and_bohb_settings_set_in_rust_survive() {
 
     // A file's settings stay when Rust sets the rest.
     let text = std::fs::read_to_string(dir.path().join("tpe").join("experiment.toml")).unwrap();
-    let resolved = tuner::ExperimentFile::parse(&text, "tpe/experiment.toml", &[]).unwrap();
-    Tuner::from_file(resolved, Some(quadratic()))
+    let file = tuner::ExperimentFile::from_toml(&text, "tpe/experiment.toml", &[]).unwrap();
+    Tuner::from_file(file, "tpe/experiment.toml", Some(quadratic()))
         .tune_config(TuneConfig { search: Algorithm::Tpe, ..tune(2, 2) })
         .run_config(run(dir.path(), "again", Stop::new()))
         .fit()

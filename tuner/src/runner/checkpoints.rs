@@ -2,15 +2,14 @@
 //! commit marker and `num_to_keep` after a commit, and the clean-up of what
 //! a failed run or a crash left uncommitted.
 
+use futures_util::future::{BoxFuture, FutureExt, Shared};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
-
-use futures_util::future::{BoxFuture, FutureExt, Shared};
 use trainer::Storage;
 
-use super::{checkpoint_name, now_unix, Runner};
-use crate::store::TrialRecord;
+use super::{checkpoint_name, now_unix};
+use crate::config::CheckpointConfig;
+use crate::store::{Store, TrialRecord};
 use crate::TuneError;
 
 /// Deletes the checkpoints below `trial` (a trial's storage) whose names are
@@ -33,14 +32,14 @@ pub(crate) async fn remove_uncommitted(trial: &Storage, keep: &HashSet<String>) 
 /// waits for its own (`settled`), so a late deletion or marker never lands
 /// on a checkpoint written anew under the same name.
 #[derive(Default)]
-pub(crate) struct Background {
+struct Background {
     tasks: tokio::task::JoinSet<()>,
     tails: HashMap<String, Shared<BoxFuture<'static, ()>>>,
 }
 
 impl Background {
     /// Queues `work` on `trial`'s files, after its jobs queued so far.
-    pub(crate) fn spawn(&mut self, trial: &str, work: impl Future<Output = ()> + Send + 'static) {
+    fn spawn(&mut self, trial: &str, work: impl Future<Output = ()> + Send + 'static) {
         while self.tasks.try_join_next().is_some() {}
         let before = self.tails.remove(trial).filter(|t| t.peek().is_none());
         let job = async move {
@@ -56,7 +55,7 @@ impl Background {
     }
 
     /// Resolves once every job queued on `trial`'s files so far is done.
-    pub(crate) fn settled(&self, trial: &str) -> impl Future<Output = ()> + Send + 'static {
+    fn settled(&self, trial: &str) -> impl Future<Output = ()> + Send + 'static {
         let tail = self.tails.get(trial).filter(|t| t.peek().is_none()).cloned();
         async move {
             if let Some(tail) = tail {
@@ -66,19 +65,45 @@ impl Background {
     }
 
     /// Waits for every job.
-    pub(crate) async fn drain(&mut self) {
+    async fn drain(&mut self) {
         while self.tasks.join_next().await.is_some() {}
         self.tails.clear();
     }
 }
 
-impl Runner {
+/// The sweep's checkpoint files as the loop handles them: where they
+/// live, the file work queued per trial (commit markers, deletions), the
+/// donor checkpoints pinned while exploits copy them, and `num_to_keep`.
+pub(crate) struct Checkpoints {
+    storage: Storage,
+    /// `num_to_keep` and how checkpoints are ranked.
+    retention: CheckpointConfig,
+    /// Commit markers and deletions under way, per trial; the sweep ends after them.
+    background: Background,
+    /// Donor checkpoints being copied, kept from `num_to_keep` until done.
+    pinned: HashMap<String, usize>,
+}
+
+impl Checkpoints {
+    pub(crate) fn new(storage: Storage, retention: CheckpointConfig) -> Self {
+        Self { storage, retention, background: Background::default(), pinned: HashMap::new() }
+    }
+
+    /// The experiment's storage.
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Where `trial_id`'s checkpoints go.
+    pub(crate) fn of_trial(&self, trial_id: &str) -> Storage {
+        self.storage.join(&format!("trials/{trial_id}"))
+    }
+
     /// The checkpoint a (re)starting trial must fetch from an object store
     /// first (`None`: none, or local); an error when its checkpoint cannot
-    /// serve this trial's number of workers.
-    pub(super) fn checkpoint_to_fetch(&self, record: &TrialRecord) -> Result<Option<String>, String> {
+    /// serve `workers` workers.
+    pub(crate) fn to_fetch(&self, record: &TrialRecord, workers: u32) -> Result<Option<String>, String> {
         let Some(c) = &record.latest_checkpoint else { return Ok(None) };
-        let workers = self.request_for(record).workers.len().max(1) as u32;
         if let Some(need) = c.required_world_size() {
             if need != workers {
                 return Err(format!(
@@ -92,62 +117,89 @@ impl Runner {
         Ok(if self.storage.is_local() { None } else { Some(c.uri.clone()) })
     }
 
-    /// A local checkpoint's directory, found by name in the trial's
-    /// directory (wherever the experiment now is).
-    pub(super) fn local_checkpoint(&self, record: &TrialRecord) -> Option<PathBuf> {
-        let trial_dir = self.trial_dir(&record.id);
-        record.latest_checkpoint.as_ref().map(|c| trial_dir.join(checkpoint_name(&c.uri)))
-    }
-
     /// What `remove_uncommitted` needs for `trial_id`: its storage and the
     /// names of its committed checkpoints.
-    pub(super) fn cleanup(&self, trial_id: &str) -> Result<(Storage, HashSet<String>), TuneError> {
-        let keep = self.store.checkpoints(trial_id)?.iter().map(|c| checkpoint_name(&c.uri).to_string()).collect();
-        Ok((self.storage.join(&format!("trials/{trial_id}")), keep))
+    pub(crate) fn cleanup(&self, store: &Store, trial_id: &str) -> Result<(Storage, HashSet<String>), TuneError> {
+        let keep = store.checkpoints(trial_id)?.iter().map(|c| checkpoint_name(&c.uri).to_string()).collect();
+        Ok((self.of_trial(trial_id), keep))
     }
 
     /// After a checkpoint of `trial_id` is durable: marks it committed for
     /// other tools and applies `num_to_keep` (the records go first, durably;
     /// then the files).
-    pub(super) fn after_commit(&mut self, trial_id: &str, uri: &str, iteration: u64) -> Result<(), TuneError> {
+    pub(crate) fn committed(&mut self, store: &Store, trial_id: &str, uri: &str, iteration: u64) -> Result<(), TuneError> {
         let marker = serde_json::json!({ "trial_id": trial_id, "training_iteration": iteration, "committed_at": now_unix() });
         let (storage, at) = (self.storage.clone(), uri.to_string());
         self.background.spawn(trial_id, async move {
+            tracing::debug!(checkpoint = %at, "writing the commit marker");
             if let Err(e) = storage.mark_committed(&at, marker.to_string().into_bytes()).await {
                 tracing::warn!(checkpoint = %at, error = %e, "could not write the commit marker");
             }
         });
-        self.apply_retention(trial_id)
+        self.apply_retention(store, trial_id)
     }
 
     /// Applies `num_to_keep` to `trial_id`'s committed checkpoints, sparing
-    /// those pinned while an exploit copies them (they go at the next turn).
-    pub(super) fn apply_retention(&mut self, trial_id: &str) -> Result<(), TuneError> {
-        let Some(keep) = self.settings.checkpoint.num_to_keep else { return Ok(()) };
-        let committed = self.store.checkpoints(trial_id)?;
-        let mut doomed = crate::retention::doomed(
-            &committed,
-            keep,
-            self.settings.checkpoint.score_attribute.as_deref(),
-            self.settings.checkpoint.score_order,
-        );
-        doomed.retain(|c| !self.trials.pinned.contains_key(&c.uri));
+    /// those pinned while an exploit copies them (they go when unpinned).
+    pub(crate) fn apply_retention(&mut self, store: &Store, trial_id: &str) -> Result<(), TuneError> {
+        let Some(keep) = self.retention.num_to_keep else { return Ok(()) };
+        let committed = store.checkpoints(trial_id)?;
+        let mut doomed = crate::retention::doomed(&committed, keep, self.retention.score_attribute.as_deref(), self.retention.score_order);
+        doomed.retain(|c| !self.pinned.contains_key(&c.uri));
         if doomed.is_empty() {
             return Ok(());
         }
         for c in &doomed {
-            self.store.remove_checkpoint(trial_id, c.iteration)?;
+            store.remove_checkpoint(trial_id, c.iteration)?;
         }
-        self.store.flush()?;
+        store.flush()?;
         for c in doomed {
             let storage = self.storage.clone();
             self.background.spawn(trial_id, async move {
+                tracing::debug!(checkpoint = %c.uri, "deleting a checkpoint beyond num_to_keep");
                 if let Err(e) = storage.delete_checkpoint(&c.uri).await {
                     tracing::warn!(checkpoint = %c.uri, error = %e, "could not delete a checkpoint beyond num_to_keep");
                 }
             });
         }
         Ok(())
+    }
+
+    /// Whether an exploit is copying `uri`.
+    pub(crate) fn is_pinned(&self, uri: &str) -> bool {
+        self.pinned.contains_key(uri)
+    }
+
+    /// Keeps `uri` from `num_to_keep` while an exploit copies it.
+    pub(crate) fn pin(&mut self, uri: &str) {
+        *self.pinned.entry(uri.to_string()).or_insert(0) += 1;
+    }
+
+    /// A copy of `uri` (a checkpoint of `donor_trial`) is done, failed or
+    /// abandoned: `num_to_keep` applies to it again.
+    pub(crate) fn unpin(&mut self, store: &Store, donor_trial: &str, uri: &str) -> Result<(), TuneError> {
+        if let Some(n) = self.pinned.get_mut(uri) {
+            *n -= 1;
+            if *n == 0 {
+                self.pinned.remove(uri);
+            }
+        }
+        self.apply_retention(store, donor_trial)
+    }
+
+    /// Queues `work` on `trial`'s files, after its jobs queued so far.
+    pub(crate) fn spawn(&mut self, trial: &str, work: impl Future<Output = ()> + Send + 'static) {
+        self.background.spawn(trial, work);
+    }
+
+    /// Resolves once every job queued on `trial`'s files so far is done.
+    pub(crate) fn settled(&self, trial: &str) -> impl Future<Output = ()> + Send + 'static {
+        self.background.settled(trial)
+    }
+
+    /// Waits for every queued job.
+    pub(crate) async fn drain(&mut self) {
+        self.background.drain().await;
     }
 }
 

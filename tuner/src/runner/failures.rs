@@ -43,8 +43,8 @@ impl Runner {
         self.store.put_trial(&rec)?;
         if self.trials.dirty.remove(&rec.id) {
             // Nothing runs it again: what its last run left half written goes now.
-            let (trial, keep) = self.cleanup(&rec.id)?;
-            self.background.spawn(&rec.id, async move {
+            let (trial, keep) = self.checkpoints.cleanup(&self.store, &rec.id)?;
+            self.checkpoints.spawn(&rec.id, async move {
                 if let Err(e) = remove_uncommitted(&trial, &keep).await {
                     tracing::warn!(error = %e, "could not remove uncommitted checkpoints");
                 }

@@ -41,7 +41,9 @@ mod reporter;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use checkpoints::{remove_uncommitted, Background};
+pub(crate) use checkpoints::remove_uncommitted;
+
+use checkpoints::Checkpoints;
 pub(crate) use clock::{now_unix, Clock, WallClock};
 pub(crate) use commits::Durability;
 pub(crate) use exploits::config_change;
@@ -213,8 +215,6 @@ pub(crate) struct Trials {
     /// Trials whose last run failed: their storage may hold a checkpoint
     /// half written, removed before they run again.
     dirty: HashSet<String>,
-    /// Donor checkpoints being copied, kept from `num_to_keep` until done.
-    pinned: HashMap<String, usize>,
 }
 
 /// A trial prepared off the loop before it (re)starts: its uncommitted
@@ -236,7 +236,15 @@ pub(crate) struct Restored {
 struct Restores {
     tasks: JoinSet<Box<Restored>>,
     /// What each task holds, to release it if the task never comes back.
-    held: HashMap<TaskId, (TrialRecord, Allocation)>,
+    held: HashMap<TaskId, Held>,
+}
+
+/// What a restore task holds until it comes back.
+struct Held {
+    record: TrialRecord,
+    allocation: Allocation,
+    /// An exploit's donor trial and its checkpoint, pinned for the copy.
+    pinned: Option<(String, String)>,
 }
 
 impl Restores {
@@ -277,13 +285,12 @@ pub(crate) struct Runner {
     scheduler: Journaled,
     stopper: Box<dyn Stopper>,
     pool: ResourcePool,
-    storage: Storage,
+    /// The checkpoint files: where they go, the file work queued per trial, `num_to_keep`.
+    checkpoints: Checkpoints,
     trials: Trials,
     restores: Restores,
     commits: Commits,
     reporter: Reporter,
-    /// Commit markers and deletions under way, per trial; the sweep ends after them.
-    background: Background,
     phase: Phase,
     events_tx: mpsc::UnboundedSender<Event>,
     /// Tests: the next restore task panics.
@@ -296,6 +303,7 @@ impl Runner {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (commits, flushed) = Commits::new(p.store.clone(), p.settings.durability);
         let trials = Trials { pending: p.pending, paused: p.paused, next_index: p.next_index, ..Default::default() };
+        let checkpoints = Checkpoints::new(p.storage, p.settings.checkpoint.clone());
         let runner = Self {
             settings: p.settings,
             store: p.store,
@@ -305,12 +313,11 @@ impl Runner {
             scheduler: p.scheduler,
             stopper: p.stopper,
             pool: p.pool,
-            storage: p.storage,
+            checkpoints,
             trials,
             restores: Restores::default(),
             commits,
             reporter: p.reporter,
-            background: Background::default(),
             phase: Phase::default(),
             events_tx,
             #[cfg(test)]
@@ -402,8 +409,12 @@ impl Runner {
             }
             LoopEvent::Restored(Err(e)) => {
                 // The task panicked or was cancelled: its trial fails, the sweep goes on.
-                if let Some((record, allocation)) = self.restores.held.remove(&e.id()) {
+                if let Some(Held { record, allocation, pinned }) = self.restores.held.remove(&e.id()) {
                     self.pool.release(&allocation);
+                    if let Some((donor_trial, uri)) = pinned {
+                        // Its exploit is carried out when the trial runs again, copied anew.
+                        self.checkpoints.unpin(&self.store, &donor_trial, &uri)?;
+                    }
                     let why = if e.is_panic() { "panicked" } else { "was cancelled" };
                     let msg = format!("the preparation of its restart {why}: {e}");
                     tracing::error!(trial = %record.id, "{msg}");
@@ -485,7 +496,7 @@ impl Runner {
         self.commit_now()?;
         // A replay syncs here only (a real sweep synced every batch already).
         self.store.flush()?;
-        self.background.drain().await;
+        self.checkpoints.drain().await;
         let (interrupted, fail_fast, first_error) = (self.phase.interrupts > 0, self.settings.fail_fast, self.phase.first_error.take());
         self.reporter.close().await;
         if interrupted {
@@ -595,7 +606,8 @@ impl Runner {
             self.commit_now()?;
         }
         let exploit = self.prepare_exploit(&mut record)?;
-        let fetch = if exploit.is_some() { Ok(None) } else { self.checkpoint_to_fetch(&record) };
+        let workers = self.request_for(&record).workers.len().max(1) as u32;
+        let fetch = if exploit.is_some() { Ok(None) } else { self.checkpoints.to_fetch(&record, workers) };
         let fetch = match fetch {
             Ok(fetch) => fetch,
             Err(msg) => {
@@ -607,11 +619,14 @@ impl Runner {
             let local = self.local_checkpoint(&record);
             return self.launch(record, allocation, local);
         }
-        let cleanup = self.trials.dirty.remove(&record.id).then(|| self.cleanup(&record.id)).transpose()?;
-        let (storage, scratch) = (self.storage.clone(), self.trial_dir(&record.id).join("restore"));
-        let trial_storage = self.storage.join(&format!("trials/{}", record.id));
-        let settled = self.background.settled(&record.id);
-        let held = (record.clone(), allocation.clone());
+        let cleanup = self.trials.dirty.remove(&record.id).then(|| self.checkpoints.cleanup(&self.store, &record.id)).transpose()?;
+        let (storage, scratch) = (self.checkpoints.storage().clone(), self.trial_dir(&record.id).join("restore"));
+        let trial_storage = self.checkpoints.of_trial(&record.id);
+        let settled = self.checkpoints.settled(&record.id);
+        let pinned = exploit
+            .as_ref()
+            .map(|job| (record.pending_exploit.as_ref().map(|e| e.donor.clone()).unwrap_or_default(), job.donor.uri.clone()));
+        let held = Held { record: record.clone(), allocation: allocation.clone(), pinned };
         #[cfg(test)]
         let panics = std::mem::take(&mut self.restore_panics);
         let span = tracing::info_span!("trial", trial = %record.id);
@@ -630,8 +645,10 @@ impl Runner {
                 let mut fetch = fetch;
                 if let Some(job) = &exploit {
                     for uri in &job.replaced {
+                        tracing::debug!(checkpoint = %uri, "deleting a checkpoint an exploit replaces");
                         storage.delete_checkpoint(uri).await.map_err(|e| e.to_string())?;
                     }
+                    tracing::debug!(donor = %job.donor.uri, "copying the donor's checkpoint");
                     let uri = storage
                         .copy_checkpoint(&job.donor.uri, &trial_storage)
                         .await
@@ -666,11 +683,11 @@ impl Runner {
                     let (uri, iteration) = (copy.uri.clone(), copy.iteration);
                     let e = self.finish_exploit(&mut record, &donor, copy)?;
                     if self.settings.durability == Durability::AtEnd {
-                        self.apply_retention(&record.id)?;
+                        self.checkpoints.apply_retention(&self.store, &record.id)?;
                     } else {
                         // The copy is a committed checkpoint like any other: durable, then marked.
                         self.store.flush()?;
-                        self.after_commit(&record.id, &uri, iteration)?;
+                        self.checkpoints.committed(&self.store, &record.id, &uri, iteration)?;
                         self.reporter.report(Output::Params { trial: &record.id, config: &e.config });
                     }
                 }
@@ -683,7 +700,7 @@ impl Runner {
                 (Ok(_), None) => fetched = Err("its exploit's copy went missing".into()),
                 (Err(_), Some(_)) => {}
             }
-            self.unpin(&donor_trial, &donor.uri)?;
+            self.checkpoints.unpin(&self.store, &donor_trial, &donor.uri)?;
         }
         match fetched {
             _ if dropped => {
@@ -738,7 +755,7 @@ impl Runner {
             start_iteration: record.latest_checkpoint.as_ref().map_or(0, |c| c.iteration),
             checkpoint_frequency: self.settings.checkpoint.frequency.unwrap_or(0),
             workers: allocation.workers.clone(),
-            storage: self.storage.join(&format!("trials/{}", record.id)),
+            storage: self.checkpoints.of_trial(&record.id),
             checkpoint_roots: self.settings.checkpoint.allowed_dirs.clone(),
         };
         match self.backend.launch(spec, self.events_tx.clone()) {
@@ -796,7 +813,7 @@ impl Runner {
         for Stored { result, ack } in batch.reports {
             ack.durable();
             if let Some(uri) = &result.checkpoint {
-                self.after_commit(&result.trial_id, uri, result.training_iteration)?;
+                self.checkpoints.committed(&self.store, &result.trial_id, uri, result.training_iteration)?;
             }
         }
         self.scheduler.maintain();
@@ -994,6 +1011,13 @@ impl Runner {
 
     fn trial_dir(&self, id: &str) -> PathBuf {
         self.settings.exp_dir.join("trials").join(id)
+    }
+
+    /// A local checkpoint's directory, found by name in the trial's
+    /// directory (wherever the experiment now is).
+    fn local_checkpoint(&self, record: &TrialRecord) -> Option<PathBuf> {
+        let trial_dir = self.trial_dir(&record.id);
+        record.latest_checkpoint.as_ref().map(|c| trial_dir.join(checkpoint_name(&c.uri)))
     }
 
     /// What `record` asks for: the experiment's request, with as many

@@ -310,10 +310,9 @@ async fn a_resize_that_cannot_restore_its_checkpoint_lets_the_trial_go_on() {
     assert_eq!(launched[1].spec.start_iteration, 2);
 }
 
-#[tokio::test]
-async fn an_exploit_is_carried_out_before_the_recipient_runs_again() {
-    let decisions = Queued::default();
-    let mut h = harness(Options { trials: 2, scheduler: Box::new(decisions.clone()), ..Default::default() });
+/// Two trials; the second reports a checkpoint, the first is told to
+/// exploit it and exits. Returns the recipient, the donor and the donor's checkpoint.
+fn exploit_decided(h: &mut Harness, decisions: &Queued) -> (String, String, std::path::PathBuf) {
     assert!(!h.advance());
     assert_eq!(h.launched(), 2);
     let (a, b) = (h.trial_of(0), h.trial_of(1));
@@ -330,16 +329,54 @@ async fn an_exploit_is_carried_out_before_the_recipient_runs_again() {
         donor: b.clone(),
         checkpoint: donor_ckpt.display().to_string(),
         checkpoint_iteration: 1,
-        config: config.clone(),
+        config,
     })));
     let mut rx = h.report(0, 1, 0.9, true);
     assert!(!h.advance());
     assert_eq!(answer(&mut rx), Directive::Stop);
     h.exit(0, ExitOutcome::Stopped);
+    (a, b, donor_ckpt)
+}
+
+#[tokio::test]
+async fn an_exploit_is_carried_out_before_the_recipient_runs_again() {
+    let decisions = Queued::default();
+    let mut h = harness(Options { trials: 2, scheduler: Box::new(decisions.clone()), ..Default::default() });
+    let (a, _, donor_ckpt) = exploit_decided(&mut h, &decisions);
     let record = h.store.trial(&a).unwrap().unwrap();
     assert!(record.pending_exploit.is_some(), "written into its record before it runs again");
     assert!(!h.advance());
     assert_eq!(h.runner.restores.len(), 1, "the copy runs off the loop");
+    assert!(h.runner.checkpoints.is_pinned(&donor_ckpt.display().to_string()), "num_to_keep spares it meanwhile");
+    let done = h.runner.restores.tasks.join_next_with_id().await.unwrap();
+    assert_eq!(h.runner.handle(LoopEvent::Restored(done)).unwrap(), Control::Go);
+    assert!(!h.runner.checkpoints.is_pinned(&donor_ckpt.display().to_string()));
+    // It runs again from its copy of the donor's checkpoint, with the explored config.
+    assert_eq!(h.launched(), 3);
+    let run = &h.backend.launched.lock().unwrap()[2].spec;
+    assert_eq!(run.trial_id, a);
+    assert_eq!(run.config, serde_json::json!({ "x": 0.25 }));
+    assert_eq!(run.start_iteration, 1);
+    let copy = run.checkpoint.clone().unwrap();
+    assert!(copy.starts_with(h.runner.settings.exp_dir.join("trials").join(&a)), "{}", copy.display());
+    assert_eq!(std::fs::read(copy.join("rank-0").join("w")).unwrap(), b"weights");
+}
+
+#[tokio::test]
+async fn an_exploit_whose_copy_panics_gives_back_its_donors_checkpoint() {
+    let decisions = Queued::default();
+    let mut h = harness(Options { trials: 2, scheduler: Box::new(decisions.clone()), ..Default::default() });
+    let (a, _, donor_ckpt) = exploit_decided(&mut h, &decisions);
+    h.runner.restore_panics = true;
+    assert!(!h.advance());
+    let donor = donor_ckpt.display().to_string();
+    assert!(h.runner.checkpoints.is_pinned(&donor));
+    let done = h.runner.restores.tasks.join_next_with_id().await.unwrap();
+    assert!(done.as_ref().is_err_and(|e| e.is_panic()));
+    assert_eq!(h.runner.handle(LoopEvent::Restored(done)).unwrap(), Control::Go);
+    // Pinned for good, num_to_keep would never delete it.
+    assert!(!h.runner.checkpoints.is_pinned(&donor), "the donor's checkpoint is still pinned");
+    assert_eq!(h.status(&a), TrialStatus::Error);
 }
 
 #[tokio::test]
