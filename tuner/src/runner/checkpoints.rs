@@ -7,10 +7,15 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use trainer::Storage;
 
-use super::{checkpoint_name, now_unix};
+use super::clock::now_unix;
 use crate::config::CheckpointConfig;
 use crate::store::{Store, TrialRecord};
 use crate::TuneError;
+
+/// `checkpoint_000007` for `.../checkpoint_000007` (a path or a URL).
+pub(crate) fn checkpoint_name(uri: &str) -> &str {
+    uri.trim_end_matches('/').rsplit('/').next().unwrap_or(uri)
+}
 
 /// Deletes the checkpoints below `trial` (a trial's storage) whose names are
 /// not in `keep` (the committed ones): what a failed run or a crash left

@@ -41,7 +41,7 @@ mod reporter;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use checkpoints::remove_uncommitted;
+pub(crate) use checkpoints::{checkpoint_name, remove_uncommitted};
 
 use checkpoints::Checkpoints;
 pub(crate) use clock::{now_unix, Clock, WallClock};
@@ -57,11 +57,6 @@ const END_FLUSH_DELAY: Duration = Duration::from_millis(20);
 
 /// How often hangs are looked for and the display refreshed.
 const TICK: Duration = Duration::from_millis(500);
-
-/// `checkpoint_000007` for `.../checkpoint_000007` (a path or a URL).
-pub(crate) fn checkpoint_name(uri: &str) -> &str {
-    uri.trim_end_matches('/').rsplit('/').next().unwrap_or(uri)
-}
 
 /// The trial id of the trial with creation index `index`.
 pub(crate) fn trial_id(index: u64) -> String {
