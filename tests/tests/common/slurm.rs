@@ -1,0 +1,171 @@
+//! A real Slurm cluster on this machine for a test: one `slurmctld` and a
+//! `slurmd` per node (`slurmd -N nodeX`), each on its own loopback port,
+//! with its state, spool and logs in a temporary directory; stopped when
+//! dropped. Debian's `slurm-wlm` provides the daemons (installed with apt
+//! when missing and this is root, as CI is).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A running cluster; [`SlurmCluster::cmd`] runs a Slurm client against it.
+pub struct SlurmCluster {
+    dir: tempfile::TempDir,
+    conf: PathBuf,
+    daemons: Vec<Child>,
+    /// The node names, in order.
+    pub nodes: Vec<String>,
+}
+
+/// Installs the daemons once, when they are missing.
+fn ensure_installed() {
+    static DONE: Mutex<bool> = Mutex::new(false);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if *done || Path::new("/usr/sbin/slurmctld").exists() {
+        *done = true;
+        return;
+    }
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(root, "these tests run a Slurm cluster on loopback: install slurm-wlm (apt-get install slurm-wlm)");
+    let apt = |args: &[&str]| {
+        let out = Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").output().expect("run apt-get");
+        assert!(out.status.success(), "apt-get {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    apt(&["update", "-q"]);
+    apt(&["install", "-y", "-q", "slurm-wlm"]);
+    *done = true;
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn hostname() -> String {
+    let out = Command::new("hostname").output().expect("run hostname");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+impl SlurmCluster {
+    /// `nodes` nodes of `cpus` CPUs and `memory_mb` MB each, all idle when this returns.
+    pub fn start(nodes: usize, cpus: u32, memory_mb: u64) -> Self {
+        ensure_installed();
+        let dir = tempfile::Builder::new().prefix("slurm").tempdir().unwrap();
+        let d = dir.path();
+        for sub in ["state", "spool"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        let host = hostname();
+        let names: Vec<String> = (1..=nodes).map(|i| format!("node{i}")).collect();
+        let mut conf = format!(
+            "ClusterName=nestor\nSlurmctldHost={host}(127.0.0.1)\nSlurmctldPort={ctld}\nSlurmdPort={slurmd}\n\
+             AuthType=auth/none\nCredType=cred/none\nSlurmUser=root\nSlurmdUser=root\n\
+             StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\nSlurmctldPidFile={d}/slurmctld.pid\n\
+             SlurmdPidFile={d}/slurmd-%n.pid\nSlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd-%n.log\n\
+             ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\n\
+             SelectTypeParameters=CR_Core_Memory\nMpiDefault=none\nReturnToService=2\nSlurmdParameters=config_overrides\n\
+             JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\nInactiveLimit=0\n\
+             KillWait=2\nMinJobAge=5\nSlurmdTimeout=10\nSlurmctldTimeout=10\nMessageTimeout=5\n",
+            ctld = free_port(),
+            slurmd = free_port(),
+            d = d.display(),
+        );
+        for n in &names {
+            conf.push_str(&format!(
+                "NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN\n",
+                free_port()
+            ));
+        }
+        conf.push_str(&format!("PartitionName=test Nodes={} Default=YES MaxTime=INFINITE State=UP\n", names.join(",")));
+        let conf_path = d.join("slurm.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let spawn = |program: &str, args: &[&str]| {
+            Command::new(program)
+                .arg("-D")
+                .arg("-f")
+                .arg(&conf_path)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {program}: {e}"))
+        };
+        let mut cluster = Self { conf: conf_path.clone(), daemons: vec![spawn("slurmctld", &["-i"])], nodes: names.clone(), dir };
+        for n in &names {
+            cluster.daemons.push(spawn("slurmd", &["-N", n]));
+        }
+        cluster.wait_idle(Duration::from_secs(30));
+        cluster
+    }
+
+    /// The configuration file (`SLURM_CONF` for clients).
+    pub fn conf(&self) -> &Path {
+        &self.conf
+    }
+
+    /// The cluster's directory (logs, state).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A Slurm client command (`srun`, `salloc`, `squeue`, ...) against this cluster.
+    pub fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf);
+        // A test may itself run inside an allocation: its job is not this cluster's.
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SLURM_") && k != "SLURM_CONF") {
+            c.env_remove(k);
+        }
+        c
+    }
+
+    /// Runs `program args` against this cluster.
+    pub fn run(&self, program: &str, args: &[&str]) -> Output {
+        self.cmd(program).args(args).output().unwrap_or_else(|e| panic!("run {program}: {e}"))
+    }
+
+    fn wait_idle(&self, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let out = self.run("sinfo", &["-h", "-N", "-o", "%N %T"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let idle = text.lines().filter(|l| l.ends_with(" idle")).count();
+            if idle == self.nodes.len() {
+                return;
+            }
+            if start.elapsed() > limit {
+                let log = std::fs::read_to_string(self.dir().join("slurmctld.log")).unwrap_or_default();
+                panic!("the test cluster's nodes are not idle after {limit:?}: {text}\nslurmctld.log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Stops node `name`'s slurmd at once (SIGKILL), as a node that goes down.
+    pub fn kill_node(&mut self, name: &str) {
+        let i = self.nodes.iter().position(|n| n == name).expect("a node of this cluster") + 1;
+        let _ = self.daemons[i].kill();
+        let _ = self.daemons[i].wait();
+    }
+}
+
+impl Drop for SlurmCluster {
+    fn drop(&mut self) {
+        // Jobs first, so no task outlives the cluster.
+        let _ = self.run("scancel", &["--full", "--user", "root"]);
+        for d in self.daemons.iter_mut().rev() {
+            unsafe {
+                libc::kill(d.id() as i32, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for d in &mut self.daemons {
+            while d.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+}
