@@ -70,11 +70,11 @@ pub enum ResourceError {
         message: String,
     },
     /// The run needs more than the whole node has.
-    #[error("a trial asks for {asked}, but the node has {has}; it can never start")]
+    #[error("a trial asks for {asked}, but {has}; it can never start")]
     NeverFits {
         /// What the run asks for.
         asked: String,
-        /// What the node has.
+        /// What the node (or the allocation's nodes) has.
         has: String,
     },
 }
@@ -334,6 +334,9 @@ fn nvlink_peers(bus_ids: &[(u32, String)], links: &[(u32, Vec<String>)]) -> BTre
 /// What one worker was given.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerBundle {
+    /// The node it runs on (empty on a one-node pool).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
     /// CPUs.
     pub cpus: f64,
     /// The GPUs it may use (NVML indices), in order.
@@ -357,7 +360,7 @@ fn is_zero(x: &f64) -> bool {
 impl WorkerBundle {
     /// A worker with `cpus` CPUs and nothing else.
     pub fn cpus(cpus: f64) -> Self {
-        Self { cpus, gpus: Vec::new(), gpu_share: 0.0, memory_bytes: 0.0, custom: BTreeMap::new() }
+        Self { node: String::new(), cpus, gpus: Vec::new(), gpu_share: 0.0, memory_bytes: 0.0, custom: BTreeMap::new() }
     }
 
     /// `CUDA_VISIBLE_DEVICES` for this worker (empty without GPUs).
@@ -412,13 +415,36 @@ impl Request {
 /// [`ResourcePool::release`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Allocation {
-    /// Per worker, in rank order.
+    /// Per worker, in rank order (a node's ranks together, rank 0's node first).
     pub workers: Vec<WorkerBundle>,
+    /// What it holds on each node it uses.
+    parts: Vec<Part>,
+}
+
+/// What an allocation holds on one node, in integer units.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Part {
+    /// The node's position in the pool.
+    node: usize,
     cpu: u64,
     memory: u64,
     custom: BTreeMap<String, u64>,
-    /// (GPU position in the pool, units).
+    /// (GPU position on the node, units).
     gpu: Vec<(usize, u64)>,
+}
+
+impl Allocation {
+    /// The names of the nodes it uses, rank 0's first (empty names on a
+    /// one-node pool).
+    pub fn nodes(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for w in &self.workers {
+            if !out.contains(&w.node.as_str()) {
+                out.push(&w.node);
+            }
+        }
+        out
+    }
 }
 
 /// Free amounts, in integer units.
@@ -431,24 +457,33 @@ struct Free {
     gpu: Vec<u64>,
 }
 
-/// The node's resources and who holds them. Not thread-safe by design: the
-/// experiment loop owns it.
+/// One node of the pool.
 #[derive(Debug, Clone)]
-pub struct ResourcePool {
+struct NodePool {
+    /// Its name ("" for the one node of a local pool).
+    name: String,
     node: NodeResources,
     total: Free,
     free: Free,
 }
 
+/// The nodes' resources and who holds them: one node on a machine of its
+/// own, or every node of an allocation. Not thread-safe by design: the
+/// experiment loop owns it.
+#[derive(Debug, Clone)]
+pub struct ResourcePool {
+    nodes: Vec<NodePool>,
+}
+
 /// Books a bundle's CPU, memory and custom resources from `free` (its GPUs are
 /// placed apart); `None` when one does not fit. Returns the custom amounts.
-fn take_non_gpu(free: &mut Free, alloc: &mut Allocation, r: &Resources) -> Option<BTreeMap<String, f64>> {
+fn take_non_gpu(free: &mut Free, part: &mut Part, r: &Resources) -> Option<BTreeMap<String, f64>> {
     let cpu = units(r.get("CPU").copied().unwrap_or(0.0), CPU_UNITS);
     let memory = r.get("memory").copied().unwrap_or(0.0).max(0.0) as u64;
     free.cpu = free.cpu.checked_sub(cpu)?;
     free.memory = free.memory.checked_sub(memory)?;
-    alloc.cpu += cpu;
-    alloc.memory += memory;
+    part.cpu += cpu;
+    part.memory += memory;
     let mut custom = BTreeMap::new();
     for (name, &amount) in r.iter().filter(|(k, _)| !matches!(k.as_str(), "CPU" | "GPU" | "memory")) {
         let u = units(amount, CUSTOM_UNITS);
@@ -457,7 +492,7 @@ fn take_non_gpu(free: &mut Free, alloc: &mut Allocation, r: &Resources) -> Optio
         }
         let slot = free.custom.get_mut(name)?;
         *slot = slot.checked_sub(u)?;
-        *alloc.custom.entry(name.clone()).or_insert(0) += u;
+        *part.custom.entry(name.clone()).or_insert(0) += u;
         custom.insert(name.clone(), amount);
     }
     Some(custom)
@@ -467,62 +502,40 @@ fn units(v: f64, scale: f64) -> u64 {
     (v * scale).round().max(0.0) as u64
 }
 
-impl ResourcePool {
-    /// A pool holding all of `node`.
-    pub fn new(node: NodeResources) -> Self {
+impl NodePool {
+    fn new(name: String, node: NodeResources) -> Self {
         let total = Free {
             cpu: units(node.cpus, CPU_UNITS),
             memory: node.memory_bytes.max(0.0) as u64,
             custom: node.custom.iter().map(|(k, v)| (k.clone(), units(*v, CUSTOM_UNITS))).collect(),
             gpu: vec![WHOLE_GPU; node.gpus.len()],
         };
-        Self { node, free: total.clone(), total }
+        Self { name, node, free: total.clone(), total }
     }
 
-    /// The node.
-    pub fn node(&self) -> &NodeResources {
-        &self.node
+    /// Books one worker's bundle `r` on this node from `free` into `part`.
+    fn take_worker(&self, free: &mut Free, part: &mut Part, r: &Resources, strategy: PlacementStrategy) -> Option<WorkerBundle> {
+        let custom = take_non_gpu(free, part, r)?;
+        let gpu = r.get("GPU").copied().unwrap_or(0.0);
+        let (gpus, share) = self.place_gpus(free, part, gpu, strategy)?;
+        Some(WorkerBundle {
+            node: self.name.clone(),
+            cpus: r.get("CPU").copied().unwrap_or(0.0),
+            gpus,
+            gpu_share: share,
+            memory_bytes: r.get("memory").copied().unwrap_or(0.0).max(0.0),
+            custom,
+        })
     }
 
-    /// True when nothing is allocated.
-    pub fn is_idle(&self) -> bool {
-        self.free == self.total
-    }
-
-    /// Refuses a request that would not fit even on the idle node.
-    pub fn check(&self, request: &Request) -> Result<(), ResourceError> {
-        Self::new(self.node.clone()).try_allocate(request).map(|_| ()).ok_or_else(|| self.never_fits(request))
-    }
-
-    /// The error for a request the idle node cannot hold.
-    pub fn never_fits(&self, request: &Request) -> ResourceError {
-        ResourceError::NeverFits { asked: request.describe(), has: self.node.describe() }
-    }
-
-    /// Allocates every bundle of `request`, or nothing (`None`: not now).
-    pub fn try_allocate(&mut self, request: &Request) -> Option<Allocation> {
-        let mut free = self.free.clone();
-        let mut alloc = Allocation { workers: Vec::new(), cpu: 0, memory: 0, custom: BTreeMap::new(), gpu: Vec::new() };
-        // The trainer's share: no GPU (refused by ScalingConfig::validate).
-        take_non_gpu(&mut free, &mut alloc, &request.trainer)?;
-        for r in &request.workers {
-            let custom = take_non_gpu(&mut free, &mut alloc, r)?;
-            let gpu = r.get("GPU").copied().unwrap_or(0.0);
-            let (gpus, share) = self.place_gpus(&mut free, &mut alloc, gpu, request.strategy)?;
-            alloc.workers.push(WorkerBundle {
-                cpus: r.get("CPU").copied().unwrap_or(0.0),
-                gpus,
-                gpu_share: share,
-                memory_bytes: r.get("memory").copied().unwrap_or(0.0).max(0.0),
-                custom,
-            });
-        }
-        self.free = free;
-        Some(alloc)
+    /// How many bundles `r` fit on this node now (at most `limit`).
+    fn room_for(&self, r: &Resources, strategy: PlacementStrategy, limit: usize) -> usize {
+        let (mut free, mut part) = (self.free.clone(), Part::default());
+        (0..limit).take_while(|_| self.take_worker(&mut free, &mut part, r, strategy).is_some()).count()
     }
 
     /// Picks GPUs for one worker needing `amount` of them.
-    fn place_gpus(&self, free: &mut Free, alloc: &mut Allocation, amount: f64, strategy: PlacementStrategy) -> Option<(Vec<u32>, f64)> {
+    fn place_gpus(&self, free: &mut Free, alloc: &mut Part, amount: f64, strategy: PlacementStrategy) -> Option<(Vec<u32>, f64)> {
         let need = units(amount, GPU_UNITS);
         if need == 0 {
             return Some((Vec::new(), 0.0));
@@ -577,19 +590,164 @@ impl ResourcePool {
         alloc.gpu.push((i, need));
         Some((vec![self.node.gpus[i].index], amount))
     }
+}
+
+impl ResourcePool {
+    /// A pool holding all of one machine, `node`.
+    pub fn new(node: NodeResources) -> Self {
+        Self { nodes: vec![NodePool::new(String::new(), node)] }
+    }
+
+    /// A pool of several named nodes (an allocation's); a trial's workers
+    /// may span them, as its `placement_strategy` says.
+    pub fn cluster(nodes: Vec<(String, NodeResources)>) -> Self {
+        Self { nodes: nodes.into_iter().map(|(name, node)| NodePool::new(name, node)).collect() }
+    }
+
+    /// The first node (the only one of a local pool).
+    pub fn node(&self) -> &NodeResources {
+        &self.nodes[0].node
+    }
+
+    /// Every node, with its name.
+    pub fn nodes(&self) -> impl Iterator<Item = (&str, &NodeResources)> {
+        self.nodes.iter().map(|n| (n.name.as_str(), &n.node))
+    }
+
+    /// True when trials may span nodes.
+    pub fn is_cluster(&self) -> bool {
+        self.nodes.len() > 1 || self.nodes.first().is_some_and(|n| !n.name.is_empty())
+    }
+
+    /// True when nothing is allocated.
+    pub fn is_idle(&self) -> bool {
+        self.nodes.iter().all(|n| n.free == n.total)
+    }
+
+    /// Refuses a request that would not fit even on the idle nodes.
+    pub fn check(&self, request: &Request) -> Result<(), ResourceError> {
+        let mut idle = self.clone();
+        for n in &mut idle.nodes {
+            n.free = n.total.clone();
+        }
+        idle.try_allocate(request).map(|_| ()).ok_or_else(|| self.never_fits(request))
+    }
+
+    /// The error for a request the idle nodes cannot hold.
+    pub fn never_fits(&self, request: &Request) -> ResourceError {
+        if !self.is_cluster() {
+            return ResourceError::NeverFits { asked: request.describe(), has: format!("the node has {}", self.node().describe()) };
+        }
+        let nodes: Vec<String> = self.nodes.iter().map(|n| format!("{} {}", n.name, n.node.describe())).collect();
+        let mut asked = request.describe();
+        match request.strategy {
+            PlacementStrategy::StrictSpread => {
+                let _ = write!(asked, " with STRICT_SPREAD (each worker on a node of its own)");
+            }
+            PlacementStrategy::StrictPack => {
+                let _ = write!(asked, " with STRICT_PACK (all workers on one node)");
+            }
+            _ => {}
+        }
+        ResourceError::NeverFits { asked, has: format!("the allocation has {} node(s): {}", nodes.len(), nodes.join(", ")) }
+    }
+
+    /// Allocates every bundle of `request`, or nothing (`None`: not now).
+    /// On several nodes: STRICT_PACK puts every worker on one node; PACK
+    /// uses as few nodes as it can; SPREAD puts each worker on the node with
+    /// fewest of the trial's workers that has room; STRICT_SPREAD puts each
+    /// on a node of its own. Within a node, GPUs are chosen by the strategy too.
+    pub fn try_allocate(&mut self, request: &Request) -> Option<Allocation> {
+        let strategy = request.strategy;
+        let plan: Vec<usize> = if self.nodes.len() == 1 { vec![0; request.workers.len()] } else { self.plan(request)? };
+        let mut free: Vec<Free> = self.nodes.iter().map(|n| n.free.clone()).collect();
+        let mut parts: Vec<Part> = (0..self.nodes.len()).map(|node| Part { node, ..Part::default() }).collect();
+        // Rank order: node by node, in the order the plan first uses them.
+        let mut order: Vec<usize> = Vec::new();
+        for &n in &plan {
+            if !order.contains(&n) {
+                order.push(n);
+            }
+        }
+        let first = *order.first().unwrap_or(&0);
+        // The trainer's share (no GPU, refused by ScalingConfig::validate) goes with rank 0.
+        take_non_gpu(&mut free[first], &mut parts[first], &request.trainer)?;
+        let mut workers = Vec::with_capacity(request.workers.len());
+        for &n in &order {
+            for (r, _) in request.workers.iter().zip(&plan).filter(|(_, &p)| p == n) {
+                workers.push(self.nodes[n].take_worker(&mut free[n], &mut parts[n], r, strategy)?);
+            }
+        }
+        for (n, f) in free.into_iter().enumerate() {
+            self.nodes[n].free = f;
+        }
+        let parts = parts.into_iter().filter(|p| order.contains(&p.node) || p.cpu > 0 || p.memory > 0).collect();
+        Some(Allocation { workers, parts })
+    }
+
+    /// Which node each worker of `request` goes to, on several nodes.
+    fn plan(&self, request: &Request) -> Option<Vec<usize>> {
+        let n = request.workers.len();
+        let strategy = request.strategy;
+        let worker = request.workers.first()?;
+        // The trainer's share needs room on the first node too: counted as part of the room check below.
+        let room: Vec<usize> = self.nodes.iter().map(|node| node.room_for(worker, strategy, n)).collect();
+        let free_cpu = |i: usize| self.nodes[i].free.cpu;
+        match strategy {
+            PlacementStrategy::StrictPack | PlacementStrategy::Pack => {
+                // One node if any holds them all: the one with the least room left (best fit).
+                let whole = (0..self.nodes.len()).filter(|&i| room[i] >= n).min_by_key(|&i| (room[i], free_cpu(i), i));
+                if let Some(i) = whole {
+                    return Some(vec![i; n]);
+                }
+                if strategy == PlacementStrategy::StrictPack {
+                    return None;
+                }
+                // Else the nodes with the most room first: as few as can hold them.
+                let mut by_room: Vec<usize> = (0..self.nodes.len()).filter(|&i| room[i] > 0).collect();
+                by_room.sort_by_key(|&i| (std::cmp::Reverse(room[i]), i));
+                let mut plan = Vec::with_capacity(n);
+                for i in by_room {
+                    let take = room[i].min(n - plan.len());
+                    plan.extend(std::iter::repeat_n(i, take));
+                    if plan.len() == n {
+                        return Some(plan);
+                    }
+                }
+                None
+            }
+            PlacementStrategy::Spread | PlacementStrategy::StrictSpread => {
+                let mut used = vec![0usize; self.nodes.len()];
+                let mut plan = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let pick = (0..self.nodes.len())
+                        .filter(|&i| used[i] < room[i])
+                        .filter(|&i| strategy == PlacementStrategy::Spread || used[i] == 0)
+                        .min_by_key(|&i| (used[i], std::cmp::Reverse(room[i] - used[i]), i))?;
+                    used[pick] += 1;
+                    plan.push(pick);
+                }
+                Some(plan)
+            }
+        }
+    }
 
     /// Returns an allocation's resources to the pool.
     pub fn release(&mut self, alloc: &Allocation) {
-        self.free.cpu = (self.free.cpu + alloc.cpu).min(self.total.cpu);
-        self.free.memory = (self.free.memory + alloc.memory).min(self.total.memory);
-        for (name, u) in &alloc.custom {
-            if let (Some(f), Some(t)) = (self.free.custom.get_mut(name), self.total.custom.get(name)) {
-                *f = (*f + u).min(*t);
+        for p in &alloc.parts {
+            let Some(node) = self.nodes.get_mut(p.node) else { continue };
+            let (free, total) = (&mut node.free, &node.total);
+            free.cpu = (free.cpu + p.cpu).min(total.cpu);
+            free.memory = (free.memory + p.memory).min(total.memory);
+            for (name, u) in &p.custom {
+                if let (Some(f), Some(t)) = (free.custom.get_mut(name), total.custom.get(name)) {
+                    *f = (*f + u).min(*t);
+                }
             }
-        }
-        for &(i, u) in &alloc.gpu {
-            if let Some(f) = self.free.gpu.get_mut(i) {
-                *f = (*f + u).min(WHOLE_GPU);
+            for &(i, u) in &p.gpu {
+                if let Some(f) = free.gpu.get_mut(i) {
+                    *f = (*f + u).min(WHOLE_GPU);
+                }
             }
         }
     }
@@ -696,6 +854,65 @@ mod tests {
         assert!(pool.try_allocate(&r).is_some());
     }
 
+    fn three_nodes(cpus: f64, gpus: u32) -> ResourcePool {
+        ResourcePool::cluster(
+            (1..=3).map(|i| (format!("node{i}"), NodeResources::declared(cpus).with_gpus(gpus).with_memory(1e12))).collect(),
+        )
+    }
+
+    fn nodes_of(a: &Allocation) -> Vec<&str> {
+        a.workers.iter().map(|w| w.node.as_str()).collect()
+    }
+
+    #[test]
+    fn trials_span_nodes_as_their_strategy_says() {
+        let mut pool = three_nodes(4.0, 0);
+        // PACK: one node when one holds them all, else as few as can.
+        let a = pool.try_allocate(&req(2, 1.0, 0.0, PlacementStrategy::Pack)).unwrap();
+        assert_eq!(nodes_of(&a), ["node1", "node1"]);
+        let b = pool.try_allocate(&req(6, 1.0, 0.0, PlacementStrategy::Pack)).unwrap();
+        // Two nodes (the emptiest first), rank 0's node first, a node's ranks together.
+        assert_eq!(nodes_of(&b), ["node2", "node2", "node2", "node2", "node3", "node3"]);
+        assert_eq!(b.nodes(), ["node2", "node3"]);
+        pool.release(&a);
+        pool.release(&b);
+        // SPREAD: a node each while there are nodes, then round again.
+        let c = pool.try_allocate(&req(4, 1.0, 0.0, PlacementStrategy::Spread)).unwrap();
+        let mut spread = nodes_of(&c);
+        spread.sort_unstable();
+        assert_eq!(spread, ["node1", "node1", "node2", "node3"]);
+        pool.release(&c);
+        // STRICT_SPREAD: a node each, or nothing.
+        let d = pool.try_allocate(&req(3, 4.0, 0.0, PlacementStrategy::StrictSpread)).unwrap();
+        assert_eq!(d.nodes().len(), 3);
+        assert!(pool.try_allocate(&req(1, 1.0, 0.0, PlacementStrategy::Pack)).is_none(), "every CPU is taken");
+        pool.release(&d);
+        assert!(pool.is_idle());
+        // STRICT_PACK: one node, or nothing.
+        let e = pool.try_allocate(&req(4, 1.0, 0.0, PlacementStrategy::StrictPack)).unwrap();
+        assert_eq!(e.nodes().len(), 1);
+        let f = pool.try_allocate(&req(3, 1.0, 0.0, PlacementStrategy::StrictPack)).unwrap();
+        assert_eq!(f.nodes().len(), 1);
+        assert_ne!(e.nodes(), f.nodes());
+    }
+
+    #[test]
+    fn what_never_fits_on_the_nodes_is_refused_with_the_numbers() {
+        let pool = three_nodes(4.0, 1);
+        let err = pool.check(&req(4, 1.0, 0.0, PlacementStrategy::StrictSpread)).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "a trial asks for 4 worker(s) x {CPU: 1} with STRICT_SPREAD (each worker on a node of its own), but the allocation \
+             has 3 node(s): node1 {CPU: 4, GPU: 1, memory: 931.3 GiB}, node2 {CPU: 4, GPU: 1, memory: 931.3 GiB}, node3 {CPU: 4, \
+             GPU: 1, memory: 931.3 GiB}; it can never start"
+        );
+        assert!(pool.check(&req(5, 1.0, 0.0, PlacementStrategy::StrictPack)).unwrap_err().to_string().contains("STRICT_PACK"));
+        assert!(pool.check(&req(2, 1.0, 1.0, PlacementStrategy::StrictPack)).is_err(), "two GPUs on one node");
+        assert!(pool.check(&req(3, 1.0, 1.0, PlacementStrategy::Pack)).is_ok(), "a GPU on each of three nodes");
+        assert!(pool.check(&req(12, 1.0, 0.0, PlacementStrategy::Spread)).is_ok());
+        assert!(pool.check(&req(13, 1.0, 0.0, PlacementStrategy::Pack)).is_err());
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Start { workers: usize, cpu: u8, gpu_tenths: u8, strategy: u8 },
@@ -730,7 +947,7 @@ mod tests {
                         let gpu = if gpu_tenths <= 10 { f64::from(gpu_tenths) / 10.0 } else { f64::from(gpu_tenths / 10) };
                         let strategy = [PlacementStrategy::Pack, PlacementStrategy::Spread, PlacementStrategy::StrictPack, PlacementStrategy::StrictSpread][strategy as usize];
                         let r = req(workers, f64::from(cpu) / 2.0, gpu, strategy);
-                        let before = pool.free.clone();
+                        let before = pool.nodes[0].free.clone();
                         match pool.try_allocate(&r) {
                             Some(a) => {
                                 prop_assert_eq!(a.workers.len(), workers, "all bundles or none");
@@ -740,7 +957,7 @@ mod tests {
                                 }
                                 held.push((r, a));
                             }
-                            None => prop_assert_eq!(&pool.free, &before, "a refused request takes nothing"),
+                            None => prop_assert_eq!(&pool.nodes[0].free, &before, "a refused request takes nothing"),
                         }
                     }
                     Op::End(i) => {
@@ -751,15 +968,76 @@ mod tests {
                     }
                 }
                 // What the holders have adds up to exactly what the pool lacks.
-                let cpu_held: u64 = held.iter().map(|(_, a)| a.cpu).sum();
-                prop_assert_eq!(cpu_held + pool.free.cpu, pool.total.cpu);
+                let cpu_held: u64 = held.iter().flat_map(|(_, a)| &a.parts).map(|p| p.cpu).sum();
+                prop_assert_eq!(cpu_held + pool.nodes[0].free.cpu, pool.nodes[0].total.cpu);
                 for g in 0..gpus as usize {
-                    let used: u64 = held.iter().flat_map(|(_, a)| a.gpu.iter()).filter(|(i, _)| *i == g).map(|(_, u)| u).sum();
+                    let used: u64 = held.iter().flat_map(|(_, a)| &a.parts).flat_map(|p| p.gpu.iter()).filter(|(i, _)| *i == g).map(|(_, u)| u).sum();
                     prop_assert!(used <= WHOLE_GPU, "GPU {} booked {} units", g, used);
-                    prop_assert_eq!(used + pool.free.gpu[g], WHOLE_GPU);
+                    prop_assert_eq!(used + pool.nodes[0].free.gpu[g], WHOLE_GPU);
                 }
             }
             for (_, a) in held.drain(..) {
+                pool.release(&a);
+            }
+            prop_assert!(pool.is_idle());
+        }
+    }
+
+    proptest! {
+        /// Across nodes: all bundles or none, nothing booked twice on any
+        /// node, STRICT_PACK on one node and STRICT_SPREAD on distinct ones,
+        /// a node's ranks together; ends give everything back.
+        #[test]
+        fn never_double_booked_across_nodes(ops in proptest::collection::vec(op(), 1..60), nodes in 1usize..5, cpus in 1u8..8, gpus in 0u32..3) {
+            let mut pool = ResourcePool::cluster(
+                (0..nodes).map(|i| (format!("n{i}"), NodeResources::declared(f64::from(cpus)).with_gpus(gpus).with_memory(1e12))).collect(),
+            );
+            let mut held: Vec<Allocation> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Start { workers, cpu, gpu_tenths, strategy } => {
+                        let gpu = if gpu_tenths <= 10 { f64::from(gpu_tenths) / 10.0 } else { f64::from(gpu_tenths / 10) };
+                        let strategy = [PlacementStrategy::Pack, PlacementStrategy::Spread, PlacementStrategy::StrictPack, PlacementStrategy::StrictSpread][strategy as usize];
+                        let before: Vec<Free> = pool.nodes.iter().map(|n| n.free.clone()).collect();
+                        match pool.try_allocate(&req(workers, f64::from(cpu) / 2.0, gpu, strategy)) {
+                            Some(a) => {
+                                prop_assert_eq!(a.workers.len(), workers);
+                                let used = a.nodes();
+                                if strategy == PlacementStrategy::StrictPack {
+                                    prop_assert_eq!(used.len(), 1);
+                                }
+                                if strategy == PlacementStrategy::StrictSpread && nodes > 1 {
+                                    prop_assert_eq!(used.len(), workers);
+                                }
+                                // A node's ranks are contiguous.
+                                let runs = a.workers.windows(2).filter(|w| w[0].node != w[1].node).count() + 1;
+                                prop_assert_eq!(runs, used.len());
+                                held.push(a);
+                            }
+                            None => {
+                                let after: Vec<Free> = pool.nodes.iter().map(|n| n.free.clone()).collect();
+                                prop_assert_eq!(after, before, "a refused request takes nothing");
+                            }
+                        }
+                    }
+                    Op::End(i) => {
+                        if !held.is_empty() {
+                            let a = held.remove(i % held.len());
+                            pool.release(&a);
+                        }
+                    }
+                }
+                for (n, node) in pool.nodes.iter().enumerate() {
+                    let parts = || held.iter().flat_map(|a| &a.parts).filter(move |p| p.node == n);
+                    let cpu_held: u64 = parts().map(|p| p.cpu).sum();
+                    prop_assert_eq!(cpu_held + node.free.cpu, node.total.cpu);
+                    for g in 0..gpus as usize {
+                        let used: u64 = parts().flat_map(|p| p.gpu.iter()).filter(|(i, _)| *i == g).map(|(_, u)| u).sum();
+                        prop_assert_eq!(used + node.free.gpu[g], WHOLE_GPU);
+                    }
+                }
+            }
+            for a in held.drain(..) {
                 pool.release(&a);
             }
             prop_assert!(pool.is_idle());
