@@ -209,8 +209,11 @@ pub enum StopLevel {
 #[derive(Debug)]
 pub struct TrialHandle {
     stop: watch::Sender<StopLevel>,
-    /// Process groups to SIGKILL at once on [`StopLevel::Kill`].
+    /// Process groups to signal at once on [`StopLevel::Kill`].
     groups: Vec<i32>,
+    /// The signal that kills them (SIGKILL; SIGTERM for `srun`, which then
+    /// ends its job step on every node).
+    kill_signal: i32,
     /// The run's step progress: which ranks a step waits for.
     steps: Option<Arc<dyn StepProgress>>,
 }
@@ -224,7 +227,13 @@ impl TrialHandle {
 
     pub(crate) fn new(groups: Vec<i32>, steps: Option<Arc<dyn StepProgress>>) -> (Self, watch::Receiver<StopLevel>) {
         let (tx, rx) = watch::channel(StopLevel::Run);
-        (Self { stop: tx, groups, steps }, rx)
+        (Self { stop: tx, groups, steps, kill_signal: libc::SIGKILL }, rx)
+    }
+
+    /// [`TrialHandle::new`] whose `Kill` sends `signal` to the groups.
+    pub(crate) fn killing_with(mut self, signal: i32) -> Self {
+        self.kill_signal = signal;
+        self
     }
 
     /// The ranks the run is waiting for: those that have reported the fewest
@@ -242,7 +251,7 @@ impl TrialHandle {
             for &pgid in &self.groups {
                 // SAFETY: killpg only sends a signal; a gone group yields ESRCH.
                 unsafe {
-                    libc::killpg(pgid, libc::SIGKILL);
+                    libc::killpg(pgid, self.kill_signal);
                 }
             }
         }

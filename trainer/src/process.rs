@@ -71,7 +71,7 @@ impl ProcessBackend {
     }
 }
 
-fn random_token() -> String {
+pub(crate) fn random_token() -> String {
     let mut bytes = [0u8; 16];
     let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok();
     if !ok {
@@ -82,7 +82,7 @@ fn random_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29500)
 }
 
@@ -98,7 +98,7 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-fn signal_group(pgid: i32, signal: i32) {
+pub(crate) fn signal_group(pgid: i32, signal: i32) {
     // SAFETY: killpg only sends a signal; a stale pgid yields ESRCH, which is fine.
     unsafe {
         libc::killpg(pgid, signal);
@@ -111,7 +111,7 @@ struct RankExit {
     status: std::io::Result<std::process::ExitStatus>,
 }
 
-fn describe_exit(s: std::process::ExitStatus) -> String {
+pub(crate) fn describe_exit(s: std::process::ExitStatus) -> String {
     match (s.code(), s.signal()) {
         (Some(code), _) => format!("exited with code {code}"),
         (None, Some(sig)) => format!("was killed by signal {sig}"),
@@ -121,7 +121,7 @@ fn describe_exit(s: std::process::ExitStatus) -> String {
 
 /// Waits (bounded) until no process of `pgids` is left, so what they held
 /// (a GPU's memory above all) is free before the bundle is handed on.
-async fn wait_groups_gone(pgids: &[i32]) {
+pub(crate) async fn wait_groups_gone(pgids: &[i32]) {
     let mut delay = Duration::from_micros(200);
     for _ in 0..40 {
         // SAFETY: signal 0 only checks that the group exists.
@@ -133,6 +133,39 @@ async fn wait_groups_gone(pgids: &[i32]) {
         delay = (delay * 2).min(Duration::from_millis(50));
     }
     tracing::warn!(?pgids, "processes of a finished trial are still exiting");
+}
+
+/// The variables every rank of a run gets alike: where the driver listens
+/// and the run's token, the trial, its config and checkpoint cadence, the
+/// collective's backend, and where the ranks meet (`MASTER_ADDR`,
+/// `MASTER_PORT`, `NESTOR_RENDEZVOUS_FILE`).
+pub(crate) fn common_env(
+    cfg: &ProcessConfig,
+    spec: &LaunchSpec,
+    server_url: &str,
+    token: &str,
+    master_addr: &str,
+    master_port: u16,
+    rendezvous: &Path,
+) -> Vec<(String, String)> {
+    [
+        ("MASTER_ADDR", master_addr.to_string()),
+        ("MASTER_PORT", master_port.to_string()),
+        ("NESTOR_RENDEZVOUS_FILE", rendezvous.display().to_string()),
+        ("NESTOR_ADDR", server_url.to_string()),
+        ("NESTOR_TOKEN", token.to_string()),
+        ("NESTOR_TRIAL_ID", spec.trial_id.clone()),
+        ("NESTOR_TRIAL_DIR", spec.trial_dir.display().to_string()),
+        ("NESTOR_CONFIG", spec.config.to_string()),
+        ("NESTOR_START_ITERATION", spec.start_iteration.to_string()),
+        ("NESTOR_CHECKPOINT_FREQUENCY", spec.checkpoint_frequency.to_string()),
+        ("NESTOR_USE_GPU", if cfg.use_gpu { "1" } else { "0" }.to_string()),
+        ("NESTOR_TORCH_BACKEND", cfg.torch.backend_for(cfg.use_gpu).as_str().to_string()),
+        ("NESTOR_COLLECTIVE_TIMEOUT_S", cfg.torch.timeout_s.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 impl ProcessBackend {
@@ -159,27 +192,15 @@ impl ProcessBackend {
         let mut cmd = tokio::process::Command::new(&cfg.command[0]);
         cmd.args(&cfg.command[1..])
             .envs(&cfg.env)
+            .envs(common_env(cfg, spec, &self.server.url(), token, "127.0.0.1", master_port, rendezvous))
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", &world)
             .env("LOCAL_RANK", rank.to_string())
             .env("LOCAL_WORLD_SIZE", &world)
             .env("GROUP_RANK", "0")
             .env("NODE_RANK", "0")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", master_port.to_string())
-            .env("NESTOR_RENDEZVOUS_FILE", rendezvous)
             .env("CUDA_VISIBLE_DEVICES", bundle.cuda_visible_devices())
             .env("OMP_NUM_THREADS", bundle.omp_threads().to_string())
-            .env("NESTOR_ADDR", self.server.url())
-            .env("NESTOR_TOKEN", token)
-            .env("NESTOR_TRIAL_ID", &spec.trial_id)
-            .env("NESTOR_TRIAL_DIR", &spec.trial_dir)
-            .env("NESTOR_CONFIG", spec.config.to_string())
-            .env("NESTOR_START_ITERATION", spec.start_iteration.to_string())
-            .env("NESTOR_CHECKPOINT_FREQUENCY", spec.checkpoint_frequency.to_string())
-            .env("NESTOR_USE_GPU", if cfg.use_gpu { "1" } else { "0" })
-            .env("NESTOR_TORCH_BACKEND", cfg.torch.backend_for(cfg.use_gpu).as_str())
-            .env("NESTOR_COLLECTIVE_TIMEOUT_S", cfg.torch.timeout_s.to_string())
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)

@@ -10,6 +10,10 @@ use std::process::Command;
 
 use crate::resources::{Gpu, NodeResources, Source};
 
+mod step;
+
+pub use step::SlurmBackend;
+
 /// Why the allocation could not be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("the Slurm allocation: {0}")]
@@ -26,6 +30,9 @@ pub struct SlurmNode {
     pub memory_bytes: Option<f64>,
     /// The GPUs the job holds there (their indices on the node).
     pub gpus: Vec<u32>,
+    /// The address other nodes reach it at (Slurm's `NodeAddr`; its name
+    /// where Slurm gives none).
+    pub addr: String,
 }
 
 /// The Slurm job nestor runs inside.
@@ -46,7 +53,11 @@ impl SlurmAllocation {
         let Some(job_id) = std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty()) else { return Ok(None) };
         let shown = Command::new("scontrol").args(["show", "job", "-d", &job_id]).output();
         match shown {
-            Ok(out) if out.status.success() => Self::from_scontrol(&job_id, &String::from_utf8_lossy(&out.stdout)).map(Some),
+            Ok(out) if out.status.success() => {
+                let mut a = Self::from_scontrol(&job_id, &String::from_utf8_lossy(&out.stdout))?;
+                a.read_addresses();
+                Ok(Some(a))
+            }
             other => {
                 let why = match other {
                     Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
@@ -80,7 +91,7 @@ impl SlurmAllocation {
             let gpus = parse_gres_gpus(field("GRES").unwrap_or_default())
                 .map_err(|e| SlurmError(format!("job {job_id}: GRES in {line:?}: {e}")))?;
             for name in names {
-                nodes.push(SlurmNode { name, cpus, memory_bytes, gpus: gpus.clone() });
+                nodes.push(SlurmNode { addr: name.clone(), name, cpus, memory_bytes, gpus: gpus.clone() });
             }
         }
         if nodes.is_empty() {
@@ -113,8 +124,30 @@ impl SlurmAllocation {
             Some(m) => Some(m.parse::<f64>().map_err(|_| SlurmError(format!("SLURM_MEM_PER_NODE={m} is not a number of MB")))? * 1048576.0),
             None => None,
         };
-        let nodes = names.into_iter().zip(cpus).map(|(name, cpus)| SlurmNode { name, cpus, memory_bytes, gpus: Vec::new() }).collect();
+        let nodes = names
+            .into_iter()
+            .zip(cpus)
+            .map(|(name, cpus)| SlurmNode { addr: name.clone(), name, cpus, memory_bytes, gpus: Vec::new() })
+            .collect();
         Ok(Self { job_id: job_id.to_string(), nodes })
+    }
+
+    /// Reads each node's `NodeAddr` (`scontrol show node -o`); a node
+    /// Slurm says nothing of keeps its name as its address.
+    pub fn read_addresses(&mut self) {
+        let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+        let Ok(out) = Command::new("scontrol").args(["show", "node", "-o", &names.join(",")]).output() else { return };
+        let addrs = node_addresses(&String::from_utf8_lossy(&out.stdout));
+        for n in &mut self.nodes {
+            if let Some(a) = addrs.get(&n.name) {
+                n.addr.clone_from(a);
+            }
+        }
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Option<&SlurmNode> {
+        self.nodes.iter().find(|n| n.name == name)
     }
 
     /// Each node's resources, as the pool books them.
@@ -196,6 +229,16 @@ pub fn expand_hostlist(list: &str) -> Result<Vec<String>, SlurmError> {
         return Err(bad("no hosts"));
     }
     Ok(out)
+}
+
+/// `NodeName=node1 ... NodeAddr=10.0.0.5 ...` lines -> name -> address.
+fn node_addresses(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|line| {
+            let field = |name: &str| line.split_whitespace().find_map(|f| f.strip_prefix(name)?.strip_prefix('=').map(str::to_string));
+            Some((field("NodeName")?, field("NodeAddr")?))
+        })
+        .collect()
 }
 
 /// `4(x2),2` -> `[4, 4, 2]` (Slurm's per-node counts).
@@ -301,8 +344,18 @@ mod tests {
     fn scontrol_gives_each_nodes_cpus_memory_and_gpus() {
         let a = SlurmAllocation::from_scontrol("7", SHOWN).unwrap();
         assert_eq!(a.nodes.len(), 2);
-        assert_eq!(a.nodes[0], SlurmNode { name: "node1".into(), cpus: 3, memory_bytes: Some(3000.0 * 1048576.0), gpus: vec![0, 1] });
-        assert_eq!(a.nodes[1], SlurmNode { name: "node2".into(), cpus: 1, memory_bytes: Some(1000.0 * 1048576.0), gpus: vec![1] });
+        let node = |name: &str, cpus, mb: f64, gpus: Vec<u32>| SlurmNode {
+            name: name.into(),
+            cpus,
+            memory_bytes: Some(mb * 1048576.0),
+            gpus,
+            addr: name.into(),
+        };
+        assert_eq!(a.nodes[0], node("node1", 3, 3000.0, vec![0, 1]));
+        assert_eq!(a.nodes[1], node("node2", 1, 1000.0, vec![1]));
+        let addrs = node_addresses("NodeName=node1 Arch=x86_64 CoresPerSocket=1\nNodeName=node2 NodeAddr=10.0.0.2 NodeHostName=b\n");
+        assert_eq!(addrs.len(), 1);
+        assert_eq!(addrs["node2"], "10.0.0.2");
         let r = a.node_resources();
         assert_eq!(r[0].1.cpus, 3.0);
         assert_eq!(r[1].1.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), [1]);

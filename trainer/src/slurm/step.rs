@@ -1,0 +1,379 @@
+//! Trials as Slurm job steps: each run of a trial is one `srun` inside the
+//! allocation, its ranks on the nodes the pool chose (`--distribution
+//! arbitrary`, one host per rank), so Slurm launches, confines and kills
+//! them together.
+//!
+//! Every rank gets what a local rank gets: a small shell prologue maps
+//! `SLURM_PROCID` to the rank's row of per-rank tables (its local rank,
+//! node rank, `CUDA_VISIBLE_DEVICES`, `OMP_NUM_THREADS`, checkpoint shard)
+//! and `exec`s the worker. `srun --label` prefixes each line with its task,
+//! which the driver splits into `logs/rank-<r>.log`; srun's own lines go to
+//! `logs/srun.log`, and its `task N: Exited with exit code C` names the
+//! rank that failed. `--kill-on-bad-exit` ends the step when one rank fails.
+//!
+//! Stopping: a graceful stop is `scancel --signal=TERM <job>.<step>` (the
+//! ranks get SIGTERM where they run); a kill is SIGTERM to `srun`, which
+//! then ends the step on every node. `srun` gets that same SIGTERM when the
+//! driver dies (`PR_SET_PDEATHSIG`), so a killed driver leaves no step behind.
+
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::mpsc;
+
+use super::SlurmAllocation;
+use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
+use crate::process::{common_env, describe_exit, free_port, log_tail, random_token, signal_group, ProcessConfig};
+use crate::service::ReportServer;
+
+/// `srun` options a job's environment may carry that would change a
+/// step's shape: the step is described by nestor's own options only.
+const STEP_SHAPING: &[&str] = &[
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_NTASKS_PER_SOCKET",
+    "SLURM_NTASKS_PER_CORE",
+    "SLURM_NTASKS_PER_GPU",
+    "SLURM_CPUS_PER_TASK",
+    "SLURM_CPUS_PER_GPU",
+    "SLURM_MEM_PER_NODE",
+    "SLURM_MEM_PER_CPU",
+    "SLURM_MEM_PER_GPU",
+    "SLURM_NNODES",
+    "SLURM_DISTRIBUTION",
+    "SLURM_HOSTFILE",
+    "SLURM_GPUS",
+    "SLURM_GPUS_PER_NODE",
+    "SLURM_GPUS_PER_TASK",
+    "SLURM_TRES_PER_TASK",
+    "SLURM_EXCLUSIVE",
+    "SLURM_OVERLAP",
+    "SLURM_EXACT",
+];
+
+/// Run by each rank before the worker: its row of the per-rank tables.
+const PROLOGUE: &str = r#"r=${SLURM_PROCID:?not a Slurm task}; f=$((r + 1))
+pick() { printf '%s' "$1" | cut -d';' -f"$f"; }
+RANK=$r; WORLD_SIZE=$SLURM_NTASKS
+LOCAL_RANK=$(pick "$NESTOR_RANKS_LOCAL"); NODE_RANK=$(pick "$NESTOR_RANKS_NODE"); GROUP_RANK=$NODE_RANK
+LOCAL_WORLD_SIZE=$(pick "$NESTOR_RANKS_LWS"); OMP_NUM_THREADS=$(pick "$NESTOR_RANKS_OMP")
+CUDA_VISIBLE_DEVICES=$(pick "$NESTOR_RANKS_CUDA")
+export RANK WORLD_SIZE LOCAL_RANK NODE_RANK GROUP_RANK LOCAL_WORLD_SIZE OMP_NUM_THREADS CUDA_VISIBLE_DEVICES
+c=$(pick "$NESTOR_RANKS_CKPT")
+if [ -n "$c" ]; then export NESTOR_CHECKPOINT="$c"; else unset NESTOR_CHECKPOINT; fi
+unset NESTOR_RANKS_LOCAL NESTOR_RANKS_NODE NESTOR_RANKS_LWS NESTOR_RANKS_OMP NESTOR_RANKS_CUDA NESTOR_RANKS_CKPT
+echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK)" >&2
+exec "$@""#;
+
+/// Launches each trial run as a job step of the allocation nestor runs in.
+#[derive(Debug, Clone)]
+pub struct SlurmBackend {
+    config: Arc<ProcessConfig>,
+    server: Arc<ReportServer>,
+    allocation: Arc<SlurmAllocation>,
+    /// What workers are told to report to (`NESTOR_ADDR`).
+    report_url: String,
+}
+
+impl SlurmBackend {
+    /// Starts the report server on `config.report_bind`; workers report to
+    /// `advertise` (`host` or `host:port`; default: the address it is bound
+    /// to). Must be called inside a tokio runtime.
+    pub async fn start(config: ProcessConfig, allocation: SlurmAllocation, advertise: Option<&str>) -> std::io::Result<Self> {
+        let server = ReportServer::start(config.report_bind).await?;
+        let port = server.addr().port();
+        let report_url = match advertise {
+            Some(a) if a.contains(':') => format!("http://{a}"),
+            Some(host) => format!("http://{host}:{port}"),
+            None => server.url(),
+        };
+        Ok(Self { config: Arc::new(config), server: Arc::new(server), allocation: Arc::new(allocation), report_url })
+    }
+
+    /// The URL workers report to.
+    pub fn report_url(&self) -> &str {
+        &self.report_url
+    }
+
+    /// The allocation it launches into.
+    pub fn allocation(&self) -> &SlurmAllocation {
+        &self.allocation
+    }
+}
+
+/// A failed task as srun says it: `srun: error: node2: task 1: Exited with exit code 3`.
+fn failed_task(line: &str) -> Option<(u32, String, String)> {
+    let (before, after) = line.split_once(": task ")?;
+    let (task, how) = after.split_once(": ")?;
+    let node = before.rsplit(": ").next().unwrap_or_default().to_string();
+    Some((task.trim().parse().ok()?, node, how.trim().to_string()))
+}
+
+/// `  3: text` -> (3, "text") for a line srun labelled with its task.
+fn labelled(line: &str) -> Option<(u32, &str)> {
+    let (task, text) = line.trim_start().split_once(": ")?;
+    Some((task.parse().ok()?, text))
+}
+
+/// The id (`job.step`) of the step named `name` of `job`, from squeue.
+async fn step_id(job: &str, name: &str) -> Option<String> {
+    let out = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i %j"]).output().await.ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.split_once(' ').filter(|(_, n)| n.trim() == name).map(|(id, _)| id.to_string()))
+}
+
+impl Backend for SlurmBackend {
+    fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
+        let cfg = &self.config;
+        let logs = spec.trial_dir.join("logs");
+        std::fs::create_dir_all(&logs).map_err(|source| LaunchError::Io { path: logs.clone(), source })?;
+        let world = spec.world_size();
+        let bundles: Vec<_> = (0..world).map(|r| spec.bundle(r)).collect();
+        // Each rank's node, in rank order; a node's number is its place among the nodes the run uses.
+        let mut order: Vec<&str> = Vec::new();
+        for b in &bundles {
+            if b.node.is_empty() || self.allocation.node(&b.node).is_none() {
+                return Err(LaunchError::Refused(format!(
+                    "rank {} has no node of Slurm job {} (got {:?})",
+                    bundles.iter().position(|x| std::ptr::eq(x, b)).unwrap_or(0),
+                    self.allocation.job_id,
+                    b.node
+                )));
+            }
+            if !order.contains(&b.node.as_str()) {
+                order.push(&b.node);
+            }
+        }
+        let node_rank = |b: &crate::WorkerBundle| order.iter().position(|n| *n == b.node).unwrap_or(0);
+        let mut local = Vec::with_capacity(bundles.len());
+        for (r, b) in bundles.iter().enumerate() {
+            local.push(bundles[..r].iter().filter(|x| x.node == b.node).count());
+        }
+        let lws: Vec<usize> = bundles.iter().map(|b| bundles.iter().filter(|x| x.node == b.node).count()).collect();
+        let table = |f: &dyn Fn(usize) -> String| (0..bundles.len()).map(f).collect::<Vec<_>>().join(";");
+        let token = random_token();
+        let master = self.allocation.node(order[0]).map_or_else(|| order[0].to_string(), |n| n.addr.clone());
+        let master_port = free_port();
+        let rendezvous = logs.join(format!(".rendezvous-{}", &token[..16]));
+        let step_name = format!("nestor-{}-{}", spec.trial_id, &token[..8]);
+        let cpus_per_task = bundles.iter().map(|b| b.cpus.ceil().max(1.0) as u64).max().unwrap_or(1);
+        // Memory per CPU: what a rank asked for, else its node's share per CPU (so steps run side by side).
+        let mem_per_cpu_mb = match bundles.iter().map(|b| b.memory_bytes).fold(0.0, f64::max) {
+            m if m > 0.0 => Some((m / cpus_per_task as f64 / 1048576.0).floor().max(1.0) as u64),
+            _ => self
+                .allocation
+                .node(order[0])
+                .and_then(|n| n.memory_bytes.map(|m| (m / f64::from(n.cpus.max(1)) / 1048576.0).floor().max(1.0) as u64)),
+        };
+        let mut cmd = tokio::process::Command::new("srun");
+        cmd.arg(format!("--jobid={}", self.allocation.job_id))
+            .arg(format!("--job-name={step_name}"))
+            .args(["--exact", "--kill-on-bad-exit=1", "--label", "--distribution=arbitrary", "--export=ALL"])
+            .arg(format!("--nodelist={}", bundles.iter().map(|b| b.node.as_str()).collect::<Vec<_>>().join(",")))
+            .arg(format!("--ntasks={world}"))
+            .arg(format!("--nodes={}", order.len()))
+            .arg(format!("--cpus-per-task={cpus_per_task}"));
+        if let Some(m) = mem_per_cpu_mb {
+            cmd.arg(format!("--mem-per-cpu={m}"));
+        }
+        cmd.args(["/bin/sh", "-c", PROLOGUE, "nestor-rank"]).args(&cfg.command);
+        for k in STEP_SHAPING {
+            cmd.env_remove(k);
+        }
+        cmd.envs(&cfg.env)
+            .envs(common_env(cfg, &spec, &self.report_url, &token, &master, master_port, &rendezvous))
+            .env("NESTOR_RANKS_LOCAL", table(&|r| local[r].to_string()))
+            .env("NESTOR_RANKS_NODE", table(&|r| node_rank(&bundles[r]).to_string()))
+            .env("NESTOR_RANKS_LWS", table(&|r| lws[r].to_string()))
+            .env("NESTOR_RANKS_OMP", table(&|r| bundles[r].omp_threads().to_string()))
+            .env("NESTOR_RANKS_CUDA", table(&|r| bundles[r].cuda_visible_devices()))
+            .env(
+                "NESTOR_RANKS_CKPT",
+                table(&|r| {
+                    spec.checkpoint.as_ref().map(|c| crate::checkpoint::shard_for(c, r as u32).display().to_string()).unwrap_or_default()
+                }),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(dir) = &cfg.working_dir {
+            cmd.current_dir(dir);
+        }
+        let parent = std::process::id() as i32;
+        // SAFETY: runs in the forked child before exec; prctl, getppid and _exit are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                // srun ends its step on SIGTERM: the driver's death takes the step with it.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let log_paths: Vec<PathBuf> = (0..world).map(|r| logs.join(format!("rank-{r}.log"))).collect();
+        let srun_log = logs.join("srun.log");
+        let open = |p: &PathBuf| {
+            std::fs::OpenOptions::new().create(true).append(true).open(p).map_err(|source| LaunchError::Io { path: p.clone(), source })
+        };
+        let mut rank_files = log_paths.iter().map(open).collect::<Result<Vec<_>, _>>()?;
+        let mut srun_file = open(&srun_log)?;
+        let roots = spec.roots(cfg.working_dir.as_deref());
+        let registration = self.server.register(&spec, token, roots, events.clone());
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { program: "srun".into(), source })?;
+        let pgid = child.id().map_or(0, |p| p as i32);
+        // Lines to the rank logs; srun's own to srun.log, watching for the task that failed.
+        let (lines_tx, mut lines) = mpsc::unbounded_channel::<String>();
+        for stream in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+            child.stderr.take().map(|s| Box::new(s) as _),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = lines_tx.clone();
+            tokio::spawn(async move {
+                let mut reader = tokio::io::BufReader::new(stream).lines();
+                while let Ok(Some(line)) = reader.next_line().await {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(lines_tx);
+        let (handle, mut stop) = TrialHandle::new(
+            vec![pgid].into_iter().filter(|&g| g > 0).collect(),
+            Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
+        );
+        let handle = handle.killing_with(libc::SIGTERM);
+        let grace = cfg.grace_period;
+        let trial_id = spec.trial_id;
+        let job = self.allocation.job_id.clone();
+        tokio::spawn(async move {
+            let mut requested = StopLevel::Run;
+            let mut failed: Option<(u32, String, String)> = None;
+            let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+            let kill_at = tokio::time::sleep_until(far);
+            tokio::pin!(kill_at);
+            let mut kill_armed = false;
+            let mut lines_open = true;
+            let status = loop {
+                tokio::select! {
+                    line = lines.recv(), if lines_open => match line {
+                        Some(line) => match labelled(&line) {
+                            Some((r, text)) if (r as usize) < rank_files.len() => {
+                                let _ = writeln!(rank_files[r as usize], "{text}");
+                            }
+                            _ => {
+                                let _ = writeln!(srun_file, "{line}");
+                                // The rank that failed, not one the step's end killed after it.
+                                if let Some(f) = failed_task(&line) {
+                                    if failed.as_ref().is_none_or(|(_, _, how)| how == "Killed" && f.2 != "Killed") {
+                                        failed = Some(f);
+                                    }
+                                }
+                            }
+                        },
+                        None => lines_open = false,
+                    },
+                    status = child.wait(), if !lines_open => break status,
+                    changed = stop.changed(), if requested < StopLevel::Kill => {
+                        let level = if changed.is_ok() { *stop.borrow_and_update() } else { StopLevel::Kill };
+                        if level <= requested { continue; }
+                        requested = level;
+                        if level == StopLevel::Kill {
+                            signal_group(pgid, libc::SIGTERM);
+                        } else {
+                            // The ranks get SIGTERM where they run; srun ends when they do.
+                            match step_id(&job, &step_name).await {
+                                Some(id) => {
+                                    let _ = tokio::process::Command::new("scancel").args(["--signal=TERM", &id]).status().await;
+                                }
+                                None => signal_group(pgid, libc::SIGTERM),
+                            }
+                            if !kill_armed {
+                                kill_armed = true;
+                                kill_at.as_mut().reset(tokio::time::Instant::now() + grace);
+                            }
+                        }
+                    }
+                    _ = &mut kill_at, if kill_armed => {
+                        tracing::warn!(trial = %trial_id, "the job step still runs after SIGTERM; ending it");
+                        signal_group(pgid, libc::SIGTERM);
+                        kill_armed = false;
+                    }
+                }
+            };
+            let _ = std::fs::remove_file(&rendezvous);
+            let aggregator = registration.aggregator();
+            let outcome = match status {
+                Ok(s) if s.success() => {
+                    for r in 0..world {
+                        aggregator.rank_finished(r);
+                    }
+                    ExitOutcome::Completed
+                }
+                _ if requested > StopLevel::Run => {
+                    aggregator.fail();
+                    ExitOutcome::Stopped
+                }
+                Ok(s) => {
+                    aggregator.fail();
+                    match failed {
+                        Some((rank, node, how)) => {
+                            let log = &log_paths.get(rank as usize).cloned().unwrap_or(srun_log.clone());
+                            let tail = log_tail(log, 20);
+                            let tail =
+                                if tail.is_empty() { String::new() } else { format!("; last log lines ({}):\n{tail}", log.display()) };
+                            ExitOutcome::Failed(format!("rank {rank} (on {node}) {}{tail}", how.to_lowercase()))
+                        }
+                        None => {
+                            let tail = log_tail(&srun_log, 20);
+                            ExitOutcome::Failed(format!(
+                                "the job step {}; {}:\n{tail}",
+                                if s.signal().is_some() { describe_exit(s) } else { format!("ended: srun {}", describe_exit(s)) },
+                                srun_log.display()
+                            ))
+                        }
+                    }
+                }
+                Err(e) => {
+                    aggregator.fail();
+                    ExitOutcome::Failed(format!("failed to wait for srun: {e}"))
+                }
+            };
+            // Its reports are refused from here on.
+            drop(registration);
+            let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
+        });
+        Ok(handle)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn srun_lines_name_their_task() {
+        assert_eq!(labelled("0: hello: world"), Some((0, "hello: world")));
+        assert_eq!(labelled(" 12: x"), Some((12, "x")));
+        assert_eq!(labelled("srun: error: node2: task 1: Exited with exit code 3"), None);
+        assert_eq!(
+            failed_task("srun: error: node2: task 1: Exited with exit code 3"),
+            Some((1, "node2".into(), "Exited with exit code 3".into()))
+        );
+        assert_eq!(failed_task("srun: error: node1: task 0: Killed"), Some((0, "node1".into(), "Killed".into())));
+        assert_eq!(failed_task("srun: Job step aborted"), None);
+    }
+}
