@@ -42,3 +42,55 @@ fn an_allocation_is_read_per_node_from_scontrol_and_from_the_environment() {
     assert!(cpus.iter().all(|&c| c >= 1), "{shown}");
     assert_eq!(cpus, SlurmAllocation::from_vars(&vars).unwrap().nodes.iter().map(|n| n.cpus).collect::<Vec<_>>(), "{env}");
 }
+
+/// `salloc -N2 nestor run sweep.toml`: each trial is a job step whose two
+/// ranks (STRICT_SPREAD) run on different nodes, with their torchrun
+/// variables, and report to the driver; the sweep ends as it would on one machine.
+#[test]
+fn inside_an_allocation_a_trials_ranks_run_as_one_step_across_the_nodes() {
+    let cluster = SlurmCluster::start(2, 2, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    common::write(
+        dir.path(),
+        &common::sweep(
+            "spanning",
+            "num_samples = 2\nmax_concurrent_trials = 2",
+            "x = { grid = [0.2, 0.7] }\nsteps = 3\nsleep_ms = 50\ncheckpoint = true",
+            "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = { CPU = 1 }\n\n[checkpoint]\nfrequency = 1",
+        ),
+    );
+    let nestor = common::nestor_bin();
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(&nestor)
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = common::ok(out);
+    assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
+    assert!(stderr.contains("nestor: Slurm job ") && stderr.contains("2 node(s): node1 {CPU: 2"), "{stderr}");
+    let exp = dir.path().join("runs/spanning");
+    let store = tuner::store::Store::open_existing(&exp.join("store")).unwrap();
+    let trials = store.trials().unwrap();
+    assert_eq!(trials.len(), 4, "{stdout}");
+    for t in &trials {
+        assert_eq!(t.status, tuner::TrialStatus::Terminated, "{}: {:?}", t.id, t.error);
+        let logs = exp.join("trials").join(&t.id).join("logs");
+        let mut nodes = Vec::new();
+        for rank in 0..2 {
+            let log = std::fs::read_to_string(logs.join(format!("rank-{rank}.log"))).unwrap();
+            let line = log.lines().find(|l| l.starts_with(&format!("nestor: rank {rank} of 2 on "))).unwrap_or_else(|| panic!("{log}"));
+            let node = line.split(" on ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+            assert!(line.contains(&format!("node rank {rank}, local rank 0")), "{line}");
+            nodes.push(node);
+        }
+        assert_ne!(nodes[0], nodes[1], "{}: both ranks on {}", t.id, nodes[0]);
+        // The record says where the ranks ran.
+        let booked: Vec<&str> = t.resources.iter().map(|w| w.node.as_str()).collect();
+        assert_eq!(booked, nodes.iter().map(String::as_str).collect::<Vec<_>>(), "{}", t.id);
+        assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 3, "{}", t.id);
+    }
+}

@@ -13,6 +13,7 @@ mod ack;
 mod aggregate;
 mod backend;
 mod checkpoint;
+mod cluster;
 mod collective;
 mod context;
 mod function;
@@ -38,6 +39,7 @@ pub use backend::{
     Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Reply, Report, StopLevel, TrialHandle,
 };
 pub use checkpoint::{check_source, checkpoint_dir_name, default_roots, persist_checkpoint, shard_for, CheckpointError};
+pub use cluster::{ClusterBackend, ClusterConfig};
 pub use collective::{CollectiveError, ReduceOp};
 pub use context::{Context, ReportError};
 pub use function::{FunctionBackend, TrainFn, TrainResult};

@@ -10,7 +10,7 @@ use schedulers::{Scheduler, SchedulerConfig};
 use search::{Algorithm, Config, Mode, SearchConfig, Space};
 
 use crate::config::{CheckpointConfig, FailureConfig};
-use trainer::{NodeResources, TrainerConfig};
+use trainer::{ClusterConfig, NodeResources, TrainerConfig};
 
 /// Errors in an experiment file or its overrides. Each names the file and the
 /// key (with line and column where the TOML parser gives them).
@@ -85,6 +85,9 @@ pub struct ExperimentFile {
     /// `[failure]`: restarts after failures, hang detection.
     #[serde(default, skip_serializing_if = "FailureConfig::is_default")]
     pub failure: FailureConfig,
+    /// `[cluster]`: this machine, or the Slurm allocation nestor runs inside.
+    #[serde(default, skip_serializing_if = "ClusterConfig::is_default")]
+    pub cluster: ClusterConfig,
 }
 
 /// `[experiment]`.

@@ -56,6 +56,9 @@ pub enum TuneError {
     /// A trial's bundles can never fit on the node.
     #[error(transparent)]
     Resources(#[from] trainer::ResourceError),
+    /// The cluster (a Slurm allocation) cannot be used.
+    #[error("cluster: {0}")]
+    Cluster(String),
     /// The checkpoint storage cannot be used.
     #[error(transparent)]
     Storage(trainer::StorageError),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper, TrialView};
 use search::{BasicVariantGenerator, Domain, SearchConfig, Searcher, Space};
-use trainer::{Backend, NodeResources, ProcessBackend, Request, ResourcePool, Storage, TrainLoop};
+use trainer::{Backend, NodeResources, ProcessBackend, Request, ResourcePool, SlurmBackend, Storage, TrainLoop};
 
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
 use crate::experiment::{ExperimentFile, Resolved};
@@ -273,6 +273,16 @@ impl Tuner {
         };
         let scheduler: Box<dyn Scheduler> = self.custom_scheduler.take().unwrap_or(configured);
         trainable.scaling.validate()?;
+        // Worker processes run on the Slurm allocation nestor is inside (unless [cluster] says local).
+        let allocation =
+            match &trainable.kind {
+                Kind::Train(TrainLoop::Process(_)) => file.cluster.allocation().map_err(|e| TuneError::Cluster(e.to_string()))?,
+                _ if file.cluster.backend == trainer::ClusterBackend::Slurm => return Err(TuneError::Cluster(
+                    "cluster.backend = \"slurm\" runs worker processes: give a [trainer] command (in-process trials run on this machine)"
+                        .into(),
+                )),
+                _ => None,
+            };
         let node = match (self.resources.take(), file.resources.is_empty(), &trainable.kind) {
             (Some(node), _, _) => node,
             // A simulation's slots are virtual: max_concurrent_trials of them.
@@ -283,8 +293,26 @@ impl Tuner {
             (None, false, _) => NodeResources::from_declared(&file.resources)?,
             (None, true, _) => NodeResources::detect(),
         };
-        let (node_description, node_gpus) = (node.describe(), node.gpu_note.clone());
-        let pool = ResourcePool::new(node);
+        let (mut node_description, mut node_gpus) = (node.describe(), node.gpu_note.clone());
+        let pool = match &allocation {
+            Some(a) => {
+                // Declared [resources] stand for each node.
+                let nodes: Vec<(String, NodeResources)> = a
+                    .node_resources()
+                    .into_iter()
+                    .map(|(name, detected)| (name, if file.resources.is_empty() { detected } else { node.clone() }))
+                    .collect();
+                node_description = format!(
+                    "Slurm job {}, {} node(s): {}",
+                    a.job_id,
+                    nodes.len(),
+                    nodes.iter().map(|(n, r)| format!("{n} {}", r.describe())).collect::<Vec<_>>().join(", ")
+                );
+                node_gpus = nodes.first().map(|(_, r)| r.gpu_note.clone()).unwrap_or_default();
+                ResourcePool::cluster(nodes)
+            }
+            None => ResourcePool::new(node),
+        };
         let request = Request::from_scaling(&trainable.scaling);
         // A trial that can never fit is refused now, not left pending.
         pool.check(&request)?;
@@ -373,6 +401,7 @@ impl Tuner {
             // num_to_keep but not yet deleted) go before any trial runs again.
             collect_garbage(&store, &storage).await?;
         }
+        let mut report_note = None;
         // A replay of recorded curves is a backend that is also the loop's (virtual) clock.
         let (backend, clock): (Arc<dyn Backend>, Arc<dyn Clock>) = match trainable.kind {
             Kind::Simulated(curves) => {
@@ -382,9 +411,20 @@ impl Tuner {
             Kind::Train(TrainLoop::Function(f)) => (Arc::new(f), Arc::new(WallClock::new())),
             Kind::Train(TrainLoop::Process(mut c)) => {
                 c.use_gpu = trainable.scaling.use_gpu;
-                let backend =
-                    ProcessBackend::start(c).await.map_err(|source| TuneError::Io { path: PathBuf::from("<report server>"), source })?;
-                (Arc::new(backend), Arc::new(WallClock::new()))
+                let server_err = |source| TuneError::Io { path: PathBuf::from("<report server>"), source };
+                match allocation {
+                    Some(a) => {
+                        // Other nodes must reach the report server: every interface, unless [trainer] report_bind says.
+                        if file.trainer.as_ref().and_then(|t| t.report_bind).is_none() {
+                            c.report_bind = std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0));
+                        }
+                        let advertise = file.cluster.report_address.clone().unwrap_or_else(host_name);
+                        let backend = SlurmBackend::start(c, a, Some(&advertise)).await.map_err(server_err)?;
+                        report_note = Some(format!("nestor: workers report to {}", backend.report_url()));
+                        (Arc::new(backend), Arc::new(WallClock::new()))
+                    }
+                    None => (Arc::new(ProcessBackend::start(c).await.map_err(server_err)?), Arc::new(WallClock::new())),
+                }
             }
         };
         let mut stoppers: Vec<Box<dyn Stopper>> = vec![Box::new(MetricThresholds(file.stop.clone()))];
@@ -397,7 +437,11 @@ impl Tuner {
         let max_concurrent = file.experiment.max_concurrent_trials.unwrap_or(usize::MAX).min(fit);
         let mut progress = crate::progress::Progress::new(self.progress, file.experiment.metric.clone());
         let planned = searcher.total_trials().unwrap_or(file.experiment.num_samples);
-        progress.note(&format!("nestor: node {}, {}", node_description, node_gpus));
+        let on = if pool.is_cluster() { "" } else { "node " };
+        progress.note(&format!("nestor: {on}{node_description}, {node_gpus}"));
+        if let Some(note) = report_note {
+            progress.note(&note);
+        }
         progress.note(&format!(
             "nestor: {} {} ({} trials, {} at a time)",
             if resuming { "resuming" } else { "experiment" },
@@ -582,6 +626,19 @@ async fn collect_garbage(store: &Store, storage: &Storage) -> Result<(), TuneErr
     });
     futures_util::stream::iter(sweeps).buffer_unordered(16).try_collect::<Vec<()>>().await?;
     Ok(())
+}
+
+/// This machine's host name (what other nodes know it by).
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if ok && end > 0 {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "localhost".into()
+    }
 }
 
 fn random_seed() -> u64 {
