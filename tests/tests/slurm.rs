@@ -93,4 +93,69 @@ fn inside_an_allocation_a_trials_ranks_run_as_one_step_across_the_nodes() {
         assert_eq!(booked, nodes.iter().map(String::as_str).collect::<Vec<_>>(), "{}", t.id);
         assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 3, "{}", t.id);
     }
+    // `nestor status` says where each trial's ranks ran.
+    drop(store);
+    let status = common::ok(common::nestor(dir.path(), &["status", "runs/spanning"]));
+    let nodes: Vec<&str> = status.lines().filter(|l| l.trim_start().starts_with("nodes: ")).collect();
+    assert_eq!(nodes.len(), 4, "{status}");
+    for l in nodes {
+        assert!(l.contains("node1 (rank ") && l.contains("node2 (rank "), "{l}");
+    }
+}
+
+/// The job's id from `salloc --no-shell`'s "Granted job allocation N".
+fn granted(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().find(|l| l.contains("Granted job allocation")).unwrap_or_else(|| panic!("salloc: {stderr}"));
+    line.rsplit(' ').next().unwrap().trim().to_string()
+}
+
+/// nestor's job steps of `job` still known to Slurm.
+fn nestor_steps(cluster: &SlurmCluster, job: &str) -> Vec<String> {
+    let out = cluster.run("squeue", &["-h", "-s", "-j", job, "-o", "%i %j"]);
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(" nestor-")).map(str::to_string).collect()
+}
+
+/// The driver killed with SIGKILL inside an allocation that goes on (as a
+/// batch script's would): its trials' job steps end with it.
+#[test]
+fn a_driver_killed_with_sigkill_leaves_no_job_step_running() {
+    let cluster = SlurmCluster::start(2, 2, 2000);
+    let alloc = cluster.run("salloc", &["--no-shell", "-N2", "--ntasks-per-node=2", "--mem=1000"]);
+    let job = granted(&alloc);
+    let dir = tempfile::tempdir().unwrap();
+    common::write(
+        dir.path(),
+        &common::sweep(
+            "killed",
+            "num_samples = 1\nmax_concurrent_trials = 2",
+            "x = { grid = [0.2, 0.7] }\nsteps = 1000\nsleep_ms = 100",
+            "num_workers = 2\nplacement_strategy = \"SPREAD\"\nresources_per_worker = { CPU = 1 }",
+        ),
+    );
+    let mut driver = std::process::Command::new(common::nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .env("SLURM_CONF", cluster.conf())
+        .env("SLURM_JOB_ID", &job)
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while nestor_steps(&cluster, &job).len() < 2 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the trials' steps never started");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+    let killed = std::time::Instant::now();
+    while !nestor_steps(&cluster, &job).is_empty() {
+        assert!(killed.elapsed() < std::time::Duration::from_secs(20), "steps left: {:?}", nestor_steps(&cluster, &job));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // The allocation itself is still there: the steps ended with the driver, not with the job.
+    let jobs = cluster.run("squeue", &["-h", "-j", &job, "-o", "%T"]);
+    assert_eq!(String::from_utf8_lossy(&jobs.stdout).trim(), "RUNNING");
+    let _ = cluster.run("scancel", &[&job]);
 }

@@ -266,6 +266,26 @@ fn workers_summary(bundles: &[trainer::WorkerBundle]) -> String {
     }
 }
 
+/// `node1 (ranks 0-1), node2 (rank 2)`: where a trial's ranks run (`None` on one machine).
+fn nodes_summary(bundles: &[trainer::WorkerBundle]) -> Option<String> {
+    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (rank, b) in bundles.iter().enumerate().filter(|(_, b)| !b.node.is_empty()) {
+        match groups.iter_mut().find(|(n, _)| *n == b.node) {
+            Some((_, ranks)) => ranks.push(rank),
+            None => groups.push((&b.node, vec![rank])),
+        }
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    let ranks = |r: &[usize]| match r {
+        [one] => format!("rank {one}"),
+        [first, .., last] if last - first + 1 == r.len() => format!("ranks {first}-{last}"),
+        _ => format!("ranks {}", r.iter().map(usize::to_string).collect::<Vec<_>>().join(",")),
+    };
+    Some(groups.iter().map(|(n, r)| format!("{n} ({})", ranks(r))).collect::<Vec<_>>().join(", "))
+}
+
 fn abs(p: &Path) -> String {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
 }
@@ -353,6 +373,9 @@ fn status(dir: &Path) -> Result<(), Failure> {
             writeln!(out, "    error: {}", headline(e)).map_err(out_err)?;
         } else if let Some(f) = &t.last_failure {
             writeln!(out, "    last failure: {}", headline(f)).map_err(out_err)?;
+        }
+        if let Some(nodes) = nodes_summary(&t.resources) {
+            writeln!(out, "    nodes: {nodes}").map_err(out_err)?;
         }
         if t.exploits > 0 {
             writeln!(out, "    exploits: {}", t.exploits).map_err(out_err)?;
