@@ -159,3 +159,63 @@ fn a_driver_killed_with_sigkill_leaves_no_job_step_running() {
     assert_eq!(String::from_utf8_lossy(&jobs.stdout).trim(), "RUNNING");
     let _ = cluster.run("scancel", &[&job]);
 }
+
+/// A rank killed on one node ends the whole step; the group restarts from
+/// its latest checkpoint (a failure, counted) and ends where an
+/// uninterrupted run ends, its state carried through.
+#[test]
+fn a_rank_killed_on_one_node_restarts_the_group_from_its_checkpoint() {
+    let cluster = SlurmCluster::start(2, 2, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    common::write(
+        dir.path(),
+        &common::sweep(
+            "rankdies",
+            "num_samples = 1",
+            "x = 0.5\nsteps = 12\nsleep_ms = 100\ncheckpoint = true\ndump_env = true",
+            "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = { CPU = 1 }\n\n\
+             [checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 1",
+        ),
+    );
+    let run = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(common::nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let trial = dir.path().join("runs/rankdies/trials/trial_00000");
+    // Once rank 1 is past step 3, kill it where it runs.
+    let started = std::time::Instant::now();
+    let pid = loop {
+        let log = std::fs::read_to_string(trial.join("logs/rank-1.log")).unwrap_or_default();
+        let dump = std::fs::read_to_string(trial.join("rank-1.json")).ok();
+        if let (true, Some(dump)) = (log.contains("acked step 3"), dump) {
+            let v: serde_json::Value = serde_json::from_str(&dump).unwrap();
+            break v["pid"].as_u64().unwrap() as i32;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "rank 1 never got past step 3: {log}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let out = run.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = common::ok(out);
+    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("rank 1 (on node2) was killed (SIGKILL)"), "the failure names the rank and its node: {stderr}");
+    let store = tuner::store::Store::open_existing(&dir.path().join("runs/rankdies/store")).unwrap();
+    let t = store.trial("trial_00000").unwrap().unwrap();
+    assert_eq!((t.status, t.failures, t.restarts), (tuner::TrialStatus::Terminated, 1, 1), "{:?}", t.last_failure);
+    let last = t.last_result.unwrap();
+    assert_eq!(last.training_iteration, 12);
+    // The same as a run never interrupted: the loss of step 12, and the sum of every step's (restored state).
+    let loss = |k: u64| (0.5f64 - 0.3).powi(2) + 1.0 / k as f64;
+    assert!((last.metrics["loss"] - loss(12)).abs() < 1e-9, "{:?}", last.metrics);
+    let acc: f64 = (1..=12).map(loss).sum();
+    assert!((last.metrics["acc"] - acc).abs() < 1e-9, "acc {} != {acc}", last.metrics["acc"]);
+}

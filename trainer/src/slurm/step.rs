@@ -9,7 +9,8 @@
 //! and `exec`s the worker. `srun --label` prefixes each line with its task,
 //! which the driver splits into `logs/rank-<r>.log`; srun's own lines go to
 //! `logs/srun.log`, and its `task N: Exited with exit code C` names the
-//! rank that failed. `--kill-on-bad-exit` ends the step when one rank fails.
+//! rank that failed (the others then read `Terminated`). `--kill-on-bad-exit`
+//! ends the step when one rank fails.
 //!
 //! Stopping: a graceful stop is `scancel --signal=TERM <job>.<step>` (the
 //! ranks get SIGTERM where they run); a kill is SIGTERM to `srun`, which
@@ -113,6 +114,18 @@ fn failed_task(line: &str) -> Option<(u32, String, String)> {
     let (task, how) = after.split_once(": ")?;
     let node = before.rsplit(": ").next().unwrap_or_default().to_string();
     Some((task.trim().parse().ok()?, node, how.trim().to_string()))
+}
+
+/// srun's word for how a task ended, as a rank's failure reads it.
+fn ended(how: &str) -> String {
+    match how {
+        "Killed" => "was killed (SIGKILL)".into(),
+        "Terminated" => "was terminated (SIGTERM)".into(),
+        _ => match how.strip_prefix("Exited with exit code ") {
+            Some(code) => format!("exited with code {code}"),
+            None => how.to_lowercase(),
+        },
+    }
 }
 
 /// `  3: text` -> (3, "text") for a line srun labelled with its task.
@@ -276,9 +289,9 @@ impl Backend for SlurmBackend {
                             }
                             _ => {
                                 let _ = writeln!(srun_file, "{line}");
-                                // The rank that failed, not one the step's end killed after it.
+                                // The rank that failed, not one the step's end terminated after it.
                                 if let Some(f) = failed_task(&line) {
-                                    if failed.as_ref().is_none_or(|(_, _, how)| how == "Killed" && f.2 != "Killed") {
+                                    if failed.as_ref().is_none_or(|(_, _, how)| how == "Terminated" && f.2 != "Terminated") {
                                         failed = Some(f);
                                     }
                                 }
@@ -335,7 +348,7 @@ impl Backend for SlurmBackend {
                             let tail = log_tail(log, 20);
                             let tail =
                                 if tail.is_empty() { String::new() } else { format!("; last log lines ({}):\n{tail}", log.display()) };
-                            ExitOutcome::Failed(format!("rank {rank} (on {node}) {}{tail}", how.to_lowercase()))
+                            ExitOutcome::Failed(format!("rank {rank} (on {node}) {}{tail}", ended(&how)))
                         }
                         None => {
                             let tail = log_tail(&srun_log, 20);
@@ -375,5 +388,8 @@ mod tests {
         );
         assert_eq!(failed_task("srun: error: node1: task 0: Killed"), Some((0, "node1".into(), "Killed".into())));
         assert_eq!(failed_task("srun: Job step aborted"), None);
+        assert_eq!(ended("Exited with exit code 3"), "exited with code 3");
+        assert_eq!(ended("Killed"), "was killed (SIGKILL)");
+        assert_eq!(ended("Segmentation fault"), "segmentation fault");
     }
 }
