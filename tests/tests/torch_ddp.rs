@@ -363,3 +363,44 @@ fn a_ddp_trial_grows_from_one_to_two_ranks_and_its_process_group_follows() {
         assert!(log.contains("process group world=2 backend=gloo rank_sum=3"), "{log}");
     }
 }
+
+/// The same sweep inside a 2-node Slurm allocation: every trial's two
+/// ranks run on different nodes (as one job step), form one gloo process
+/// group across them, and stay in sync epoch by epoch.
+#[test]
+fn the_ddp_sweep_spans_two_slurm_nodes_with_its_ranks_in_sync() {
+    let cluster = common::slurm::SlurmCluster::start(2, 2, 4000);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().display().to_string();
+    let path = format!("{}:{}", venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
+        .arg(nestor_bin())
+        .args(["run", "examples/torch_ddp/sweep.toml", "--storage", &storage, "--plain"])
+        .args(["--set", "experiment.num_samples=2", "--set", "trainer.placement_strategy=\"STRICT_SPREAD\""])
+        .current_dir(repo())
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = ok(out);
+    assert!(stdout.contains("2 trials (2 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("nestor: Slurm job "), "{stderr}");
+    let exp = dir.path().join("torch-ddp");
+    for t in 0..2 {
+        let trial = format!("trial_{t:05}");
+        let (sums0, log0) = rank_log(&exp, &trial, 0);
+        let (sums1, log1) = rank_log(&exp, &trial, 1);
+        let node = |log: &str, rank: u32| {
+            let line = log.lines().find(|l| l.starts_with(&format!("nestor: rank {rank} of 2 on "))).unwrap_or_else(|| panic!("{log}"));
+            line.split(" on ").nth(1).unwrap().split(' ').next().unwrap().to_string()
+        };
+        assert_ne!(node(&log0, 0), node(&log1, 1), "{trial}: both ranks on one node");
+        for log in [&log0, &log1] {
+            assert!(log.contains("process group world=2 backend=gloo rank_sum=3"), "{trial}: {log}");
+        }
+        assert_eq!(sums0.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4], "{trial}: {log0}");
+        assert_eq!(sums0, sums1, "{trial}: the ranks' parameters differ after some epoch");
+    }
+}
