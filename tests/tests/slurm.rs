@@ -219,3 +219,73 @@ fn a_rank_killed_on_one_node_restarts_the_group_from_its_checkpoint() {
     let acc: f64 = (1..=12).map(loss).sum();
     assert!((last.metrics["acc"] - acc).abs() < 1e-9, "acc {} != {acc}", last.metrics["acc"]);
 }
+
+/// `nestor resume` inside the allocation after the driver was killed: a
+/// step of the experiment still running in the job is cancelled first, and
+/// the trial goes on from its checkpoint to its end.
+#[test]
+fn a_resume_in_the_job_cancels_the_experiments_leftover_steps_and_finishes_the_sweep() {
+    let cluster = SlurmCluster::start(2, 2, 2000);
+    let job = granted(&cluster.run("salloc", &["--no-shell", "-N2", "--ntasks-per-node=2", "--mem=1000"]));
+    let dir = tempfile::tempdir().unwrap();
+    common::write(
+        dir.path(),
+        &common::sweep(
+            "resumed",
+            "num_samples = 1",
+            "x = 0.5\nsteps = 15\nsleep_ms = 100\ncheckpoint = true",
+            "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = { CPU = 1 }\n\n[checkpoint]\nfrequency = 1",
+        ),
+    );
+    let nestor = |args: &[&str]| {
+        let mut c = std::process::Command::new(common::nestor_bin());
+        c.args(args).env("SLURM_CONF", cluster.conf()).env("SLURM_JOB_ID", &job).current_dir(dir.path());
+        c
+    };
+    let mut driver = nestor(&["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let log = dir.path().join("runs/resumed/trials/trial_00000/logs/rank-0.log");
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("acked step 4") {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the trial never got to step 4");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+    // A step of this experiment that outlived its driver (as one whose srun was on another machine would).
+    let mut leftover = cluster
+        .cmd("srun")
+        .args([&format!("--jobid={job}"), "--job-name=nestor-resumed-trial_00000-0123abcd", "--exact", "-N1", "-n1", "--mem-per-cpu=100"])
+        .args(["sleep", "300"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while nestor_steps(&cluster, &job).is_empty() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "the leftover step never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = nestor(&["resume", "runs/resumed", "--plain"]).output().unwrap();
+    let stdout = common::ok(out);
+    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}");
+    // The leftover was cancelled (its srun is gone), and nothing of nestor's runs in the job.
+    let resumed = std::time::Instant::now();
+    while leftover.try_wait().unwrap().is_none() {
+        assert!(resumed.elapsed() < std::time::Duration::from_secs(10), "the leftover step still runs");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(nestor_steps(&cluster, &job).is_empty(), "{:?}", nestor_steps(&cluster, &job));
+    let store = tuner::store::Store::open_existing(&dir.path().join("runs/resumed/store")).unwrap();
+    let t = store.trial("trial_00000").unwrap().unwrap();
+    assert_eq!(t.status, tuner::TrialStatus::Terminated);
+    let last = t.last_result.unwrap();
+    assert_eq!(last.training_iteration, 15);
+    let loss = |k: u64| (0.5f64 - 0.3).powi(2) + 1.0 / k as f64;
+    let acc: f64 = (1..=15).map(loss).sum();
+    assert!((last.metrics["acc"] - acc).abs() < 1e-9, "the state did not carry through the resume: {:?}", last.metrics);
+    let _ = cluster.run("scancel", &[&job]);
+}

@@ -420,6 +420,8 @@ impl Tuner {
                         }
                         let advertise = file.cluster.report_address.clone().unwrap_or_else(host_name);
                         let backend = SlurmBackend::start(c, a, Some(&advertise)).await.map_err(server_err)?;
+                        // Steps an earlier driver of this experiment left running in this job go first.
+                        backend.cancel_leftovers(&exp_dir).await;
                         report_note = Some(format!("nestor: workers report to {}", backend.report_url()));
                         (Arc::new(backend), Arc::new(WallClock::new()))
                     }

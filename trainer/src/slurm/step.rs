@@ -106,6 +106,51 @@ impl SlurmBackend {
     pub fn allocation(&self) -> &SlurmAllocation {
         &self.allocation
     }
+
+    /// Cancels the job steps an earlier driver of the experiment in
+    /// `exp_dir` left in this job (named `nestor-<experiment>-...`), and
+    /// waits until Slurm has them gone; returns their ids.
+    pub async fn cancel_leftovers(&self, exp_dir: &std::path::Path) -> Vec<String> {
+        let prefix = step_prefix(&exp_dir.join("trials").join("t"));
+        let job = &self.allocation.job_id;
+        let listed = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i %j"]).output().await;
+        let Ok(listed) = listed else { return Vec::new() };
+        let ids: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(_, name)| name.trim().starts_with(&prefix))
+            .map(|(id, _)| id.to_string())
+            .collect();
+        if ids.is_empty() {
+            return ids;
+        }
+        tracing::warn!(steps = ?ids, "cancelling job steps an earlier run of this experiment left running");
+        let _ = tokio::process::Command::new("scancel").args(&ids).status().await;
+        for _ in 0..100 {
+            let left = match step_id_list(job).await {
+                Some(now) => ids.iter().any(|i| now.contains(i)),
+                None => false,
+            };
+            if !left {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ids
+    }
+}
+
+/// `nestor-<experiment>-`: the names of an experiment's job steps begin so
+/// (`trial_dir` is `<experiment dir>/trials/<id>`).
+fn step_prefix(trial_dir: &std::path::Path) -> String {
+    let exp = trial_dir.parent().and_then(|t| t.parent()).and_then(|e| e.file_name()).map(|n| n.to_string_lossy().into_owned());
+    format!("nestor-{}-", exp.unwrap_or_default())
+}
+
+/// The ids of `job`'s steps now.
+async fn step_id_list(job: &str) -> Option<Vec<String>> {
+    let out = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i"]).output().await.ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).lines().map(|l| l.trim().to_string()).collect())
 }
 
 /// A failed task as srun says it: `srun: error: node2: task 1: Exited with exit code 3`.
@@ -175,7 +220,7 @@ impl Backend for SlurmBackend {
         let master = self.allocation.node(order[0]).map_or_else(|| order[0].to_string(), |n| n.addr.clone());
         let master_port = free_port();
         let rendezvous = logs.join(format!(".rendezvous-{}", &token[..16]));
-        let step_name = format!("nestor-{}-{}", spec.trial_id, &token[..8]);
+        let step_name = format!("{}{}-{}", step_prefix(&spec.trial_dir), spec.trial_id, &token[..8]);
         let cpus_per_task = bundles.iter().map(|b| b.cpus.ceil().max(1.0) as u64).max().unwrap_or(1);
         // Memory per CPU: what a rank asked for, else its node's share per CPU (so steps run side by side).
         let mem_per_cpu_mb = match bundles.iter().map(|b| b.memory_bytes).fold(0.0, f64::max) {
