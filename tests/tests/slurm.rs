@@ -289,3 +289,36 @@ fn a_resume_in_the_job_cancels_the_experiments_leftover_steps_and_finishes_the_s
     assert!((last.metrics["acc"] - acc).abs() < 1e-9, "the state did not carry through the resume: {:?}", last.metrics);
     let _ = cluster.run("scancel", &[&job]);
 }
+
+/// A node that does not see the experiment's directory: the sweep is
+/// refused before anything is written, naming the directory and the node.
+#[test]
+fn an_experiment_directory_a_node_cannot_see_is_refused_before_anything_runs() {
+    let shared = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start_hiding(2, 2, 2000, Some((1, shared.path())));
+    let dir = tempfile::tempdir().unwrap();
+    common::write(
+        dir.path(),
+        &common::sweep("unseen", "num_samples = 1", "x = 0.5\nsteps = 2", "num_workers = 2\nresources_per_worker = { CPU = 1 }"),
+    );
+    let runs = shared.path().join("runs");
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(common::nestor_bin())
+        .args(["run", "sweep.toml", "--storage"])
+        .arg(&runs)
+        .arg("--plain")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{} is not visible on node2", runs.display())) && stderr.contains("a file system all nodes share"),
+        "{stderr}"
+    );
+    // Nothing of the experiment was written, and no probe file is left.
+    let left: Vec<_> = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "{left:?}");
+}

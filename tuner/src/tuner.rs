@@ -293,6 +293,13 @@ impl Tuner {
             (None, false, _) => NodeResources::from_declared(&file.resources)?,
             (None, true, _) => NodeResources::detect(),
         };
+        if let Some(a) = &allocation {
+            // Trials write below the experiment's directory wherever their ranks run: every node must see it.
+            let root = std::path::absolute(file.experiment.local_root())
+                .map_err(|source| TuneError::Io { path: PathBuf::from(file.experiment.local_root()), source })?;
+            std::fs::create_dir_all(&root).map_err(|source| TuneError::Io { path: root.clone(), source })?;
+            a.check_shared(&root).map_err(|e| TuneError::Cluster(e.0))?;
+        }
         let (mut node_description, mut node_gpus) = (node.describe(), node.gpu_note.clone());
         let pool = match &allocation {
             Some(a) => {

@@ -50,6 +50,14 @@ fn hostname() -> String {
 impl SlurmCluster {
     /// `nodes` nodes of `cpus` CPUs and `memory_mb` MB each, all idle when this returns.
     pub fn start(nodes: usize, cpus: u32, memory_mb: u64) -> Self {
+        Self::start_hiding(nodes, cpus, memory_mb, None)
+    }
+
+    /// [`SlurmCluster::start`], with `hidden = (node, dir)`: that node's
+    /// slurmd (and so every task it runs) sees an empty `dir`, a tmpfs
+    /// mounted over it in a mount namespace of its own, as a node without
+    /// the file system the others share.
+    pub fn start_hiding(nodes: usize, cpus: u32, memory_mb: u64, hidden: Option<(usize, &Path)>) -> Self {
         ensure_installed();
         let dir = tempfile::Builder::new().prefix("slurm").tempdir().unwrap();
         let d = dir.path();
@@ -92,8 +100,21 @@ impl SlurmCluster {
                 .unwrap_or_else(|e| panic!("start {program}: {e}"))
         };
         let mut cluster = Self { conf: conf_path.clone(), daemons: vec![spawn("slurmctld", &["-i"])], nodes: names.clone(), dir };
-        for n in &names {
-            cluster.daemons.push(spawn("slurmd", &["-N", n]));
+        for (i, n) in names.iter().enumerate() {
+            match hidden {
+                Some((h, path)) if h == i => {
+                    let script =
+                        format!("mount -t tmpfs nestor-hidden '{}' && exec slurmd -D -f '{}' -N {n}", path.display(), conf_path.display());
+                    let child = Command::new("unshare")
+                        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .expect("start slurmd in a mount namespace");
+                    cluster.daemons.push(child);
+                }
+                _ => cluster.daemons.push(spawn("slurmd", &["-N", n])),
+            }
         }
         cluster.wait_idle(Duration::from_secs(30));
         cluster

@@ -145,6 +145,60 @@ impl SlurmAllocation {
         }
     }
 
+    /// Checks that every node sees `dir` as this machine does: a file
+    /// written here is read back on each node by a one-task-per-node job
+    /// step. Trials write their checkpoints, logs and rendezvous files
+    /// below the experiment's directory, wherever their ranks run.
+    pub fn check_shared(&self, dir: &std::path::Path) -> Result<(), SlurmError> {
+        let token = format!(
+            "{:x}{:x}",
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+        );
+        let probe = dir.join(format!(".nestor-shared-{token}"));
+        std::fs::write(&probe, &token).map_err(|e| SlurmError(format!("cannot write {}: {e}", probe.display())))?;
+        let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+        let n = names.len().to_string();
+        let out = Command::new("srun")
+            .arg(format!("--jobid={}", self.job_id))
+            .args(["--job-name=nestor-probe", "--exact", "--label", "--mem-per-cpu=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"])
+            .args(["--nodes", &n, "--ntasks", &n, "--nodelist", &names.join(",")])
+            .args(["/bin/sh", "-c", "printf '%s %s\\n' \"$SLURMD_NODENAME\" \"$(cat \"$1\" 2>/dev/null)\"", "probe"])
+            .arg(&probe)
+            .env_remove("SLURM_MEM_PER_NODE")
+            .env_remove("SLURM_MEM_PER_CPU")
+            .env_remove("SLURM_NTASKS")
+            .env_remove("SLURM_NPROCS")
+            .env_remove("SLURM_NTASKS_PER_NODE")
+            .output();
+        let _ = std::fs::remove_file(&probe);
+        let out = out.map_err(|e| SlurmError(format!("cannot run srun: {e}")))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let seeing: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_once(": ").map(|(_, rest)| rest))
+            .filter_map(|rest| rest.split_once(' ').filter(|(_, t)| t.trim() == token).map(|(node, _)| node))
+            .collect();
+        let blind: Vec<&str> = names.iter().copied().filter(|n| !seeing.contains(n)).collect();
+        if blind.is_empty() {
+            return Ok(());
+        }
+        if !out.status.success() && seeing.is_empty() {
+            return Err(SlurmError(format!(
+                "a job step to check {} on every node failed: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Err(SlurmError(format!(
+            "{} is not visible on {} (a file written here was not there): trials run on every node of the job and write \
+             their checkpoints, logs and rendezvous files below it; put the experiment on a file system all nodes share \
+             (experiment.storage or local_dir)",
+            dir.display(),
+            blind.join(", ")
+        )))
+    }
+
     /// The node named `name`.
     pub fn node(&self, name: &str) -> Option<&SlurmNode> {
         self.nodes.iter().find(|n| n.name == name)
