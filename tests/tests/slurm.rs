@@ -322,3 +322,50 @@ fn an_experiment_directory_a_node_cannot_see_is_refused_before_anything_runs() {
     let left: Vec<_> = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// `nestor submit`: the batch script goes next to the experiment, sbatch
+/// runs the sweep on whole nodes, and submitting again resumes it.
+#[test]
+fn submit_runs_the_sweep_as_a_batch_job_and_a_second_submit_resumes_it() {
+    let cluster = SlurmCluster::start(2, 2, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    common::write(
+        dir.path(),
+        &common::sweep(
+            "batch",
+            "num_samples = 1",
+            "x = { grid = [0.2, 0.7] }\nsteps = 3",
+            "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = { CPU = 1 }",
+        ),
+    );
+    let submit = || {
+        let out = std::process::Command::new(common::nestor_bin())
+            .args(["submit", "sweep.toml", "--nodes", "2", "--storage", "runs", "--time", "10"])
+            .env("SLURM_CONF", cluster.conf())
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stdout = common::ok(out);
+        let job = stdout.strip_prefix("Submitted job ").and_then(|r| r.split(':').next()).unwrap_or_else(|| panic!("{stdout}")).to_string();
+        assert!(stdout.contains(&format!("nestor status {}", dir.path().join("runs/batch").display())), "{stdout}");
+        let started = std::time::Instant::now();
+        loop {
+            let q = cluster.run("squeue", &["-h", "-j", &job, "-o", "%T"]);
+            if String::from_utf8_lossy(&q.stdout).trim().is_empty() {
+                break;
+            }
+            assert!(started.elapsed() < std::time::Duration::from_secs(60), "job {job} still queued or running");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        std::fs::read_to_string(dir.path().join(format!("runs/batch-{job}.out"))).unwrap()
+    };
+    let first = submit();
+    assert!(first.contains("nestor: Slurm job ") && first.contains("2 trials (2 TERMINATED)"), "{first}");
+    let script = std::fs::read_to_string(dir.path().join("runs/batch.sbatch")).unwrap();
+    assert!(script.contains("#SBATCH --nodes=2") && script.contains("#SBATCH --time=10"), "{script}");
+    let status = common::ok(common::nestor(dir.path(), &["status", "runs/batch"]));
+    assert_eq!(status.lines().filter(|l| l.contains("nodes: node1 (rank ") || l.contains("nodes: node2 (rank ")).count(), 2, "{status}");
+    // Submitted again: the job resumes the finished experiment instead of refusing to overwrite it.
+    let second = submit();
+    assert!(second.contains("nestor: resuming ") && second.contains("2 trials (2 TERMINATED)"), "{second}");
+}

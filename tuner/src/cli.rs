@@ -72,6 +72,39 @@ enum Command {
         #[arg(long)]
         plain: bool,
     },
+    /// Submit the sweep as a Slurm batch job over `--nodes` nodes: writes
+    /// the batch script next to the experiment (`<storage>/<name>.sbatch`)
+    /// and prints the job's id and the experiment directory. The job runs
+    /// `nestor run`, or `nestor resume` when the experiment exists already,
+    /// so submitting again continues it.
+    Submit {
+        /// The experiment file (TOML).
+        file: PathBuf,
+        /// Nodes of the job.
+        #[arg(long)]
+        nodes: u32,
+        /// GPUs per node.
+        #[arg(long)]
+        gpus_per_node: Option<u32>,
+        /// The partition.
+        #[arg(long)]
+        partition: Option<String>,
+        /// The job's time limit (Slurm's forms: minutes, HH:MM:SS, D-HH:MM).
+        #[arg(long)]
+        time: Option<String>,
+        /// Override a key of the file.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Where experiments go (overrides experiment.storage).
+        #[arg(long)]
+        storage: Option<PathBuf>,
+        /// Print the script instead of submitting it.
+        #[arg(long)]
+        dry_run: bool,
+        /// More sbatch options, after `--`.
+        #[arg(last = true)]
+        sbatch_args: Vec<String>,
+    },
     /// Continue an interrupted or crashed experiment.
     Resume {
         /// The experiment directory (<storage>/<name>).
@@ -222,6 +255,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let iterations: u64 = grid.iter().map(|t| t.history.len() as u64).sum();
             println!("Simulated {} trials, {iterations} iterations, in {:.2} s", grid.len(), started.elapsed().as_secs_f64());
             Ok(())
+        }
+        Command::Submit { file, nodes, gpus_per_node, partition, time, sets, storage, dry_run, sbatch_args } => {
+            let mut sets = sets;
+            if let Some(s) = storage {
+                sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
+            }
+            let job = SubmitJob { file: &file, nodes, gpus_per_node, partition, time, sets: &sets, sbatch_args: &sbatch_args };
+            submit(&job, dry_run)
         }
         Command::Resume { dir, plain } => {
             let tuner = Tuner::restore(&dir, None)?.progress(progress(plain));
@@ -561,6 +602,97 @@ fn export(dir: &Path, format: Format) -> Result<(), Failure> {
         }
     }
     out.flush().map_err(out_err)
+}
+
+/// What `nestor submit` was asked for.
+struct SubmitJob<'a> {
+    file: &'a Path,
+    nodes: u32,
+    gpus_per_node: Option<u32>,
+    partition: Option<String>,
+    time: Option<String>,
+    sets: &'a [String],
+    sbatch_args: &'a [String],
+}
+
+/// A word as the shell reads it back unchanged.
+fn sh_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// Writes the batch script of `job` next to its experiment and submits it with sbatch.
+fn submit(job: &SubmitJob<'_>, dry_run: bool) -> Result<(), Failure> {
+    let fail = |message: String| Failure { code: 2, message };
+    if job.nodes == 0 {
+        return Err(fail("--nodes must be at least 1".into()));
+    }
+    // Checked now, so a bad file fails here and not in the queue.
+    let experiment = ExperimentFile::read(job.file, job.sets).map_err(TuneError::from)?;
+    experiment.clone().resolve(&job.file.display().to_string()).map_err(TuneError::from)?;
+    let abs = |p: &Path| std::path::absolute(p).map_err(|e| fail(format!("{}: {e}", p.display())));
+    let root = abs(Path::new(&experiment.experiment.local_root()))?;
+    let exp_dir = root.join(&experiment.experiment.name);
+    let nestor = std::env::current_exe().map_err(|e| fail(format!("cannot find the nestor binary: {e}")))?;
+    let cwd = std::env::current_dir().map_err(|e| fail(format!("the working directory: {e}")))?;
+    let mut lines = vec![
+        "#!/bin/bash".to_string(),
+        format!("#SBATCH --job-name={}", sh_quote(&format!("nestor-{}", experiment.experiment.name))),
+        format!("#SBATCH --nodes={}", job.nodes),
+        // Whole nodes: the sweep places its trials' ranks on them itself.
+        "#SBATCH --exclusive".to_string(),
+        "#SBATCH --mem=0".to_string(),
+        format!("#SBATCH --output={}", root.join(format!("{}-%j.out", experiment.experiment.name)).display()),
+        // Time limit: SIGTERM two minutes before, and nestor stops its trials so they resume later.
+        "#SBATCH --signal=B:TERM@120".to_string(),
+    ];
+    if let Some(g) = job.gpus_per_node {
+        lines.push(format!("#SBATCH --gpus-per-node={g}"));
+    }
+    if let Some(p) = &job.partition {
+        lines.push(format!("#SBATCH --partition={}", sh_quote(p)));
+    }
+    if let Some(t) = &job.time {
+        lines.push(format!("#SBATCH --time={}", sh_quote(t)));
+    }
+    for a in job.sbatch_args {
+        lines.push(format!("#SBATCH {}", sh_quote(a)));
+    }
+    let sets: String = job.sets.iter().map(|s| format!(" --set {}", sh_quote(s))).collect();
+    lines.push(String::new());
+    lines.push(format!("cd {}", sh_quote(&cwd.display().to_string())));
+    lines.push(format!("if [ -d {}/store ]; then", sh_quote(&exp_dir.display().to_string())));
+    lines.push(format!("    exec {} resume {} --plain", sh_quote(&nestor.display().to_string()), sh_quote(&exp_dir.display().to_string())));
+    lines.push("else".into());
+    lines.push(format!(
+        "    exec {} run {}{sets} --plain",
+        sh_quote(&nestor.display().to_string()),
+        sh_quote(&abs(job.file)?.display().to_string())
+    ));
+    lines.push("fi".into());
+    let script = lines.join("\n") + "\n";
+    if dry_run {
+        print!("{script}");
+        return Ok(());
+    }
+    std::fs::create_dir_all(&root).map_err(|e| fail(format!("{}: {e}", root.display())))?;
+    let path = root.join(format!("{}.sbatch", experiment.experiment.name));
+    std::fs::write(&path, &script).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    let out = std::process::Command::new("sbatch")
+        .arg("--parsable")
+        .arg(&path)
+        .output()
+        .map_err(|e| fail(format!("cannot run sbatch (is this a Slurm cluster's login node?): {e}")))?;
+    if !out.status.success() {
+        return Err(fail(format!("sbatch {}: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    let id = String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap_or_default().to_string();
+    println!("Submitted job {id}: {} ({})", exp_dir.display(), path.display());
+    println!("  nestor status {}", exp_dir.display());
+    Ok(())
 }
 
 fn sample(file: &Path, n: u64, sets: &[String]) -> Result<(), Failure> {
