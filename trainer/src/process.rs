@@ -135,6 +135,23 @@ pub(crate) async fn wait_groups_gone(pgids: &[i32]) {
     tracing::warn!(?pgids, "processes of a finished trial are still exiting");
 }
 
+/// Has the child get `signal` when the thread that spawned it (the
+/// driver's) goes, and not start at all if the driver is gone already.
+pub(crate) fn dies_with_driver(cmd: &mut tokio::process::Command, signal: i32) {
+    let parent = std::process::id() as i32;
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, signal);
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The variables every rank of a run gets alike: where the driver listens
 /// and the run's token, the trial, its config and checkpoint cadence, the
 /// collective's backend, and where the ranks meet (`MASTER_ADDR`,
@@ -213,18 +230,7 @@ impl ProcessBackend {
         if let Some(dir) = &cfg.working_dir {
             cmd.current_dir(dir);
         }
-        let parent = std::process::id() as i32;
-        // SAFETY: the closure runs in the forked child before exec and calls
-        // only async-signal-safe functions (prctl, getppid, _exit).
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
+        dies_with_driver(&mut cmd, libc::SIGKILL);
         Ok(cmd)
     }
 }

@@ -233,27 +233,7 @@ impl SlurmAllocation {
 /// several bracket groups in one name give every combination).
 pub fn expand_hostlist(list: &str) -> Result<Vec<String>, SlurmError> {
     let bad = |why: &str| SlurmError(format!("host list {list:?}: {why}"));
-    // Split at the commas outside brackets.
-    let mut entries = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
-    for (i, c) in list.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
-                entries.push(&list[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-        if !(0..=1).contains(&depth) {
-            return Err(bad("unbalanced or nested brackets"));
-        }
-    }
-    if depth != 0 {
-        return Err(bad("unbalanced brackets"));
-    }
-    entries.push(&list[start..]);
+    let entries = split_outside(list, '[', ']').ok_or_else(|| bad("unbalanced or nested brackets"))?;
     let mut out = Vec::new();
     for entry in entries.into_iter().map(str::trim).filter(|e| !e.is_empty()) {
         let mut names = vec![String::new()];
@@ -295,6 +275,27 @@ fn node_addresses(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Splits `s` at the commas outside `open`/`close` pairs (not nested);
+/// `None` when they are unbalanced or nested.
+fn split_outside(s: &str, open: char, close: char) -> Option<Vec<&str>> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in s.char_indices() {
+        if c == open {
+            depth += 1;
+        } else if c == close {
+            depth -= 1;
+        } else if c == ',' && depth == 0 {
+            parts.push(&s[start..i]);
+            start = i + 1;
+        }
+        if !(0..=1).contains(&depth) {
+            return None;
+        }
+    }
+    parts.push(&s[start..]);
+    (depth == 0).then_some(parts)
+}
+
 /// `4(x2),2` -> `[4, 4, 2]` (Slurm's per-node counts).
 fn parse_counts(s: &str) -> Result<Vec<u32>, String> {
     let mut out = Vec::new();
@@ -328,20 +329,7 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
 /// `gpu:a100:4(IDX:0-3),nic:1` -> `[0, 1]`, `[0, 1, 2, 3]`.
 fn parse_gres_gpus(gres: &str) -> Result<Vec<u32>, String> {
     let mut out = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
-    let mut items = Vec::new();
-    for (i, c) in gres.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                items.push(&gres[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    items.push(&gres[start..]);
+    let items = split_outside(gres, '(', ')').ok_or_else(|| format!("{gres:?}: unbalanced parentheses"))?;
     for item in items.into_iter().filter(|i| i.starts_with("gpu")) {
         match item.split_once("(IDX:") {
             Some((_, idx)) => out.extend(parse_ids(idx.trim_end_matches(')'))?),

@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 
 use super::SlurmAllocation;
 use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
-use crate::process::{common_env, describe_exit, free_port, log_tail, random_token, signal_group, ProcessConfig};
+use crate::process::{common_env, describe_exit, dies_with_driver, free_port, log_tail, random_token, signal_group, ProcessConfig};
 use crate::service::ReportServer;
 
 /// `srun` options a job's environment may carry that would change a
@@ -266,18 +266,8 @@ impl Backend for SlurmBackend {
         if let Some(dir) = &cfg.working_dir {
             cmd.current_dir(dir);
         }
-        let parent = std::process::id() as i32;
-        // SAFETY: runs in the forked child before exec; prctl, getppid and _exit are async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                // srun ends its step on SIGTERM: the driver's death takes the step with it.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
+        // srun ends its step on SIGTERM: the driver's death takes the step with it.
+        dies_with_driver(&mut cmd, libc::SIGTERM);
         let log_paths: Vec<PathBuf> = (0..world).map(|r| logs.join(format!("rank-{r}.log"))).collect();
         let srun_log = logs.join("srun.log");
         let open = |p: &PathBuf| {
