@@ -10,6 +10,23 @@ use std::collections::BTreeMap;
 use common::slurm::SlurmCluster;
 use trainer::SlurmAllocation;
 
+/// Writes `dir/sweep.toml`: the fixture worker, each trial's 2 ranks one
+/// per node (STRICT_SPREAD, a CPU each), with `extra` after `[trainer]`'s keys.
+fn spanning_sweep(dir: &std::path::Path, name: &str, experiment: &str, space: &str, extra: &str) {
+    let trainer = format!("num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = {{ CPU = 1 }}\n{extra}");
+    common::write(dir, &common::sweep(name, experiment, space, &trainer));
+}
+
+/// `salloc -N2 --ntasks-per-node=2 --mem=1000 nestor run sweep.toml --storage runs --plain` in `dir`.
+fn salloc_run(cluster: &SlurmCluster, dir: &std::path::Path) -> std::process::Command {
+    let mut c = cluster.cmd("salloc");
+    c.args(["-N2", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(common::nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir);
+    c
+}
+
 /// Inside an allocation, the job is read per node, from `scontrol` and from
 /// the job's environment alike.
 #[test]
@@ -50,24 +67,14 @@ fn an_allocation_is_read_per_node_from_scontrol_and_from_the_environment() {
 fn inside_an_allocation_a_trials_ranks_run_as_one_step_across_the_nodes() {
     let cluster = SlurmCluster::start(2, 2, 2000);
     let dir = tempfile::tempdir().unwrap();
-    common::write(
+    spanning_sweep(
         dir.path(),
-        &common::sweep(
-            "spanning",
-            "num_samples = 2\nmax_concurrent_trials = 2",
-            "x = { grid = [0.2, 0.7] }\nsteps = 3\nsleep_ms = 50\ncheckpoint = true",
-            "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = { CPU = 1 }\n\n[checkpoint]\nfrequency = 1",
-        ),
+        "spanning",
+        "num_samples = 2\nmax_concurrent_trials = 2",
+        "x = { grid = [0.2, 0.7] }\nsteps = 3\nsleep_ms = 50\ncheckpoint = true",
+        "\n[checkpoint]\nfrequency = 1",
     );
-    let nestor = common::nestor_bin();
-    let out = cluster
-        .cmd("salloc")
-        .args(["-N2", "--ntasks-per-node=2", "--mem=1000"])
-        .arg(&nestor)
-        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    let out = salloc_run(&cluster, dir.path()).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = common::ok(out);
     assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
@@ -124,14 +131,12 @@ fn a_driver_killed_with_sigkill_leaves_no_job_step_running() {
     let alloc = cluster.run("salloc", &["--no-shell", "-N2", "--ntasks-per-node=2", "--mem=1000"]);
     let job = granted(&alloc);
     let dir = tempfile::tempdir().unwrap();
-    common::write(
+    spanning_sweep(
         dir.path(),
-        &common::sweep(
-            "killed",
-            "num_samples = 1\nmax_concurrent_trials = 2",
-            "x = { grid = [0.2, 0.7] }\nsteps = 1000\nsleep_ms = 100",
-            "num_workers = 2\nplacement_strategy = \"SPREAD\"\nresources_per_worker = { CPU = 1 }",
-        ),
+        "killed",
+        "num_samples = 1\nmax_concurrent_trials = 2",
+        "x = { grid = [0.2, 0.7] }\nsteps = 1000\nsleep_ms = 100",
+        "",
     );
     let mut driver = std::process::Command::new(common::nestor_bin())
         .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
@@ -167,26 +172,14 @@ fn a_driver_killed_with_sigkill_leaves_no_job_step_running() {
 fn a_rank_killed_on_one_node_restarts_the_group_from_its_checkpoint() {
     let cluster = SlurmCluster::start(2, 2, 2000);
     let dir = tempfile::tempdir().unwrap();
-    common::write(
+    spanning_sweep(
         dir.path(),
-        &common::sweep(
-            "rankdies",
-            "num_samples = 1",
-            "x = 0.5\nsteps = 12\nsleep_ms = 100\ncheckpoint = true\ndump_env = true",
-            "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = { CPU = 1 }\n\n\
-             [checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 1",
-        ),
+        "rankdies",
+        "num_samples = 1",
+        "x = 0.5\nsteps = 12\nsleep_ms = 100\ncheckpoint = true\ndump_env = true",
+        "\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 1",
     );
-    let run = cluster
-        .cmd("salloc")
-        .args(["-N2", "--ntasks-per-node=2", "--mem=1000"])
-        .arg(common::nestor_bin())
-        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let run = salloc_run(&cluster, dir.path()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let trial = dir.path().join("runs/rankdies/trials/trial_00000");
     // Once rank 1 is past step 3, kill it where it runs.
     let started = std::time::Instant::now();
@@ -228,14 +221,12 @@ fn a_resume_in_the_job_cancels_the_experiments_leftover_steps_and_finishes_the_s
     let cluster = SlurmCluster::start(2, 2, 2000);
     let job = granted(&cluster.run("salloc", &["--no-shell", "-N2", "--ntasks-per-node=2", "--mem=1000"]));
     let dir = tempfile::tempdir().unwrap();
-    common::write(
+    spanning_sweep(
         dir.path(),
-        &common::sweep(
-            "resumed",
-            "num_samples = 1",
-            "x = 0.5\nsteps = 15\nsleep_ms = 100\ncheckpoint = true",
-            "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = { CPU = 1 }\n\n[checkpoint]\nfrequency = 1",
-        ),
+        "resumed",
+        "num_samples = 1",
+        "x = 0.5\nsteps = 15\nsleep_ms = 100\ncheckpoint = true",
+        "\n[checkpoint]\nfrequency = 1",
     );
     let nestor = |args: &[&str]| {
         let mut c = std::process::Command::new(common::nestor_bin());
@@ -329,15 +320,7 @@ fn an_experiment_directory_a_node_cannot_see_is_refused_before_anything_runs() {
 fn submit_runs_the_sweep_as_a_batch_job_and_a_second_submit_resumes_it() {
     let cluster = SlurmCluster::start(2, 2, 2000);
     let dir = tempfile::tempdir().unwrap();
-    common::write(
-        dir.path(),
-        &common::sweep(
-            "batch",
-            "num_samples = 1",
-            "x = { grid = [0.2, 0.7] }\nsteps = 3",
-            "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = { CPU = 1 }",
-        ),
-    );
+    spanning_sweep(dir.path(), "batch", "num_samples = 1", "x = { grid = [0.2, 0.7] }\nsteps = 3", "");
     let submit = || {
         let out = std::process::Command::new(common::nestor_bin())
             .args(["submit", "sweep.toml", "--nodes", "2", "--storage", "runs", "--time", "10"])
