@@ -352,3 +352,34 @@ fn submit_runs_the_sweep_as_a_batch_job_and_a_second_submit_resumes_it() {
     let second = submit();
     assert!(second.contains("nestor: resuming ") && second.contains("2 trials (2 TERMINATED)"), "{second}");
 }
+
+/// `hang_timeout_s` across nodes: rank 1 (on node2) stops reporting and
+/// ignores SIGTERM; the driver kills the whole step, names the rank it was
+/// waiting on, and the group restarts from its checkpoint to the end.
+#[test]
+fn a_rank_hung_on_another_node_is_killed_with_its_step_and_the_trial_restarts() {
+    let cluster = SlurmCluster::start(2, 2, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    spanning_sweep(
+        dir.path(),
+        "hung",
+        "num_samples = 1",
+        "x = 0.5\nsteps = 5\nsleep_ms = 50\ncheckpoint = true\nhang_at = 3\nfail_rank = 1\nignore_sigterm = true",
+        "\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 1\nhang_timeout_s = 1.0",
+    );
+    let out = salloc_run(&cluster, dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = common::ok(out);
+    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("trial_00000: hung: no report for 1 s (failure.hang_timeout_s) after iteration 2; waiting on rank 1"),
+        "{stderr}"
+    );
+    let store = tuner::store::Store::open_existing(&dir.path().join("runs/hung/store")).unwrap();
+    let t = store.trial("trial_00000").unwrap().unwrap();
+    assert_eq!((t.status, t.failures), (tuner::TrialStatus::Terminated, 1));
+    assert!(t.last_failure.as_deref().unwrap_or_default().contains("hanging on purpose at step 3"), "{:?}", t.last_failure);
+    assert_eq!(t.last_result.unwrap().training_iteration, 5);
+    let jobs = cluster.run("squeue", &["-h", "-s", "-o", "%j"]);
+    assert!(!String::from_utf8_lossy(&jobs.stdout).contains("nestor-"), "a step outlived the sweep");
+}
