@@ -383,3 +383,56 @@ fn a_rank_hung_on_another_node_is_killed_with_its_step_and_the_trial_restarts() 
     let jobs = cluster.run("squeue", &["-h", "-s", "-o", "%j"]);
     assert!(!String::from_utf8_lossy(&jobs.stdout).contains("nestor-"), "a step outlived the sweep");
 }
+
+/// A node goes down mid-trial (its slurmd, step daemons and tasks killed at
+/// once) in an allocation that survives it (`salloc --no-kill`): the hung
+/// step is killed, the node is set aside once Slurm cannot reach it, and
+/// the trial finishes on the other nodes from its checkpoint.
+#[test]
+fn a_node_that_goes_down_is_set_aside_and_the_trial_finishes_on_the_others() {
+    let mut cluster = SlurmCluster::start(3, 2, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    spanning_sweep(
+        dir.path(),
+        "nodedown",
+        "num_samples = 1",
+        "x = 0.5\nsteps = 15\nsleep_ms = 100\ncheckpoint = true",
+        "\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 3\nhang_timeout_s = 2.0",
+    );
+    let run = cluster
+        .cmd("salloc")
+        .args(["--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(common::nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = dir.path().join("runs/nodedown/trials/trial_00000/logs/rank-1.log");
+    let started = std::time::Instant::now();
+    let node = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("acked step 3") {
+            let first = text.lines().next().unwrap();
+            break first.split(" on ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "rank 1 never got past step 3: {text}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    cluster.kill_node(&node);
+    let out = run.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = common::ok(out);
+    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains(&format!("node {node} is set aside for the rest of the sweep")), "{stderr}");
+    let store = tuner::store::Store::open_existing(&dir.path().join("runs/nodedown/store")).unwrap();
+    let t = store.trial("trial_00000").unwrap().unwrap();
+    assert_eq!(t.status, tuner::TrialStatus::Terminated);
+    assert!(t.resources.iter().all(|w| w.node != node), "the last run used the lost node: {:?}", t.resources);
+    let last = t.last_result.unwrap();
+    assert_eq!(last.training_iteration, 15);
+    let loss = |k: u64| (0.5f64 - 0.3).powi(2) + 1.0 / k as f64;
+    let acc: f64 = (1..=15).map(loss).sum();
+    assert!((last.metrics["acc"] - acc).abs() < 1e-9, "the state did not carry through: {:?}", last.metrics);
+}

@@ -297,4 +297,10 @@ pub enum LaunchError {
 pub trait Backend: Send + Sync {
     /// Starts one run of a trial. Its reports and its exit arrive on `events`.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError>;
+
+    /// Nodes found down or failing over and over, with why: no run should
+    /// be placed on them again. Asked after every run's end (none, on one machine).
+    fn lost_nodes(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }

@@ -732,6 +732,25 @@ impl ResourcePool {
         }
     }
 
+    /// Takes node `name` out of the pool for good (it went down): nothing
+    /// more is placed on it, and what runs there now is not given back.
+    /// False when there is no such node or it was set aside already.
+    pub fn set_aside(&mut self, name: &str) -> bool {
+        let Some(node) = self.nodes.iter_mut().find(|n| n.name == name) else { return false };
+        let none = Free {
+            cpu: 0,
+            memory: 0,
+            custom: node.total.custom.keys().map(|k| (k.clone(), 0)).collect(),
+            gpu: vec![0; node.total.gpu.len()],
+        };
+        if node.total == none {
+            return false;
+        }
+        node.total = none.clone();
+        node.free = none;
+        true
+    }
+
     /// Returns an allocation's resources to the pool.
     pub fn release(&mut self, alloc: &Allocation) {
         for p in &alloc.parts {
@@ -894,6 +913,15 @@ mod tests {
         let f = pool.try_allocate(&req(3, 1.0, 0.0, PlacementStrategy::StrictPack)).unwrap();
         assert_eq!(f.nodes().len(), 1);
         assert_ne!(e.nodes(), f.nodes());
+        // A node set aside takes nothing more, and what ran there is not given back.
+        let on = e.nodes()[0].to_string();
+        assert!(pool.set_aside(&on));
+        assert!(!pool.set_aside(&on), "once");
+        pool.release(&e);
+        pool.release(&f);
+        let g = pool.try_allocate(&req(2, 1.0, 0.0, PlacementStrategy::StrictSpread)).unwrap();
+        assert!(!g.nodes().contains(&on.as_str()), "{:?}", g.nodes());
+        assert!(pool.check(&req(3, 1.0, 0.0, PlacementStrategy::StrictSpread)).is_err(), "two nodes are left");
     }
 
     #[test]

@@ -645,6 +645,8 @@ fn submit(job: &SubmitJob<'_>, dry_run: bool) -> Result<(), Failure> {
         // Whole nodes: the sweep places its trials' ranks on them itself.
         "#SBATCH --exclusive".to_string(),
         "#SBATCH --mem=0".to_string(),
+        // A node that goes down is set aside and the sweep goes on with the others.
+        "#SBATCH --no-kill".to_string(),
         format!("#SBATCH --output={}", root.join(format!("{}-%j.out", experiment.experiment.name)).display()),
         // Time limit: SIGTERM two minutes before, and nestor stops its trials so they resume later.
         "#SBATCH --signal=B:TERM@120".to_string(),

@@ -74,7 +74,7 @@ impl SlurmCluster {
              ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\n\
              SelectTypeParameters=CR_Core_Memory\nMpiDefault=none\nReturnToService=2\nSlurmdParameters=config_overrides\n\
              JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\nInactiveLimit=0\n\
-             KillWait=2\nMinJobAge=5\nSlurmdTimeout=10\nSlurmctldTimeout=10\nMessageTimeout=5\n",
+             KillWait=2\nMinJobAge=5\nSlurmdTimeout=10\nSlurmctldTimeout=10\nMessageTimeout=3\n",
             ctld = free_port(),
             slurmd = free_port(),
             d = d.display(),
@@ -163,11 +163,28 @@ impl SlurmCluster {
         }
     }
 
-    /// Stops node `name`'s slurmd at once (SIGKILL), as a node that goes down.
+    /// Node `name` goes down as a machine that loses power: its slurmd,
+    /// its step daemons (they hold its log open) and every task it runs
+    /// (`SLURMD_NODENAME=<name>`) are killed at once.
     pub fn kill_node(&mut self, name: &str) {
         let i = self.nodes.iter().position(|n| n == name).expect("a node of this cluster") + 1;
         let _ = self.daemons[i].kill();
         let _ = self.daemons[i].wait();
+        let log = self.dir().join(format!("slurmd-{name}.log"));
+        let env = format!("SLURMD_NODENAME={name}");
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let holds_log = std::fs::read_dir(e.path().join("fd"))
+                .map(|fds| fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == log)))
+                .unwrap_or(false);
+            let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
+            let runs_there = environ.split(|&b| b == 0).any(|kv| kv == env.as_bytes());
+            if pid != std::process::id() as i32 && (holds_log || runs_there) {
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
     }
 }
 

@@ -17,6 +17,7 @@
 //! then ends the step on every node. `srun` gets that same SIGTERM when the
 //! driver dies (`PR_SET_PDEATHSIG`), so a killed driver leaves no step behind.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -34,7 +35,7 @@ use crate::service::ReportServer;
 
 /// `srun` options a job's environment may carry that would change a
 /// step's shape: the step is described by nestor's own options only.
-const STEP_SHAPING: &[&str] = &[
+pub(super) const STEP_SHAPING: &[&str] = &[
     "SLURM_NTASKS",
     "SLURM_NPROCS",
     "SLURM_NTASKS_PER_NODE",
@@ -72,6 +73,9 @@ unset NESTOR_RANKS_LOCAL NESTOR_RANKS_NODE NESTOR_RANKS_LWS NESTOR_RANKS_OMP NES
 echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK)" >&2
 exec "$@""#;
 
+/// Failures of runs blamed on one node before it is set aside.
+pub const FAILURES_BEFORE_SET_ASIDE: u32 = 3;
+
 /// Launches each trial run as a job step of the allocation nestor runs in.
 #[derive(Debug, Clone)]
 pub struct SlurmBackend {
@@ -80,6 +84,43 @@ pub struct SlurmBackend {
     allocation: Arc<SlurmAllocation>,
     /// What workers are told to report to (`NESTOR_ADDR`).
     report_url: String,
+    /// Nodes' health, as the steps' ends tell it.
+    health: Arc<std::sync::Mutex<Health>>,
+}
+
+/// What the steps' ends said of the nodes.
+#[derive(Debug, Default)]
+struct Health {
+    /// Failed runs blamed on each node.
+    failures: BTreeMap<String, u32>,
+    /// Nodes set aside, with why.
+    lost: BTreeMap<String, String>,
+}
+
+impl Health {
+    fn node_down(&mut self, node: &str, why: &str) {
+        self.lost.entry(node.to_string()).or_insert_with(|| why.to_string());
+    }
+
+    fn blame(&mut self, node: &str) {
+        let n = self.failures.entry(node.to_string()).or_insert(0);
+        *n += 1;
+        if *n >= FAILURES_BEFORE_SET_ASIDE {
+            let why = format!("{n} runs failed on it");
+            self.node_down(node, &why);
+        }
+    }
+}
+
+/// A node srun says is gone: `srun: error: Node failure on node2`, or
+/// `srun: error: Task launch for StepId=4.1 failed on node node2: Communication connection failure`.
+fn node_lost(line: &str) -> Option<(String, String)> {
+    if let Some((_, node)) = line.split_once("Node failure on ") {
+        return Some((node.trim().to_string(), "Slurm reports a node failure".into()));
+    }
+    let (_, rest) = line.split_once(" failed on node ")?;
+    let (node, why) = rest.split_once(": ")?;
+    Some((node.trim().to_string(), format!("a job step could not start there: {}", why.trim())))
 }
 
 impl SlurmBackend {
@@ -94,7 +135,13 @@ impl SlurmBackend {
             Some(host) => format!("http://{host}:{port}"),
             None => server.url(),
         };
-        Ok(Self { config: Arc::new(config), server: Arc::new(server), allocation: Arc::new(allocation), report_url })
+        Ok(Self {
+            config: Arc::new(config),
+            server: Arc::new(server),
+            allocation: Arc::new(allocation),
+            report_url,
+            health: Arc::default(),
+        })
     }
 
     /// The URL workers report to.
@@ -179,6 +226,29 @@ fn labelled(line: &str) -> Option<(u32, &str)> {
     Some((task.parse().ok()?, text))
 }
 
+/// How long a node has to run a trivial job step before it counts as gone.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Whether `node` of `job` still runs a job step (`true` on it): a healthy
+/// node answers in well under a second.
+async fn answers(job: &str, node: &str) -> bool {
+    let mut srun = tokio::process::Command::new("srun");
+    for k in STEP_SHAPING {
+        srun.env_remove(k);
+    }
+    let probe = srun
+        .arg(format!("--jobid={job}"))
+        .args(["--job-name=nestor-probe", "--exact", "--nodes=1", "--ntasks=1", "--mem-per-cpu=1", "--quiet"])
+        .arg(format!("--nodelist={node}"))
+        .arg("true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .status();
+    matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(s)) if s.success())
+}
+
 /// The id (`job.step`) of the step named `name` of `job`, from squeue.
 async fn step_id(job: &str, name: &str) -> Option<String> {
     let out = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i %j"]).output().await.ok()?;
@@ -188,6 +258,11 @@ async fn step_id(job: &str, name: &str) -> Option<String> {
 }
 
 impl Backend for SlurmBackend {
+    fn lost_nodes(&self) -> Vec<(String, String)> {
+        let health = self.health.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        health.lost.iter().map(|(n, why)| (n.clone(), why.clone())).collect()
+    }
+
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let cfg = &self.config;
         let logs = spec.trial_dir.join("logs");
@@ -307,9 +382,12 @@ impl Backend for SlurmBackend {
         let grace = cfg.grace_period;
         let trial_id = spec.trial_id;
         let job = self.allocation.job_id.clone();
+        let health = Arc::clone(&self.health);
+        let rank_nodes: Vec<String> = bundles.iter().map(|b| b.node.clone()).collect();
         tokio::spawn(async move {
             let mut requested = StopLevel::Run;
             let mut failed: Option<(u32, String, String)> = None;
+            let mut lost: Option<(String, String)> = None;
             let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
             let kill_at = tokio::time::sleep_until(far);
             tokio::pin!(kill_at);
@@ -324,6 +402,9 @@ impl Backend for SlurmBackend {
                             }
                             _ => {
                                 let _ = writeln!(srun_file, "{line}");
+                                if let Some(l) = node_lost(&line) {
+                                    lost.get_or_insert(l);
+                                }
                                 // The rank that failed, not one the step's end terminated after it.
                                 if let Some(f) = failed_task(&line) {
                                     if failed.as_ref().is_none_or(|(_, _, how)| how == "Terminated" && f.2 != "Terminated") {
@@ -364,7 +445,50 @@ impl Backend for SlurmBackend {
             };
             let _ = std::fs::remove_file(&rendezvous);
             let aggregator = registration.aggregator();
+            // Which nodes to ask whether they are still there: the failed rank's, or after a
+            // kill (a hang), those of the ranks the step waited for (all, if none had reported).
+            let failed_here = matches!(&status, Ok(s) if !s.success()) && requested == StopLevel::Run;
+            let suspects: Vec<String> = match (&failed, requested) {
+                _ if lost.is_some() => Vec::new(),
+                (Some((_, node, _)), StopLevel::Run) if failed_here => vec![node.clone()],
+                (_, StopLevel::Kill) => {
+                    let lagging = aggregator.lagging_ranks();
+                    let mut nodes: Vec<String> = if lagging.is_empty() {
+                        rank_nodes.clone()
+                    } else {
+                        lagging.iter().filter_map(|&r| rank_nodes.get(r as usize).cloned()).collect()
+                    };
+                    nodes.dedup();
+                    nodes
+                }
+                _ => Vec::new(),
+            };
+            let mut gone = Vec::new();
+            for node in suspects {
+                if !answers(&job, &node).await {
+                    gone.push(node);
+                }
+            }
+            {
+                let mut h = health.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some((node, why)) = &lost {
+                    h.node_down(node, why);
+                }
+                for node in &gone {
+                    h.node_down(node, &format!("it did not run a job step within {} s", PROBE_TIMEOUT.as_secs()));
+                }
+                if let (Some((_, node, _)), true, true) = (&failed, failed_here, gone.is_empty()) {
+                    h.blame(node);
+                }
+            }
+            let lost = lost.or_else(|| gone.first().map(|n| (n.clone(), "it stopped answering".to_string())));
             let outcome = match status {
+                // A node lost under a step fails the run, whatever srun's status.
+                _ if lost.is_some() && requested != StopLevel::Graceful => {
+                    aggregator.fail();
+                    let (node, why) = lost.unwrap_or_default();
+                    ExitOutcome::Failed(format!("node {node} was lost ({why}); it is set aside for the rest of the sweep"))
+                }
                 Ok(s) if s.success() => {
                     for r in 0..world {
                         aggregator.rank_finished(r);
@@ -426,5 +550,16 @@ mod tests {
         assert_eq!(ended("Exited with exit code 3"), "exited with code 3");
         assert_eq!(ended("Killed"), "was killed (SIGKILL)");
         assert_eq!(ended("Segmentation fault"), "segmentation fault");
+        assert_eq!(node_lost("srun: error: Node failure on node2"), Some(("node2".into(), "Slurm reports a node failure".into())));
+        let launch = "srun: error: Task launch for StepId=11.0 failed on node node3: Communication connection failure";
+        assert_eq!(node_lost(launch).unwrap().0, "node3");
+        assert_eq!(node_lost("srun: error: node2: task 1: Killed"), None);
+        let mut h = Health::default();
+        for _ in 1..FAILURES_BEFORE_SET_ASIDE {
+            h.blame("node1");
+        }
+        assert!(h.lost.is_empty());
+        h.blame("node1");
+        assert_eq!(h.lost["node1"], "3 runs failed on it");
     }
 }

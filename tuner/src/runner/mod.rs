@@ -260,6 +260,8 @@ struct Phase {
     told_no_more: bool,
     /// The first trial error, for fail_fast's message.
     first_error: Option<String>,
+    /// Nodes were lost and what is left can hold no trial: why the sweep stopped.
+    out_of_nodes: Option<String>,
     /// When hangs were last looked for.
     last_hang_check: Option<Instant>,
 }
@@ -493,9 +495,13 @@ impl Runner {
         self.store.flush()?;
         self.checkpoints.drain().await;
         let (interrupted, fail_fast, first_error) = (self.phase.interrupts > 0, self.settings.fail_fast, self.phase.first_error.take());
+        let out_of_nodes = self.phase.out_of_nodes.take();
         self.reporter.close().await;
         if interrupted {
             return Ok(Finish::Interrupted);
+        }
+        if let Some(msg) = out_of_nodes {
+            return Err(TuneError::Cluster(msg));
         }
         if let (true, Some(e)) = (fail_fast, first_error) {
             return Err(TuneError::FailFast(e));
@@ -844,7 +850,30 @@ impl Runner {
         }
     }
 
+    /// Nodes the backend found lost leave the pool for the rest of the
+    /// sweep; when what is left can hold no trial, the sweep stops, its
+    /// trials left to resume in another allocation.
+    fn set_aside_lost_nodes(&mut self) {
+        for (node, why) in self.backend.lost_nodes() {
+            if !self.pool.set_aside(&node) {
+                continue;
+            }
+            self.reporter.report(Output::Note(&format!("node {node} is set aside for the rest of the sweep: {why}")));
+            if let (Err(e), None) = (self.pool.check(&self.settings.request), &self.phase.out_of_nodes) {
+                let msg = format!("{e}: continue it in an allocation with more nodes (nestor resume {})", self.settings.exp_dir.display());
+                self.reporter.report(Output::Note(&format!("stopping the sweep: {msg}")));
+                self.phase.out_of_nodes = Some(msg);
+                self.phase.stopping = true;
+                for r in self.trials.running.values_mut() {
+                    r.ending.get_or_insert(Ending::Interrupted);
+                    r.handle.stop(StopLevel::Graceful);
+                }
+            }
+        }
+    }
+
     fn on_exit(&mut self, trial_id: &str, outcome: ExitOutcome) -> Result<(), TuneError> {
+        self.set_aside_lost_nodes();
         let Some(mut r) = self.trials.running.remove(trial_id) else { return Ok(()) };
         // The backend reports an exit only once every process is gone.
         self.pool.release(&r.allocation);
