@@ -6,7 +6,8 @@
 #
 #   VENV=$(examples/torch_ddp/venv.sh) && "$VENV/bin/python" -c 'import torch'
 #
-# NESTOR_PY_CACHE overrides where environments are kept (default ~/.cache/nestor).
+# NESTOR_PY_CACHE overrides where environments are kept (default ~/.cache/nestor);
+# NESTOR_VENV_EXISTING=1 only prints an environment that exists (else fails).
 set -euo pipefail
 TORCH_VERSION=2.15.0
 GRPCIO_VERSION=1.85.1
@@ -19,6 +20,10 @@ pyver="$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_in
 cache="${NESTOR_PY_CACHE:-$HOME/.cache/nestor}"
 venv="$cache/venv-torch$TORCH_VERSION-grpcio$GRPCIO_VERSION-protobuf$PROTOBUF_VERSION-py$pyver"
 if [ ! -f "$venv/.complete" ]; then
+    if [ -n "${NESTOR_VENV_EXISTING:-}" ]; then
+        echo "no complete environment at $venv" >&2
+        exit 1
+    fi
     rm -rf "$venv"
     mkdir -p "$cache"
     "$python" -m venv "$venv" >&2
