@@ -159,12 +159,7 @@ impl SlurmAllocation {
         std::fs::write(&probe, &token).map_err(|e| SlurmError(format!("cannot write {}: {e}", probe.display())))?;
         let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
         let n = names.len().to_string();
-        let mut srun = Command::new("srun");
-        for k in step::STEP_SHAPING {
-            srun.env_remove(k);
-        }
-        let out = srun
-            .arg(format!("--jobid={}", self.job_id))
+        let out = step::srun(&self.job_id)
             .args(["--job-name=nestor-probe", "--exact", "--label", "--mem-per-cpu=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"])
             .args(["--nodes", &n, "--ntasks", &n, "--nodelist", &names.join(",")])
             .args(["/bin/sh", "-c", "printf '%s %s\\n' \"$SLURMD_NODENAME\" \"$(cat \"$1\" 2>/dev/null)\"", "probe"])

@@ -35,7 +35,7 @@ use crate::service::ReportServer;
 
 /// `srun` options a job's environment may carry that would change a
 /// step's shape: the step is described by nestor's own options only.
-pub(super) const STEP_SHAPING: &[&str] = &[
+const STEP_SHAPING: &[&str] = &[
     "SLURM_NTASKS",
     "SLURM_NPROCS",
     "SLURM_NTASKS_PER_NODE",
@@ -158,27 +158,16 @@ impl SlurmBackend {
     /// `exp_dir` left in this job (named `nestor-<experiment>-...`), and
     /// waits until Slurm has them gone; returns their ids.
     pub async fn cancel_leftovers(&self, exp_dir: &std::path::Path) -> Vec<String> {
-        let prefix = step_prefix(&exp_dir.join("trials").join("t"));
+        let prefix = step_prefix(exp_dir);
         let job = &self.allocation.job_id;
-        let listed = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i %j"]).output().await;
-        let Ok(listed) = listed else { return Vec::new() };
-        let ids: Vec<String> = String::from_utf8_lossy(&listed.stdout)
-            .lines()
-            .filter_map(|l| l.split_once(' '))
-            .filter(|(_, name)| name.trim().starts_with(&prefix))
-            .map(|(id, _)| id.to_string())
-            .collect();
+        let ids: Vec<String> = steps(job).await.into_iter().filter(|(_, name)| name.starts_with(&prefix)).map(|(id, _)| id).collect();
         if ids.is_empty() {
             return ids;
         }
         tracing::warn!(steps = ?ids, "cancelling job steps an earlier run of this experiment left running");
         let _ = tokio::process::Command::new("scancel").args(&ids).status().await;
         for _ in 0..100 {
-            let left = match step_id_list(job).await {
-                Some(now) => ids.iter().any(|i| now.contains(i)),
-                None => false,
-            };
-            if !left {
+            if !steps(job).await.iter().any(|(id, _)| ids.contains(id)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -187,17 +176,31 @@ impl SlurmBackend {
     }
 }
 
-/// `nestor-<experiment>-`: the names of an experiment's job steps begin so
-/// (`trial_dir` is `<experiment dir>/trials/<id>`).
-fn step_prefix(trial_dir: &std::path::Path) -> String {
-    let exp = trial_dir.parent().and_then(|t| t.parent()).and_then(|e| e.file_name()).map(|n| n.to_string_lossy().into_owned());
-    format!("nestor-{}-", exp.unwrap_or_default())
+/// `nestor-<experiment>-`: the names of the job steps of the experiment in `exp_dir` begin so.
+fn step_prefix(exp_dir: &std::path::Path) -> String {
+    format!("nestor-{}-", exp_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
 }
 
-/// The ids of `job`'s steps now.
-async fn step_id_list(job: &str) -> Option<Vec<String>> {
-    let out = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i"]).output().await.ok()?;
-    Some(String::from_utf8_lossy(&out.stdout).lines().map(|l| l.trim().to_string()).collect())
+/// `job`'s steps now, as (`job.step` id, name); none when squeue cannot answer.
+async fn steps(job: &str) -> Vec<(String, String)> {
+    let Ok(out) = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i %j"]).output().await else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(id, name)| (id.trim().to_string(), name.trim().to_string())))
+        .collect()
+}
+
+/// An `srun` for a step of `job`, without the step-shaping options the
+/// job's environment may carry.
+pub(super) fn srun(job: &str) -> std::process::Command {
+    let mut c = std::process::Command::new("srun");
+    for k in STEP_SHAPING {
+        c.env_remove(k);
+    }
+    c.arg(format!("--jobid={job}"));
+    c
 }
 
 /// A failed task as srun says it: `srun: error: node2: task 1: Exited with exit code 3`.
@@ -232,12 +235,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Whether `node` of `job` still runs a job step (`true` on it): a healthy
 /// node answers in well under a second.
 async fn answers(job: &str, node: &str) -> bool {
-    let mut srun = tokio::process::Command::new("srun");
-    for k in STEP_SHAPING {
-        srun.env_remove(k);
-    }
-    let probe = srun
-        .arg(format!("--jobid={job}"))
+    let probe = tokio::process::Command::from(srun(job))
         .args(["--job-name=nestor-probe", "--exact", "--nodes=1", "--ntasks=1", "--mem-per-cpu=1", "--quiet"])
         .arg(format!("--nodelist={node}"))
         .arg("true")
@@ -247,14 +245,6 @@ async fn answers(job: &str, node: &str) -> bool {
         .kill_on_drop(true)
         .status();
     matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(s)) if s.success())
-}
-
-/// The id (`job.step`) of the step named `name` of `job`, from squeue.
-async fn step_id(job: &str, name: &str) -> Option<String> {
-    let out = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i %j"]).output().await.ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.split_once(' ').filter(|(_, n)| n.trim() == name).map(|(id, _)| id.to_string()))
 }
 
 impl Backend for SlurmBackend {
@@ -271,13 +261,11 @@ impl Backend for SlurmBackend {
         let bundles: Vec<_> = (0..world).map(|r| spec.bundle(r)).collect();
         // Each rank's node, in rank order; a node's number is its place among the nodes the run uses.
         let mut order: Vec<&str> = Vec::new();
-        for b in &bundles {
-            if b.node.is_empty() || self.allocation.node(&b.node).is_none() {
+        for (rank, b) in bundles.iter().enumerate() {
+            if self.allocation.node(&b.node).is_none() {
                 return Err(LaunchError::Refused(format!(
-                    "rank {} has no node of Slurm job {} (got {:?})",
-                    bundles.iter().position(|x| std::ptr::eq(x, b)).unwrap_or(0),
-                    self.allocation.job_id,
-                    b.node
+                    "rank {rank} has no node of Slurm job {} (got {:?})",
+                    self.allocation.job_id, b.node
                 )));
             }
             if !order.contains(&b.node.as_str()) {
@@ -295,7 +283,9 @@ impl Backend for SlurmBackend {
         let master = self.allocation.node(order[0]).map_or_else(|| order[0].to_string(), |n| n.addr.clone());
         let master_port = free_port();
         let rendezvous = logs.join(format!(".rendezvous-{}", &token[..16]));
-        let step_name = format!("{}{}-{}", step_prefix(&spec.trial_dir), spec.trial_id, &token[..8]);
+        // <experiment>/trials/<id>: the experiment's directory is two up.
+        let exp_dir = spec.trial_dir.parent().and_then(std::path::Path::parent).unwrap_or(&spec.trial_dir);
+        let step_name = format!("{}{}-{}", step_prefix(exp_dir), spec.trial_id, &token[..8]);
         let cpus_per_task = bundles.iter().map(|b| b.cpus.ceil().max(1.0) as u64).max().unwrap_or(1);
         // Memory per CPU: what a rank asked for, else its node's share per CPU (so steps run side by side).
         let mem_per_cpu_mb = match bundles.iter().map(|b| b.memory_bytes).fold(0.0, f64::max) {
@@ -305,9 +295,8 @@ impl Backend for SlurmBackend {
                 .node(order[0])
                 .and_then(|n| n.memory_bytes.map(|m| (m / f64::from(n.cpus.max(1)) / 1048576.0).floor().max(1.0) as u64)),
         };
-        let mut cmd = tokio::process::Command::new("srun");
-        cmd.arg(format!("--jobid={}", self.allocation.job_id))
-            .arg(format!("--job-name={step_name}"))
+        let mut cmd = tokio::process::Command::from(srun(&self.allocation.job_id));
+        cmd.arg(format!("--job-name={step_name}"))
             .args(["--exact", "--kill-on-bad-exit=1", "--label", "--distribution=arbitrary", "--export=ALL"])
             .arg(format!("--nodelist={}", bundles.iter().map(|b| b.node.as_str()).collect::<Vec<_>>().join(",")))
             .arg(format!("--ntasks={world}"))
@@ -317,9 +306,6 @@ impl Backend for SlurmBackend {
             cmd.arg(format!("--mem-per-cpu={m}"));
         }
         cmd.args(["/bin/sh", "-c", PROLOGUE, "nestor-rank"]).args(&cfg.command);
-        for k in STEP_SHAPING {
-            cmd.env_remove(k);
-        }
         cmd.envs(&cfg.env)
             .envs(common_env(cfg, &spec, &self.report_url, &token, &master, master_port, &rendezvous))
             .env("NESTOR_RANKS_LOCAL", table(&|r| local[r].to_string()))
@@ -424,7 +410,7 @@ impl Backend for SlurmBackend {
                             signal_group(pgid, libc::SIGTERM);
                         } else {
                             // The ranks get SIGTERM where they run; srun ends when they do.
-                            match step_id(&job, &step_name).await {
+                            match steps(&job).await.into_iter().find(|(_, n)| *n == step_name).map(|(id, _)| id) {
                                 Some(id) => {
                                     let _ = tokio::process::Command::new("scancel").args(["--signal=TERM", &id]).status().await;
                                 }
