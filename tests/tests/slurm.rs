@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::slurm::SlurmCluster;
+use common::slurm::{Options, SlurmCluster};
 use trainer::SlurmAllocation;
 
 /// Writes `dir/sweep.toml`: the fixture worker, each trial's 2 ranks one
@@ -286,7 +286,7 @@ fn a_resume_in_the_job_cancels_the_experiments_leftover_steps_and_finishes_the_s
 #[test]
 fn an_experiment_directory_a_node_cannot_see_is_refused_before_anything_runs() {
     let shared = tempfile::tempdir().unwrap();
-    let cluster = SlurmCluster::start_hiding(2, 2, 2000, Some((1, shared.path())));
+    let cluster = SlurmCluster::start_with(2, 2, 2000, Options { hidden: Some((1, shared.path().to_path_buf())), ..Options::default() });
     let dir = tempfile::tempdir().unwrap();
     common::write(
         dir.path(),
@@ -435,4 +435,93 @@ fn a_node_that_goes_down_is_set_aside_and_the_trial_finishes_on_the_others() {
     let loss = |k: u64| (0.5f64 - 0.3).powi(2) + 1.0 / k as f64;
     let acc: f64 = (1..=15).map(loss).sum();
     assert!((last.metrics["acc"] - acc).abs() < 1e-9, "the state did not carry through: {:?}", last.metrics);
+}
+
+/// Each rank's `rank-<r>.json` (the fixture's `dump_env`) and the node its log says it ran on.
+fn rank_dumps(exp: &std::path::Path, trial: &str, world: u32) -> Vec<(serde_json::Value, String)> {
+    let dir = exp.join("trials").join(trial);
+    (0..world)
+        .map(|r| {
+            let dump: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(format!("rank-{r}.json"))).unwrap()).unwrap();
+            let log = std::fs::read_to_string(dir.join(format!("logs/rank-{r}.log"))).unwrap();
+            let line = log.lines().find(|l| l.starts_with(&format!("nestor: rank {r} of {world} on "))).unwrap_or_else(|| panic!("{log}"));
+            (dump, line.split(" on ").nth(1).unwrap().split(' ').next().unwrap().to_string())
+        })
+        .collect()
+}
+
+/// In an allocation with GPUs (GRES), a trial's step asks Slurm for its
+/// ranks' GPUs: each rank gets its own, steps running side by side never
+/// share one, and none waits for another's. A CPU-only trial's step asks for
+/// none, so CPU trials run side by side too, seeing no GPU.
+#[test]
+fn in_an_allocation_with_gpus_each_step_gets_its_ranks_gpus_from_slurm() {
+    let cluster = SlurmCluster::start_with(2, 4, 4000, Options { gpus: 2, ..Options::default() });
+    let alloc = cluster.run("salloc", &["--no-shell", "-N2", "--exclusive", "--gres=gpu:2", "--mem=0"]);
+    let job = granted(&alloc);
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, gpu: u32| {
+        let trainer = format!(
+            "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nuse_gpu = {}\nresources_per_worker = {{ CPU = 1, GPU = {gpu} }}",
+            gpu > 0
+        );
+        let space = "x = { grid = [0.1, 0.2, 0.3, 0.4] }\nsteps = 4\nsleep_ms = 300\ndump_env = true";
+        common::write(dir.path(), &common::sweep(name, "num_samples = 1\nmax_concurrent_trials = 4", space, &trainer));
+        let out = cluster
+            .cmd(common::nestor_bin().to_str().unwrap())
+            .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+            .env("SLURM_JOB_ID", &job)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stdout = common::ok(out);
+        assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}");
+        let exp = dir.path().join("runs").join(name);
+        let store = tuner::store::Store::open_existing(&exp.join("store")).unwrap();
+        let trials = store.trials().unwrap();
+        let ranks: Vec<(String, Vec<(serde_json::Value, String)>)> =
+            trials.iter().map(|t| (t.id.clone(), rank_dumps(&exp, &t.id, 2))).collect();
+        for t in &trials {
+            let log = std::fs::read_to_string(exp.join("trials").join(&t.id).join("logs/srun.log")).unwrap_or_default();
+            assert!(!log.contains("step creation temporarily disabled"), "{}'s step waited for another's resources: {log}", t.id);
+        }
+        ranks
+    };
+    // Two trials at a time: each rank a GPU of its node, as Slurm picked it.
+    let ranks = run("gpus", 1);
+    let started = |d: &serde_json::Value| d["started_at"].as_f64().unwrap();
+    let mut overlapped = 0;
+    for (i, (a, ra)) in ranks.iter().enumerate() {
+        let nodes: Vec<&str> = ra.iter().map(|(_, n)| n.as_str()).collect();
+        assert!(nodes.contains(&"node1") && nodes.contains(&"node2"), "{a}: {nodes:?}");
+        for (dump, node) in ra {
+            let cvd = dump["CUDA_VISIBLE_DEVICES"].as_str().unwrap_or_else(|| panic!("{a} on {node}: {dump}"));
+            assert!(cvd == "0" || cvd == "1", "{a} on {node}: CUDA_VISIBLE_DEVICES={cvd}");
+        }
+        // Runs of 4 x 300 ms that start less than 0.9 s apart ran side by side: their GPUs differ on each node.
+        for (b, rb) in &ranks[i + 1..] {
+            if (started(&ra[0].0) - started(&rb[0].0)).abs() < 0.9 {
+                overlapped += 1;
+                for (da, na) in ra {
+                    for (db, nb) in rb {
+                        if na == nb {
+                            assert_ne!(da["CUDA_VISIBLE_DEVICES"], db["CUDA_VISIBLE_DEVICES"], "{a} and {b} share a GPU of {na}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(overlapped >= 2, "the GPU trials ran one at a time: {ranks:?}");
+    // CPU-only trials in the same allocation: no GPU, and four at a time.
+    let ranks = run("cpus", 0);
+    for (t, r) in &ranks {
+        for (dump, node) in r {
+            assert_eq!(dump["CUDA_VISIBLE_DEVICES"].as_str().unwrap_or(""), "", "{t} on {node}");
+        }
+    }
+    let starts: Vec<f64> = ranks.iter().map(|(_, r)| started(&r[0].0)).collect();
+    let spread = starts.iter().copied().fold(f64::MIN, f64::max) - starts.iter().copied().fold(f64::MAX, f64::min);
+    assert!(spread < 0.9, "the CPU trials did not all run side by side: started {starts:?}");
+    let _ = cluster.run("scancel", &[&job]);
 }

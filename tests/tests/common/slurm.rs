@@ -47,17 +47,27 @@ fn hostname() -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// What a test cluster has beyond its nodes' CPUs and memory.
+#[derive(Debug, Default, Clone)]
+pub struct Options {
+    /// GPUs per node, as GRES (`gpu:N`): character devices made for the
+    /// test (`/dev/null`'s numbers), so Slurm books and binds them as it
+    /// would real ones.
+    pub gpus: u32,
+    /// `(node, dir)`: that node's slurmd (and so every task it runs) sees an
+    /// empty `dir`, a tmpfs mounted over it in a mount namespace of its own,
+    /// as a node without the file system the others share.
+    pub hidden: Option<(usize, PathBuf)>,
+}
+
 impl SlurmCluster {
     /// `nodes` nodes of `cpus` CPUs and `memory_mb` MB each, all idle when this returns.
     pub fn start(nodes: usize, cpus: u32, memory_mb: u64) -> Self {
-        Self::start_hiding(nodes, cpus, memory_mb, None)
+        Self::start_with(nodes, cpus, memory_mb, Options::default())
     }
 
-    /// [`SlurmCluster::start`], with `hidden = (node, dir)`: that node's
-    /// slurmd (and so every task it runs) sees an empty `dir`, a tmpfs
-    /// mounted over it in a mount namespace of its own, as a node without
-    /// the file system the others share.
-    pub fn start_hiding(nodes: usize, cpus: u32, memory_mb: u64, hidden: Option<(usize, &Path)>) -> Self {
+    /// [`SlurmCluster::start`], with `options`.
+    pub fn start_with(nodes: usize, cpus: u32, memory_mb: u64, options: Options) -> Self {
         ensure_installed();
         let dir = tempfile::Builder::new().prefix("slurm").tempdir().unwrap();
         let d = dir.path();
@@ -79,9 +89,22 @@ impl SlurmCluster {
             slurmd = free_port(),
             d = d.display(),
         );
+        let mut gres = String::new();
+        if options.gpus > 0 {
+            conf.push_str("GresTypes=gpu\n");
+            gres = format!(" Gres=gpu:{}", options.gpus);
+            // slurmd wants devices, not plain files.
+            for i in 0..options.gpus {
+                let path = std::ffi::CString::new(d.join(format!("gpu{i}")).into_os_string().into_encoded_bytes()).unwrap();
+                let made = unsafe { libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+                assert_eq!(made, 0, "mknod a test GPU: {}", std::io::Error::last_os_error());
+            }
+            let files = format!("{}/gpu[0-{}]", d.display(), options.gpus - 1);
+            std::fs::write(d.join("gres.conf"), format!("NodeName={} Name=gpu File={files}\n", names.join(","))).unwrap();
+        }
         for n in &names {
             conf.push_str(&format!(
-                "NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN\n",
+                "NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={} CPUs={cpus} RealMemory={memory_mb}{gres} State=UNKNOWN\n",
                 free_port()
             ));
         }
@@ -101,8 +124,8 @@ impl SlurmCluster {
         };
         let mut cluster = Self { conf: conf_path.clone(), daemons: vec![spawn("slurmctld", &["-i"])], nodes: names.clone(), dir };
         for (i, n) in names.iter().enumerate() {
-            match hidden {
-                Some((h, path)) if h == i => {
+            match &options.hidden {
+                Some((h, path)) if *h == i => {
                     let script =
                         format!("mount -t tmpfs nestor-hidden '{}' && exec slurmd -D -f '{}' -N {n}", path.display(), conf_path.display());
                     let child = Command::new("unshare")

@@ -53,6 +53,7 @@ const STEP_SHAPING: &[&str] = &[
     "SLURM_GPUS",
     "SLURM_GPUS_PER_NODE",
     "SLURM_GPUS_PER_TASK",
+    "SLURM_GRES",
     "SLURM_TRES_PER_TASK",
     "SLURM_EXCLUSIVE",
     "SLURM_OVERLAP",
@@ -65,12 +66,13 @@ pick() { printf '%s' "$1" | cut -d';' -f"$f"; }
 RANK=$r; WORLD_SIZE=$SLURM_NTASKS
 LOCAL_RANK=$(pick "$NESTOR_RANKS_LOCAL"); NODE_RANK=$(pick "$NESTOR_RANKS_NODE"); GROUP_RANK=$NODE_RANK
 LOCAL_WORLD_SIZE=$(pick "$NESTOR_RANKS_LWS"); OMP_NUM_THREADS=$(pick "$NESTOR_RANKS_OMP")
-CUDA_VISIBLE_DEVICES=$(pick "$NESTOR_RANKS_CUDA")
+if [ -z "$NESTOR_GPUS_FROM_SLURM" ]; then CUDA_VISIBLE_DEVICES=$(pick "$NESTOR_RANKS_CUDA"); fi
 export RANK WORLD_SIZE LOCAL_RANK NODE_RANK GROUP_RANK LOCAL_WORLD_SIZE OMP_NUM_THREADS CUDA_VISIBLE_DEVICES
 c=$(pick "$NESTOR_RANKS_CKPT")
 if [ -n "$c" ]; then export NESTOR_CHECKPOINT="$c"; else unset NESTOR_CHECKPOINT; fi
-unset NESTOR_RANKS_LOCAL NESTOR_RANKS_NODE NESTOR_RANKS_LWS NESTOR_RANKS_OMP NESTOR_RANKS_CUDA NESTOR_RANKS_CKPT
-echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK)" >&2
+unset NESTOR_RANKS_LOCAL NESTOR_RANKS_NODE NESTOR_RANKS_LWS NESTOR_RANKS_OMP NESTOR_RANKS_CUDA NESTOR_RANKS_CKPT NESTOR_GPUS_FROM_SLURM
+g=; if [ -n "$CUDA_VISIBLE_DEVICES" ]; then g=", GPUs $CUDA_VISIBLE_DEVICES"; fi
+echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK$g)" >&2
 exec "$@""#;
 
 /// Failures of runs blamed on one node before it is set aside.
@@ -173,6 +175,35 @@ impl SlurmBackend {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         ids
+    }
+}
+
+/// Where a step's GPUs come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepGpus {
+    /// The allocation has GPUs (GRES) and the ranks use none: the step asks
+    /// for none (`--gres=none`), else it would hold every GPU of its nodes
+    /// and the next step would wait for them.
+    None,
+    /// The ranks use this many whole GPUs each: Slurm picks free ones of
+    /// the allocation's (`--gpus-per-task`), binds each rank to its own and
+    /// sets `CUDA_VISIBLE_DEVICES`, confining them where the cluster does.
+    /// The pool books the same counts per node, so a step never waits.
+    Slurm(usize),
+    /// The allocation names no GPUs (a cluster without GRES, or declared
+    /// `[resources]`), or the ranks share GPUs: each rank gets the pool's
+    /// indices in `CUDA_VISIBLE_DEVICES`, and the step asks Slurm for none.
+    Pool,
+}
+
+fn step_gpus(allocation: &SlurmAllocation, bundles: &[crate::WorkerBundle]) -> StepGpus {
+    let gres = bundles.iter().any(|b| allocation.node(&b.node).is_some_and(|n| !n.gpus.is_empty()));
+    let per_task = bundles.iter().map(|b| b.gpus.len()).max().unwrap_or(0);
+    let shared = bundles.iter().any(|b| !b.gpus.is_empty() && b.gpu_share > 0.0 && b.gpu_share < 1.0);
+    match (gres, per_task, shared) {
+        (false, ..) | (true, _, true) => StepGpus::Pool,
+        (true, 0, false) => StepGpus::None,
+        (true, n, false) => StepGpus::Slurm(n),
     }
 }
 
@@ -304,6 +335,15 @@ impl Backend for SlurmBackend {
             .arg(format!("--cpus-per-task={cpus_per_task}"));
         if let Some(m) = mem_per_cpu_mb {
             cmd.arg(format!("--mem-per-cpu={m}"));
+        }
+        match step_gpus(&self.allocation, &bundles) {
+            StepGpus::Slurm(n) => {
+                cmd.arg(format!("--gpus-per-task={n}")).env("NESTOR_GPUS_FROM_SLURM", "1");
+            }
+            StepGpus::None => {
+                cmd.arg("--gres=none");
+            }
+            StepGpus::Pool => {}
         }
         cmd.args(["/bin/sh", "-c", PROLOGUE, "nestor-rank"]).args(&cfg.command);
         cmd.envs(&cfg.env)
@@ -521,6 +561,28 @@ impl Backend for SlurmBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slurm::SlurmNode;
+
+    #[test]
+    fn a_step_asks_slurm_for_whole_gpus_only_where_the_allocation_has_them() {
+        let node = |name: &str, gpus: Vec<u32>| SlurmNode { name: name.into(), cpus: 4, memory_bytes: None, gpus, addr: name.into() };
+        let with = SlurmAllocation { job_id: "7".into(), nodes: vec![node("a", vec![0, 1]), node("b", vec![0, 1])] };
+        let without = SlurmAllocation { job_id: "7".into(), nodes: vec![node("a", vec![]), node("b", vec![])] };
+        let bundle = |n: &str, gpus: Vec<u32>, share: f64| crate::WorkerBundle {
+            node: n.into(),
+            gpus,
+            gpu_share: share,
+            ..crate::WorkerBundle::cpus(1.0)
+        };
+        let cpu = [bundle("a", vec![], 0.0), bundle("b", vec![], 0.0)];
+        let whole = [bundle("a", vec![0, 1], 1.0), bundle("b", vec![1, 0], 1.0)];
+        let half = [bundle("a", vec![1], 0.5)];
+        assert_eq!(step_gpus(&with, &cpu), StepGpus::None);
+        assert_eq!(step_gpus(&with, &whole), StepGpus::Slurm(2));
+        assert_eq!(step_gpus(&with, &half), StepGpus::Pool);
+        assert_eq!(step_gpus(&without, &cpu), StepGpus::Pool);
+        assert_eq!(step_gpus(&without, &whole), StepGpus::Pool);
+    }
 
     #[test]
     fn srun_lines_name_their_task() {
