@@ -62,16 +62,18 @@ fn an_allocation_is_read_per_node_from_scontrol_and_from_the_environment() {
 
 /// `salloc -N2 nestor run sweep.toml`: each trial is a job step whose two
 /// ranks (STRICT_SPREAD) run on different nodes, with their torchrun
-/// variables, and report to the driver; the sweep ends as it would on one machine.
+/// variables, and report to the driver; the sweep ends as it would on one
+/// machine. Each node has its own network namespace and address, so the
+/// ranks report to the driver and meet each other across a network.
 #[test]
 fn inside_an_allocation_a_trials_ranks_run_as_one_step_across_the_nodes() {
-    let cluster = SlurmCluster::start(2, 2, 2000);
+    let cluster = SlurmCluster::start_with(2, 2, 2000, Options { networks: true, ..Options::default() });
     let dir = tempfile::tempdir().unwrap();
     spanning_sweep(
         dir.path(),
         "spanning",
         "num_samples = 2\nmax_concurrent_trials = 2",
-        "x = { grid = [0.2, 0.7] }\nsteps = 3\nsleep_ms = 50\ncheckpoint = true",
+        "x = { grid = [0.2, 0.7] }\nsteps = 3\nsleep_ms = 50\ncheckpoint = true\ndump_env = true",
         "\n[checkpoint]\nfrequency = 1",
     );
     let out = salloc_run(&cluster, dir.path()).output().unwrap();
@@ -99,6 +101,18 @@ fn inside_an_allocation_a_trials_ranks_run_as_one_step_across_the_nodes() {
         let booked: Vec<&str> = t.resources.iter().map(|w| w.node.as_str()).collect();
         assert_eq!(booked, nodes.iter().map(String::as_str).collect::<Vec<_>>(), "{}", t.id);
         assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 3, "{}", t.id);
+        // torchrun's variables with real values: rank 0's node's address, and the driver by its host name.
+        for (dump, node) in rank_dumps(&exp, &t.id, 2) {
+            assert_eq!(dump["SLURMD_NODENAME"].as_str(), Some(node.as_str()), "{}", t.id);
+            assert_eq!(dump["MASTER_ADDR"].as_str().unwrap(), cluster.node_addr(&nodes[0]), "{}: {dump}", t.id);
+            let report = dump["NESTOR_ADDR"].as_str().unwrap();
+            assert!(!report.contains("127.0.0.1") && !report.contains("localhost"), "{}: {report}", t.id);
+        }
+    }
+    if cluster.networked() {
+        // The nodes' addresses are not loopback: the reports above crossed the bridge.
+        assert!(!cluster.node_addr("node1").starts_with("127."));
+        assert!(stderr.contains("nestor: Slurm job "), "{stderr}");
     }
     // `nestor status` says where each trial's ranks ran.
     drop(store);
@@ -524,4 +538,35 @@ fn in_an_allocation_with_gpus_each_step_gets_its_ranks_gpus_from_slurm() {
     let spread = starts.iter().copied().fold(f64::MIN, f64::max) - starts.iter().copied().fold(f64::MAX, f64::min);
     assert!(spread < 0.9, "the CPU trials did not all run side by side: started {starts:?}");
     let _ = cluster.run("scancel", &[&job]);
+}
+
+/// Workers that cannot reach the driver say so, naming the address they
+/// tried; a loopback report address, which would name each node itself, is
+/// refused before anything runs.
+#[test]
+fn a_worker_that_cannot_reach_the_driver_names_the_address() {
+    let cluster = SlurmCluster::start_with(2, 2, 2000, Options { networks: true, ..Options::default() });
+    let dir = tempfile::tempdir().unwrap();
+    let space = "x = 0.5\nsteps = 2";
+    // Nothing listens on port 1 of the driver's machine.
+    let host = String::from_utf8(std::process::Command::new("hostname").output().unwrap().stdout).unwrap().trim().to_string();
+    spanning_sweep(dir.path(), "unreachable", "num_samples = 1", space, &format!("\n[cluster]\nreport_address = \"{host}:1\""));
+    let out = salloc_run(&cluster, dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let exp = dir.path().join("runs/unreachable");
+    let store = tuner::store::Store::open_existing(&exp.join("store")).unwrap();
+    let trial = store.trials().unwrap().remove(0);
+    assert_eq!(trial.status, tuner::TrialStatus::Error, "{stderr}");
+    let error = trial.error.unwrap_or_default();
+    assert!(error.contains("exited with code 1; last log lines ("), "{error}");
+    let path = error.split_once("last log lines (").unwrap().1.split_once("):").unwrap().0;
+    let log = std::fs::read_to_string(path).unwrap();
+    assert!(log.contains(&format!("cannot reach the nestor driver at http://{host}:1 (NESTOR_ADDR): Connection refused")), "{log}");
+    // 127.0.0.1 on a node is the node: refused, and nothing written.
+    spanning_sweep(dir.path(), "loopback", "num_samples = 1", space, "\n[cluster]\nreport_address = \"127.0.0.1\"");
+    let out = salloc_run(&cluster, dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success());
+    assert!(stderr.contains("cluster.report_address = \"127.0.0.1\" is a loopback address"), "{stderr}");
+    assert!(!dir.path().join("runs/loopback").exists(), "{stderr}");
 }

@@ -366,10 +366,13 @@ fn a_ddp_trial_grows_from_one_to_two_ranks_and_its_process_group_follows() {
 
 /// The same sweep inside a 2-node Slurm allocation: every trial's two
 /// ranks run on different nodes (as one job step), form one gloo process
-/// group across them, and stay in sync epoch by epoch.
+/// group across them, and stay in sync epoch by epoch. Each node has its
+/// own network namespace and address: gloo connects the ranks, and they
+/// report to the driver, across a network, not loopback.
 #[test]
 fn the_ddp_sweep_spans_two_slurm_nodes_with_its_ranks_in_sync() {
-    let cluster = common::slurm::SlurmCluster::start(2, 2, 4000);
+    let options = common::slurm::Options { networks: true, ..Default::default() };
+    let cluster = common::slurm::SlurmCluster::start_with(2, 2, 4000, options);
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().display().to_string();
     let path = format!("{}:{}", venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());

@@ -29,9 +29,12 @@ pub enum ReportError {
     /// The driver refused the report (wrong token, unknown trial, bad input).
     #[error("report refused: {0}")]
     Refused(String),
-    /// The driver could not be reached.
+    /// The report channel failed.
     #[error("report channel failed: {0}")]
     Transport(String),
+    /// No connection to the driver could be made (why); `report` names the address.
+    #[error("cannot reach the nestor driver: {0}")]
+    Unreachable(String),
     /// The worker environment is missing or malformed (`Context::from_env`).
     #[error("bad worker environment: {0}")]
     Environment(String),
@@ -60,6 +63,17 @@ fn status_error(s: &tonic::Status) -> ReportError {
     }
 }
 
+/// What a failed connection says, down to its root cause ("Connection refused").
+fn transport_cause(s: &tonic::Status) -> String {
+    let mut why = s.message().to_string();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = source {
+        why = e.to_string();
+        source = e.source();
+    }
+    why
+}
+
 /// Sends one report on the session (opening it first if needed) and waits for its reply.
 async fn exchange(
     client: &mut proto::reporter_client::ReporterClient<tonic::transport::Channel>,
@@ -68,7 +82,14 @@ async fn exchange(
 ) -> Result<proto::ReportReply, ReportError> {
     if session.is_none() {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let replies = client.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await.map_err(|s| status_error(&s))?.into_inner();
+        let replies = client
+            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(|s| match s.code() {
+                tonic::Code::Unavailable => ReportError::Unreachable(transport_cause(&s)),
+                _ => status_error(&s),
+            })?
+            .into_inner();
         *session = Some(Box::new(Session { requests: tx, replies }));
     }
     let Some(s) = session.as_mut() else { return Err(ReportError::Transport("no report stream".into())) };
@@ -125,6 +146,8 @@ pub struct Context {
     world_size: u32,
     trial_dir_ready: std::cell::Cell<bool>,
     transport: Transport,
+    /// `NESTOR_ADDR` (empty in process), for errors.
+    driver_addr: String,
     /// The last step this worker reported, if any.
     last_iteration: Option<u64>,
     /// How far its steps were acknowledged, as last heard.
@@ -151,6 +174,7 @@ impl Context {
             world_size: spec.world_size(),
             trial_dir_ready: std::cell::Cell::new(false),
             transport: Transport::InProcess(group),
+            driver_addr: String::new(),
             last_iteration: None,
             acknowledged: spec.start_iteration,
         }
@@ -211,6 +235,7 @@ impl Context {
                 token,
                 session: None,
             },
+            driver_addr: addr,
             last_iteration: None,
             acknowledged: start_iteration,
         })
@@ -345,6 +370,7 @@ impl Context {
                 }
             }
             Transport::Grpc { rt, client, token, session } => {
+                let addr = &self.driver_addr;
                 let request = proto::ReportRequest {
                     version: 1,
                     trial_id: self.trial_id.clone(),
@@ -353,7 +379,12 @@ impl Context {
                     metrics: metrics.into_iter().collect(),
                     checkpoint_dir: checkpoint.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
                 };
-                let reply = rt.block_on(exchange(client, session, request))?;
+                let reply = rt.block_on(exchange(client, session, request)).map_err(|e| match e {
+                    ReportError::Unreachable(why) => {
+                        ReportError::Transport(format!("cannot reach the nestor driver at {addr} (NESTOR_ADDR): {why}"))
+                    }
+                    e => e,
+                })?;
                 self.last_iteration = Some(reply.training_iteration);
                 self.acknowledged = self.acknowledged.max(reply.acknowledged_iteration);
                 match proto::Directive::try_from(reply.directive) {

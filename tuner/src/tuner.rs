@@ -294,6 +294,9 @@ impl Tuner {
             (None, true, _) => NodeResources::detect(),
         };
         if let Some(a) = &allocation {
+            file.cluster
+                .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), &a.job_id)
+                .map_err(|e| TuneError::Cluster(e.0))?;
             // Trials write below the experiment's directory wherever their ranks run: every node must see it.
             let root = std::path::absolute(file.experiment.local_root())
                 .map_err(|source| TuneError::Io { path: PathBuf::from(file.experiment.local_root()), source })?;

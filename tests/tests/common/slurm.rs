@@ -17,6 +17,7 @@ pub struct SlurmCluster {
     daemons: Vec<Child>,
     /// The node names, in order.
     pub nodes: Vec<String>,
+    network: Option<Network>,
 }
 
 /// Installs the daemons once, when they are missing.
@@ -58,6 +59,80 @@ pub struct Options {
     /// empty `dir`, a tmpfs mounted over it in a mount namespace of its own,
     /// as a node without the file system the others share.
     pub hidden: Option<(usize, PathBuf)>,
+    /// Each node in a network namespace of its own, with its own address on
+    /// a bridge (slurmctld and the driver on the bridge's address), its own
+    /// host name and an `/etc/hosts` naming the nodes and this host: what
+    /// crosses nodes crosses a real network, not loopback. Where namespaces
+    /// cannot be made (no `CAP_NET_ADMIN`), the nodes stay on loopback and
+    /// [`SlurmCluster::networked`] says so.
+    pub networks: bool,
+}
+
+/// A bridge with a network namespace per node on it.
+struct Network {
+    bridge: String,
+    /// The bridge's (this host's) address.
+    host_addr: String,
+    /// Each node's namespace and address.
+    nodes: Vec<(String, String)>,
+}
+
+impl Network {
+    /// A /24 of 10.213.0.0/16 no other test cluster of this machine uses; `None` where namespaces cannot be made.
+    fn create(nodes: usize) -> Option<Self> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let ip = |args: &[&str]| {
+            Command::new("ip").args(args).output().map(|o| (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned()))
+        };
+        for _ in 0..16 {
+            let net = (std::process::id() * 7 + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) % 250 + 1;
+            let bridge = format!("nestorbr{net}");
+            if ip(&["link", "show", &bridge]).is_ok_and(|(ok, _)| ok) {
+                continue;
+            }
+            let mut made = Self { bridge: bridge.clone(), host_addr: format!("10.213.{net}.1"), nodes: Vec::new() };
+            let mut steps: Vec<Vec<String>> = vec![
+                vec!["link".into(), "add".into(), bridge.clone(), "type".into(), "bridge".into()],
+                vec!["addr".into(), "add".into(), format!("{}/24", made.host_addr), "dev".into(), bridge.clone()],
+                vec!["link".into(), "set".into(), bridge.clone(), "up".into()],
+            ];
+            for i in 1..=nodes {
+                let (ns, veth, addr) = (format!("nestor-{net}-{i}"), format!("nestorv{net}-{i}"), format!("10.213.{net}.{}", 10 + i));
+                steps.push(vec!["netns".into(), "add".into(), ns.clone()]);
+                steps.push(["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns].map(String::from).to_vec());
+                steps.push(["link", "set", &veth, "master", &bridge, "up"].map(String::from).to_vec());
+                steps.push(["-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"].map(String::from).to_vec());
+                steps.push(["-n", &ns, "link", "set", "eth0", "up"].map(String::from).to_vec());
+                steps.push(["-n", &ns, "link", "set", "lo", "up"].map(String::from).to_vec());
+                made.nodes.push((ns, addr));
+            }
+            for step in steps {
+                let args: Vec<&str> = step.iter().map(String::as_str).collect();
+                match ip(&args) {
+                    Ok((true, _)) => {}
+                    Ok((false, why)) => {
+                        eprintln!("test cluster: no network namespaces here (ip {}: {why}); the nodes share loopback", args.join(" "));
+                        return None;
+                    }
+                    Err(e) => {
+                        eprintln!("test cluster: no network namespaces here (ip: {e}); the nodes share loopback");
+                        return None;
+                    }
+                }
+            }
+            return Some(made);
+        }
+        None
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for (ns, _) in &self.nodes {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.bridge]).output();
+    }
 }
 
 impl SlurmCluster {
@@ -76,8 +151,10 @@ impl SlurmCluster {
         }
         let host = hostname();
         let names: Vec<String> = (1..=nodes).map(|i| format!("node{i}")).collect();
+        let network = if options.networks { Network::create(nodes) } else { None };
+        let ctld_addr = network.as_ref().map_or("127.0.0.1", |n| n.host_addr.as_str());
         let mut conf = format!(
-            "ClusterName=nestor\nSlurmctldHost={host}(127.0.0.1)\nSlurmctldPort={ctld}\nSlurmdPort={slurmd}\n\
+            "ClusterName=nestor\nSlurmctldHost={host}({ctld_addr})\nSlurmctldPort={ctld}\nSlurmdPort={slurmd}\n\
              AuthType=auth/none\nCredType=cred/none\nSlurmUser=root\nSlurmdUser=root\n\
              StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\nSlurmctldPidFile={d}/slurmctld.pid\n\
              SlurmdPidFile={d}/slurmd-%n.pid\nSlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd-%n.log\n\
@@ -102,11 +179,24 @@ impl SlurmCluster {
             let files = format!("{}/gpu[0-{}]", d.display(), options.gpus - 1);
             std::fs::write(d.join("gres.conf"), format!("NodeName={} Name=gpu File={files}\n", names.join(","))).unwrap();
         }
-        for n in &names {
+        for (i, n) in names.iter().enumerate() {
+            let (node_host, addr) = match &network {
+                Some(net) => (n.as_str(), net.nodes[i].1.as_str()),
+                None => (host.as_str(), "127.0.0.1"),
+            };
             conf.push_str(&format!(
-                "NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={} CPUs={cpus} RealMemory={memory_mb}{gres} State=UNKNOWN\n",
+                "NodeName={n} NodeHostname={node_host} NodeAddr={addr} Port={} CPUs={cpus} RealMemory={memory_mb}{gres} State=UNKNOWN\n",
                 free_port()
             ));
+        }
+        // What the nodes' own /etc/hosts says: the nodes, and this host at the bridge's address.
+        let hosts = d.join("hosts");
+        if let Some(net) = &network {
+            let mut text = format!("127.0.0.1 localhost\n{} {host}\n", net.host_addr);
+            for (n, (_, addr)) in names.iter().zip(&net.nodes) {
+                text.push_str(&format!("{addr} {n}\n"));
+            }
+            std::fs::write(&hosts, text).unwrap();
         }
         conf.push_str(&format!("PartitionName=test Nodes={} Default=YES MaxTime=INFINITE State=UP\n", names.join(",")));
         let conf_path = d.join("slurm.conf");
@@ -122,25 +212,47 @@ impl SlurmCluster {
                 .spawn()
                 .unwrap_or_else(|e| panic!("start {program}: {e}"))
         };
-        let mut cluster = Self { conf: conf_path.clone(), daemons: vec![spawn("slurmctld", &["-i"])], nodes: names.clone(), dir };
+        let mut cluster =
+            Self { conf: conf_path.clone(), daemons: vec![spawn("slurmctld", &["-i"])], nodes: names.clone(), dir, network: None };
         for (i, n) in names.iter().enumerate() {
-            match &options.hidden {
-                Some((h, path)) if *h == i => {
-                    let script =
-                        format!("mount -t tmpfs nestor-hidden '{}' && exec slurmd -D -f '{}' -N {n}", path.display(), conf_path.display());
-                    let child = Command::new("unshare")
-                        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .expect("start slurmd in a mount namespace");
-                    cluster.daemons.push(child);
-                }
-                _ => cluster.daemons.push(spawn("slurmd", &["-N", n])),
+            // A node of its own: its network, host name and hosts file, or its view of a hidden directory.
+            let mut setup = Vec::new();
+            if network.is_some() {
+                setup.push(format!("hostname {n} && mount --bind '{}' /etc/hosts", hosts.display()));
             }
+            if let Some((_, path)) = options.hidden.as_ref().filter(|(h, _)| *h == i) {
+                setup.push(format!("mount -t tmpfs nestor-hidden '{}'", path.display()));
+            }
+            if setup.is_empty() {
+                cluster.daemons.push(spawn("slurmd", &["-N", n]));
+                continue;
+            }
+            let script = format!("{} && exec slurmd -D -f '{}' -N {n}", setup.join(" && "), conf_path.display());
+            let mut c = match &network {
+                Some(net) => {
+                    let mut c = Command::new("nsenter");
+                    c.arg(format!("--net=/run/netns/{}", net.nodes[i].0)).arg("unshare");
+                    c
+                }
+                None => Command::new("unshare"),
+            };
+            c.args(["--uts", "--mount", "--propagation", "private", "sh", "-c", &script]).stdout(Stdio::null()).stderr(Stdio::null());
+            cluster.daemons.push(c.spawn().expect("start slurmd in namespaces of its own"));
         }
+        cluster.network = network;
         cluster.wait_idle(Duration::from_secs(30));
         cluster
+    }
+
+    /// Whether each node has a network (and address) of its own.
+    pub fn networked(&self) -> bool {
+        self.network.is_some()
+    }
+
+    /// Node `name`'s address (its `NodeAddr`).
+    pub fn node_addr(&self, name: &str) -> String {
+        let i = self.nodes.iter().position(|n| n == name).expect("a node of this cluster");
+        self.network.as_ref().map_or_else(|| "127.0.0.1".to_string(), |net| net.nodes[i].1.clone())
     }
 
     /// The configuration file (`SLURM_CONF` for clients).
