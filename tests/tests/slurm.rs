@@ -334,8 +334,9 @@ fn an_experiment_directory_a_node_cannot_see_is_refused_before_anything_runs() {
 fn submit_runs_the_sweep_as_a_batch_job_and_a_second_submit_resumes_it() {
     let cluster = SlurmCluster::start(2, 2, 2000);
     let dir = tempfile::tempdir().unwrap();
-    spanning_sweep(dir.path(), "batch", "num_samples = 1", "x = { grid = [0.2, 0.7] }\nsteps = 3", "");
+    spanning_sweep(dir.path(), "batch", "num_samples = 1", "x = { grid = [0.2, 0.7] }\nsteps = 4\nsleep_ms = 400", "");
     let submit = || {
+        let mut seen_running = None;
         let out = std::process::Command::new(common::nestor_bin())
             .args(["submit", "sweep.toml", "--nodes", "2", "--storage", "runs", "--time", "10"])
             .env("SLURM_CONF", cluster.conf())
@@ -351,19 +352,29 @@ fn submit_runs_the_sweep_as_a_batch_job_and_a_second_submit_resumes_it() {
             if String::from_utf8_lossy(&q.stdout).trim().is_empty() {
                 break;
             }
+            // While the job runs, `nestor status` shows its running trials and their nodes.
+            if seen_running.is_none() && dir.path().join("runs/batch/store").exists() {
+                let out = common::nestor(dir.path(), &["status", "runs/batch"]);
+                let status = String::from_utf8_lossy(&out.stdout).into_owned();
+                if out.status.success() && status.contains("RUNNING") && status.contains("nodes: node1 (rank ") {
+                    seen_running = Some(status);
+                }
+            }
             assert!(started.elapsed() < std::time::Duration::from_secs(60), "job {job} still queued or running");
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        std::fs::read_to_string(dir.path().join(format!("runs/batch-{job}.out"))).unwrap()
+        (std::fs::read_to_string(dir.path().join(format!("runs/batch-{job}.out"))).unwrap(), seen_running)
     };
-    let first = submit();
+    let (first, seen_running) = submit();
     assert!(first.contains("nestor: Slurm job ") && first.contains("2 trials (2 TERMINATED)"), "{first}");
+    let running = seen_running.unwrap_or_else(|| panic!("`nestor status` never showed a running trial with its nodes:\n{first}"));
+    assert!(running.contains("node2 (rank 1)"), "{running}");
     let script = std::fs::read_to_string(dir.path().join("runs/batch.sbatch")).unwrap();
     assert!(script.contains("#SBATCH --nodes=2") && script.contains("#SBATCH --time=10"), "{script}");
     let status = common::ok(common::nestor(dir.path(), &["status", "runs/batch"]));
     assert_eq!(status.lines().filter(|l| l.contains("nodes: node1 (rank ") || l.contains("nodes: node2 (rank ")).count(), 2, "{status}");
     // Submitted again: the job resumes the finished experiment instead of refusing to overwrite it.
-    let second = submit();
+    let (second, _) = submit();
     assert!(second.contains("nestor: resuming ") && second.contains("2 trials (2 TERMINATED)"), "{second}");
 }
 

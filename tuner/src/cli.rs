@@ -496,6 +496,10 @@ fn live_status(dir: &Path) -> Result<(), Failure> {
         let id = r["trial_id"].as_str().unwrap_or("?");
         writeln!(out, "{id:<12} {:<10} {:>5} {m:<14} {}", "RUNNING", r["iteration"].as_u64().unwrap_or(0), config_summary(&r["config"]))
             .map_err(out_err)?;
+        let resources: Vec<trainer::WorkerBundle> = serde_json::from_value(r["resources"].clone()).unwrap_or_default();
+        if let Some(nodes) = nodes_summary(&resources) {
+            writeln!(out, "    nodes: {nodes}").map_err(out_err)?;
+        }
     }
     Ok(())
 }

@@ -149,6 +149,7 @@ impl Reporter {
                     "iteration": r.last_result.as_ref().map_or(0, |l| l.training_iteration),
                     "metrics": r.last_result.as_ref().map(|l| search::metrics_serde::to_json(&l.metrics)),
                     "config": r.config,
+                    "resources": r.resources,
                 })
             })
             .collect();
