@@ -1,5 +1,7 @@
 //! Start and restart times of trials on a real Slurm cluster on this
-//! machine (a slurmctld and two slurmd on loopback, 8 CPUs each):
+//! machine (a slurmctld and two slurmd, 8 CPUs each, each slurmd in a
+//! network namespace of its own on a bridge where this machine allows it,
+//! else on loopback):
 //!
 //! - a 16-rank job step across the 2 nodes: `srun` by hand (spawn to every
 //!   rank's first line) against `nestor run` (spawn to the trial's first
@@ -24,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use slurm::SlurmCluster;
+use slurm::{Options, SlurmCluster};
 
 fn now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
@@ -106,11 +108,13 @@ fn results(exp: &Path) -> Vec<(f64, u64)> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let reps: usize = args.iter().position(|a| a == "--reps").and_then(|i| args.get(i + 1)).and_then(|r| r.parse().ok()).unwrap_or(3);
-    let cluster = SlurmCluster::start(2, 8, 8000);
+    let cluster = SlurmCluster::start_with(2, 8, 8000, Options { networks: true, ..Options::default() });
     let granted = cluster.run("salloc", &["--no-shell", "--no-kill", "-N2", "--ntasks-per-node=8", "--mem=6000"]);
     let stderr = String::from_utf8_lossy(&granted.stderr).into_owned();
     let job = stderr.lines().find_map(|l| l.strip_prefix("salloc: Granted job allocation ")).expect(&stderr).trim().to_string();
-    println!("Slurm job {job}: 2 nodes x 8 CPUs on this machine, {reps} runs each");
+    let network = if cluster.networked() { "a network namespace and address each" } else { "loopback" };
+    println!("Slurm job {job}: 2 nodes x 8 CPUs on this machine ({network}), {reps} runs each");
+    let master = cluster.node_addr("node1");
 
     // 1. A 16-rank step across the 2 nodes.
     let mut by_hand = Vec::new();
@@ -150,7 +154,7 @@ fn main() {
             let mut by_hand = Vec::new();
             for rep in 0..reps {
                 let script = format!(
-                    "export RANK=$SLURM_PROCID LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT={}; \
+                    "export RANK=$SLURM_PROCID LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 MASTER_ADDR={master} MASTER_PORT={}; \
                      exec python examples/torch_ddp/train.py",
                     29600 + rep
                 );

@@ -291,6 +291,8 @@ impl Tuner {
                 NodeResources::from_declared(&[("CPU".to_string(), slots)].into_iter().collect())?
             }
             (None, false, _) => NodeResources::from_declared(&file.resources)?,
+            // The allocation's nodes stand instead (read below): this machine is not probed.
+            (None, true, _) if allocation.is_some() => NodeResources::declared(0.0),
             (None, true, _) => NodeResources::detect(),
         };
         if let Some(a) = &allocation {
