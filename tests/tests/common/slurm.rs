@@ -98,6 +98,8 @@ impl Network {
             ];
             for i in 1..=nodes {
                 let (ns, veth, addr) = (format!("nestor-{net}-{i}"), format!("nestorv{net}-{i}"), format!("10.213.{net}.{}", 10 + i));
+                // Left by a test process that was killed: its bridge is gone, so no cluster uses it.
+                let _ = ip(&["netns", "del", &ns]);
                 steps.push(vec!["netns".into(), "add".into(), ns.clone()]);
                 steps.push(["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns].map(String::from).to_vec());
                 steps.push(["link", "set", &veth, "master", &bridge, "up"].map(String::from).to_vec());
