@@ -87,12 +87,9 @@ fn inside_an_allocation_a_trials_ranks_run_as_one_step_across_the_nodes() {
     assert_eq!(trials.len(), 4, "{stdout}");
     for t in &trials {
         assert_eq!(t.status, tuner::TrialStatus::Terminated, "{}: {:?}", t.id, t.error);
-        let logs = exp.join("trials").join(&t.id).join("logs");
         let mut nodes = Vec::new();
         for rank in 0..2 {
-            let log = std::fs::read_to_string(logs.join(format!("rank-{rank}.log"))).unwrap();
-            let line = log.lines().find(|l| l.starts_with(&format!("nestor: rank {rank} of 2 on "))).unwrap_or_else(|| panic!("{log}"));
-            let node = line.split(" on ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+            let (line, node) = rank_line(&exp, &t.id, rank, 2);
             assert!(line.contains(&format!("node rank {rank}, local rank 0")), "{line}");
             nodes.push(node);
         }
@@ -468,11 +465,17 @@ fn rank_dumps(exp: &std::path::Path, trial: &str, world: u32) -> Vec<(serde_json
     (0..world)
         .map(|r| {
             let dump: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(format!("rank-{r}.json"))).unwrap()).unwrap();
-            let log = std::fs::read_to_string(dir.join(format!("logs/rank-{r}.log"))).unwrap();
-            let line = log.lines().find(|l| l.starts_with(&format!("nestor: rank {r} of {world} on "))).unwrap_or_else(|| panic!("{log}"));
-            (dump, line.split(" on ").nth(1).unwrap().split(' ').next().unwrap().to_string())
+            (dump, rank_line(exp, trial, r, world).1)
         })
         .collect()
+}
+
+/// Rank `r`'s first log line (`nestor: rank r of world on nodeX (...)`) and its node.
+fn rank_line(exp: &std::path::Path, trial: &str, r: u32, world: u32) -> (String, String) {
+    let log = std::fs::read_to_string(exp.join("trials").join(trial).join(format!("logs/rank-{r}.log"))).unwrap();
+    let line = log.lines().find(|l| l.starts_with(&format!("nestor: rank {r} of {world} on "))).unwrap_or_else(|| panic!("{log}"));
+    let node = line.split(" on ").nth(1).unwrap().split(' ').next().unwrap().to_string();
+    (line.to_string(), node)
 }
 
 /// In an allocation with GPUs (GRES), a trial's step asks Slurm for its
