@@ -29,12 +29,9 @@ pub enum ReportError {
     /// The driver refused the report (wrong token, unknown trial, bad input).
     #[error("report refused: {0}")]
     Refused(String),
-    /// The report channel failed.
+    /// The report channel failed, or the driver could not be reached (named).
     #[error("report channel failed: {0}")]
     Transport(String),
-    /// No connection to the driver could be made (why); `report` names the address.
-    #[error("cannot reach the nestor driver: {0}")]
-    Unreachable(String),
     /// The worker environment is missing or malformed (`Context::from_env`).
     #[error("bad worker environment: {0}")]
     Environment(String),
@@ -74,11 +71,13 @@ fn transport_cause(s: &tonic::Status) -> String {
     why
 }
 
-/// Sends one report on the session (opening it first if needed) and waits for its reply.
+/// Sends one report on the session (opening it first if needed) and waits
+/// for its reply; a driver that cannot be reached is named by `addr`.
 async fn exchange(
     client: &mut proto::reporter_client::ReporterClient<tonic::transport::Channel>,
     session: &mut Option<Box<Session>>,
     request: proto::ReportRequest,
+    addr: &str,
 ) -> Result<proto::ReportReply, ReportError> {
     if session.is_none() {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -86,7 +85,9 @@ async fn exchange(
             .session(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await
             .map_err(|s| match s.code() {
-                tonic::Code::Unavailable => ReportError::Unreachable(transport_cause(&s)),
+                tonic::Code::Unavailable => {
+                    ReportError::Transport(format!("cannot reach the nestor driver at {addr} (NESTOR_ADDR): {}", transport_cause(&s)))
+                }
                 _ => status_error(&s),
             })?
             .into_inner();
@@ -370,7 +371,6 @@ impl Context {
                 }
             }
             Transport::Grpc { rt, client, token, session } => {
-                let addr = &self.driver_addr;
                 let request = proto::ReportRequest {
                     version: 1,
                     trial_id: self.trial_id.clone(),
@@ -379,12 +379,7 @@ impl Context {
                     metrics: metrics.into_iter().collect(),
                     checkpoint_dir: checkpoint.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
                 };
-                let reply = rt.block_on(exchange(client, session, request)).map_err(|e| match e {
-                    ReportError::Unreachable(why) => {
-                        ReportError::Transport(format!("cannot reach the nestor driver at {addr} (NESTOR_ADDR): {why}"))
-                    }
-                    e => e,
-                })?;
+                let reply = rt.block_on(exchange(client, session, request, &self.driver_addr))?;
                 self.last_iteration = Some(reply.training_iteration);
                 self.acknowledged = self.acknowledged.max(reply.acknowledged_iteration);
                 match proto::Directive::try_from(reply.directive) {
