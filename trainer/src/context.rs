@@ -15,6 +15,7 @@ use crate::checkpoint::CheckpointError;
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::intake::{Intake, IntakeError};
 use crate::proto;
+use crate::shards::{read_chunks, ChunkWriter};
 
 /// Why `report` did not return `Ok`.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +70,54 @@ fn transport_cause(s: &tonic::Status) -> String {
         source = e.source();
     }
     why
+}
+
+/// A call's failure: a driver that cannot be reached is named by `addr`.
+fn call_error(s: &tonic::Status, addr: &str) -> ReportError {
+    match s.code() {
+        tonic::Code::Unavailable if std::error::Error::source(s).is_some() => {
+            ReportError::Transport(format!("cannot reach the nestor driver at {addr} (NESTOR_ADDR): {}", transport_cause(s)))
+        }
+        _ => status_error(s),
+    }
+}
+
+/// Ships the shard in `dir` to the driver (`PutShard`) and returns the
+/// upload's name, for the report that carries it.
+async fn ship_shard(
+    client: &mut proto::reporter_client::ReporterClient<tonic::transport::Channel>,
+    dir: &Path,
+    head: proto::ShardChunk,
+    addr: &str,
+) -> Result<String, ReportError> {
+    if !dir.is_dir() {
+        return Err(CheckpointError::NotADirectory(dir.to_path_buf()).into());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let from = dir.to_path_buf();
+    let reader = tokio::task::spawn_blocking(move || read_chunks(&from, head, |c| tx.blocking_send(c).is_ok()));
+    let (read, put) = tokio::join!(reader, client.put_shard(tokio_stream::wrappers::ReceiverStream::new(rx)));
+    // A shard read in part is never claimed: the driver discards its upload when the run ends.
+    read.map_err(|e| ReportError::Transport(e.to_string()))?
+        .map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?;
+    Ok(put.map_err(|s| call_error(&s, addr))?.into_inner().upload)
+}
+
+/// Fetches this rank's shard of the checkpoint its run resumes from
+/// (`GetShard`) into `dest`.
+async fn fetch_shard(
+    client: &mut proto::reporter_client::ReporterClient<tonic::transport::Channel>,
+    request: proto::ShardRequest,
+    dest: &Path,
+    addr: &str,
+) -> Result<(), ReportError> {
+    let mut chunks = client.get_shard(request).await.map_err(|s| call_error(&s, addr))?.into_inner();
+    let mut writer =
+        ChunkWriter::new(dest).map_err(|source| ReportError::Checkpoint(CheckpointError::Io { path: dest.to_path_buf(), source }))?;
+    while let Some(chunk) = chunks.message().await.map_err(|s| call_error(&s, addr))? {
+        writer.write(&chunk).map_err(|e| ReportError::Transport(format!("fetching the checkpoint to resume from: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Sends one report on the session (opening it first if needed) and waits
@@ -129,6 +178,9 @@ enum Transport {
         token: String,
         /// The open report stream (opened on first use, reopened after a refusal).
         session: Option<Box<Session>>,
+        /// Checkpoints go to the driver as chunks (`NESTOR_SHIP_CHECKPOINTS`):
+        /// it cannot read this node's directories.
+        ship: bool,
     },
 }
 
@@ -153,6 +205,16 @@ pub struct Context {
     last_iteration: Option<u64>,
     /// How far its steps were acknowledged, as last heard.
     acknowledged: u64,
+    /// The local copy of a shard fetched from the driver, removed on drop.
+    fetched: Option<PathBuf>,
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if let Some(dir) = self.fetched.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -178,6 +240,7 @@ impl Context {
             driver_addr: String::new(),
             last_iteration: None,
             acknowledged: spec.start_iteration,
+            fetched: None,
         }
     }
 
@@ -193,7 +256,8 @@ impl Context {
         let config: Value =
             serde_json::from_str(&config_text).map_err(|e| ReportError::Environment(format!("NESTOR_CONFIG is not JSON: {e}")))?;
         let trial_dir = PathBuf::from(std::env::var("NESTOR_TRIAL_DIR").unwrap_or_default());
-        let checkpoint = std::env::var("NESTOR_CHECKPOINT").ok().filter(|s| !s.is_empty()).map(PathBuf::from);
+        let mut checkpoint = std::env::var("NESTOR_CHECKPOINT").ok().filter(|s| !s.is_empty()).map(PathBuf::from);
+        let flag = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
         let num = |k: &str, default: u32| -> Result<u32, ReportError> {
             match std::env::var(k) {
                 Ok(v) => v.parse().map_err(|_| ReportError::Environment(format!("{k}={v:?} is not a number"))),
@@ -219,6 +283,20 @@ impl Context {
             let _guard = rt.enter();
             endpoint.connect_lazy()
         };
+        let mut client = proto::reporter_client::ReporterClient::new(channel);
+        // A node that cannot read the driver's copy of the checkpoint gets its shard from the driver.
+        let mut fetched = None;
+        if flag("NESTOR_CHECKPOINT_FETCH") {
+            let dest = std::env::temp_dir().join(format!("nestor-{trial_id}-rank-{rank}-{}", std::process::id()));
+            let request = proto::ShardRequest { version: 1, trial_id: trial_id.clone(), token: token.clone(), rank };
+            let _ = std::fs::remove_dir_all(&dest);
+            if let Err(e) = rt.block_on(fetch_shard(&mut client, request, &dest, &addr)) {
+                let _ = std::fs::remove_dir_all(&dest);
+                return Err(e);
+            }
+            checkpoint = Some(dest.clone());
+            fetched = Some(dest);
+        }
         Ok(Self {
             trial_id,
             config,
@@ -230,15 +308,11 @@ impl Context {
             local_rank,
             world_size,
             trial_dir_ready: std::cell::Cell::new(false),
-            transport: Transport::Grpc {
-                rt: Box::new(rt),
-                client: proto::reporter_client::ReporterClient::new(channel),
-                token,
-                session: None,
-            },
+            transport: Transport::Grpc { rt: Box::new(rt), client, token, session: None, ship: flag("NESTOR_SHIP_CHECKPOINTS") },
             driver_addr: addr,
             last_iteration: None,
             acknowledged: start_iteration,
+            fetched,
         })
     }
 
@@ -370,14 +444,30 @@ impl Context {
                     directive
                 }
             }
-            Transport::Grpc { rt, client, token, session } => {
+            Transport::Grpc { rt, client, token, session, ship } => {
+                let (mut checkpoint_dir, mut checkpoint_upload) = (String::new(), String::new());
+                match checkpoint {
+                    Some(dir) if *ship => {
+                        let head = proto::ShardChunk {
+                            version: 1,
+                            trial_id: self.trial_id.clone(),
+                            token: token.clone(),
+                            rank: self.rank,
+                            ..proto::ShardChunk::default()
+                        };
+                        checkpoint_upload = rt.block_on(ship_shard(client, dir, head, &self.driver_addr))?;
+                    }
+                    Some(dir) => checkpoint_dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).to_string_lossy().into_owned(),
+                    None => {}
+                }
                 let request = proto::ReportRequest {
                     version: 1,
                     trial_id: self.trial_id.clone(),
                     token: token.clone(),
                     rank: self.rank,
                     metrics: metrics.into_iter().collect(),
-                    checkpoint_dir: checkpoint.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default(),
+                    checkpoint_dir,
+                    checkpoint_upload,
                 };
                 let reply = rt.block_on(exchange(client, session, request, &self.driver_addr))?;
                 self.last_iteration = Some(reply.training_iteration);

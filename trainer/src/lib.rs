@@ -24,6 +24,7 @@ mod results;
 mod scaling;
 mod section;
 mod service;
+mod shards;
 mod slurm;
 mod storage;
 mod trainer;

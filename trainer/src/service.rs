@@ -14,15 +14,17 @@ use crate::aggregate::Aggregator;
 use crate::backend::{Directive, Event};
 use crate::intake::{Intake, IntakeError};
 use crate::proto::reporter_server::{Reporter, ReporterServer};
-use crate::proto::{self, ReportReply, ReportRequest};
+use crate::proto::{self, ReportReply, ReportRequest, ShardChunk, ShardReceipt, ShardRequest};
+use crate::shards::{read_chunks, ChunkWriter, ShardError, Shipping};
 
 /// Largest report accepted, in bytes.
 pub const MAX_REPORT_BYTES: usize = 1 << 20;
 
-/// A registered trial: its secret and its report intake.
+/// A registered trial: its secret, its report intake and its shipped shards.
 struct Entry {
     token: String,
     intake: Arc<Intake>,
+    shipping: Shipping,
 }
 
 #[derive(Default)]
@@ -132,7 +134,8 @@ impl ReportServer {
     ) -> Registration {
         let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events));
         let intake = Arc::new(Intake::new(spec.storage.clone(), roots, aggregator));
-        let entry = Entry { token, intake: Arc::clone(&intake) };
+        let shipping = Shipping::new(&spec.trial_dir, spec.checkpoint.clone(), spec.world_size());
+        let entry = Entry { token, intake: Arc::clone(&intake), shipping };
         if let Ok(mut map) = self.registry.trials.write() {
             map.insert(spec.trial_id.clone(), Arc::new(entry));
         }
@@ -157,6 +160,28 @@ fn tokens_equal(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The registered trial a message names, once its version and token check
+/// out; a refusal is logged with the sender.
+fn authenticate(registry: &Registry, version: u32, trial_id: &str, token: &str, rank: u32, peer: &str) -> Result<Arc<Entry>, Status> {
+    let refuse = |status: Status| {
+        tracing::warn!(%peer, trial = %trial_id, rank, reason = %status.message(), "report refused");
+        status
+    };
+    if version != 1 {
+        return Err(refuse(Status::invalid_argument(format!("unsupported protocol version {version} (this driver speaks 1)"))));
+    }
+    let Some(entry) = registry.get(trial_id) else {
+        return Err(refuse(Status::not_found(format!("unknown trial `{trial_id}`"))));
+    };
+    if !tokens_equal(&entry.token, token) {
+        return Err(refuse(Status::unauthenticated(format!("wrong token for trial `{trial_id}`"))));
+    }
+    if rank >= entry.shipping.world {
+        return Err(refuse(Status::invalid_argument(format!("rank {rank} out of range (world size {})", entry.shipping.world))));
+    }
+    Ok(entry)
+}
+
 /// Checks one report, persists its checkpoint shard, hands it to its trial's
 /// aggregator and waits for the driver's decision. A refusal is logged with
 /// the sender and changes nothing. Also returns what watches the run's
@@ -166,17 +191,21 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<(Re
         tracing::warn!(%peer, trial = %r.trial_id, rank = r.rank, reason = %status.message(), "report refused");
         Err(status)
     };
-    if r.version != 1 {
-        return refuse(Status::invalid_argument(format!("unsupported protocol version {} (this driver speaks 1)", r.version)));
-    }
-    let Some(entry) = registry.get(&r.trial_id) else {
-        return refuse(Status::not_found(format!("unknown trial `{}`", r.trial_id)));
+    let entry = authenticate(registry, r.version, &r.trial_id, &r.token, r.rank, peer)?;
+    let (checkpoint, shipped) = match (r.checkpoint_dir.is_empty(), r.checkpoint_upload.is_empty()) {
+        (true, true) => (None, false),
+        (false, true) => (Some(PathBuf::from(&r.checkpoint_dir)), false),
+        (true, false) => match entry.shipping.claim(&r.checkpoint_upload, r.rank) {
+            Ok(dir) => (Some(dir), true),
+            Err(why) => return refuse(Status::invalid_argument(why)),
+        },
+        (false, false) => return refuse(Status::invalid_argument("a report names checkpoint_dir or checkpoint_upload, not both")),
     };
-    if !tokens_equal(&entry.token, &r.token) {
-        return refuse(Status::unauthenticated(format!("wrong token for trial `{}`", r.trial_id)));
-    }
-    let checkpoint = (!r.checkpoint_dir.is_empty()).then(|| PathBuf::from(&r.checkpoint_dir));
     let submitted = entry.intake.submit(r.rank, r.metrics.clone().into_iter().collect(), checkpoint.as_deref()).await;
+    if let Some(staged) = checkpoint.filter(|_| shipped) {
+        // Persisted (or refused): the staged copy has served.
+        let _ = tokio::fs::remove_dir_all(&staged).await;
+    }
     let acks = entry.intake.aggregator().acknowledged();
     drop(entry);
     let (iteration, rx) = match submitted {
@@ -200,6 +229,59 @@ struct Open {
 }
 
 type ReplyStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<ReportReply, Status>> + Send>>;
+type ChunkStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<ShardChunk, Status>> + Send>>;
+
+/// Receives one shipped shard into a staging directory of its trial's.
+async fn put_shard(registry: &Registry, mut inbound: tonic::Streaming<ShardChunk>, peer: &str) -> Result<ShardReceipt, Status> {
+    let Some(first) = inbound.message().await? else {
+        return Err(Status::invalid_argument("a shard upload with no chunk"));
+    };
+    let entry = authenticate(registry, first.version, &first.trial_id, &first.token, first.rank, peer)?;
+    let (trial_id, rank) = (first.trial_id.clone(), first.rank);
+    let (name, dir) = entry.shipping.stage(rank);
+    // Files are written on a blocking thread, chunks handed over as they come.
+    let (tx, mut rx) = mpsc::channel::<ShardChunk>(4);
+    let at = dir.clone();
+    let writer = tokio::task::spawn_blocking(move || {
+        let mut w = ChunkWriter::new(&at).map_err(|e| ShardError::Io(format!("{}: {e}", at.display())))?;
+        while let Some(chunk) = rx.blocking_recv() {
+            w.write(&chunk)?;
+        }
+        Ok::<_, ShardError>((w.files, w.bytes))
+    });
+    let mut received: Result<(), Status> = Ok(());
+    let mut next = Some(first);
+    while let Some(chunk) = next.take() {
+        if tx.send(chunk).await.is_err() {
+            break; // the writer failed: its error says why
+        }
+        match inbound.message().await {
+            Ok(c) => next = c,
+            Err(status) => received = Err(status),
+        }
+    }
+    drop(tx);
+    let written = writer.await.map_err(|e| Status::internal(format!("shard writer: {e}")))?;
+    let outcome = match (received, written) {
+        (_, Err(ShardError::Refused(why))) => {
+            tracing::warn!(%peer, trial = %trial_id, rank, reason = %why, "shard upload refused");
+            Err(Status::invalid_argument(why))
+        }
+        (_, Err(ShardError::Io(why))) => Err(Status::unavailable(format!("cannot stage the shard: {why}"))),
+        (Err(status), _) => Err(status),
+        (Ok(()), Ok((files, bytes))) => Ok(ShardReceipt { upload: name.clone(), files, bytes }),
+    };
+    match outcome {
+        Ok(receipt) => {
+            entry.shipping.staged(name, rank, dir);
+            Ok(receipt)
+        }
+        Err(status) => {
+            let _ = tokio::fs::remove_dir_all(&dir).await;
+            Err(status)
+        }
+    }
+}
 
 #[tonic::async_trait]
 impl Reporter for Service {
@@ -209,6 +291,28 @@ impl Reporter for Service {
     }
 
     type SessionStream = ReplyStream;
+    type GetShardStream = ChunkStream;
+
+    async fn put_shard(&self, request: Request<tonic::Streaming<ShardChunk>>) -> Result<Response<ShardReceipt>, Status> {
+        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        put_shard(&self.registry, request.into_inner(), &peer).await.map(Response::new)
+    }
+
+    async fn get_shard(&self, request: Request<ShardRequest>) -> Result<Response<ChunkStream>, Status> {
+        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        let r = request.into_inner();
+        let entry = authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
+        let shard = entry.shipping.restore_shard(r.rank).map_err(Status::not_found)?;
+        let (tx, rx) = mpsc::channel::<Result<ShardChunk, Status>>(4);
+        tokio::task::spawn_blocking(move || {
+            let sent = read_chunks(&shard, ShardChunk::default(), |c| tx.blocking_send(Ok(c)).is_ok());
+            if let Err(e) = sent {
+                // The stream ends in an error, never short: the rank must not resume from part of a shard.
+                let _ = tx.blocking_send(Err(Status::unavailable(format!("reading {}: {e}", shard.display()))));
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
 
     async fn session(&self, request: Request<tonic::Streaming<ReportRequest>>) -> Result<Response<ReplyStream>, Status> {
         let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
@@ -270,7 +374,107 @@ mod tests {
             rank,
             metrics: [("loss".to_string(), 0.5)].into_iter().collect(),
             checkpoint_dir: String::new(),
+            checkpoint_upload: String::new(),
         }
+    }
+
+    /// Ships the files of `dir` as rank `rank`'s shard (token `token`).
+    async fn put(
+        client: &mut ReporterClient<tonic::transport::Channel>,
+        dir: &std::path::Path,
+        token: &str,
+        rank: u32,
+    ) -> Result<ShardReceipt, Status> {
+        let head = ShardChunk { version: 1, trial_id: "t1".into(), token: token.into(), rank, ..ShardChunk::default() };
+        let mut chunks = Vec::new();
+        read_chunks(dir, head, |c| {
+            chunks.push(c);
+            true
+        })
+        .unwrap();
+        client.put_shard(tokio_stream::iter(chunks)).await.map(Response::into_inner)
+    }
+
+    /// A shard shipped through the channel is staged, persisted once its
+    /// report claims it, and its staging copy removed; bad uploads and
+    /// claims are refused; a restarted run's ranks fetch their shards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shards_ship_both_ways_through_the_channel() {
+        let server = ReportServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = crate::LaunchSpec::new("t1", serde_json::json!({}), dir.path().join("trial"));
+        spec.workers = vec![crate::WorkerBundle::cpus(1.0); 2];
+        let registration = server.register(&spec, "secret".into(), Vec::new(), tx.clone());
+        let mut client = ReporterClient::connect(server.url()).await.unwrap();
+        let shard = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(shard.path().join("opt")).unwrap();
+        let weights: Vec<u8> = (0..700_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(shard.path().join("model.bin"), &weights).unwrap();
+        std::fs::write(shard.path().join("opt/state.json"), b"{}").unwrap();
+
+        assert_eq!(put(&mut client, shard.path(), "wrong", 0).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert_eq!(put(&mut client, shard.path(), "secret", 2).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+        let escaping = ShardChunk { version: 1, trial_id: "t1".into(), token: "secret".into(), path: "../x".into(), ..ShardChunk::default() };
+        let status = client.put_shard(tokio_stream::iter(vec![escaping])).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains("not a relative path"), "{}", status.message());
+        let incoming = spec.trial_dir.join(".incoming");
+        assert!(std::fs::read_dir(&incoming).map_or(true, |d| d.count() == 0), "refused uploads leave nothing staged");
+
+        let r0 = put(&mut client, shard.path(), "secret", 0).await.unwrap();
+        assert_eq!((r0.files, r0.bytes), (2, weights.len() as u64 + 2));
+        let r1 = put(&mut client, shard.path(), "secret", 1).await.unwrap();
+        // Rank 0 may not claim rank 1's upload, nor name a path and an upload at once.
+        let claim = |rank: u32, upload: &str| ReportRequest { checkpoint_upload: upload.into(), ..request("secret", rank) };
+        let status = client.report(claim(0, &r1.upload)).await.unwrap_err();
+        assert!(status.message().contains("is rank 1's, not rank 0's"), "{}", status.message());
+        let both = ReportRequest { checkpoint_dir: shard.path().display().to_string(), ..claim(0, &r0.upload) };
+        assert_eq!(client.report(both).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert!(client.report(claim(0, "rank-0-nope")).await.unwrap_err().message().contains("unknown checkpoint upload"));
+
+        let (mut c0, mut c1) = (client.clone(), client.clone());
+        let (q0, q1) = (claim(0, &r0.upload), claim(1, &r1.upload));
+        let rank0 = tokio::spawn(async move { c0.report(q0).await });
+        let rank1 = tokio::spawn(async move { c1.report(q1).await });
+        let ev = rx.recv().await.unwrap();
+        let crate::EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
+        let ckpt = report.checkpoint.unwrap();
+        assert_eq!(ckpt.ranks, vec![0, 1]);
+        for r in 0..2 {
+            let at = std::path::Path::new(&ckpt.uri).join(format!("rank-{r}"));
+            assert_eq!(std::fs::read(at.join("model.bin")).unwrap(), weights);
+            assert_eq!(std::fs::read(at.join("opt/state.json")).unwrap(), b"{}");
+        }
+        reply.send(Directive::Continue).durable();
+        rank0.await.unwrap().unwrap();
+        rank1.await.unwrap().unwrap();
+        assert_eq!(std::fs::read_dir(&incoming).unwrap().count(), 0, "claimed uploads are removed once persisted");
+        // An upload no report claims goes when the run ends.
+        put(&mut client, shard.path(), "secret", 0).await.unwrap();
+        assert_eq!(std::fs::read_dir(&incoming).unwrap().count(), 1);
+        // This run resumes from nothing.
+        let fetch = |rank: u32| ShardRequest { version: 1, trial_id: "t1".into(), token: "secret".into(), rank };
+        assert_eq!(client.get_shard(fetch(0)).await.unwrap_err().code(), tonic::Code::NotFound);
+        drop(registration);
+        assert!(!incoming.exists(), "the run's end removes unclaimed uploads");
+
+        // The next run resumes from that checkpoint: each rank gets its shard whole.
+        spec.checkpoint = Some(PathBuf::from(&ckpt.uri));
+        std::fs::write(std::path::Path::new(&ckpt.uri).join("rank-1/model.bin"), b"rank 1's own").unwrap();
+        let _registration = server.register(&spec, "secret".into(), Vec::new(), tx);
+        for (rank, want) in [(0u32, weights.clone()), (1, b"rank 1's own".to_vec())] {
+            let mut chunks = client.get_shard(fetch(rank)).await.unwrap().into_inner();
+            let out = tempfile::tempdir().unwrap();
+            let mut w = ChunkWriter::new(out.path()).unwrap();
+            while let Some(c) = chunks.message().await.unwrap() {
+                w.write(&c).unwrap();
+            }
+            assert_eq!(std::fs::read(out.path().join("model.bin")).unwrap(), want);
+            assert_eq!(std::fs::read(out.path().join("opt/state.json")).unwrap(), b"{}");
+        }
+        let wrong = ShardRequest { token: "nope".into(), ..fetch(0) };
+        assert_eq!(client.get_shard(wrong).await.unwrap_err().code(), tonic::Code::Unauthenticated);
     }
 
     #[tokio::test]
