@@ -121,9 +121,19 @@ def get_config() -> Dict[str, Any]:
     return get_context().config
 
 
+_fetched: Optional[str] = None
+
+
 def get_checkpoint() -> Optional[str]:
     """A local directory holding this rank's checkpoint to resume from, or None
-    on a fresh start."""
+    on a fresh start. On a node that does not see the driver's directories
+    (``NESTOR_CHECKPOINT_FETCH=1``) the shard is fetched from the driver into
+    a temporary directory first, once, removed when the process exits."""
+    global _fetched
+    if os.environ.get("NESTOR_CHECKPOINT_FETCH") == "1" and os.environ.get("NESTOR_ADDR"):
+        if _fetched is None:
+            _fetched = _get_channel().fetch_shard(get_context()) or ""
+        return _fetched or None
     path = os.environ.get("NESTOR_CHECKPOINT")
     if path and os.path.isdir(path):
         return path
@@ -166,8 +176,95 @@ class _Channel:
             response_deserializer=_proto.ReportReply.FromString,
         )
         self._token = os.environ.get("NESTOR_TOKEN", "")
+        self._addr = addr
+        self._put = self._channel.stream_unary(
+            _proto.PUT_SHARD_METHOD,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=_proto.ShardReceipt.FromString,
+        )
+        self._get = self._channel.unary_stream(
+            _proto.GET_SHARD_METHOD,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=_proto.ShardChunk.FromString,
+        )
+
+    def _chunks(self, ctx: TrainContext, root: str):
+        """The files below ``root`` as shard chunks, the sender in the first."""
+        head = dict(version=self._proto.PROTOCOL_VERSION, trial_id=ctx.trial_id, token=self._token, rank=ctx.world_rank)
+        sent = False
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+            prefix = "" if rel_dir == "." else rel_dir + "/"
+            if prefix:
+                yield self._proto.ShardChunk(path=prefix, **head)
+                head, sent = {}, True
+            for name in sorted(filenames):
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    first = True
+                    while True:
+                        data = f.read(self._proto.CHUNK_BYTES)
+                        if not data and not first:
+                            break
+                        yield self._proto.ShardChunk(path=prefix + name, data=data, **head)
+                        head, sent, first = {}, True, False
+                        if len(data) < self._proto.CHUNK_BYTES:
+                            break
+        if not sent:
+            yield self._proto.ShardChunk(**head)
+
+    def ship_shard(self, ctx: TrainContext, root: str) -> str:
+        """Sends the shard in ``root`` to the driver; returns the upload's name."""
+        try:
+            return self._put(self._chunks(ctx, root), wait_for_ready=True).upload
+        except self._grpc.RpcError as e:
+            raise ReportError(f"checkpoint upload refused ({e.code().name}): {e.details()}") from None
+
+    def fetch_shard(self, ctx: TrainContext) -> Optional[str]:
+        """Fetches this rank's shard of the checkpoint its run resumes from
+        into a temporary directory (None when it holds none for this rank)."""
+        import atexit
+        import shutil
+        import tempfile
+
+        request = self._proto.ShardRequest(version=self._proto.PROTOCOL_VERSION, trial_id=ctx.trial_id, token=self._token, rank=ctx.world_rank)
+        dest = tempfile.mkdtemp(prefix=f"nestor-{ctx.trial_id}-rank-{ctx.world_rank}-")
+        atexit.register(shutil.rmtree, dest, True)
+        current, out, seen = None, None, set()
+        try:
+            for chunk in self._get(request, wait_for_ready=True):
+                if not chunk.path:
+                    continue
+                parts = chunk.path.rstrip("/").split("/")
+                if any(p in ("", ".", "..") for p in parts) or chunk.path.startswith("/"):
+                    raise ReportError(f"the driver sent a bad shard file name {chunk.path!r}")
+                target = os.path.join(dest, *parts)
+                if chunk.path.endswith("/"):
+                    os.makedirs(target, exist_ok=True)
+                    continue
+                if chunk.path != current:
+                    if out is not None:
+                        out.close()
+                    if chunk.path in seen:
+                        raise ReportError(f"the driver sent shard file {chunk.path!r} twice")
+                    seen.add(chunk.path)
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    out, current = open(target, "xb"), chunk.path
+                out.write(chunk.data)
+        except self._grpc.RpcError as e:
+            shutil.rmtree(dest, True)
+            if e.code() == self._grpc.StatusCode.NOT_FOUND:
+                return None
+            raise ReportError(f"cannot fetch the checkpoint to resume from ({e.code().name}): {e.details()}") from None
+        finally:
+            if out is not None:
+                out.close()
+        return dest
 
     def report(self, ctx: TrainContext, metrics: Dict[str, float], checkpoint: str) -> int:
+        upload = ""
+        if checkpoint and os.environ.get("NESTOR_SHIP_CHECKPOINTS") == "1":
+            upload, checkpoint = self.ship_shard(ctx, checkpoint), ""
         request = self._proto.ReportRequest(
             version=self._proto.PROTOCOL_VERSION,
             trial_id=ctx.trial_id,
@@ -175,6 +272,7 @@ class _Channel:
             rank=ctx.world_rank,
             metrics=metrics,
             checkpoint_dir=checkpoint,
+            checkpoint_upload=upload,
         )
         try:
             reply = self._call(request, wait_for_ready=True)
@@ -186,6 +284,13 @@ class _Channel:
 _channel: Optional[_Channel] = None
 
 
+def _get_channel() -> "_Channel":
+    global _channel
+    if _channel is None:
+        _channel = _Channel()
+    return _channel
+
+
 def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None:
     """Reports one step of this rank: metrics (name -> number; NaN allowed) and
     optionally a directory holding this step's checkpoint (copied before this
@@ -193,7 +298,6 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
     step and the driver has stored it and decided (it is durable with the
     driver's next group commit, a moment later); raises ``SystemExit(0)``
     when the trial must stop, so training ends cleanly."""
-    global _channel
     values = _metrics(metrics)
     path = ""
     if checkpoint is not None:
@@ -206,8 +310,6 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
         shown = {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}
         print(f"nestor (local): rank {ctx.world_rank}: {json.dumps(shown)}" + (f" checkpoint={path}" if path else ""), file=sys.stderr)
         return
-    if _channel is None:
-        _channel = _Channel()
-    directive = _channel.report(ctx, values, path)
+    directive = _get_channel().report(ctx, values, path)
     if directive != 1:
         raise SystemExit(0)

@@ -7,6 +7,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 _F = descriptor_pb2.FieldDescriptorProto
 
 REPORT_METHOD = "/nestor.v1.Reporter/Report"
+PUT_SHARD_METHOD = "/nestor.v1.Reporter/PutShard"
+GET_SHARD_METHOD = "/nestor.v1.Reporter/GetShard"
 PROTOCOL_VERSION = 1
 
 
@@ -30,6 +32,7 @@ def _file():
     _field(entry, "value", 2, _F.TYPE_DOUBLE)
     _field(req, "metrics", 5, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".nestor.v1.ReportRequest.MetricsEntry")
     _field(req, "checkpoint_dir", 6, _F.TYPE_STRING)
+    _field(req, "checkpoint_upload", 7, _F.TYPE_STRING)
     enum = fdp.enum_type.add(name="Directive")
     for i, name in enumerate(["DIRECTIVE_UNSPECIFIED", "DIRECTIVE_CONTINUE", "DIRECTIVE_STOP"]):
         enum.value.add(name=name, number=i)
@@ -37,6 +40,19 @@ def _file():
     _field(reply, "directive", 1, _F.TYPE_ENUM, type_name=".nestor.v1.Directive")
     _field(reply, "training_iteration", 2, _F.TYPE_UINT64)
     _field(reply, "acknowledged_iteration", 3, _F.TYPE_UINT64)
+    chunk = fdp.message_type.add(name="ShardChunk")
+    shard_request = fdp.message_type.add(name="ShardRequest")
+    for msg in (chunk, shard_request):
+        _field(msg, "version", 1, _F.TYPE_UINT32)
+        _field(msg, "trial_id", 2, _F.TYPE_STRING)
+        _field(msg, "token", 3, _F.TYPE_STRING)
+        _field(msg, "rank", 4, _F.TYPE_UINT32)
+    _field(chunk, "path", 5, _F.TYPE_STRING)
+    _field(chunk, "data", 6, _F.TYPE_BYTES)
+    receipt = fdp.message_type.add(name="ShardReceipt")
+    _field(receipt, "upload", 1, _F.TYPE_STRING)
+    _field(receipt, "files", 2, _F.TYPE_UINT32)
+    _field(receipt, "bytes", 3, _F.TYPE_UINT64)
     return fdp
 
 
@@ -53,5 +69,10 @@ def _message(name):
 
 ReportRequest = _message("nestor.v1.ReportRequest")
 ReportReply = _message("nestor.v1.ReportReply")
+ShardChunk = _message("nestor.v1.ShardChunk")
+ShardRequest = _message("nestor.v1.ShardRequest")
+ShardReceipt = _message("nestor.v1.ShardReceipt")
+#: File bytes in one shard chunk (the Rust client's size).
+CHUNK_BYTES = 256 << 10
 DIRECTIVE_CONTINUE = 1
 DIRECTIVE_STOP = 2

@@ -297,7 +297,7 @@ fn a_resume_in_the_job_cancels_the_experiments_leftover_steps_and_finishes_the_s
 #[test]
 fn an_experiment_directory_a_node_cannot_see_is_refused_before_anything_runs() {
     let shared = tempfile::tempdir().unwrap();
-    let cluster = SlurmCluster::start_with(2, 2, 2000, Options { hidden: Some((1, shared.path().to_path_buf())), ..Options::default() });
+    let cluster = SlurmCluster::start_with(2, 2, 2000, Options { hidden: vec![(1, shared.path().to_path_buf())], ..Options::default() });
     let dir = tempfile::tempdir().unwrap();
     common::write(
         dir.path(),
@@ -317,12 +317,104 @@ fn an_experiment_directory_a_node_cannot_see_is_refused_before_anything_runs() {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{stderr}");
     assert!(
-        stderr.contains(&format!("{} is not visible on node2", runs.display())) && stderr.contains("a file system all nodes share"),
+        stderr.contains(&format!("{} is not visible on node2", runs.display()))
+            && stderr.contains("a file system all nodes share")
+            && stderr.contains("experiment.storage = \"s3://"),
         "{stderr}"
     );
     // Nothing of the experiment was written, and no probe file is left.
     let left: Vec<_> = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A cluster whose nodes share no directory with the driver, checkpoints in
+/// an object store: each rank ships its shard through the report channel
+/// (the driver uploads it to the bucket), a rank killed on one node is
+/// restarted, and both ranks fetch the shard they resume from through the
+/// channel. The trial ends as an uninterrupted one; nothing of the shipping
+/// is left on the driver.
+#[test]
+fn without_a_shared_directory_ranks_ship_their_checkpoints_through_the_driver() {
+    let hidden = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = common::S3Server::start(&dir.path().join("s3"));
+    let options = Options { networks: true, hidden: vec![(0, hidden.path().to_path_buf()), (1, hidden.path().to_path_buf())], ..Options::default() };
+    let cluster = SlurmCluster::start_with(2, 2, 2000, options);
+    let local = hidden.path().join("local");
+    spanning_sweep(
+        dir.path(),
+        "shipped",
+        &format!("num_samples = 1\nstorage = \"s3://bucket/runs\"\nlocal_dir = \"{}\"", local.display()),
+        "x = 0.5\nsteps = 12\nsleep_ms = 100\ncheckpoint = true\ndump_env = true",
+        "\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 1",
+    );
+    let mut run = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(common::nestor_bin())
+        .args(["run", "sweep.toml", "--plain"])
+        .envs(s3.env())
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let trial = local.join("shipped/trials/trial_00000");
+    // Once rank 1 is past step 3, kill it where it runs (its environment names the trial's directory).
+    let started = std::time::Instant::now();
+    let victim = loop {
+        let log = std::fs::read_to_string(trial.join("logs/rank-1.log")).unwrap_or_default();
+        let needle = format!("NESTOR_TRIAL_DIR={}\0", trial.display());
+        let pid = common::processes_mentioning(&trial.display().to_string()).into_iter().find(|pid| {
+            let environ = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()).into_owned();
+            environ.contains(&needle) && environ.contains("\0RANK=1\0")
+        });
+        if let (true, Some(pid)) = (log.contains("acked step 3"), pid) {
+            break pid;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(30) || run.try_wait().unwrap().is_some() {
+            let _ = run.kill();
+            let out = run.wait_with_output().unwrap();
+            panic!("rank 1 never got past step 3: {log}\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    common::signal(victim, libc::SIGKILL);
+    let out = run.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = common::ok(out);
+    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("{} is not shared with node1, node2", local.join("shipped").display()))
+            && stderr.contains("ranks ship checkpoints through the driver to s3://bucket/runs/shipped"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("rank 1 (on node2) was killed (SIGKILL)"), "{stderr}");
+    let store = tuner::store::Store::open_existing(&local.join("shipped/store")).unwrap();
+    let t = store.trial("trial_00000").unwrap().unwrap();
+    assert_eq!((t.status, t.failures, t.restarts), (tuner::TrialStatus::Terminated, 1, 1), "{:?}", t.last_failure);
+    let last = t.last_result.unwrap();
+    assert_eq!(last.training_iteration, 12);
+    // The state each rank resumed from came back whole: the same sum as a run never interrupted.
+    let loss = |k: u64| (0.5f64 - 0.3).powi(2) + 1.0 / k as f64;
+    let acc: f64 = (1..=12).map(loss).sum();
+    assert!((last.metrics["acc"] - acc).abs() < 1e-9, "acc {} != {acc}", last.metrics["acc"]);
+    // Both ranks resumed from a copy fetched to their node, not from a path of the driver's.
+    for r in 0..2 {
+        let log = std::fs::read_to_string(trial.join(format!("logs/rank-{r}.log"))).unwrap();
+        let resumed = log.lines().find(|l| l.starts_with("resumed from ")).unwrap_or_else(|| panic!("rank {r} never resumed: {log}"));
+        let from = resumed.trim_start_matches("resumed from ");
+        assert!(from.contains(&format!("nestor-trial_00000-rank-{r}-")) && !from.starts_with(&local.display().to_string()), "{resumed}");
+    }
+    // Every committed checkpoint holds both ranks' shards, in the bucket.
+    let latest = t.latest_checkpoint.unwrap();
+    assert_eq!((latest.ranks.clone(), latest.iteration), (vec![0, 1], 12), "{latest:?}");
+    let objects = s3.objects("runs/shipped/trials/trial_00000/checkpoint_000012");
+    let names: Vec<&str> = objects.iter().map(|o| o.rsplit("checkpoint_000012/").next().unwrap()).collect();
+    assert_eq!(names, vec![".committed", "rank-0/state.json", "rank-1/state.json"]);
+    // The ranks wrote in their nodes' own directories: none of it is here, nor any staged upload.
+    let here: Vec<String> = std::fs::read_dir(&trial).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    assert!(!here.iter().any(|n| n.starts_with("rank-") || n.starts_with(".scratch") || n == ".incoming"), "{here:?}");
 }
 
 /// `nestor submit`: the batch script goes next to the experiment, sbatch

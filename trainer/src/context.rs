@@ -104,20 +104,24 @@ async fn ship_shard(
 }
 
 /// Fetches this rank's shard of the checkpoint its run resumes from
-/// (`GetShard`) into `dest`.
+/// (`GetShard`) into `dest`; `false` when the checkpoint holds none for it.
 async fn fetch_shard(
     client: &mut proto::reporter_client::ReporterClient<tonic::transport::Channel>,
     request: proto::ShardRequest,
     dest: &Path,
     addr: &str,
-) -> Result<(), ReportError> {
-    let mut chunks = client.get_shard(request).await.map_err(|s| call_error(&s, addr))?.into_inner();
+) -> Result<bool, ReportError> {
+    let mut chunks = match client.get_shard(request).await {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == tonic::Code::NotFound => return Ok(false),
+        Err(s) => return Err(call_error(&s, addr)),
+    };
     let mut writer =
         ChunkWriter::new(dest).map_err(|source| ReportError::Checkpoint(CheckpointError::Io { path: dest.to_path_buf(), source }))?;
     while let Some(chunk) = chunks.message().await.map_err(|s| call_error(&s, addr))? {
         writer.write(&chunk).map_err(|e| ReportError::Transport(format!("fetching the checkpoint to resume from: {e}")))?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Sends one report on the session (opening it first if needed) and waits
@@ -290,12 +294,17 @@ impl Context {
             let dest = std::env::temp_dir().join(format!("nestor-{trial_id}-rank-{rank}-{}", std::process::id()));
             let request = proto::ShardRequest { version: 1, trial_id: trial_id.clone(), token: token.clone(), rank };
             let _ = std::fs::remove_dir_all(&dest);
-            if let Err(e) = rt.block_on(fetch_shard(&mut client, request, &dest, &addr)) {
-                let _ = std::fs::remove_dir_all(&dest);
-                return Err(e);
+            match rt.block_on(fetch_shard(&mut client, request, &dest, &addr)) {
+                Ok(true) => {
+                    checkpoint = Some(dest.clone());
+                    fetched = Some(dest);
+                }
+                Ok(false) => checkpoint = None,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&dest);
+                    return Err(e);
+                }
             }
-            checkpoint = Some(dest.clone());
-            fetched = Some(dest);
         }
         Ok(Self {
             trial_id,

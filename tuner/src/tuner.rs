@@ -295,15 +295,27 @@ impl Tuner {
             (None, true, _) if allocation.is_some() => NodeResources::declared(0.0),
             (None, true, _) => NodeResources::detect(),
         };
+        let mut unshared = Vec::new();
         if let Some(a) = &allocation {
             file.cluster
                 .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), &a.job_id)
                 .map_err(|e| TuneError::Cluster(e.0))?;
-            // Trials write below the experiment's directory wherever their ranks run: every node must see it.
+            // Ranks read and write checkpoints below the experiment's directory where every node sees it;
+            // else they ship them through the driver, to an object store.
             let root = std::path::absolute(file.experiment.local_root())
                 .map_err(|source| TuneError::Io { path: PathBuf::from(file.experiment.local_root()), source })?;
             std::fs::create_dir_all(&root).map_err(|source| TuneError::Io { path: root.clone(), source })?;
-            a.check_shared(&root).map_err(|e| TuneError::Cluster(e.0))?;
+            unshared = a.unshared_nodes(&root).map_err(|e| TuneError::Cluster(e.0))?;
+            if !unshared.is_empty() && file.experiment.storage_url().is_none() {
+                return Err(TuneError::Cluster(format!(
+                    "{} is not visible on {} (a file written here was not there), and checkpoints go below it: a trial \
+                     that runs there could neither save nor resume from them. Put the experiment on a file system all \
+                     nodes share (local_dir, or --storage), or send checkpoints to an object store \
+                     (experiment.storage = \"s3://bucket/prefix\"; ranks then ship their shards through the driver)",
+                    root.display(),
+                    unshared.join(", ")
+                )));
+            }
         }
         let (mut node_description, mut node_gpus) = (node.describe(), node.gpu_note.clone());
         let pool = match &allocation {
@@ -431,10 +443,19 @@ impl Tuner {
                             c.report_bind = std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0));
                         }
                         let advertise = file.cluster.report_address.clone().unwrap_or_else(host_name);
-                        let backend = SlurmBackend::start(c, a, Some(&advertise)).await.map_err(server_err)?;
+                        let backend = SlurmBackend::start(c, a, Some(&advertise)).await.map_err(server_err)?.shipping(!unshared.is_empty());
                         // Steps an earlier driver of this experiment left running in this job go first.
                         backend.cancel_leftovers(&exp_dir).await;
-                        report_note = Some(format!("nestor: workers report to {}", backend.report_url()));
+                        let mut note = format!("nestor: workers report to {}", backend.report_url());
+                        if !unshared.is_empty() {
+                            note.push_str(&format!(
+                                "\nnestor: {} is not shared with {}: ranks ship checkpoints through the driver to {}",
+                                exp_dir.display(),
+                                unshared.join(", "),
+                                storage.uri("")
+                            ));
+                        }
+                        report_note = Some(note);
                         (Arc::new(backend), Arc::new(WallClock::new()))
                     }
                     None => (Arc::new(ProcessBackend::start(c).await.map_err(server_err)?), Arc::new(WallClock::new())),

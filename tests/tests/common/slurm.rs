@@ -55,10 +55,10 @@ pub struct Options {
     /// test (`/dev/null`'s numbers), so Slurm books and binds them as it
     /// would real ones.
     pub gpus: u32,
-    /// `(node, dir)`: that node's slurmd (and so every task it runs) sees an
-    /// empty `dir`, a tmpfs mounted over it in a mount namespace of its own,
-    /// as a node without the file system the others share.
-    pub hidden: Option<(usize, PathBuf)>,
+    /// `(node, dir)` pairs: that node's slurmd (and so every task it runs)
+    /// sees an empty `dir`, a tmpfs of its own mounted over it in a mount
+    /// namespace of its own, as a node without the file system this host has.
+    pub hidden: Vec<(usize, PathBuf)>,
     /// Each node in a network namespace of its own, with its own address on
     /// a bridge (slurmctld and the driver on the bridge's address), its own
     /// host name and an `/etc/hosts` naming the nodes and this host: what
@@ -222,7 +222,7 @@ impl SlurmCluster {
             if network.is_some() {
                 setup.push(format!("hostname {n} && mount --bind '{}' /etc/hosts", hosts.display()));
             }
-            if let Some((_, path)) = options.hidden.as_ref().filter(|(h, _)| *h == i) {
+            for (_, path) in options.hidden.iter().filter(|(h, _)| *h == i) {
                 setup.push(format!("mount -t tmpfs nestor-hidden '{}'", path.display()));
             }
             if setup.is_empty() {

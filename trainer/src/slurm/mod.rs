@@ -145,11 +145,10 @@ impl SlurmAllocation {
         }
     }
 
-    /// Checks that every node sees `dir` as this machine does: a file
-    /// written here is read back on each node by a one-task-per-node job
-    /// step. Trials write their checkpoints, logs and rendezvous files
-    /// below the experiment's directory, wherever their ranks run.
-    pub fn check_shared(&self, dir: &std::path::Path) -> Result<(), SlurmError> {
+    /// The nodes that do not see `dir` as this machine does (none: it is
+    /// shared): a file written here is read back on each node by a
+    /// one-task-per-node job step. An error when the step itself fails.
+    pub fn unshared_nodes(&self, dir: &std::path::Path) -> Result<Vec<String>, SlurmError> {
         let token = format!(
             "{:x}{:x}",
             std::process::id(),
@@ -173,10 +172,6 @@ impl SlurmAllocation {
             .filter_map(|l| l.split_once(": ").map(|(_, rest)| rest))
             .filter_map(|rest| rest.split_once(' ').filter(|(_, t)| t.trim() == token).map(|(node, _)| node))
             .collect();
-        let blind: Vec<&str> = names.iter().copied().filter(|n| !seeing.contains(n)).collect();
-        if blind.is_empty() {
-            return Ok(());
-        }
         if !out.status.success() && seeing.is_empty() {
             return Err(SlurmError(format!(
                 "a job step to check {} on every node failed: {}",
@@ -184,13 +179,7 @@ impl SlurmAllocation {
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
-        Err(SlurmError(format!(
-            "{} is not visible on {} (a file written here was not there): trials run on every node of the job and write \
-             their checkpoints, logs and rendezvous files below it; put the experiment on a file system all nodes share \
-             (experiment.storage or local_dir)",
-            dir.display(),
-            blind.join(", ")
-        )))
+        Ok(names.iter().filter(|n| !seeing.contains(n)).map(|n| n.to_string()).collect())
     }
 
     /// The node named `name`.

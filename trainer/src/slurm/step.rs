@@ -68,6 +68,7 @@ LOCAL_RANK=$(pick "$NESTOR_RANKS_LOCAL"); NODE_RANK=$(pick "$NESTOR_RANKS_NODE")
 LOCAL_WORLD_SIZE=$(pick "$NESTOR_RANKS_LWS"); OMP_NUM_THREADS=$(pick "$NESTOR_RANKS_OMP")
 if [ -z "$NESTOR_GPUS_FROM_SLURM" ]; then CUDA_VISIBLE_DEVICES=$(pick "$NESTOR_RANKS_CUDA"); fi
 export RANK WORLD_SIZE LOCAL_RANK NODE_RANK GROUP_RANK LOCAL_WORLD_SIZE OMP_NUM_THREADS CUDA_VISIBLE_DEVICES
+if [ -n "$NESTOR_SHIP_CHECKPOINTS" ]; then mkdir -p "$NESTOR_TRIAL_DIR"; fi
 c=$(pick "$NESTOR_RANKS_CKPT")
 if [ -n "$c" ]; then export NESTOR_CHECKPOINT="$c"; else unset NESTOR_CHECKPOINT; fi
 unset NESTOR_RANKS_LOCAL NESTOR_RANKS_NODE NESTOR_RANKS_LWS NESTOR_RANKS_OMP NESTOR_RANKS_CUDA NESTOR_RANKS_CKPT NESTOR_GPUS_FROM_SLURM
@@ -88,6 +89,11 @@ pub struct SlurmBackend {
     report_url: String,
     /// Nodes' health, as the steps' ends tell it.
     health: Arc<std::sync::Mutex<Health>>,
+    /// Some node does not see the experiment's directory: ranks ship their
+    /// checkpoint shards through the report channel and fetch the one they
+    /// resume from, the trial directory is a node-local one of the same
+    /// path, and `torch.distributed` meets over TCP at `MASTER_ADDR`.
+    shipping: bool,
 }
 
 /// What the steps' ends said of the nodes.
@@ -143,7 +149,16 @@ impl SlurmBackend {
             allocation: Arc::new(allocation),
             report_url,
             health: Arc::default(),
+            shipping: false,
         })
+    }
+
+    /// Whether ranks ship their checkpoints through the report channel (some
+    /// node does not see the experiment's directory).
+    #[must_use]
+    pub fn shipping(mut self, shipping: bool) -> Self {
+        self.shipping = shipping;
+        self
     }
 
     /// The URL workers report to.
@@ -355,8 +370,9 @@ impl Backend for SlurmBackend {
             .env("NESTOR_RANKS_CUDA", table(&|r| bundles[r].cuda_visible_devices()))
             .env(
                 "NESTOR_RANKS_CKPT",
-                table(&|r| {
-                    spec.checkpoint.as_ref().map(|c| crate::checkpoint::shard_for(c, r as u32).display().to_string()).unwrap_or_default()
+                table(&|r| match &spec.checkpoint {
+                    Some(c) if !self.shipping => crate::checkpoint::shard_for(c, r as u32).display().to_string(),
+                    _ => String::new(),
                 }),
             )
             .stdin(Stdio::null())
@@ -364,6 +380,13 @@ impl Backend for SlurmBackend {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(false);
+        if self.shipping {
+            // No file the nodes share: no rendezvous file either (torch meets at MASTER_ADDR).
+            cmd.env_remove("NESTOR_RENDEZVOUS_FILE").env("NESTOR_SHIP_CHECKPOINTS", "1");
+            if spec.checkpoint.is_some() {
+                cmd.env("NESTOR_CHECKPOINT_FETCH", "1");
+            }
+        }
         if let Some(dir) = &cfg.working_dir {
             cmd.current_dir(dir);
         }
