@@ -9,6 +9,7 @@ _F = descriptor_pb2.FieldDescriptorProto
 REPORT_METHOD = "/nestor.v1.Reporter/Report"
 PUT_SHARD_METHOD = "/nestor.v1.Reporter/PutShard"
 GET_SHARD_METHOD = "/nestor.v1.Reporter/GetShard"
+RENDEZVOUS_METHOD = "/nestor.v1.Reporter/Rendezvous"
 PROTOCOL_VERSION = 1
 
 
@@ -49,6 +50,14 @@ def _file():
         _field(msg, "rank", 4, _F.TYPE_UINT32)
     _field(chunk, "path", 5, _F.TYPE_STRING)
     _field(chunk, "data", 6, _F.TYPE_BYTES)
+    meet = fdp.message_type.add(name="RendezvousRequest")
+    _field(meet, "version", 1, _F.TYPE_UINT32)
+    _field(meet, "trial_id", 2, _F.TYPE_STRING)
+    _field(meet, "token", 3, _F.TYPE_STRING)
+    _field(meet, "rank", 4, _F.TYPE_UINT32)
+    _field(meet, "address", 5, _F.TYPE_STRING)
+    met = fdp.message_type.add(name="RendezvousReply")
+    _field(met, "address", 1, _F.TYPE_STRING)
     receipt = fdp.message_type.add(name="ShardReceipt")
     _field(receipt, "upload", 1, _F.TYPE_STRING)
     _field(receipt, "files", 2, _F.TYPE_UINT32)
@@ -72,6 +81,8 @@ ReportReply = _message("nestor.v1.ReportReply")
 ShardChunk = _message("nestor.v1.ShardChunk")
 ShardRequest = _message("nestor.v1.ShardRequest")
 ShardReceipt = _message("nestor.v1.ShardReceipt")
+RendezvousRequest = _message("nestor.v1.RendezvousRequest")
+RendezvousReply = _message("nestor.v1.RendezvousReply")
 #: File bytes in one shard chunk (the Rust client's size).
 CHUNK_BYTES = 256 << 10
 DIRECTIVE_CONTINUE = 1

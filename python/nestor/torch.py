@@ -24,10 +24,11 @@ def get_device() -> torch.device:
 
 
 def init_process_group() -> None:
-    """Joins the trial's process group (through ``NESTOR_RENDEZVOUS_FILE`` when
-    nestor gives one, else ``MASTER_ADDR``/``MASTER_PORT``), with the backend
-    and timeout nestor was configured with; a no-op with one worker or when
-    already joined."""
+    """Joins the trial's process group, with the backend and timeout nestor was
+    configured with: through ``NESTOR_RENDEZVOUS_FILE`` when nestor gives one,
+    through the driver where the nodes share no file
+    (``NESTOR_RENDEZVOUS=driver``), else at ``MASTER_ADDR``/``MASTER_PORT``.
+    A no-op with one worker or when already joined."""
     ctx = get_context()
     if ctx.world_size <= 1 or not dist.is_available() or dist.is_initialized():
         return
@@ -39,9 +40,29 @@ def init_process_group() -> None:
     # nestor names a fresh file per launch when all ranks share a node: a file
     # store meets at once, where the TCP store's clients back off (up to about
     # half a second) when they come before rank 0 listens.
+    if os.environ.get("NESTOR_RENDEZVOUS") == "driver":
+        # Nodes that share no file: rank 0's TCP store on a port free on its
+        # node, its address passed to the others through the driver.
+        store = _store_through_driver(ctx, timeout)
+        dist.init_process_group(backend=backend, store=store, rank=ctx.world_rank, world_size=ctx.world_size, timeout=timeout)
+        return
     rendezvous = os.environ.get("NESTOR_RENDEZVOUS_FILE")
     init_method = f"file://{rendezvous}" if rendezvous else "env://"
     dist.init_process_group(backend=backend, init_method=init_method, rank=ctx.world_rank, world_size=ctx.world_size, timeout=timeout)
+
+
+def _store_through_driver(ctx, timeout: datetime.timedelta):
+    from . import _get_channel
+
+    channel = _get_channel()
+    if ctx.world_rank == 0:
+        store = dist.TCPStore("0.0.0.0", 0, ctx.world_size, True, timeout=timeout, wait_for_workers=False)
+        host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        channel.rendezvous(ctx, f"{host}:{store.port}", timeout.total_seconds())
+        return store
+    address = channel.rendezvous(ctx, "", timeout.total_seconds())
+    host, port = address.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), ctx.world_size, False, timeout=timeout)
 
 
 def prepare_model(model: torch.nn.Module, move_to_device: bool = True, parallel_strategy: Optional[str] = "ddp", **ddp_kwargs: Any):

@@ -407,3 +407,87 @@ fn the_ddp_sweep_spans_two_slurm_nodes_with_its_ranks_in_sync() {
         assert_eq!(sums0, sums1, "{trial}: the ranks' parameters differ after some epoch");
     }
 }
+
+/// The DDP example on two Slurm nodes that share no directory with the
+/// driver (each sees an empty directory of its own where the experiment
+/// is), its checkpoints in S3: rank 0 ships its shard through the report
+/// channel, the ranks meet at a TCP store rank 0 opens on its node (its
+/// address passed on by the driver), and after rank 1 is killed both ranks
+/// fetch the checkpoint to resume from through the channel. The trial ends
+/// with the numbers of an uninterrupted run on one machine, to the bit.
+#[test]
+fn the_ddp_sweep_on_nodes_sharing_no_directory_ships_its_checkpoints_and_meets_through_the_driver() {
+    let hidden = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&dir.path().join("s3"));
+    let on_both = vec![(0, hidden.path().to_path_buf()), (1, hidden.path().to_path_buf())];
+    let options = common::slurm::Options { networks: true, hidden: on_both, ..Default::default() };
+    let cluster = common::slurm::SlurmCluster::start_with(2, 2, 4000, options);
+    let local = hidden.path().join("local");
+    let sets = |name: &str| {
+        ["experiment.num_samples=1", "space.epochs=6", "stop.training_iteration=6", "failure.max_failures=1"]
+            .into_iter()
+            .map(String::from)
+            .chain([format!("experiment.name=\"{name}\"")])
+            .flat_map(|s| ["--set".to_string(), s])
+            .collect::<Vec<String>>()
+    };
+    let path = format!("{}:{}", venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let mut child = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
+        .arg(nestor_bin())
+        .args(["run", "examples/torch_ddp/sweep.toml", "--plain"])
+        .args(sets("ddp-shipped"))
+        .args(["--set", "trainer.placement_strategy=\"STRICT_SPREAD\"", "--set", "experiment.storage=\"s3://bucket/runs\""])
+        .arg("--set")
+        .arg(format!("experiment.local_dir=\"{}\"", local.display()))
+        .current_dir(repo())
+        .env("PATH", path)
+        .envs(s3.env())
+        .env("NESTOR_LOG", "warn,trainer::service=info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exp = local.join("ddp-shipped");
+    let trial_dir = exp.join("trials/trial_00000");
+    let committed = s3.root.join("bucket/runs/ddp-shipped/trials/trial_00000/checkpoint_000002/.committed");
+    wait_for_run("checkpoint 2 committed in the bucket", 120.0, &mut child, || committed.exists());
+    let victim = rank_pid(&trial_dir, 1).expect("rank 1 is running");
+    signal(victim, libc::SIGKILL);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = ok(out);
+    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains(&format!("{} is not shared with node1, node2", exp.display())), "{stderr}");
+    assert!(stderr.contains("rank 1 (on node2) was killed"), "{stderr}");
+    // Each run's rank 0 posted its store's address (on its node) through the driver.
+    let node1 = cluster.node_addr("node1");
+    assert_eq!(stderr.matches("rank 0 posted where the ranks meet").count(), 2, "{stderr}");
+    assert!(stderr.contains(&format!("address={node1}:")), "{stderr}");
+    for rank in 0..2 {
+        let (_, log) = rank_log(&exp, "trial_00000", rank);
+        assert_eq!(log.matches("process group world=2 backend=gloo rank_sum=3").count(), 2, "two runs met: {log}");
+        let resumed = log.lines().find(|l| l.starts_with(&format!("rank {rank}: resumed from "))).unwrap_or_else(|| panic!("{log}"));
+        assert!(resumed.contains(&format!("/nestor-trial_00000-rank-{rank}-")), "a copy fetched to the node: {resumed}");
+    }
+    // The same sweep on one machine, never interrupted.
+    let reference = dir.path().join("ref");
+    let mut args = vec!["run".to_string(), "examples/torch_ddp/sweep.toml".into(), "--plain".into(), "--storage".into()];
+    args.push(reference.display().to_string());
+    args.extend(sets("ddp-ref"));
+    ok(nestor_in_venv(&strs(&args)).output().unwrap());
+    let shipped = tuner::ResultGrid::load(&exp).unwrap();
+    let reference = tuner::ResultGrid::load(&reference.join("ddp-ref")).unwrap();
+    let (f, r) = (shipped.get("trial_00000").unwrap(), reference.get("trial_00000").unwrap());
+    assert_eq!((f.failures, f.restarts), (1, 1));
+    assert_eq!(f.history.iter().map(|x| x.training_iteration).collect::<Vec<_>>(), (1..=6).collect::<Vec<_>>());
+    for key in ["val_loss", "train_loss"] {
+        let (a, b) = (f.metrics.as_ref().unwrap()[key], r.metrics.as_ref().unwrap()[key]);
+        assert_eq!(a, b, "{key}: shipped and restarted {a} vs uninterrupted {b}");
+    }
+    let objects = s3.objects("runs/ddp-shipped/trials/trial_00000/checkpoint_000006");
+    assert!(objects.iter().any(|o| o.ends_with("checkpoint_000006/rank-0/state.pt")), "{objects:?}");
+    assert!(!trial_dir.join(".incoming").exists());
+}

@@ -14,7 +14,7 @@ use crate::aggregate::Aggregator;
 use crate::backend::{Directive, Event};
 use crate::intake::{Intake, IntakeError};
 use crate::proto::reporter_server::{Reporter, ReporterServer};
-use crate::proto::{self, ReportReply, ReportRequest, ShardChunk, ShardReceipt, ShardRequest};
+use crate::proto::{self, RendezvousReply, RendezvousRequest, ReportReply, ReportRequest, ShardChunk, ShardReceipt, ShardRequest};
 use crate::shards::{read_chunks, ChunkWriter, ShardError, Shipping};
 
 /// Largest report accepted, in bytes.
@@ -25,6 +25,8 @@ struct Entry {
     token: String,
     intake: Arc<Intake>,
     shipping: Shipping,
+    /// Where rank 0 waits for the others to form the process group, once posted.
+    meeting: tokio::sync::watch::Sender<Option<String>>,
 }
 
 #[derive(Default)]
@@ -135,7 +137,7 @@ impl ReportServer {
         let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events));
         let intake = Arc::new(Intake::new(spec.storage.clone(), roots, aggregator));
         let shipping = Shipping::new(&spec.trial_dir, spec.checkpoint.clone(), spec.world_size());
-        let entry = Entry { token, intake: Arc::clone(&intake), shipping };
+        let entry = Entry { token, intake: Arc::clone(&intake), shipping, meeting: tokio::sync::watch::Sender::new(None) };
         if let Ok(mut map) = self.registry.trials.write() {
             map.insert(spec.trial_id.clone(), Arc::new(entry));
         }
@@ -298,6 +300,27 @@ impl Reporter for Service {
         put_shard(&self.registry, request.into_inner(), &peer).await.map(Response::new)
     }
 
+    async fn rendezvous(&self, request: Request<RendezvousRequest>) -> Result<Response<RendezvousReply>, Status> {
+        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        let r = request.into_inner();
+        let entry = authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
+        if r.rank == 0 {
+            if r.address.is_empty() {
+                return Err(Status::invalid_argument("rank 0 posts the address its store listens on; it was empty"));
+            }
+            tracing::info!(trial = %r.trial_id, address = %r.address, "rank 0 posted where the ranks meet");
+            entry.meeting.send_replace(Some(r.address.clone()));
+            return Ok(Response::new(RendezvousReply { address: r.address }));
+        }
+        if !r.address.is_empty() {
+            return Err(Status::invalid_argument(format!("rank {} posted an address; only rank 0 posts one", r.rank)));
+        }
+        let mut posted = entry.meeting.subscribe();
+        drop(entry);
+        let address = posted.wait_for(Option::is_some).await.map_err(|_| Status::unavailable("the run ended"))?.clone().unwrap_or_default();
+        Ok(Response::new(RendezvousReply { address }))
+    }
+
     async fn get_shard(&self, request: Request<ShardRequest>) -> Result<Response<ChunkStream>, Status> {
         let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
         let r = request.into_inner();
@@ -393,6 +416,37 @@ mod tests {
         })
         .unwrap();
         client.put_shard(tokio_stream::iter(chunks)).await.map(Response::into_inner)
+    }
+
+    /// Rank 0 posts where its store listens; the others, asking before or
+    /// after, are told; only rank 0 posts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ranks_meet_at_the_address_rank_0_posts() {
+        let server = ReportServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = crate::LaunchSpec::new("t1", serde_json::json!({}), dir.path());
+        spec.workers = vec![crate::WorkerBundle::cpus(1.0); 3];
+        let _registration = server.register(&spec, "secret".into(), Vec::new(), tx);
+        let client = ReporterClient::connect(server.url()).await.unwrap();
+        let ask = |rank: u32, address: &str| RendezvousRequest {
+            version: 1,
+            trial_id: "t1".into(),
+            token: "secret".into(),
+            rank,
+            address: address.into(),
+        };
+        let mut early = client.clone();
+        let waiting = tokio::spawn(async move { early.rendezvous(ask(1, "")).await });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "rank 1 waits for rank 0");
+        let mut c = client.clone();
+        assert_eq!(c.rendezvous(ask(2, "10.0.0.9:1")).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(c.rendezvous(ask(0, "")).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+        assert_eq!(c.rendezvous(RendezvousRequest { token: "x".into(), ..ask(1, "") }).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+        c.rendezvous(ask(0, "10.0.0.1:4242")).await.unwrap();
+        assert_eq!(waiting.await.unwrap().unwrap().into_inner().address, "10.0.0.1:4242");
+        assert_eq!(c.rendezvous(ask(2, "")).await.unwrap().into_inner().address, "10.0.0.1:4242");
     }
 
     /// A shard shipped through the channel is staged, persisted once its

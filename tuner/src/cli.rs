@@ -204,6 +204,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colours for a terminal only: not in logs, files or pipes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("NESTOR_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )

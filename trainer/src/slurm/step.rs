@@ -92,7 +92,8 @@ pub struct SlurmBackend {
     /// Some node does not see the experiment's directory: ranks ship their
     /// checkpoint shards through the report channel and fetch the one they
     /// resume from, the trial directory is a node-local one of the same
-    /// path, and `torch.distributed` meets over TCP at `MASTER_ADDR`.
+    /// path, and `nestor.torch` meets at the TCP store rank 0 opens on a
+    /// free port of its node and posts to the driver (`Rendezvous`).
     shipping: bool,
 }
 
@@ -381,8 +382,8 @@ impl Backend for SlurmBackend {
             .process_group(0)
             .kill_on_drop(false);
         if self.shipping {
-            // No file the nodes share: no rendezvous file either (torch meets at MASTER_ADDR).
-            cmd.env_remove("NESTOR_RENDEZVOUS_FILE").env("NESTOR_SHIP_CHECKPOINTS", "1");
+            // No file the nodes share: no rendezvous file either; ranks meet through the driver.
+            cmd.env_remove("NESTOR_RENDEZVOUS_FILE").env("NESTOR_SHIP_CHECKPOINTS", "1").env("NESTOR_RENDEZVOUS", "driver");
             if spec.checkpoint.is_some() {
                 cmd.env("NESTOR_CHECKPOINT_FETCH", "1");
             }
