@@ -11,7 +11,12 @@
 //!   torchrun's variables (spawn to both ranks' first epoch line) against
 //!   `nestor run` (spawn to the first stored result);
 //! - a rank killed on one node: from the kill to the restarted group's first
-//!   stored result.
+//!   stored result;
+//! - a 2-rank trial across the 2 nodes checkpointing a 64 MiB shard per rank
+//!   every step, to an S3-compatible server on loopback: the time per step
+//!   when the driver reads the shards from a directory the nodes share,
+//!   against ranks shipping them through the report channel (nodes that
+//!   share no directory with the driver).
 //!
 //! `cargo bench -p nestor-tests --bench slurm [-- --reps N]`
 
@@ -108,7 +113,10 @@ fn results(exp: &Path) -> Vec<(f64, u64)> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let reps: usize = args.iter().position(|a| a == "--reps").and_then(|i| args.get(i + 1)).and_then(|r| r.parse().ok()).unwrap_or(3);
-    let cluster = SlurmCluster::start_with(2, 8, 8000, Options { networks: true, ..Options::default() });
+    // The nodes see an empty directory of their own at `hidden` (as nodes with no shared file system would).
+    let hidden = tempfile::tempdir().unwrap();
+    let on_both = vec![(0, hidden.path().to_path_buf()), (1, hidden.path().to_path_buf())];
+    let cluster = SlurmCluster::start_with(2, 8, 8000, Options { networks: true, hidden: on_both, ..Options::default() });
     let granted = cluster.run("salloc", &["--no-shell", "--no-kill", "-N2", "--ntasks-per-node=8", "--mem=6000"]);
     let stderr = String::from_utf8_lossy(&granted.stderr).into_owned();
     let job = stderr.lines().find_map(|l| l.strip_prefix("salloc: Granted job allocation ")).expect(&stderr).trim().to_string();
@@ -221,5 +229,69 @@ fn main() {
         restart.push(after - killed);
     }
     stats("rank killed on node2 to the restarted group's first stored result", &restart);
+
+    // 4. Checkpoints to S3: read from a shared directory, or shipped through the report channel.
+    let s3_root = tempfile::tempdir().unwrap();
+    let s3 = S3::start(s3_root.path());
+    let mib = 64;
+    for (label, shared) in [("from a directory the nodes share", true), ("shipped through the report channel", false)] {
+        let mut per_step = Vec::new();
+        for rep in 0..reps {
+            let dir = tempfile::tempdir_in(if shared { std::env::temp_dir() } else { hidden.path().to_path_buf() }).unwrap();
+            let text = format!(
+                "[experiment]\nname = \"ckpt\"\nmetric = \"loss\"\nmode = \"min\"\nstorage = \"s3://bucket/bench-{shared}-{rep}\"\n\
+                 local_dir = \"{}\"\n\n[space]\nx = 0.5\nsteps = 6\ncheckpoint = true\nckpt_mb = {mib}\nquiet = true\n\n\
+                 [trainer]\ncommand = [\"{}\"]\nnum_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\n\n[checkpoint]\nfrequency = 1\n",
+                dir.path().join("runs").display(),
+                bin("fixture-worker").display()
+            );
+            std::fs::write(dir.path().join("sweep.toml"), text).unwrap();
+            let out = nestor(&cluster, &job, dir.path(), &["run", "sweep.toml", "--plain"]).envs(s3.env()).output().unwrap();
+            assert!(out.status.success(), "run {rep}: {}", String::from_utf8_lossy(&out.stderr));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(stderr.contains("ranks ship checkpoints through the driver"), !shared, "{stderr}");
+            let mut times: Vec<f64> = results(&dir.path().join("runs/ckpt")).into_iter().map(|(t, _)| t).collect();
+            times.sort_by(f64::total_cmp);
+            per_step.extend(times.windows(2).map(|w| w[1] - w[0]));
+        }
+        stats(&format!("step with 2 x {mib} MiB checkpointed to S3, {label}"), &per_step);
+    }
     let _ = cluster.run("scancel", &[&job]);
+}
+
+/// An S3-compatible server (the package's `s3-server`) on a loopback port.
+struct S3 {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl S3 {
+    fn start(root: &Path) -> Self {
+        std::fs::create_dir_all(root.join("bucket")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_s3-server")).arg(root).stdout(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().strip_prefix("listening on ").and_then(|p| p.parse().ok()).expect("s3-server prints its port");
+        Self { child, port }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ACCESS_KEY_ID", "nestor".to_string()),
+            ("AWS_SECRET_ACCESS_KEY", "nestor-secret".to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+            ("AWS_ENDPOINT", format!("http://127.0.0.1:{}", self.port)),
+            ("AWS_ALLOW_HTTP", "true".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

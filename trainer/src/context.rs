@@ -282,7 +282,9 @@ impl Context {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| ReportError::Transport(e.to_string()))?;
         let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
             .map_err(|e| ReportError::Environment(format!("NESTOR_ADDR={addr:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(10));
+            .connect_timeout(Duration::from_secs(10))
+            .initial_stream_window_size(Some(4 << 20))
+            .initial_connection_window_size(Some(16 << 20));
         let channel = {
             let _guard = rt.enter();
             endpoint.connect_lazy()

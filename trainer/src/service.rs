@@ -103,6 +103,9 @@ impl ReportServer {
                 })
             });
             let result = tonic::transport::Server::builder()
+                // Shipped checkpoint shards stream megabytes: windows wider than HTTP/2's 64 KiB default.
+                .initial_stream_window_size(Some(4 << 20))
+                .initial_connection_window_size(Some(16 << 20))
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = rx.await;
