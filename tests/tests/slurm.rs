@@ -338,7 +338,8 @@ fn without_a_shared_directory_ranks_ship_their_checkpoints_through_the_driver() 
     let hidden = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let s3 = common::S3Server::start(&dir.path().join("s3"));
-    let options = Options { networks: true, hidden: vec![(0, hidden.path().to_path_buf()), (1, hidden.path().to_path_buf())], ..Options::default() };
+    let options =
+        Options { networks: true, hidden: vec![(0, hidden.path().to_path_buf()), (1, hidden.path().to_path_buf())], ..Options::default() };
     let cluster = SlurmCluster::start_with(2, 2, 2000, options);
     let local = hidden.path().join("local");
     spanning_sweep(

@@ -98,8 +98,7 @@ async fn ship_shard(
     let reader = tokio::task::spawn_blocking(move || read_chunks(&from, head, |c| tx.blocking_send(c).is_ok()));
     let (read, put) = tokio::join!(reader, client.put_shard(tokio_stream::wrappers::ReceiverStream::new(rx)));
     // A shard read in part is never claimed: the driver discards its upload when the run ends.
-    read.map_err(|e| ReportError::Transport(e.to_string()))?
-        .map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?;
+    read.map_err(|e| ReportError::Transport(e.to_string()))?.map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?;
     Ok(put.map_err(|s| call_error(&s, addr))?.into_inner().upload)
 }
 
@@ -182,9 +181,6 @@ enum Transport {
         token: String,
         /// The open report stream (opened on first use, reopened after a refusal).
         session: Option<Box<Session>>,
-        /// Checkpoints go to the driver as chunks (`NESTOR_SHIP_CHECKPOINTS`):
-        /// it cannot read this node's directories.
-        ship: bool,
     },
 }
 
@@ -211,6 +207,9 @@ pub struct Context {
     acknowledged: u64,
     /// The local copy of a shard fetched from the driver, removed on drop.
     fetched: Option<PathBuf>,
+    /// Checkpoints go to the driver as chunks (`NESTOR_SHIP_CHECKPOINTS`):
+    /// it cannot read this node's directories.
+    ship: bool,
 }
 
 impl Drop for Context {
@@ -245,6 +244,7 @@ impl Context {
             last_iteration: None,
             acknowledged: spec.start_iteration,
             fetched: None,
+            ship: false,
         }
     }
 
@@ -319,11 +319,12 @@ impl Context {
             local_rank,
             world_size,
             trial_dir_ready: std::cell::Cell::new(false),
-            transport: Transport::Grpc { rt: Box::new(rt), client, token, session: None, ship: flag("NESTOR_SHIP_CHECKPOINTS") },
+            transport: Transport::Grpc { rt: Box::new(rt), client, token, session: None },
             driver_addr: addr,
             last_iteration: None,
             acknowledged: start_iteration,
             fetched,
+            ship: flag("NESTOR_SHIP_CHECKPOINTS"),
         })
     }
 
@@ -455,10 +456,10 @@ impl Context {
                     directive
                 }
             }
-            Transport::Grpc { rt, client, token, session, ship } => {
+            Transport::Grpc { rt, client, token, session } => {
                 let (mut checkpoint_dir, mut checkpoint_upload) = (String::new(), String::new());
                 match checkpoint {
-                    Some(dir) if *ship => {
+                    Some(dir) if self.ship => {
                         let head = proto::ShardChunk {
                             version: 1,
                             trial_id: self.trial_id.clone(),
@@ -468,7 +469,9 @@ impl Context {
                         };
                         checkpoint_upload = rt.block_on(ship_shard(client, dir, head, &self.driver_addr))?;
                     }
-                    Some(dir) => checkpoint_dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).to_string_lossy().into_owned(),
+                    Some(dir) => {
+                        checkpoint_dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).to_string_lossy().into_owned()
+                    }
                     None => {}
                 }
                 let request = proto::ReportRequest {

@@ -446,7 +446,10 @@ mod tests {
         let mut c = client.clone();
         assert_eq!(c.rendezvous(ask(2, "10.0.0.9:1")).await.unwrap_err().code(), tonic::Code::InvalidArgument);
         assert_eq!(c.rendezvous(ask(0, "")).await.unwrap_err().code(), tonic::Code::InvalidArgument);
-        assert_eq!(c.rendezvous(RendezvousRequest { token: "x".into(), ..ask(1, "") }).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert_eq!(
+            c.rendezvous(RendezvousRequest { token: "x".into(), ..ask(1, "") }).await.unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
         c.rendezvous(ask(0, "10.0.0.1:4242")).await.unwrap();
         assert_eq!(waiting.await.unwrap().unwrap().into_inner().address, "10.0.0.1:4242");
         assert_eq!(c.rendezvous(ask(2, "")).await.unwrap().into_inner().address, "10.0.0.1:4242");
@@ -472,7 +475,8 @@ mod tests {
 
         assert_eq!(put(&mut client, shard.path(), "wrong", 0).await.unwrap_err().code(), tonic::Code::Unauthenticated);
         assert_eq!(put(&mut client, shard.path(), "secret", 2).await.unwrap_err().code(), tonic::Code::InvalidArgument);
-        let escaping = ShardChunk { version: 1, trial_id: "t1".into(), token: "secret".into(), path: "../x".into(), ..ShardChunk::default() };
+        let escaping =
+            ShardChunk { version: 1, trial_id: "t1".into(), token: "secret".into(), path: "../x".into(), ..ShardChunk::default() };
         let status = client.put_shard(tokio_stream::iter(vec![escaping])).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("not a relative path"), "{}", status.message());

@@ -24,8 +24,8 @@ pub(crate) fn check_relative(rel: &str) -> Result<PathBuf, String> {
         return Err(bad());
     }
     let path = PathBuf::from(body);
-    let normal = body.split('/').all(|p| !p.is_empty() && p != "." && p != "..")
-        && path.components().all(|c| matches!(c, Component::Normal(_)));
+    let normal =
+        body.split('/').all(|p| !p.is_empty() && p != "." && p != "..") && path.components().all(|c| matches!(c, Component::Normal(_)));
     if normal {
         Ok(path)
     } else {
@@ -161,11 +161,7 @@ impl ChunkWriter {
             if let Some(parent) = to.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| ShardError::io(parent, e))?;
             }
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&to)
-                .map_err(|e| ShardError::io(&to, e))?;
+            let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&to).map_err(|e| ShardError::io(&to, e))?;
             self.current = Some((chunk.path.clone(), file));
             self.files += 1;
         }
