@@ -41,20 +41,17 @@ def _file():
     _field(reply, "directive", 1, _F.TYPE_ENUM, type_name=".nestor.v1.Directive")
     _field(reply, "training_iteration", 2, _F.TYPE_UINT64)
     _field(reply, "acknowledged_iteration", 3, _F.TYPE_UINT64)
+    # Messages that open with the sender, as ReportRequest does.
     chunk = fdp.message_type.add(name="ShardChunk")
     shard_request = fdp.message_type.add(name="ShardRequest")
-    for msg in (chunk, shard_request):
+    meet = fdp.message_type.add(name="RendezvousRequest")
+    for msg in (chunk, shard_request, meet):
         _field(msg, "version", 1, _F.TYPE_UINT32)
         _field(msg, "trial_id", 2, _F.TYPE_STRING)
         _field(msg, "token", 3, _F.TYPE_STRING)
         _field(msg, "rank", 4, _F.TYPE_UINT32)
     _field(chunk, "path", 5, _F.TYPE_STRING)
     _field(chunk, "data", 6, _F.TYPE_BYTES)
-    meet = fdp.message_type.add(name="RendezvousRequest")
-    _field(meet, "version", 1, _F.TYPE_UINT32)
-    _field(meet, "trial_id", 2, _F.TYPE_STRING)
-    _field(meet, "token", 3, _F.TYPE_STRING)
-    _field(meet, "rank", 4, _F.TYPE_UINT32)
     _field(meet, "address", 5, _F.TYPE_STRING)
     met = fdp.message_type.add(name="RendezvousReply")
     _field(met, "address", 1, _F.TYPE_STRING)

@@ -23,15 +23,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[allow(dead_code)]
-#[path = "../tests/common/slurm.rs"]
-mod slurm;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use slurm::{Options, SlurmCluster};
+use common::slurm::{Options, SlurmCluster};
+use common::S3Server;
 
 fn now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
@@ -232,7 +233,7 @@ fn main() {
 
     // 4. Checkpoints to S3: read from a shared directory, or shipped through the report channel.
     let s3_root = tempfile::tempdir().unwrap();
-    let s3 = S3::start(s3_root.path());
+    let s3 = S3Server::start(s3_root.path());
     let mib = 64;
     for (label, shared) in [("from a directory the nodes share", true), ("shipped through the report channel", false)] {
         let mut per_step = Vec::new();
@@ -257,41 +258,4 @@ fn main() {
         stats(&format!("step with 2 x {mib} MiB checkpointed to S3, {label}"), &per_step);
     }
     let _ = cluster.run("scancel", &[&job]);
-}
-
-/// An S3-compatible server (the package's `s3-server`) on a loopback port.
-struct S3 {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl S3 {
-    fn start(root: &Path) -> Self {
-        std::fs::create_dir_all(root.join("bucket")).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_s3-server")).arg(root).stdout(Stdio::piped()).spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let port = line.trim().strip_prefix("listening on ").and_then(|p| p.parse().ok()).expect("s3-server prints its port");
-        Self { child, port }
-    }
-
-    fn env(&self) -> Vec<(String, String)> {
-        [
-            ("AWS_ACCESS_KEY_ID", "nestor".to_string()),
-            ("AWS_SECRET_ACCESS_KEY", "nestor-secret".to_string()),
-            ("AWS_REGION", "us-east-1".to_string()),
-            ("AWS_ENDPOINT", format!("http://127.0.0.1:{}", self.port)),
-            ("AWS_ALLOW_HTTP", "true".to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
-    }
-}
-
-impl Drop for S3 {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
