@@ -22,7 +22,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[allow(dead_code)]
 #[path = "../tests/common/mod.rs"]
 mod common;
 
