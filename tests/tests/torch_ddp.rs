@@ -491,3 +491,48 @@ fn the_ddp_sweep_on_nodes_sharing_no_directory_ships_its_checkpoints_and_meets_t
     assert!(objects.iter().any(|o| o.ends_with("checkpoint_000006/rank-0/state.pt")), "{objects:?}");
     assert!(!trial_dir.join(".incoming").exists());
 }
+
+/// The Python client ships a checkpoint tree through the report channel and
+/// fetches it back whole (what it does on Slurm nodes that share no
+/// directory, asked for here on one machine through `[trainer] env`):
+/// nested directories, an empty file, an empty directory and a file of
+/// several chunks come back byte for byte after a restart, and the driver
+/// keeps no staged copy.
+#[test]
+fn a_python_checkpoint_tree_is_shipped_and_fetched_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = venv().join("bin/python");
+    let script = repo().join("tests/py/shipped_tree.py");
+    std::fs::write(
+        dir.path().join("sweep.toml"),
+        format!(
+            "[experiment]\nname = \"tree\"\nmetric = \"loss\"\nmode = \"min\"\n\n[space]\nx = 1\n\n[trainer]\ncommand = [\"{}\", \"{}\"]\n\
+             env = {{ NESTOR_SHIP_CHECKPOINTS = \"1\", NESTOR_CHECKPOINT_FETCH = \"1\" }}\n\n[failure]\nmax_failures = 1\n",
+            python.display(),
+            script.display()
+        ),
+    )
+    .unwrap();
+    let stdout = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]));
+    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}");
+    let trial = dir.path().join("runs/tree/trials/trial_00000");
+    let log = std::fs::read_to_string(trial.join("logs/rank-0.log")).unwrap();
+    assert!(log.contains("dying on purpose at step 3") && log.contains("at step 2: same tree 1.0"), "{log}");
+    // From a copy fetched through the channel, not the driver's own directory.
+    let resumed = log.lines().find(|l| l.starts_with("resumed from ")).unwrap();
+    assert!(resumed.contains("/nestor-trial_00000-rank-0-") && !resumed.contains(&trial.display().to_string()), "{resumed}");
+    let rows = export(dir.path(), "runs/tree");
+    let last = rows.last().unwrap();
+    assert_eq!(
+        (last["training_iteration"].as_u64(), last["restored_same"].as_f64(), last["start"].as_f64()),
+        (Some(4), Some(1.0), Some(2.0))
+    );
+    // The driver persisted the shipped tree as it saved it, and staged nothing that stayed.
+    let shard = trial.join("checkpoint_000004/rank-0");
+    assert_eq!(std::fs::read(shard.join("model/meta/step.txt")).unwrap(), b"4");
+    let weights: Vec<u8> = (0..600_000u32).map(|i| ((i * 7 + 4) % 251) as u8).collect();
+    assert!(std::fs::read(shard.join("model/weights.bin")).unwrap() == weights, "weights.bin differs from what was saved");
+    assert_eq!(std::fs::read(shard.join("empty.txt")).unwrap(), b"");
+    assert!(shard.join("logs/none").is_dir());
+    assert!(!trial.join(".incoming").exists());
+}
