@@ -182,6 +182,11 @@ class _Channel:
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=_proto.ShardReceipt.FromString,
         )
+        self._meet = self._channel.unary_unary(
+            _proto.RENDEZVOUS_METHOD,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=_proto.RendezvousReply.FromString,
+        )
         self._get = self._channel.unary_stream(
             _proto.GET_SHARD_METHOD,
             request_serializer=lambda m: m.SerializeToString(),
@@ -191,16 +196,11 @@ class _Channel:
     def rendezvous(self, ctx: TrainContext, address: str, timeout: float) -> str:
         """Rank 0 posts ``address`` (its store's ``host:port``); the other
         ranks get it once posted."""
-        call = self._channel.unary_unary(
-            self._proto.RENDEZVOUS_METHOD,
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=self._proto.RendezvousReply.FromString,
-        )
         request = self._proto.RendezvousRequest(
             version=self._proto.PROTOCOL_VERSION, trial_id=ctx.trial_id, token=self._token, rank=ctx.world_rank, address=address
         )
         try:
-            return call(request, timeout=timeout, wait_for_ready=True).address
+            return self._meet(request, timeout=timeout, wait_for_ready=True).address
         except self._grpc.RpcError as e:
             raise ReportError(f"rendezvous through the driver failed ({e.code().name}): {e.details()}") from None
 

@@ -234,6 +234,11 @@ struct Open {
 }
 
 type ReplyStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<ReportReply, Status>> + Send>>;
+/// Who sent a request, for the log of a refusal.
+fn peer<T>(request: &Request<T>) -> String {
+    request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string())
+}
+
 type ChunkStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<ShardChunk, Status>> + Send>>;
 
 /// Receives one shipped shard into a staging directory of its trial's.
@@ -291,7 +296,7 @@ async fn put_shard(registry: &Registry, mut inbound: tonic::Streaming<ShardChunk
 #[tonic::async_trait]
 impl Reporter for Service {
     async fn report(&self, request: Request<ReportRequest>) -> Result<Response<ReportReply>, Status> {
-        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        let peer = peer(&request);
         handle(&self.registry, request.into_inner(), &peer).await.map(|(reply, _)| Response::new(reply))
     }
 
@@ -299,12 +304,12 @@ impl Reporter for Service {
     type GetShardStream = ChunkStream;
 
     async fn put_shard(&self, request: Request<tonic::Streaming<ShardChunk>>) -> Result<Response<ShardReceipt>, Status> {
-        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        let peer = peer(&request);
         put_shard(&self.registry, request.into_inner(), &peer).await.map(Response::new)
     }
 
     async fn rendezvous(&self, request: Request<RendezvousRequest>) -> Result<Response<RendezvousReply>, Status> {
-        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        let peer = peer(&request);
         let r = request.into_inner();
         let entry = authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
         if r.rank == 0 {
@@ -325,7 +330,7 @@ impl Reporter for Service {
     }
 
     async fn get_shard(&self, request: Request<ShardRequest>) -> Result<Response<ChunkStream>, Status> {
-        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        let peer = peer(&request);
         let r = request.into_inner();
         let entry = authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
         let shard = entry.shipping.restore_shard(r.rank).map_err(Status::not_found)?;
@@ -341,7 +346,7 @@ impl Reporter for Service {
     }
 
     async fn session(&self, request: Request<tonic::Streaming<ReportRequest>>) -> Result<Response<ReplyStream>, Status> {
-        let peer = request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+        let peer = peer(&request);
         let inbound = request.into_inner();
         let registry = Arc::clone(&self.registry);
         // One reply per request, in order, produced as the reply stream is polled;
