@@ -329,3 +329,29 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
     directive = _get_channel().report(ctx, values, path)
     if directive != 1:
         raise SystemExit(0)
+
+
+def init(*_args: Any, **_kwargs: Any) -> None:
+    """Ray's ``ray.init``: nestor has no cluster to start or join; a note, nothing else."""
+    print("nestor: init() does nothing: nestor needs no cluster (inside a Slurm allocation it uses the allocation)", file=sys.stderr)
+
+
+def shutdown() -> None:
+    """Ray's ``ray.shutdown``: nothing to stop."""
+
+
+def is_initialized() -> bool:
+    """Always True: nestor is ready without ``init``."""
+    return True
+
+
+def __getattr__(name: str) -> Any:
+    # nestor.train and nestor.tune load on first use, so a worker that only
+    # reports never imports the driver's modules.
+    if name in ("train", "tune", "air"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in ("get", "put", "remote", "wait"):
+        raise AttributeError(f"nestor has no {name}(): it runs training functions, not Ray tasks; call the function directly")
+    raise AttributeError(f"module 'nestor' has no attribute {name!r}")

@@ -4,7 +4,7 @@ placement, DistributedDataParallel and DistributedSampler."""
 
 import datetime
 import os
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from . import get_context
 
-__all__ = ["get_device", "init_process_group", "prepare_model", "prepare_data_loader"]
+__all__ = ["enable_reproducibility", "get_device", "get_devices", "init_process_group", "prepare_model", "prepare_data_loader"]
 
 
 def get_device() -> torch.device:
@@ -21,6 +21,31 @@ def get_device() -> torch.device:
     if os.environ.get("CUDA_VISIBLE_DEVICES", "") != "" and torch.cuda.is_available():
         return torch.device("cuda", 0)
     return torch.device("cpu")
+
+
+def get_devices() -> List[torch.device]:
+    """All of this worker's devices: each GPU of its bundle, or the CPU."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "") != "" and torch.cuda.is_available():
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [torch.device("cpu")]
+
+
+def enable_reproducibility(seed: int = 0) -> None:
+    """Seeds Python, NumPy (when present) and torch, and asks torch for
+    deterministic algorithms (Ray's helper of the same name)."""
+    import random
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:
+        pass
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def init_process_group() -> None:

@@ -30,8 +30,13 @@ pub struct Cli {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Format {
+    /// One row per result.
     Csv,
+    /// One JSON object per result.
     Json,
+    /// One JSON object per trial: status, config, error, last metrics,
+    /// history, committed checkpoints (what the Python driver reads).
+    Trials,
 }
 
 #[derive(Debug, Subcommand)]
@@ -144,13 +149,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print every result, one row per result.
+    /// Print every result, one row per result (or every trial, one line each).
     Export {
         /// The experiment directory.
         dir: PathBuf,
-        /// csv, or json (JSON lines).
+        /// csv, json (JSON lines, a result each) or trials (JSON lines, a trial each).
         #[arg(long, value_enum)]
         format: Format,
+    },
+    /// Copy a committed checkpoint (a directory or an object store URL, as
+    /// `nestor best` prints it) into a local directory: one `rank-<r>/` per
+    /// rank that saved a shard.
+    Fetch {
+        /// The checkpoint's location.
+        uri: String,
+        /// The directory to fill (created; must be empty if it exists).
+        dest: PathBuf,
     },
     /// Show the configs a file would run first, running nothing.
     Sample {
@@ -275,6 +289,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Exploits { dir, json } => exploits(&dir, json),
         Command::Best { dir, metric, mode, scope, json } => best(&dir, metric.as_deref(), mode, scope, json),
         Command::Export { dir, format } => export(&dir, format),
+        Command::Fetch { uri, dest } => fetch(&uri, &dest),
         Command::Sample { file, n, sets } => sample(&file, n, &sets),
     }
 }
@@ -580,6 +595,11 @@ fn export(dir: &Path, format: Format) -> Result<(), Failure> {
                 }
             }
         }
+        Format::Trials => {
+            for t in grid.iter() {
+                writeln!(out, "{}", trial_json(t)).map_err(out_err)?;
+            }
+        }
         Format::Csv => {
             let mut metric_cols = BTreeSet::new();
             let mut config_cols = BTreeSet::new();
@@ -608,6 +628,88 @@ fn export(dir: &Path, format: Format) -> Result<(), Failure> {
         }
     }
     out.flush().map_err(out_err)
+}
+
+/// One trial as JSON: everything a `Result` holds.
+fn trial_json(t: &TrialOutcome) -> Value {
+    let history: Vec<Value> = t
+        .history
+        .iter()
+        .map(|r| {
+            let mut m = match metrics_json(&r.metrics) {
+                Value::Object(m) => m,
+                _ => Map::new(),
+            };
+            m.insert("training_iteration".into(), json!(r.training_iteration));
+            Value::Object(m)
+        })
+        .collect();
+    let checkpoints: Vec<Value> = t
+        .checkpoints
+        .iter()
+        .map(|c| json!({ "uri": location(&c.uri), "training_iteration": c.iteration, "metrics": metrics_json(&c.metrics), "ranks": c.ranks }))
+        .collect();
+    let nodes: BTreeSet<&str> = t.resources.iter().map(|b| b.node.as_str()).filter(|n| !n.is_empty()).collect();
+    json!({
+        "trial_id": t.trial_id,
+        "status": t.status.as_str(),
+        "config": t.config,
+        "error": t.error,
+        "last_failure": t.last_failure,
+        "restarts": t.restarts,
+        "failures": t.failures,
+        "resumes": t.resumes,
+        "exploits": t.exploits,
+        "metrics": history.last().cloned(),
+        "history": history,
+        "checkpoints": checkpoints,
+        "path": abs(&t.path),
+        "nodes": nodes,
+    })
+}
+
+fn fetch(uri: &str, dest: &Path) -> Result<(), Failure> {
+    let fail = |code: u8, message: String| Failure { code, message };
+    if dest.exists() && std::fs::read_dir(dest).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        return Err(fail(2, format!("{}: not an empty directory", dest.display())));
+    }
+    let root = match uri.split_once("://") {
+        Some((scheme, rest)) if scheme != "file" => format!("{scheme}://{}", rest.split('/').next().unwrap_or("")),
+        _ => String::new(),
+    };
+    if root.is_empty() {
+        let src = Path::new(uri.strip_prefix("file://").unwrap_or(uri));
+        if !src.is_dir() {
+            return Err(fail(2, format!("{uri}: no such checkpoint directory")));
+        }
+        return copy_tree(src, dest).map_err(|e| fail(1, format!("cannot copy {uri} to {}: {e}", dest.display())));
+    }
+    let storage = trainer::Storage::parse(&root).map_err(|e| fail(2, e.to_string()))?;
+    let scratch = dest.join(".nestor-fetch");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, e.to_string()))?;
+    let got = rt.block_on(storage.fetch_checkpoint(uri, &scratch)).map_err(|e| fail(1, e.to_string()))?;
+    let moved = (|| -> std::io::Result<()> {
+        for entry in std::fs::read_dir(&got)? {
+            let entry = entry?;
+            std::fs::rename(entry.path(), dest.join(entry.file_name()))?;
+        }
+        std::fs::remove_dir_all(&scratch)
+    })();
+    moved.map_err(|e| fail(1, format!("cannot fill {}: {e}", dest.display())))
+}
+
+fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dest)?;
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let to = dest.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &to)?;
+        } else {
+            std::fs::copy(entry.path(), &to)?;
+        }
+    }
+    Ok(())
 }
 
 /// What `nestor submit` was asked for.

@@ -1,0 +1,138 @@
+"""The Python driver: turns a trainable and its configs into the experiment
+file the binary runs, ships the training function by value, runs ``nestor
+run`` (or ``nestor resume``) and reads the results back. The binary owns the
+loop; nothing here schedules or samples."""
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+from . import _binary, _toml
+
+#: The blob's format; ``nestor._worker`` refuses others.
+BLOB_VERSION = 1
+
+
+class TuneError(RuntimeError):
+    """The sweep could not run: the binary's own message (a bad setting names its key)."""
+
+
+def experiment_dirs(storage: Optional[str], name: str) -> str:
+    """The experiment's local directory: ``<storage>/<name>``, or
+    ``./nestor-runs/<name>`` when storage is a URL or not given."""
+    if storage and "://" not in storage:
+        return os.path.abspath(os.path.join(os.path.expanduser(storage), name))
+    return os.path.abspath(os.path.join("nestor-runs", name))
+
+
+def default_name(trainable: Any) -> str:
+    stem = getattr(trainable, "__name__", None) or type(trainable).__name__
+    return f"{stem}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
+
+
+def write_blob(exp_dir: str, payload: Dict[str, Any]) -> str:
+    """Pickles the trainable by value (cloudpickle: functions of ``__main__``
+    with the globals they use; importable modules by reference) into the
+    experiment's ``driver/`` directory; returns its path."""
+    import cloudpickle
+
+    os.makedirs(os.path.join(exp_dir, "driver"), exist_ok=True)
+    path = os.path.join(exp_dir, "driver", "trainable.pkl")
+    try:
+        data = cloudpickle.dumps({"version": BLOB_VERSION, **payload})
+    except Exception as e:  # what cloudpickle cannot pickle, named
+        raise TypeError(
+            f"the training function cannot be sent to the workers: {type(e).__name__}: {e}. It and the globals it uses "
+            "must be picklable; create locks, open files and clients inside the function, or pass data with "
+            "tune.with_parameters"
+        ) from None
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def worker_env() -> Dict[str, str]:
+    """PYTHONPATH for the workers: the script's directory and the working
+    directory (so modules the function imports by name load there too), and
+    this nestor package's parent when it is not installed in site-packages."""
+    paths: List[str] = []
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    if main_file:
+        paths.append(os.path.dirname(os.path.abspath(main_file)))
+    paths.append(os.getcwd())
+    paths.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if os.environ.get("PYTHONPATH"):
+        paths.extend(os.environ["PYTHONPATH"].split(os.pathsep))
+    seen: List[str] = []
+    for p in paths:
+        if p and p not in seen:
+            seen.append(p)
+    return {"PYTHONPATH": os.pathsep.join(seen)}
+
+
+def _set_pdeathsig() -> None:
+    # The binary stops (gracefully: SIGTERM) when this driver dies.
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    os.setpgid(0, 0)
+
+
+def run_binary(args: List[str]) -> None:
+    """Runs ``nestor ARGS`` with the terminal's stdout, relaying its stderr;
+    Ctrl-C here reaches it once per press (once: a graceful stop; twice:
+    kill), as with ``nestor run``. Raises on its failure codes."""
+    proc = subprocess.Popen([_binary.find(), *args], stderr=subprocess.PIPE, preexec_fn=_set_pdeathsig)
+    last: List[str] = []
+
+    def relay() -> None:
+        assert proc.stderr is not None
+        for raw in iter(proc.stderr.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if line.startswith("error: "):
+                last.append(line[len("error: "):].rstrip("\n"))
+
+    t = threading.Thread(target=relay, daemon=True)
+    t.start()
+    forward = lambda sig, _frame: proc.send_signal(sig)  # noqa: E731
+    in_main = threading.current_thread() is threading.main_thread()
+    old = {}
+    if in_main:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            old[s] = signal.signal(s, forward)
+    try:
+        code = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        t.join(timeout=5)
+    message = last[-1] if last else f"nestor {args[0]} exited with code {code}"
+    if code == 0:
+        return
+    if code == 130:
+        raise KeyboardInterrupt(message)
+    if code == 2:
+        raise ValueError(message)
+    raise TuneError(message)
+
+
+def write_experiment(exp_dir: str, doc: Dict[str, Any]) -> str:
+    path = os.path.join(exp_dir, "driver", "sweep.toml")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(_toml.dumps(doc))
+    return path

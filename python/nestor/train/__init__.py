@@ -1,0 +1,203 @@
+"""Ray Train's API for nestor (``ray.train``): inside a training function,
+``report``, ``get_checkpoint`` and ``get_context``; around it, the configs a
+trainer takes and the ``Result`` its ``fit()`` returns. ``TorchTrainer`` is in
+``nestor.train.torch``."""
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from .. import ReportError
+from .. import get_context as _worker_context
+from .. import report as _worker_report
+from .._results import Result, TrainingFailedError
+from ._checkpoint import Checkpoint
+
+
+@dataclass
+class ScalingConfig:
+    """How many workers a run has and what each needs (Ray's names)."""
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    resources_per_worker: Optional[Dict[str, float]] = None
+    placement_strategy: str = "PACK"
+    trainer_resources: Optional[Dict[str, float]] = None
+    accelerator_type: Optional[str] = None
+    use_tpu: bool = False
+    topology: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_workers, tuple):
+            raise ValueError("ScalingConfig(num_workers=(min, max)): elastic training is not in nestor; give a number")
+        if self.use_tpu or self.topology:
+            raise ValueError("ScalingConfig: TPUs are not supported by nestor")
+        if self.accelerator_type:
+            print(f"nestor: ScalingConfig(accelerator_type={self.accelerator_type!r}) is ignored: "
+                  "nestor uses the GPUs of the machine or allocation it runs in", file=sys.stderr)
+
+    def _trainer(self) -> Dict[str, Any]:
+        t: Dict[str, Any] = {"num_workers": int(self.num_workers), "placement_strategy": self.placement_strategy}
+        if self.use_gpu:
+            t["use_gpu"] = True
+        if self.resources_per_worker:
+            t["resources_per_worker"] = _resources("resources_per_worker", self.resources_per_worker)
+        if self.trainer_resources:
+            t["trainer_resources"] = _resources("trainer_resources", self.trainer_resources)
+        return t
+
+
+def _resources(what: str, r: Dict[str, float]) -> Dict[str, float]:
+    """Ray's resource names (``CPU``, ``GPU``, ``memory``; lower case too) as nestor's."""
+    out: Dict[str, float] = {}
+    for k, v in r.items():
+        key = {"cpu": "CPU", "gpu": "GPU"}.get(k.lower(), k)
+        out[key] = v
+    return out
+
+
+@dataclass
+class CheckpointConfig:
+    """Which checkpoints to keep: the best ``num_to_keep`` by ``checkpoint_score_attribute``."""
+
+    num_to_keep: Optional[int] = None
+    checkpoint_score_attribute: Optional[str] = None
+    checkpoint_score_order: str = "max"
+    checkpoint_frequency: int = 0
+    checkpoint_at_end: Optional[bool] = None
+
+    def _table(self) -> Dict[str, Any]:
+        t: Dict[str, Any] = {}
+        if self.num_to_keep is not None:
+            t["num_to_keep"] = int(self.num_to_keep)
+        if self.checkpoint_score_attribute:
+            t["score_attribute"] = self.checkpoint_score_attribute
+            t["score_order"] = self.checkpoint_score_order
+        if self.checkpoint_frequency:
+            t["frequency"] = int(self.checkpoint_frequency)
+        return t
+
+
+@dataclass
+class FailureConfig:
+    """Restarts after a failed run (``max_failures``, -1 for no limit)."""
+
+    max_failures: int = 0
+    fail_fast: Union[bool, str] = False
+
+
+@dataclass
+class RunConfig:
+    """Where a run's results go and when it stops (Ray's names)."""
+
+    name: Optional[str] = None
+    storage_path: Optional[str] = None
+    storage_filesystem: Any = None
+    failure_config: Optional[FailureConfig] = None
+    checkpoint_config: Optional[CheckpointConfig] = None
+    stop: Optional[Union[Dict[str, float], Callable[..., Any]]] = None
+    callbacks: Optional[List[Any]] = None
+    verbose: Optional[int] = None
+    progress_reporter: Any = None
+    log_to_file: Any = None
+    sync_config: Any = None
+
+    def __post_init__(self) -> None:
+        if self.storage_filesystem is not None:
+            raise ValueError("RunConfig(storage_filesystem=...): give storage_path as a URL (s3://bucket/prefix) instead; "
+                             "credentials come from the provider's environment variables")
+        if self.stop is not None and not isinstance(self.stop, dict):
+            raise ValueError("RunConfig(stop=...): nestor takes the dict form ({metric: threshold}); "
+                             "a function or Stopper runs in Python, where nestor's loop does not")
+        if self.callbacks:
+            names = ", ".join(type(c).__name__ for c in self.callbacks)
+            raise ValueError(f"RunConfig(callbacks=[{names}]): nestor has no Python callbacks yet; "
+                             "results are in the experiment's store (nestor export) and each trial's result.jsonl")
+        for k in ("verbose", "progress_reporter", "log_to_file", "sync_config"):
+            if getattr(self, k) is not None:
+                print(f"nestor: RunConfig({k}=...) is ignored: nestor shows its own progress and keeps every rank's log",
+                      file=sys.stderr)
+
+
+class TrainContext:
+    """Who this worker is (Ray's ``TrainContext`` methods)."""
+
+    def __init__(self, ctx: Any):
+        self._ctx = ctx
+
+    def get_world_rank(self) -> int:
+        return self._ctx.world_rank
+
+    def get_local_rank(self) -> int:
+        return self._ctx.local_rank
+
+    def get_world_size(self) -> int:
+        return self._ctx.world_size
+
+    def get_local_world_size(self) -> int:
+        return self._ctx.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self._ctx.node_rank
+
+    def get_trial_id(self) -> str:
+        return self._ctx.trial_id
+
+    def get_trial_name(self) -> str:
+        return self._ctx.trial_id
+
+    def get_trial_dir(self) -> str:
+        return self._ctx.trial_dir
+
+    def get_experiment_name(self) -> str:
+        return os.environ.get("NESTOR_EXPERIMENT_NAME", "")
+
+    def get_storage(self) -> str:
+        """Where the experiment's checkpoints go (a directory or a URL)."""
+        return os.environ.get("NESTOR_STORAGE_PATH", "")
+
+    def get_trial_resources(self) -> Dict[str, float]:
+        return {"CPU": float(os.environ.get("OMP_NUM_THREADS", "1") or 1)}
+
+    def get_config(self) -> Dict[str, Any]:
+        return dict(self._ctx.config)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+def get_context() -> TrainContext:
+    """This worker's context: ranks, sizes, trial, experiment."""
+    return TrainContext(_worker_context())
+
+
+def get_checkpoint() -> Optional[Checkpoint]:
+    """The checkpoint this run resumes from (this rank's files, or rank 0's
+    where it saved none), or None on a fresh start."""
+    from .. import get_checkpoint as _worker_checkpoint
+
+    path = _worker_checkpoint()
+    return Checkpoint(path) if path else None
+
+
+def report(metrics: Dict[str, Any], checkpoint: Optional[Union[Checkpoint, str]] = None, checkpoint_dir_name: Optional[str] = None,
+           **_ignored: Any) -> None:
+    """Reports one step of this rank (every rank, every step; rank 0's
+    metrics are the trial's), and a checkpoint directory, copied into the
+    trial's storage before this returns. Raises ``SystemExit(0)`` when the
+    scheduler stops the trial; nestor ends the worker cleanly then."""
+    _worker_report(metrics, checkpoint=checkpoint)
+
+
+def get_dataset_shard(name: Optional[str] = None) -> Any:
+    raise NotImplementedError(
+        "get_dataset_shard needs Ray Data, which nestor does not have: load the data inside the training function "
+        "(nestor.train.torch.prepare_data_loader shards a torch DataLoader across the workers)"
+    )
+
+
+__all__ = [
+    "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext",
+    "TrainingFailedError", "get_checkpoint", "get_context", "get_dataset_shard", "report", "ReportError",
+]

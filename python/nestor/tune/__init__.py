@@ -1,0 +1,230 @@
+"""Ray Tune's API for nestor (``ray.tune``): search spaces, ``Tuner``,
+``TuneConfig``, schedulers and searchers under Ray's names, and
+``report``/``get_checkpoint``/``get_context`` for function trainables.
+
+``Tuner.fit()`` writes the experiment the binary runs (the same one a TOML
+file describes), pickles the trainable by value, runs ``nestor run`` and
+returns the ``ResultGrid`` read from the experiment's store."""
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from .. import _driver
+from .._results import Result, ResultGrid, TrainingFailedError
+from ..train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ..train import get_checkpoint, get_context, report
+from ..train._checkpoint import Checkpoint
+from . import schedulers, search
+from ._space import (
+    Domain, choice, grid_search, lograndint, loguniform, qlograndint, qloguniform, qrandint, qrandn, quniform,
+    randint, randn, sample_from, to_space, uniform,
+)
+
+TuneError = _driver.TuneError
+
+
+@dataclass
+class TuneConfig:
+    """How the sweep searches (Ray's names)."""
+
+    metric: Optional[str] = None
+    mode: Optional[str] = None
+    search_alg: Optional[search.Searcher] = None
+    scheduler: Optional[schedulers.TrialScheduler] = None
+    num_samples: int = 1
+    max_concurrent_trials: Optional[int] = None
+    time_budget_s: Optional[float] = None
+    reuse_actors: Optional[bool] = None
+    trial_name_creator: Optional[Callable[..., str]] = None
+    trial_dirname_creator: Optional[Callable[..., str]] = None
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in (None, "min", "max"):
+            raise ValueError(f"TuneConfig(mode={self.mode!r}): mode must be 'min' or 'max'")
+        if self.num_samples == -1:
+            raise ValueError("TuneConfig(num_samples=-1): give a number of samples (and time_budget_s to bound the time)")
+        if self.trial_name_creator or self.trial_dirname_creator:
+            print("nestor: TuneConfig(trial_name_creator/trial_dirname_creator) is ignored: trials are named trial_00000, ...",
+                  file=sys.stderr)
+
+
+class _WithParameters:
+    """A function trainable with large or unpicklable-by-config objects bound (``tune.with_parameters``)."""
+
+    def __init__(self, fn: Callable[..., Any], kwargs: Dict[str, Any]):
+        self.fn, self.kwargs = fn, kwargs
+        self.__name__ = getattr(fn, "__name__", "trainable")
+
+    def __call__(self, config: Dict[str, Any]) -> Any:
+        return self.fn(config, **self.kwargs)
+
+
+def with_parameters(trainable: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
+    """``trainable`` called as ``trainable(config, **kwargs)``; the objects
+    travel pickled with the function, once per experiment."""
+    return _WithParameters(trainable, kwargs)
+
+
+class _WithResources(_WithParameters):
+    def __init__(self, fn: Callable[..., Any], resources: Dict[str, float]):
+        super().__init__(fn, {})
+        self.resources = resources
+
+    def __call__(self, config: Dict[str, Any]) -> Any:
+        from .._worker import call
+
+        return call(self.fn, config)
+
+
+def with_resources(trainable: Callable[..., Any], resources: Mapping[str, float]) -> Callable[..., Any]:
+    """``trainable`` with the resources each trial needs (``{"cpu": 2, "gpu": 1}``)."""
+    if callable(resources) and not isinstance(resources, Mapping):
+        raise ValueError("tune.with_resources: give a dict of resources; a function of the config is not supported")
+    return _WithResources(trainable, dict(resources))
+
+
+def _split(trainable: Any) -> Dict[str, Any]:
+    """What the binary runs for ``trainable``: the blob, the trainer table and the trainable's own run config."""
+    from ..train._trainer import _Trainer
+
+    if isinstance(trainable, _Trainer):
+        return trainable._parts()
+    if isinstance(trainable, type):
+        raise TypeError(
+            f"{trainable.__name__}: class trainables (tune.Trainable) are not supported; write a function "
+            "`def train(config): ... tune.report(metrics)`"
+        )
+    if not callable(trainable):
+        raise TypeError(f"Tuner: trainable must be a function or a TorchTrainer, not {type(trainable).__name__}")
+    scaling = ScalingConfig()
+    if isinstance(trainable, _WithResources):
+        scaling.resources_per_worker = trainable.resources
+        scaling.use_gpu = any(k.lower() == "gpu" and v for k, v in trainable.resources.items())
+    return {"blob": {"kind": "function", "fn": trainable}, "scaling": scaling, "run_config": None, "train_loop_config": None}
+
+
+class Tuner:
+    """A sweep over ``param_space`` of a function or a ``TorchTrainer``."""
+
+    def __init__(self, trainable: Any = None, *, param_space: Optional[Dict[str, Any]] = None,
+                 tune_config: Optional[TuneConfig] = None, run_config: Optional[RunConfig] = None,
+                 _restore_path: Optional[str] = None):
+        self._trainable = trainable
+        self._param_space = dict(param_space or {})
+        self._tune_config = tune_config or TuneConfig()
+        self._restore_path = _restore_path
+        parts = _split(trainable)
+        self._parts = parts
+        self._run_config = run_config or parts["run_config"] or RunConfig()
+        self._space = to_space(self._param_space)
+
+    @classmethod
+    def restore(cls, path: str, trainable: Any, resume_unfinished: bool = True, resume_errored: bool = False,
+                restart_errored: bool = False, param_space: Optional[Dict[str, Any]] = None, **_ignored: Any) -> "Tuner":
+        """The interrupted or crashed experiment at ``path``, to continue
+        with ``fit()``: finished trials are kept, unfinished ones go on from
+        their latest committed checkpoint, the search continues where it was.
+        ``trainable`` is the same function (pass it again, as in Ray)."""
+        if not resume_unfinished:
+            raise ValueError("Tuner.restore(resume_unfinished=False) is not supported: unfinished trials always resume")
+        if resume_errored or restart_errored:
+            raise ValueError("Tuner.restore(resume_errored/restart_errored=True) is not supported yet: errored trials stay ERROR")
+        if not cls.can_restore(path):
+            raise ValueError(f"Tuner.restore: {path} is not a nestor experiment (no store/ and experiment.toml in it)")
+        return cls(trainable, _restore_path=os.path.abspath(path))
+
+    @staticmethod
+    def can_restore(path: str) -> bool:
+        """Whether ``path`` holds an experiment that ``Tuner.restore`` can continue."""
+        return os.path.isdir(os.path.join(path, "store")) and os.path.isfile(os.path.join(path, "experiment.toml"))
+
+    def _experiment(self, name: str, blob_path: str, exp_dir: str) -> Dict[str, Any]:
+        tc, rc, parts = self._tune_config, self._run_config, self._parts
+        sched, alg = tc.scheduler, tc.search_alg
+        metric = tc.metric or (sched.metric if sched else None) or (alg.metric if alg else None)
+        mode = tc.mode or (sched.mode if sched else None) or (alg.mode if alg else None)
+        experiment: Dict[str, Any] = {"name": name, "num_samples": int(tc.num_samples)}
+        if metric:
+            experiment["metric"] = metric
+        if mode:
+            experiment["mode"] = mode
+        if tc.max_concurrent_trials:
+            experiment["max_concurrent_trials"] = int(tc.max_concurrent_trials)
+        if tc.time_budget_s:
+            experiment["time_budget_s"] = float(tc.time_budget_s)
+        seed = tc.seed if tc.seed is not None else getattr(alg, "seed", None) if alg is not None else None
+        if seed is not None:
+            experiment["seed"] = int(seed)
+        if rc.storage_path:
+            experiment["storage"] = rc.storage_path
+        if rc.failure_config and rc.failure_config.fail_fast:
+            experiment["fail_fast"] = True
+        trainer: Dict[str, Any] = {"command": [sys.executable, "-m", "nestor._worker", blob_path], "working_dir": os.getcwd()}
+        trainer.update(parts["scaling"]._trainer())
+        trainer.update(parts.get("trainer_extra") or {})
+        env = _driver.worker_env()
+        env["NESTOR_EXPERIMENT_NAME"] = name
+        env["NESTOR_STORAGE_PATH"] = rc.storage_path or os.path.dirname(exp_dir)
+        trainer["env"] = env
+        doc: Dict[str, Any] = {"experiment": experiment, "space": self._space}
+        if alg is not None:
+            doc["search"] = alg._table()
+        if sched is not None:
+            doc["scheduler"] = sched._table()
+        if rc.stop:
+            doc["stop"] = {k: float(v) for k, v in rc.stop.items()}
+        doc["trainer"] = trainer
+        checkpoint = rc.checkpoint_config._table() if rc.checkpoint_config else {}
+        stype = doc.get("scheduler", {}).get("type")
+        if stype in ("hyperband", "hyperband_bohb", "pbt", "pb2", "resource_changing") and "frequency" not in checkpoint:
+            # Pausing schedulers restart trials from checkpoints; Ray's functions save when they like.
+            checkpoint["frequency"] = 1
+        if checkpoint:
+            doc["checkpoint"] = checkpoint
+        if rc.failure_config and rc.failure_config.max_failures:
+            doc["failure"] = {"max_failures": int(rc.failure_config.max_failures)}
+        return doc
+
+    def fit(self) -> ResultGrid:
+        """Runs the sweep (or continues a restored one) and returns every trial's result."""
+        tc = self._tune_config
+        if tc.reuse_actors is False:
+            pass  # nestor's workers never carry state between trials, whatever this says
+        if self._restore_path:
+            exp_dir = self._restore_path
+            _driver.write_blob(exp_dir, self._parts["blob"])
+            _driver.run_binary(["resume", exp_dir])
+        else:
+            rc = self._run_config
+            name = rc.name or _driver.default_name(self._trainable)
+            exp_dir = _driver.experiment_dirs(rc.storage_path, name)
+            if os.path.exists(os.path.join(exp_dir, "store")):
+                raise ValueError(f"experiment directory {exp_dir} already exists; continue it with Tuner.restore({exp_dir!r}, "
+                                 "trainable) or pick another RunConfig(name=...)")
+            blob = _driver.write_blob(exp_dir, self._parts["blob"])
+            sweep = _driver.write_experiment(exp_dir, self._experiment(name, blob, exp_dir))
+            _driver.run_binary(["run", sweep])
+        metric = tc.metric or (tc.scheduler.metric if tc.scheduler else None)
+        mode = tc.mode or (tc.scheduler.mode if tc.scheduler else None)
+        return ResultGrid(exp_dir, metric, mode)
+
+    def get_results(self) -> ResultGrid:
+        """The results of a restored (or finished) experiment, without running it."""
+        if not self._restore_path:
+            raise RuntimeError("Tuner.get_results: call fit() first, or use it on a Tuner from Tuner.restore")
+        return ResultGrid(self._restore_path)
+
+
+def run(*_a: Any, **_k: Any) -> Any:
+    raise NotImplementedError("tune.run was replaced by tune.Tuner(...).fit() in Ray 2.0; nestor has only Tuner")
+
+
+__all__ = [
+    "Checkpoint", "CheckpointConfig", "Domain", "FailureConfig", "Result", "ResultGrid", "RunConfig", "ScalingConfig",
+    "TrainingFailedError", "TuneConfig", "TuneError", "Tuner", "choice", "get_checkpoint", "get_context", "grid_search",
+    "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform", "randint", "randn",
+    "report", "sample_from", "schedulers", "search", "uniform", "with_parameters", "with_resources",
+]
