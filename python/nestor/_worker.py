@@ -1,7 +1,16 @@
 """One rank of a function trainable: ``python -m nestor._worker BLOB`` loads
 the training function the driver pickled, calls it with the trial's config
 and exits 0 (the function returned, or the trial was stopped) or 1 with the
-traceback and this rank's node as the last lines of its log."""
+traceback and this rank's node as the last lines of its log.
+
+With ``NESTOR_ZYGOTE=1`` (``[trainer] warm = true``) the same command is the
+warm process: it loads the function once (importing what it imports), then
+forks each rank the driver asks for (JSON lines on stdin; pids and exits on
+stdout; trainer/src/warm.rs is the other side). No trial ever runs in the
+warm process itself: each rank is a fresh fork of a process that never ran
+one, so no module state, thread, process group or CUDA context of one trial
+reaches another.
+"""
 
 import inspect
 import os
@@ -75,6 +84,129 @@ def _shutdown_torch() -> None:
         pass
 
 
+def _prctl_pdeathsig(sig: int) -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+
+
+def _child(blob: Dict[str, Any], req: Dict[str, Any], parent: int, keep: list) -> int:
+    """In a forked rank: its own process group, death with the warm process,
+    its log, directory and variables, fresh random seeds; then the function."""
+    import signal
+
+    os.setpgid(0, 0)
+    _prctl_pdeathsig(signal.SIGKILL)
+    if os.getppid() != parent:
+        return 1
+    signal.set_wakeup_fd(-1)
+    for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for fd in keep:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    os.chdir(req["cwd"])
+    os.environ.update(req.get("env") or {})
+    for k in req.get("unset") or []:
+        os.environ.pop(k, None)
+    # The random module reseeds itself after fork; the others would repeat
+    # the warm process's sequence in every rank.
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(int.from_bytes(os.urandom(4), "little"))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads and threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))  # OpenMP read the variable when torch loaded
+    return run(blob)
+
+
+def serve(blob: Dict[str, Any]) -> None:
+    """The warm process's loop: fork a rank per request, report each exit."""
+    import json
+    import selectors
+    import signal
+
+    # What every rank needs, loaded once.
+    import grpc  # noqa: F401
+
+    from . import _proto  # noqa: F401
+
+    out = os.dup(1)
+    os.dup2(2, 1)  # stray prints go to stderr; the protocol has its own fd
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    sel.register(0, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    me = os.getpid()
+
+    def send(msg: Dict[str, Any]) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        while data:
+            data = data[os.write(out, data):]
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            send({"exited": pid, "status": status})
+
+    buf = b""
+    while True:
+        for key, _ in sel.select():
+            if key.fd == wake_r:
+                os.read(wake_r, 4096)
+                reap()
+                continue
+            chunk = os.read(0, 65536)
+            if not chunk:
+                return  # the driver is gone; the ranks die with this process
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                req = json.loads(line)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                try:
+                    pid = os.fork()
+                except OSError as e:
+                    send({"id": req["id"], "error": f"fork failed: {e}"})
+                    continue
+                if pid == 0:
+                    code = 1
+                    try:
+                        code = _child(blob, req, me, [out, wake_r, wake_w])
+                    except BaseException:
+                        traceback.print_exc()
+                    finally:
+                        try:
+                            sys.stdout.flush()
+                            sys.stderr.flush()
+                        finally:
+                            os._exit(code)
+                send({"id": req["id"], "pid": pid})
+        reap()
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         print("usage: python -m nestor._worker BLOB", file=sys.stderr)
@@ -84,6 +216,9 @@ def main() -> None:
     except Exception:
         print(f"nestor: cannot load the training function from {sys.argv[1]}:\n{traceback.format_exc().rstrip()}", file=sys.stderr)
         sys.exit(1)
+    if os.environ.get("NESTOR_ZYGOTE") == "1":
+        serve(blob)
+        return
     code = run(blob)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -28,6 +28,7 @@ mod shards;
 mod slurm;
 mod storage;
 mod trainer;
+mod warm;
 
 /// The report-channel protocol, generated from `proto/nestor.proto`.
 #[allow(missing_docs, clippy::all)]

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
 use crate::scaling::TorchConfig;
 use crate::service::ReportServer;
+use crate::warm::{RankSpec, WarmPool};
 
 /// How to run a trial's worker process.
 #[derive(Debug, Clone)]
@@ -33,6 +34,9 @@ pub struct ProcessConfig {
     pub torch: TorchConfig,
     /// Where the report server listens (default: loopback, a free port).
     pub report_bind: SocketAddr,
+    /// Fork each rank from a warm process started once from `command`
+    /// (with `NESTOR_ZYGOTE=1`) instead of starting `command` per rank.
+    pub warm: bool,
 }
 
 impl ProcessConfig {
@@ -46,6 +50,7 @@ impl ProcessConfig {
             use_gpu: false,
             torch: TorchConfig::default(),
             report_bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            warm: false,
         }
     }
 }
@@ -55,6 +60,7 @@ impl ProcessConfig {
 pub struct ProcessBackend {
     config: Arc<ProcessConfig>,
     server: Arc<ReportServer>,
+    warm: Arc<WarmPool>,
 }
 
 impl ProcessBackend {
@@ -62,7 +68,7 @@ impl ProcessBackend {
     /// Must be called inside a tokio runtime.
     pub async fn start(config: ProcessConfig) -> std::io::Result<Self> {
         let server = ReportServer::start(config.report_bind).await?;
-        Ok(Self { config: Arc::new(config), server: Arc::new(server) })
+        Ok(Self { config: Arc::new(config), server: Arc::new(server), warm: Arc::new(WarmPool::default()) })
     }
 
     /// The report server's address.
@@ -185,16 +191,37 @@ pub(crate) fn common_env(
     .collect()
 }
 
+/// The variables of one rank on this machine, beside the common ones, and
+/// whether it resumes (`NESTOR_CHECKPOINT`, else removed).
+fn rank_env(cfg: &ProcessConfig, spec: &LaunchSpec, rank: u32, common: &[(String, String)]) -> (Vec<(String, String)>, Vec<String>) {
+    let bundle = spec.bundle(rank);
+    let world = spec.world_size().to_string();
+    let mut env: Vec<(String, String)> = cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    env.extend(common.iter().cloned());
+    env.extend(
+        [
+            ("RANK", rank.to_string()),
+            ("WORLD_SIZE", world.clone()),
+            ("LOCAL_RANK", rank.to_string()),
+            ("LOCAL_WORLD_SIZE", world),
+            ("GROUP_RANK", "0".to_string()),
+            ("NODE_RANK", "0".to_string()),
+            ("CUDA_VISIBLE_DEVICES", bundle.cuda_visible_devices()),
+            ("OMP_NUM_THREADS", bundle.omp_threads().to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v)),
+    );
+    let mut unset = Vec::new();
+    match &spec.checkpoint {
+        Some(c) => env.push(("NESTOR_CHECKPOINT".into(), crate::checkpoint::shard_for(c, rank).display().to_string())),
+        None => unset.push("NESTOR_CHECKPOINT".to_string()),
+    }
+    (env, unset)
+}
+
 impl ProcessBackend {
-    fn command(
-        &self,
-        spec: &LaunchSpec,
-        rank: u32,
-        token: &str,
-        master_port: u16,
-        rendezvous: &Path,
-        log_path: &Path,
-    ) -> Result<tokio::process::Command, LaunchError> {
+    fn command(&self, env: &[(String, String)], unset: &[String], log_path: &Path) -> Result<tokio::process::Command, LaunchError> {
         let cfg = &self.config;
         let open_log = || {
             std::fs::OpenOptions::new()
@@ -204,29 +231,17 @@ impl ProcessBackend {
                 .map_err(|source| LaunchError::Io { path: log_path.to_path_buf(), source })
         };
         let (stdout, stderr) = (open_log()?, open_log()?);
-        let bundle = spec.bundle(rank);
-        let world = spec.world_size().to_string();
         let mut cmd = tokio::process::Command::new(&cfg.command[0]);
         cmd.args(&cfg.command[1..])
-            .envs(&cfg.env)
-            .envs(common_env(cfg, spec, &self.server.url(), token, "127.0.0.1", master_port, rendezvous))
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", &world)
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", &world)
-            .env("GROUP_RANK", "0")
-            .env("NODE_RANK", "0")
-            .env("CUDA_VISIBLE_DEVICES", bundle.cuda_visible_devices())
-            .env("OMP_NUM_THREADS", bundle.omp_threads().to_string())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
             .process_group(0)
             .kill_on_drop(false);
-        match &spec.checkpoint {
-            Some(c) => cmd.env("NESTOR_CHECKPOINT", crate::checkpoint::shard_for(c, rank)),
-            None => cmd.env_remove("NESTOR_CHECKPOINT"),
-        };
+        for k in unset {
+            cmd.env_remove(k);
+        }
         if let Some(dir) = &cfg.working_dir {
             cmd.current_dir(dir);
         }
@@ -238,9 +253,10 @@ impl ProcessBackend {
 impl Backend for ProcessBackend {
     /// Starts one process per rank, each in its own process group, with the
     /// torchrun variables, its bundle's `CUDA_VISIBLE_DEVICES` and
-    /// `OMP_NUM_THREADS`, and the `NESTOR_*` variables. When a rank exits
-    /// non-zero or dies, the others are stopped at once (SIGTERM, then SIGKILL
-    /// after at most a second) and the run fails with that rank's log tail.
+    /// `OMP_NUM_THREADS`, and the `NESTOR_*` variables (forked from the warm
+    /// process when `warm` is set). When a rank exits non-zero or dies, the
+    /// others are stopped at once (SIGTERM, then SIGKILL after at most a
+    /// second) and the run fails with that rank's log tail.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let cfg = &self.config;
         let program = cfg.command.first().cloned().unwrap_or_default();
@@ -252,13 +268,60 @@ impl Backend for ProcessBackend {
         let log_paths: Vec<PathBuf> = (0..world_size).map(|r| logs.join(format!("rank-{r}.log"))).collect();
         // A fresh file per launch: a store file left by an earlier run would hold its keys.
         let rendezvous = logs.join(format!(".rendezvous-{}", &token[..16]));
-        let mut commands = Vec::with_capacity(world_size as usize);
-        for rank in 0..world_size {
-            commands.push(self.command(&spec, rank, &token, master_port, &rendezvous, &log_paths[rank as usize])?);
-        }
+        let common = common_env(cfg, &spec, &self.server.url(), &token, "127.0.0.1", master_port, &rendezvous);
+        let envs: Vec<_> = (0..world_size).map(|rank| rank_env(cfg, &spec, rank, &common)).collect();
         let roots = spec.roots(cfg.working_dir.as_deref());
+        if cfg.warm {
+            let queue = self.warm.queue(cfg).map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
+            let registration = self.server.register(&spec, token, roots, events.clone());
+            let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>));
+            let cwd = cfg.working_dir.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_default();
+            let monitor = Monitor {
+                pgids: Vec::with_capacity(envs.len()),
+                stop,
+                registration,
+                events,
+                grace: cfg.grace_period,
+                trial_id: spec.trial_id,
+                log_paths,
+                rendezvous,
+            };
+            tokio::spawn(async move {
+                let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();
+                let mut monitor = monitor;
+                for (rank, (env, unset)) in envs.into_iter().enumerate() {
+                    let rank_spec = RankSpec { env: env.into_iter().collect(), unset, cwd: cwd.clone(), log: monitor.log_paths[rank].clone() };
+                    match queue.fork(rank_spec).await {
+                        Ok(forked) => {
+                            monitor.pgids.push(forked.pid);
+                            let tx = exits_tx.clone();
+                            tokio::spawn(async move {
+                                let status = forked.exit.await.unwrap_or_else(|_| Err(std::io::Error::other("the warm worker process is gone")));
+                                let _ = tx.send(RankExit { rank: rank as u32, status });
+                            });
+                        }
+                        Err(e) => {
+                            // All or nothing: the ranks that did start go at once.
+                            monitor.pgids.iter().for_each(|&g| signal_group(g, libc::SIGKILL));
+                            wait_groups_gone(&monitor.pgids).await;
+                            drop(monitor.registration);
+                            let outcome = ExitOutcome::Failed(format!("cannot start rank {rank}: {e}"));
+                            let _ = monitor.events.send(Event { trial_id: monitor.trial_id, kind: EventKind::Exited(outcome) });
+                            return;
+                        }
+                    }
+                }
+                drop(exits_tx);
+                monitor.run(exits).await;
+            });
+            return Ok(handle);
+        }
+        let mut commands = Vec::with_capacity(world_size as usize);
+        for (rank, (env, unset)) in envs.iter().enumerate() {
+            commands.push(self.command(env, unset, &log_paths[rank])?);
+        }
         let registration = self.server.register(&spec, token, roots, events.clone());
-        let (exits_tx, mut exits) = mpsc::unbounded_channel::<RankExit>();
+        let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();
         let mut pgids = Vec::with_capacity(commands.len());
         // From this thread only: PR_SET_PDEATHSIG fires when the thread that
         // spawned a child exits, so a short-lived helper thread would take the
@@ -285,88 +348,116 @@ impl Backend for ProcessBackend {
             });
         }
         drop(exits_tx);
-        let (handle, mut stop) = TrialHandle::new(
+        let (handle, stop) = TrialHandle::new(
             pgids.iter().copied().filter(|&g| g > 0).collect(),
             Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
         );
-        let grace = cfg.grace_period;
-        let trial_id = spec.trial_id;
-        tokio::spawn(async move {
-            let signal_all = |sig: i32| pgids.iter().filter(|&&g| g > 0).for_each(|&g| signal_group(g, sig));
-            let mut requested = StopLevel::Run;
-            let mut failure: Option<(u32, String)> = None;
-            let mut wait_error: Option<String> = None;
-            let mut remaining = world_size;
-            let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-            let kill_at = tokio::time::sleep_until(far);
-            tokio::pin!(kill_at);
-            let mut kill_armed = false;
-            while remaining > 0 {
-                tokio::select! {
-                    exit = exits.recv() => {
-                        let Some(RankExit { rank, status }) = exit else { break };
-                        remaining -= 1;
-                        match status {
-                            Ok(s) if s.success() => registration.aggregator().rank_finished(rank),
-                            Ok(_) if requested > StopLevel::Run => registration.aggregator().fail(),
-                            Ok(s) => {
-                                registration.aggregator().fail();
-                                if failure.is_none() && remaining > 0 {
-                                    tracing::warn!(trial = %trial_id, rank, "{}; stopping the other ranks", describe_exit(s));
-                                    signal_all(libc::SIGTERM);
-                                    if !kill_armed {
-                                        kill_armed = true;
-                                        kill_at.as_mut().reset(tokio::time::Instant::now() + grace.min(Duration::from_secs(1)));
-                                    }
+        let monitor = Monitor { pgids, stop, registration, events, grace: cfg.grace_period, trial_id: spec.trial_id, log_paths, rendezvous };
+        tokio::spawn(monitor.run(exits));
+        Ok(handle)
+    }
+}
+
+/// A run's ranks from their start to the run's exit event: one task that
+/// waits on every rank, stops the others when one fails, carries out stop
+/// requests, and sends the outcome once no process of the run is left.
+struct Monitor {
+    pgids: Vec<i32>,
+    stop: tokio::sync::watch::Receiver<StopLevel>,
+    registration: crate::service::Registration,
+    events: mpsc::UnboundedSender<Event>,
+    grace: Duration,
+    trial_id: String,
+    log_paths: Vec<PathBuf>,
+    rendezvous: PathBuf,
+}
+
+impl Monitor {
+    async fn run(self, mut exits: mpsc::UnboundedReceiver<RankExit>) {
+        let Monitor { pgids, mut stop, registration, events, grace, trial_id, log_paths, rendezvous } = self;
+        let signal_all = |sig: i32| pgids.iter().filter(|&&g| g > 0).for_each(|&g| signal_group(g, sig));
+        let mut requested = StopLevel::Run;
+        let mut failure: Option<(u32, String)> = None;
+        let mut wait_error: Option<String> = None;
+        let mut remaining = pgids.len();
+        let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+        let kill_at = tokio::time::sleep_until(far);
+        tokio::pin!(kill_at);
+        let mut kill_armed = false;
+        // A stop asked for while the ranks were being started.
+        let asked = *stop.borrow_and_update();
+        if asked > StopLevel::Run {
+            requested = asked;
+            signal_all(if asked == StopLevel::Kill { libc::SIGKILL } else { libc::SIGTERM });
+            if asked < StopLevel::Kill {
+                kill_armed = true;
+                kill_at.as_mut().reset(tokio::time::Instant::now() + grace);
+            }
+        }
+        while remaining > 0 {
+            tokio::select! {
+                exit = exits.recv() => {
+                    let Some(RankExit { rank, status }) = exit else { break };
+                    remaining -= 1;
+                    match status {
+                        Ok(s) if s.success() => registration.aggregator().rank_finished(rank),
+                        Ok(_) if requested > StopLevel::Run => registration.aggregator().fail(),
+                        Ok(s) => {
+                            registration.aggregator().fail();
+                            if failure.is_none() && remaining > 0 {
+                                tracing::warn!(trial = %trial_id, rank, "{}; stopping the other ranks", describe_exit(s));
+                                signal_all(libc::SIGTERM);
+                                if !kill_armed {
+                                    kill_armed = true;
+                                    kill_at.as_mut().reset(tokio::time::Instant::now() + grace.min(Duration::from_secs(1)));
                                 }
-                                failure.get_or_insert((rank, describe_exit(s)));
                             }
-                            Err(e) => {
-                                registration.aggregator().fail();
-                                wait_error.get_or_insert(format!("failed to wait for rank {rank}: {e}"));
-                            }
+                            failure.get_or_insert((rank, describe_exit(s)));
+                        }
+                        Err(e) => {
+                            registration.aggregator().fail();
+                            wait_error.get_or_insert(format!("failed to wait for rank {rank}: {e}"));
                         }
                     }
-                    changed = stop.changed(), if requested < StopLevel::Kill => {
-                        let level = if changed.is_ok() { *stop.borrow_and_update() } else { StopLevel::Kill };
-                        if level <= requested { continue; }
-                        requested = level;
-                        if level == StopLevel::Kill {
-                            signal_all(libc::SIGKILL);
-                        } else {
-                            signal_all(libc::SIGTERM);
-                            if !kill_armed {
-                                kill_armed = true;
-                                kill_at.as_mut().reset(tokio::time::Instant::now() + grace);
-                            }
-                        }
-                    }
-                    _ = &mut kill_at, if kill_armed => {
-                        tracing::warn!(trial = %trial_id, "workers still running after SIGTERM; killing them");
+                }
+                changed = stop.changed(), if requested < StopLevel::Kill => {
+                    let level = if changed.is_ok() { *stop.borrow_and_update() } else { StopLevel::Kill };
+                    if level <= requested { continue; }
+                    requested = level;
+                    if level == StopLevel::Kill {
                         signal_all(libc::SIGKILL);
-                        kill_armed = false;
+                    } else {
+                        signal_all(libc::SIGTERM);
+                        if !kill_armed {
+                            kill_armed = true;
+                            kill_at.as_mut().reset(tokio::time::Instant::now() + grace);
+                        }
                     }
+                }
+                _ = &mut kill_at, if kill_armed => {
+                    tracing::warn!(trial = %trial_id, "workers still running after SIGTERM; killing them");
+                    signal_all(libc::SIGKILL);
+                    kill_armed = false;
                 }
             }
-            // Whatever the leaders did, no process of the groups outlives the trial.
-            signal_all(libc::SIGKILL);
-            wait_groups_gone(&pgids).await;
-            let _ = std::fs::remove_file(&rendezvous);
-            // Its reports are refused from here on.
-            drop(registration);
-            let outcome = match (failure, wait_error) {
-                (Some((rank, how)), _) => {
-                    let log = &log_paths[rank as usize];
-                    let tail = log_tail(log, 20);
-                    let tail = if tail.is_empty() { String::new() } else { format!("; last log lines ({}):\n{tail}", log.display()) };
-                    ExitOutcome::Failed(format!("rank {rank} {how}{tail}"))
-                }
-                (None, Some(e)) => ExitOutcome::Failed(e),
-                (None, None) if requested > StopLevel::Run => ExitOutcome::Stopped,
-                (None, None) => ExitOutcome::Completed,
-            };
-            let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
-        });
-        Ok(handle)
+        }
+        // Whatever the leaders did, no process of the groups outlives the trial.
+        signal_all(libc::SIGKILL);
+        wait_groups_gone(&pgids).await;
+        let _ = std::fs::remove_file(&rendezvous);
+        // Its reports are refused from here on.
+        drop(registration);
+        let outcome = match (failure, wait_error) {
+            (Some((rank, how)), _) => {
+                let log = &log_paths[rank as usize];
+                let tail = log_tail(log, 20);
+                let tail = if tail.is_empty() { String::new() } else { format!("; last log lines ({}):\n{tail}", log.display()) };
+                ExitOutcome::Failed(format!("rank {rank} {how}{tail}"))
+            }
+            (None, Some(e)) => ExitOutcome::Failed(e),
+            (None, None) if requested > StopLevel::Run => ExitOutcome::Stopped,
+            (None, None) => ExitOutcome::Completed,
+        };
+        let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
     }
 }

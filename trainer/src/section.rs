@@ -51,6 +51,11 @@ pub struct TrainerConfig {
     /// Where the report server listens (default: loopback, a free port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_bind: Option<std::net::SocketAddr>,
+    /// Start `command` once as a warm process (`NESTOR_ZYGOTE=1`) and fork
+    /// every rank from it, instead of starting `command` per rank (the
+    /// Python driver's function trainables; on this machine only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm: bool,
 }
 
 fn default_grace() -> f64 {
@@ -81,6 +86,7 @@ impl TrainerConfig {
             backend: None,
             collective_timeout_s: default_collective_timeout(),
             report_bind: None,
+            warm: false,
         }
     }
 
@@ -140,6 +146,7 @@ impl TrainerConfig {
         c.working_dir = self.working_dir.clone();
         c.grace_period = Duration::from_secs_f64(self.grace_period_s);
         c.torch = self.torch();
+        c.warm = self.warm;
         if let Some(bind) = self.report_bind {
             c.report_bind = bind;
         }

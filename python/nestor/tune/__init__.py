@@ -162,7 +162,8 @@ class Tuner:
             experiment["storage"] = rc.storage_path
         if rc.failure_config and rc.failure_config.fail_fast:
             experiment["fail_fast"] = True
-        trainer: Dict[str, Any] = {"command": [sys.executable, "-m", "nestor._worker", blob_path], "working_dir": os.getcwd()}
+        trainer: Dict[str, Any] = {"command": [sys.executable, "-m", "nestor._worker", blob_path], "working_dir": os.getcwd(),
+                                   "warm": os.environ.get("NESTOR_WARM", "1") != "0"}
         trainer.update(parts["scaling"]._trainer())
         trainer.update(parts.get("trainer_extra") or {})
         env = _driver.worker_env()

@@ -1,0 +1,258 @@
+//! Warm worker processes: the trainer's command started once (with
+//! `NESTOR_ZYGOTE=1`) as a process that loads what every rank needs (the
+//! interpreter, its imports, the training function) and then forks each
+//! rank on request. A rank is a fresh fork of a process that never ran a
+//! trial, so nothing one trial does reaches the next; what it saves is the
+//! start-up (hundreds of milliseconds of imports per rank in Python).
+//!
+//! The protocol is JSON lines on the warm process's stdin and stdout:
+//! `{"id": n, "env": {..}, "unset": [..], "cwd": "..", "log": ".."}` asks for
+//! a rank; `{"id": n, "pid": p}` (or `{"id": n, "error": ".."}`) answers;
+//! `{"exited": p, "status": s}` (a raw wait status) tells of a rank's end.
+//! Each rank runs in a process group of its own (its pid), dies with the
+//! warm process (`PR_SET_PDEATHSIG`), which dies with the driver.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::process::{describe_exit, dies_with_driver, ProcessConfig};
+
+/// A rank to fork: its variables over the warm process's, where it runs and logs.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RankSpec {
+    /// Set in the rank.
+    pub env: BTreeMap<String, String>,
+    /// Removed in the rank.
+    pub unset: Vec<String>,
+    /// Its working directory.
+    pub cwd: PathBuf,
+    /// Its stdout and stderr (appended).
+    pub log: PathBuf,
+}
+
+/// A forked rank: its pid (and process group) and its exit, to come.
+pub(crate) struct Forked {
+    pub pid: i32,
+    pub exit: oneshot::Receiver<std::io::Result<ExitStatus>>,
+}
+
+type ForkReply = oneshot::Sender<Result<Forked, String>>;
+
+struct Request {
+    spec: RankSpec,
+    reply: ForkReply,
+}
+
+#[derive(Serialize)]
+struct Wire<'a> {
+    id: u64,
+    #[serde(flatten)]
+    spec: &'a RankSpec,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    id: Option<u64>,
+    pid: Option<i32>,
+    error: Option<String>,
+    exited: Option<i32>,
+    status: Option<i32>,
+}
+
+/// The warm process of one backend, started on first use and again after it dies.
+#[derive(Default)]
+pub(crate) struct WarmPool {
+    current: Mutex<Option<mpsc::UnboundedSender<Request>>>,
+}
+
+impl std::fmt::Debug for WarmPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WarmPool")
+    }
+}
+
+impl WarmPool {
+    /// The running warm process's request queue, starting one when none runs.
+    /// Call it from the thread that spawns ranks (`PR_SET_PDEATHSIG` follows
+    /// the spawning thread).
+    pub(crate) fn queue(&self, cfg: &ProcessConfig) -> Result<WarmQueue, std::io::Error> {
+        let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tx) = current.as_ref().filter(|tx| !tx.is_closed()) {
+            return Ok(WarmQueue(tx.clone()));
+        }
+        let tx = start(cfg)?;
+        *current = Some(tx.clone());
+        Ok(WarmQueue(tx))
+    }
+}
+
+/// Where a run asks the warm process for its ranks.
+pub(crate) struct WarmQueue(mpsc::UnboundedSender<Request>);
+
+impl WarmQueue {
+    /// Forks one rank.
+    pub(crate) async fn fork(&self, spec: RankSpec) -> Result<Forked, String> {
+        let (reply, answer) = oneshot::channel();
+        self.0.send(Request { spec, reply }).map_err(|_| "the warm worker process is gone".to_string())?;
+        answer.await.unwrap_or_else(|_| Err("the warm worker process is gone".to_string()))
+    }
+}
+
+fn start(cfg: &ProcessConfig) -> Result<mpsc::UnboundedSender<Request>, std::io::Error> {
+    let mut cmd = tokio::process::Command::new(&cfg.command[0]);
+    cmd.args(&cfg.command[1..])
+        .envs(&cfg.env)
+        .env("NESTOR_ZYGOTE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(dir) = &cfg.working_dir {
+        cmd.current_dir(dir);
+    }
+    dies_with_driver(&mut cmd, libc::SIGKILL);
+    let mut child = cmd.spawn()?;
+    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take()) else {
+        return Err(std::io::Error::other("the warm worker process has no pipes"));
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    // The task owns the process: it ends when the process does (every
+    // waiter then hears why) or when the backend is dropped (the process is
+    // killed with it).
+    tokio::spawn(serve(child, stdin, stdout, stderr, rx));
+    Ok(tx)
+}
+
+/// What the task keeps: forks asked for, ranks running, exits that came first.
+#[derive(Default)]
+struct Book {
+    asked: HashMap<u64, ForkReply>,
+    running: HashMap<i32, oneshot::Sender<std::io::Result<ExitStatus>>>,
+    early: HashMap<i32, ExitStatus>,
+    next_id: u64,
+}
+
+impl Book {
+    fn answer(&mut self, a: Answer) {
+        if let (Some(pid), Some(status)) = (a.exited, a.status) {
+            let status = ExitStatus::from_raw(status);
+            match self.running.remove(&pid) {
+                Some(tx) => {
+                    let _ = tx.send(Ok(status));
+                }
+                None => {
+                    self.early.insert(pid, status);
+                }
+            }
+            return;
+        }
+        let Some(reply) = a.id.and_then(|id| self.asked.remove(&id)) else { return };
+        match (a.pid, a.error) {
+            (Some(pid), _) => {
+                let (tx, exit) = oneshot::channel();
+                match self.early.remove(&pid) {
+                    Some(status) => {
+                        let _ = tx.send(Ok(status));
+                    }
+                    None => {
+                        self.running.insert(pid, tx);
+                    }
+                }
+                let _ = reply.send(Ok(Forked { pid, exit }));
+            }
+            (None, Some(e)) => {
+                let _ = reply.send(Err(e));
+            }
+            (None, None) => {
+                let _ = reply.send(Err("the warm worker process answered without a pid".into()));
+            }
+        }
+    }
+
+    fn fail_all(&mut self, why: &str) {
+        for (_, reply) in self.asked.drain() {
+            let _ = reply.send(Err(why.to_string()));
+        }
+        for (_, tx) in self.running.drain() {
+            let _ = tx.send(Err(std::io::Error::other(why.to_string())));
+        }
+    }
+}
+
+async fn serve(
+    mut child: tokio::process::Child,
+    mut stdin: tokio::process::ChildStdin,
+    stdout: tokio::process::ChildStdout,
+    stderr: tokio::process::ChildStderr,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+) {
+    let mut book = Book::default();
+    let mut lines = BufReader::new(stdout).lines();
+    let mut err_lines = BufReader::new(stderr).lines();
+    let mut tail: VecDeque<String> = VecDeque::new();
+    let mut err_open = true;
+    let why = loop {
+        tokio::select! {
+            req = requests.recv() => {
+                let Some(Request { spec, reply }) = req else {
+                    // The backend is gone: so is the warm process (kill_on_drop).
+                    return;
+                };
+                let id = book.next_id;
+                book.next_id += 1;
+                let mut line = match serde_json::to_vec(&Wire { id, spec: &spec }) {
+                    Ok(l) => l,
+                    Err(e) => { let _ = reply.send(Err(e.to_string())); continue; }
+                };
+                line.push(b'\n');
+                book.asked.insert(id, reply);
+                if let Err(e) = stdin.write_all(&line).await {
+                    break format!("cannot write to the warm worker process: {e}");
+                }
+            }
+            line = lines.next_line() => match line {
+                Ok(Some(l)) => match serde_json::from_str::<Answer>(&l) {
+                    Ok(a) => book.answer(a),
+                    Err(e) => tracing::warn!("the warm worker process wrote {l:?}: {e}"),
+                },
+                Ok(None) | Err(_) => break String::new(),
+            },
+            line = err_lines.next_line(), if err_open => match line {
+                Ok(Some(l)) => {
+                    tracing::info!(target: "nestor::warm", "{l}");
+                    tail.push_back(l);
+                    if tail.len() > 30 { tail.pop_front(); }
+                }
+                _ => err_open = false,
+            },
+        }
+    };
+    // Its output so far, then how it ended.
+    while let Ok(Ok(Some(l))) = tokio::time::timeout(std::time::Duration::from_millis(200), err_lines.next_line()).await {
+        tail.push_back(l);
+        if tail.len() > 30 {
+            tail.pop_front();
+        }
+    }
+    let status = child.wait().await.map(describe_exit).unwrap_or_else(|e| format!("could not be waited for: {e}"));
+    let shown: Vec<String> = tail.into_iter().collect();
+    let why = format!(
+        "the warm worker process {status}{}{}",
+        if why.is_empty() { String::new() } else { format!(" ({why})") },
+        if shown.is_empty() { String::new() } else { format!("; its last lines:\n{}", shown.join("\n")) }
+    );
+    book.fail_all(&why);
+    // Later requests hear the same.
+    requests.close();
+    while let Some(Request { reply, .. }) = requests.recv().await {
+        let _ = reply.send(Err(why.clone()));
+    }
+}
