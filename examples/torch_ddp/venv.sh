@@ -13,6 +13,9 @@ TORCH_VERSION=2.15.0
 GRPCIO_VERSION=1.85.1
 PROTOBUF_VERSION=7.36.2
 NUMPY_VERSION=2.4.6
+# Installed into an existing environment when missing (no new environment for them).
+CLOUDPICKLE_VERSION=3.1.2
+PANDAS_VERSION=3.1.1
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
@@ -31,6 +34,14 @@ if [ ! -f "$venv/.complete" ]; then
     "$venv/bin/python" -m pip install --quiet "torch==$TORCH_VERSION" "grpcio==$GRPCIO_VERSION" "protobuf==$PROTOBUF_VERSION" "numpy==$NUMPY_VERSION" setuptools wheel >&2
     touch "$venv/.complete"
 fi
-# The client is installed from the checkout every time (cheap, and always current).
-"$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation "$repo/python" >&2
+if [ ! -f "$venv/.complete-driver-$CLOUDPICKLE_VERSION-$PANDAS_VERSION" ]; then
+    "$venv/bin/python" -m pip install --quiet "cloudpickle==$CLOUDPICKLE_VERSION" "pandas==$PANDAS_VERSION" >&2
+    touch "$venv/.complete-driver-$CLOUDPICKLE_VERSION-$PANDAS_VERSION"
+fi
+# The nestor package is this checkout's python/ (a path file: always current,
+# nothing to build); the binary comes from NESTOR_BIN or PATH. `pip install
+# ./python` is what users run: it builds the binary into the wheel.
+"$venv/bin/python" -m pip uninstall --quiet --yes nestor >/dev/null 2>&1 || true
+site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+echo "$repo/python" > "$site/nestor-checkout.pth"
 echo "$venv"

@@ -1,0 +1,214 @@
+//! The Python driver for real: `pip install ./python` into a new virtualenv
+//! (its build makes the `nestor` binary and puts it on the venv's PATH),
+//! then Ray-style scripts run with only their imports changed: function
+//! trainables with ASHA and checkpoints, warm workers that keep nothing of
+//! an earlier trial, a function that raises, bad input refused by key, and
+//! `Tuner.restore` after the driver and the binary are killed with -9.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use common::*;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A new virtualenv with `pip install ./python` done (once per test run).
+fn venv() -> &'static Path {
+    static VENV: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let (_, path) = VENV.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let venv = dir.path().join("venv");
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let out = Command::new(&python).args(["-m", "venv"]).arg(&venv).output().expect("python3 -m venv");
+        assert!(out.status.success(), "python3 -m venv failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(repo().join("python"))
+            .env_remove("NESTOR_BIN")
+            .output()
+            .expect("pip install ./python");
+        assert!(
+            out.status.success(),
+            "pip install ./python failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (dir, venv)
+    });
+    path
+}
+
+/// `python SCRIPT ARGS` in the venv, from `cwd`, with the venv's `nestor` (no NESTOR_BIN).
+fn python(cwd: &Path, script: &str, args: &[&str], env: &[(&str, String)]) -> Output {
+    let path = format!("{}:{}", venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    Command::new(venv().join("bin/python"))
+        .arg(repo().join(script))
+        .args(args)
+        .current_dir(cwd)
+        .env("PATH", path)
+        .env_remove("NESTOR_BIN")
+        .env("PYTHONPATH", repo().join("tests/py"))
+        .envs(env.iter().map(|(k, v)| (*k, v)))
+        .output()
+        .expect("run the script")
+}
+
+fn passed(out: Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "the script failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+fn line<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} line in:\n{out}")).trim()
+}
+
+#[test]
+fn pip_install_puts_the_binary_on_the_venvs_path_and_the_versions_agree() {
+    let bin = venv().join("bin/nestor");
+    assert!(bin.is_file(), "{} was not installed", bin.display());
+    let out = Command::new(&bin).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(version, format!("nestor {}", env!("CARGO_PKG_VERSION")));
+    let out = Command::new(venv().join("bin/python"))
+        .args(["-c", "import nestor, nestor._binary as b, nestor.tune, nestor.train, nestor.train.torch; print(nestor.__version__, b.find())"])
+        .env_remove("NESTOR_BIN")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    let printed = passed(out);
+    let (py_version, found) = printed.trim().split_once(' ').unwrap();
+    assert_eq!(format!("nestor {py_version}"), version);
+    assert_eq!(Path::new(found), bin, "the package finds the binary pip installed");
+}
+
+#[test]
+fn a_function_trainable_runs_with_asha_and_its_best_checkpoint_is_one_call_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(python(dir.path(), "examples/python/tune_function.py", &[], &[("EXAMPLE_STORAGE", storage.display().to_string())]));
+    assert!(out.contains("best loss:"), "{out}");
+    let exp = storage.join("tune-function");
+    let trials: Vec<serde_json::Value> =
+        ok(nestor(dir.path(), &["export", exp.to_str().unwrap(), "--format", "trials"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(trials.len(), 12);
+    let iterations: Vec<usize> = trials.iter().map(|t| t["history"].as_array().unwrap().len()).collect();
+    assert!(trials.iter().all(|t| t["status"] == "TERMINATED"), "{trials:?}");
+    assert!(iterations.iter().any(|&n| n < 20), "ASHA stopped no trial early: {iterations:?}");
+    assert!(iterations.contains(&20), "no trial reached max_t: {iterations:?}");
+    // The script's best is the store's best, and its checkpoint held that trial's last step.
+    let best: serde_json::Value = serde_json::from_str(&ok(nestor(dir.path(), &["best", exp.to_str().unwrap(), "--json"]))).unwrap();
+    let best_trial = trials.iter().find(|t| t["trial_id"] == best["trial_id"]).unwrap();
+    let steps = best_trial["history"].as_array().unwrap().len();
+    assert!(out.contains(&format!("holds step {steps}")), "{out}");
+    assert!(out.contains(&format!("best config: {{'lr': {}", best["config"]["lr"])), "{out}\n{best}");
+}
+
+#[test]
+fn warm_workers_import_once_and_keep_nothing_between_trials() {
+    let dir = tempfile::tempdir().unwrap();
+    let imports = dir.path().join("imports.txt");
+    let storage = dir.path().join("runs");
+    let out = passed(python(dir.path(), "tests/py/driver_warm.py", &[storage.to_str().unwrap()], &[("WARM_IMPORTS", imports.display().to_string())]));
+    assert_eq!(line(&out, "LEAKED"), "0", "a trial saw an earlier trial's state:\n{out}");
+    assert_eq!(line(&out, "PIDS"), "8", "each trial is a process of its own");
+    assert_eq!(line(&out, "PPIDS"), "1", "every trial was forked from the same warm process");
+    let imported = std::fs::read_to_string(&imports).unwrap();
+    // The driver imports the helper too (it runs the script), the warm process once; no trial does.
+    assert_eq!(imported.lines().count(), 2, "{imported}");
+}
+
+#[test]
+fn a_function_that_raises_names_the_rank_its_node_and_its_traceback() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let host = String::from_utf8(Command::new("hostname").output().unwrap().stdout).unwrap().trim().to_string();
+    let out = passed(python(dir.path(), "tests/py/driver_fail.py", &[storage.to_str().unwrap(), "fit"], &[]));
+    assert!(out.contains("RAISED TrainingFailedError"), "{out}");
+    for needle in ["rank 1", &format!("on node {host}"), "Traceback (most recent call last)", "ValueError: boom at step 2 with lr=0.5"] {
+        assert!(out.contains(needle), "the error lacks {needle:?}:\n{out}");
+    }
+    let out = passed(python(dir.path(), "tests/py/driver_fail.py", &[storage.to_str().unwrap(), "tuner"], &[]));
+    assert_eq!(line(&out, "ERRORS"), "2 TERMINATED 0", "{out}");
+    assert!(out.contains("ValueError: boom at step 2 with lr=0."), "{out}");
+}
+
+#[test]
+fn bad_input_is_refused_naming_the_key_and_leaves_no_store() {
+    for (case, needles) in [
+        ("space", &["model.lr", "loguniform"][..]),
+        ("scheduler", &["scheduler", "grace_period"][..]),
+        ("value", &["param_space: opt", "with_parameters"][..]),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = dir.path().join("runs");
+        let out = passed(python(dir.path(), "tests/py/driver_bad.py", &[storage.to_str().unwrap(), case], &[]));
+        let refused = line(&out, "REFUSED");
+        for n in needles {
+            assert!(refused.contains(n), "{case}: {refused:?} does not name {n:?}");
+        }
+        assert!(!storage.join(case).join("store").exists(), "{case}: a store was made for a refused sweep");
+    }
+}
+
+/// The pid of the `nestor` binary started by the script `driver` (its child).
+fn nestor_child(driver: u32) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{driver}/task/{driver}/children")).unwrap_or_default();
+    children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()).find(|p| {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmd).split('\0').next().is_some_and(|a| a.ends_with("/nestor"))
+    })
+}
+
+#[test]
+fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let acks = dir.path().join("acks.txt");
+    let path = format!("{}:{}", venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let mut driver = Command::new(venv().join("bin/python"))
+        .arg(repo().join("tests/py/driver_crash.py"))
+        .args([storage.to_str().unwrap(), "run"])
+        .current_dir(dir.path())
+        .env("PATH", &path)
+        .env_remove("NESTOR_BIN")
+        .env("ACKS", &acks)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_run("10 acknowledged reports", 60.0, &mut driver, || read(&acks).lines().count() >= 10);
+    let binary = nestor_child(driver.id()).expect("the driver's nestor process");
+    signal(driver.id(), libc::SIGKILL);
+    signal(binary, libc::SIGKILL);
+    let _ = driver.wait();
+    wait_for("the killed binary's workers to go", 10.0, || processes_mentioning(dir.path().to_str().unwrap()).is_empty());
+    let acked: BTreeSet<(String, u64)> = read(&acks)
+        .lines()
+        .map(|l| {
+            let (t, i) = l.split_once(' ').unwrap();
+            (t.to_string(), i.parse().unwrap())
+        })
+        .collect();
+    assert!(!acked.is_empty());
+    let out = passed(python(dir.path(), "tests/py/driver_crash.py", &[storage.to_str().unwrap(), "restore"], &[("ACKS", acks.display().to_string())]));
+    let status: BTreeMap<String, String> = serde_json::from_str(line(&out, "STATUS")).unwrap();
+    assert_eq!(status.len(), 4, "{out}");
+    assert!(status.values().all(|s| s == "TERMINATED"), "{status:?}");
+    let results: BTreeMap<String, Vec<u64>> = serde_json::from_str(line(&out, "RESULT")).unwrap();
+    for (trial, iters) in &results {
+        assert_eq!(iters, &(1..=25).collect::<Vec<u64>>(), "{trial}: every iteration once, in order");
+    }
+    // Every report a rank saw acknowledged before the kill is in the store (the histories above are whole).
+    for (trial, iter) in &acked {
+        assert!(results[trial].contains(iter), "acknowledged {trial} {iter} is missing");
+    }
+}
