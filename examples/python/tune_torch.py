@@ -67,7 +67,8 @@ def train_func(config):
                 torch.save({"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1},
                            os.path.join(d, "model.pt"))
                 checkpoint = Checkpoint.from_directory(d)
-            train.report({"val_loss": val_loss, "epoch": epoch + 1}, checkpoint=checkpoint)
+            workers = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            train.report({"val_loss": val_loss, "epoch": epoch + 1, "workers": workers}, checkpoint=checkpoint)
 
 
 trainer = TorchTrainer(

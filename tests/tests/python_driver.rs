@@ -212,3 +212,46 @@ fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknow
         assert!(results[trial].contains(iter), "acknowledged {trial} {iter} is missing");
     }
 }
+
+/// The cached environment with torch (examples/torch_ddp/venv.sh), whose
+/// `nestor` package is this checkout's python/ and whose binary is the one
+/// cargo built.
+fn torch_python(cwd: &Path, script: &str, env: &[(&str, String)]) -> Output {
+    let out = Command::new("bash").arg(repo().join("examples/torch_ddp/venv.sh")).output().expect("run venv.sh");
+    assert!(out.status.success(), "examples/torch_ddp/venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let venv = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    Command::new(venv.join("bin/python"))
+        .arg(repo().join(script))
+        .current_dir(cwd)
+        .env("NESTOR_BIN", nestor_bin())
+        .envs(env.iter().map(|(k, v)| (*k, v)))
+        .output()
+        .expect("run the script")
+}
+
+#[test]
+fn the_ray_train_and_tune_pattern_runs_with_its_imports_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "examples/python/tune_torch.py", &[("EXAMPLE_STORAGE", storage.display().to_string())]));
+    let exp = storage.join("tune-torch");
+    let trials: Vec<serde_json::Value> =
+        ok(nestor(dir.path(), &["export", exp.to_str().unwrap(), "--format", "trials"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(trials.len(), 4);
+    for t in &trials {
+        assert_eq!(t["status"], "TERMINATED", "{t}");
+        let history = t["history"].as_array().unwrap();
+        // Both ranks were in one DDP process group at every step.
+        assert!(history.iter().all(|r| r["workers"] == 2.0), "{t}");
+        // Each checkpoint saved to a temporary directory by rank 0 was copied into the trial's storage.
+        let last = t["checkpoints"].as_array().unwrap().last().unwrap();
+        let model = Path::new(last["uri"].as_str().unwrap()).join("rank-0/model.pt");
+        assert!(model.is_file(), "{} missing", model.display());
+        assert_eq!(last["training_iteration"], history.last().unwrap()["training_iteration"]);
+    }
+    // The best result's checkpoint loaded through as_directory() holds its last epoch.
+    let best: serde_json::Value = serde_json::from_str(&ok(nestor(dir.path(), &["best", exp.to_str().unwrap(), "--json"]))).unwrap();
+    let best_trial = trials.iter().find(|t| t["trial_id"] == best["trial_id"]).unwrap();
+    let epochs = best_trial["history"].as_array().unwrap().len();
+    assert!(out.contains(&format!("(epoch {epochs})")), "{out}");
+}
