@@ -79,7 +79,10 @@ fn pip_install_puts_the_binary_on_the_venvs_path_and_the_versions_agree() {
     let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert_eq!(version, format!("nestor {}", env!("CARGO_PKG_VERSION")));
     let out = Command::new(venv().join("bin/python"))
-        .args(["-c", "import nestor, nestor._binary as b, nestor.tune, nestor.train, nestor.train.torch; print(nestor.__version__, b.find())"])
+        .args([
+            "-c",
+            "import nestor, nestor._binary as b, nestor.tune, nestor.train, nestor.train.torch; print(nestor.__version__, b.find())",
+        ])
         .env_remove("NESTOR_BIN")
         .current_dir(std::env::temp_dir())
         .output()
@@ -97,8 +100,10 @@ fn a_function_trainable_runs_with_asha_and_its_best_checkpoint_is_one_call_away(
     let out = passed(python(dir.path(), "examples/python/tune_function.py", &[], &[("EXAMPLE_STORAGE", storage.display().to_string())]));
     assert!(out.contains("best loss:"), "{out}");
     let exp = storage.join("tune-function");
-    let trials: Vec<serde_json::Value> =
-        ok(nestor(dir.path(), &["export", exp.to_str().unwrap(), "--format", "trials"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let trials: Vec<serde_json::Value> = ok(nestor(dir.path(), &["export", exp.to_str().unwrap(), "--format", "trials"]))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(trials.len(), 12);
     let iterations: Vec<usize> = trials.iter().map(|t| t["history"].as_array().unwrap().len()).collect();
     assert!(trials.iter().all(|t| t["status"] == "TERMINATED"), "{trials:?}");
@@ -117,7 +122,12 @@ fn warm_workers_import_once_and_keep_nothing_between_trials() {
     let dir = tempfile::tempdir().unwrap();
     let imports = dir.path().join("imports.txt");
     let storage = dir.path().join("runs");
-    let out = passed(python(dir.path(), "tests/py/driver_warm.py", &[storage.to_str().unwrap()], &[("WARM_IMPORTS", imports.display().to_string())]));
+    let out = passed(python(
+        dir.path(),
+        "tests/py/driver_warm.py",
+        &[storage.to_str().unwrap()],
+        &[("WARM_IMPORTS", imports.display().to_string())],
+    ));
     assert_eq!(line(&out, "LEAKED"), "0", "a trial saw an earlier trial's state:\n{out}");
     assert_eq!(line(&out, "PIDS"), "8", "each trial is a process of its own");
     assert_eq!(line(&out, "PPIDS"), "1", "every trial was forked from the same warm process");
@@ -199,7 +209,12 @@ fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknow
         })
         .collect();
     assert!(!acked.is_empty());
-    let out = passed(python(dir.path(), "tests/py/driver_crash.py", &[storage.to_str().unwrap(), "restore"], &[("ACKS", acks.display().to_string())]));
+    let out = passed(python(
+        dir.path(),
+        "tests/py/driver_crash.py",
+        &[storage.to_str().unwrap(), "restore"],
+        &[("ACKS", acks.display().to_string())],
+    ));
     let status: BTreeMap<String, String> = serde_json::from_str(line(&out, "STATUS")).unwrap();
     assert_eq!(status.len(), 4, "{out}");
     assert!(status.values().all(|s| s == "TERMINATED"), "{status:?}");
@@ -235,8 +250,10 @@ fn the_ray_train_and_tune_pattern_runs_with_its_imports_changed() {
     let storage = dir.path().join("runs");
     let out = passed(torch_python(dir.path(), "examples/python/tune_torch.py", &[("EXAMPLE_STORAGE", storage.display().to_string())]));
     let exp = storage.join("tune-torch");
-    let trials: Vec<serde_json::Value> =
-        ok(nestor(dir.path(), &["export", exp.to_str().unwrap(), "--format", "trials"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let trials: Vec<serde_json::Value> = ok(nestor(dir.path(), &["export", exp.to_str().unwrap(), "--format", "trials"]))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(trials.len(), 4);
     for t in &trials {
         assert_eq!(t["status"], "TERMINATED", "{t}");
@@ -254,4 +271,15 @@ fn the_ray_train_and_tune_pattern_runs_with_its_imports_changed() {
     let best_trial = trials.iter().find(|t| t["trial_id"] == best["trial_id"]).unwrap();
     let epochs = best_trial["history"].as_array().unwrap().len();
     assert!(out.contains(&format!("(epoch {epochs})")), "{out}");
+}
+
+#[test]
+fn a_function_the_workers_cannot_import_fails_its_trials_naming_the_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(python(dir.path(), "tests/py/driver_unimportable.py", &[storage.to_str().unwrap()], &[]));
+    assert_eq!(line(&out, "ERRORS"), "2", "{out}");
+    assert!(out.contains("ModuleNotFoundError: No module named 'only_here'"), "{out}");
+    assert!(out.contains("warm worker process"), "{out}");
+    assert!(processes_mentioning(dir.path().to_str().unwrap()).is_empty(), "a process of the sweep outlived it");
 }

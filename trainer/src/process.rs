@@ -290,13 +290,15 @@ impl Backend for ProcessBackend {
                 let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();
                 let mut monitor = monitor;
                 for (rank, (env, unset)) in envs.into_iter().enumerate() {
-                    let rank_spec = RankSpec { env: env.into_iter().collect(), unset, cwd: cwd.clone(), log: monitor.log_paths[rank].clone() };
+                    let rank_spec =
+                        RankSpec { env: env.into_iter().collect(), unset, cwd: cwd.clone(), log: monitor.log_paths[rank].clone() };
                     match queue.fork(rank_spec).await {
                         Ok(forked) => {
                             monitor.pgids.push(forked.pid);
                             let tx = exits_tx.clone();
                             tokio::spawn(async move {
-                                let status = forked.exit.await.unwrap_or_else(|_| Err(std::io::Error::other("the warm worker process is gone")));
+                                let status =
+                                    forked.exit.await.unwrap_or_else(|_| Err(std::io::Error::other("the warm worker process is gone")));
                                 let _ = tx.send(RankExit { rank: rank as u32, status });
                             });
                         }
@@ -352,7 +354,8 @@ impl Backend for ProcessBackend {
             pgids.iter().copied().filter(|&g| g > 0).collect(),
             Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
         );
-        let monitor = Monitor { pgids, stop, registration, events, grace: cfg.grace_period, trial_id: spec.trial_id, log_paths, rendezvous };
+        let monitor =
+            Monitor { pgids, stop, registration, events, grace: cfg.grace_period, trial_id: spec.trial_id, log_paths, rendezvous };
         tokio::spawn(monitor.run(exits));
         Ok(handle)
     }
