@@ -46,6 +46,9 @@ class TuneConfig:
             raise ValueError(f"TuneConfig(mode={self.mode!r}): mode must be 'min' or 'max'")
         if self.num_samples == -1:
             raise ValueError("TuneConfig(num_samples=-1): give a number of samples (and time_budget_s to bound the time)")
+        if self.reuse_actors:
+            print("nestor: TuneConfig(reuse_actors=...) is ignored: every rank is a fresh fork of a warm process "
+                  "(docs/python.md)", file=sys.stderr)
         if self.trial_name_creator or self.trial_dirname_creator:
             print("nestor: TuneConfig(trial_name_creator/trial_dirname_creator) is ignored: trials are named trial_00000, ...",
                   file=sys.stderr)
@@ -192,8 +195,6 @@ class Tuner:
     def fit(self) -> ResultGrid:
         """Runs the sweep (or continues a restored one) and returns every trial's result."""
         tc = self._tune_config
-        if tc.reuse_actors is False:
-            pass  # nestor's workers never carry state between trials, whatever this says
         if self._restore_path:
             exp_dir = self._restore_path
             _driver.write_blob(exp_dir, self._parts["blob"])
