@@ -128,14 +128,15 @@ class ResultGrid:
         ``mode``; ``scope`` is last, avg, all, last-5-avg or last-10-avg.
         Ranked by the binary (``nestor best``): non-finite values rank last."""
         metric, mode = metric or self._metric, mode or self._mode
-        if (metric is None) != (mode is None) and not (self._metric and self._mode):
-            raise ValueError("get_best_result: give both metric and mode (the experiment sets neither)")
         args = [_binary.find(), "best", self.experiment_path, "--json", "--scope", scope]
         if metric:
             args += ["--metric", metric]
         if mode:
             args += ["--mode", mode]
         out = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if out.returncode == 2:
+            # No metric or mode given, and the experiment sets none.
+            raise ValueError(f"get_best_result: {out.stderr.strip().removeprefix('error: ')} (metric=, mode=)")
         if out.returncode != 0:
             raise RuntimeError(f"no best result: {out.stderr.strip().removeprefix('error: ')}")
         best = json.loads(out.stdout)["trial_id"]

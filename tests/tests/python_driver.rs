@@ -67,6 +67,11 @@ fn passed(out: Output) -> String {
     stdout
 }
 
+/// `nestor export EXP --format trials`: a JSON object per trial.
+fn trials(cwd: &Path, exp: &Path) -> Vec<serde_json::Value> {
+    ok(nestor(cwd, &["export", exp.to_str().unwrap(), "--format", "trials"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 fn line<'a>(out: &'a str, key: &str) -> &'a str {
     out.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} line in:\n{out}")).trim()
 }
@@ -100,10 +105,7 @@ fn a_function_trainable_runs_with_asha_and_its_best_checkpoint_is_one_call_away(
     let out = passed(python(dir.path(), "examples/python/tune_function.py", &[], &[("EXAMPLE_STORAGE", storage.display().to_string())]));
     assert!(out.contains("best loss:"), "{out}");
     let exp = storage.join("tune-function");
-    let trials: Vec<serde_json::Value> = ok(nestor(dir.path(), &["export", exp.to_str().unwrap(), "--format", "trials"]))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let trials = trials(dir.path(), &exp);
     assert_eq!(trials.len(), 12);
     let iterations: Vec<usize> = trials.iter().map(|t| t["history"].as_array().unwrap().len()).collect();
     assert!(trials.iter().all(|t| t["status"] == "TERMINATED"), "{trials:?}");
@@ -250,10 +252,7 @@ fn the_ray_train_and_tune_pattern_runs_with_its_imports_changed() {
     let storage = dir.path().join("runs");
     let out = passed(torch_python(dir.path(), "examples/python/tune_torch.py", &[("EXAMPLE_STORAGE", storage.display().to_string())]));
     let exp = storage.join("tune-torch");
-    let trials: Vec<serde_json::Value> = ok(nestor(dir.path(), &["export", exp.to_str().unwrap(), "--format", "trials"]))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let trials = trials(dir.path(), &exp);
     assert_eq!(trials.len(), 4);
     for t in &trials {
         assert_eq!(t["status"], "TERMINATED", "{t}");
