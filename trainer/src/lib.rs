@@ -53,4 +53,4 @@ pub use section::TrainerConfig;
 pub use service::ReportServer;
 pub use slurm::{expand_hostlist, SlurmAllocation, SlurmBackend, SlurmError, SlurmNode};
 pub use storage::{Storage, StorageError, COMMITTED_MARKER};
-pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer};
+pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};

@@ -56,6 +56,23 @@ pub struct Trainer {
     failure: FailureConfig,
 }
 
+/// A [`Trainer`] taken apart for a sweep ([`Trainer::into_parts`]).
+#[derive(Debug, Clone)]
+pub struct TrainerParts {
+    /// What each rank runs.
+    pub train_loop: TrainLoop,
+    /// Workers and what each needs.
+    pub scaling: ScalingConfig,
+    /// The config the trainer was given (a JSON object, or null).
+    pub config: Value,
+    /// Its run's name, if set.
+    pub name: Option<String>,
+    /// Where its runs go.
+    pub storage: PathBuf,
+    /// Restarts after failures, hang detection.
+    pub failure: FailureConfig,
+}
+
 /// One step of a finished run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
@@ -195,9 +212,19 @@ impl Trainer {
         self
     }
 
-    /// The train loop and scaling, for running this trainer inside a sweep.
-    pub fn into_parts(self) -> (TrainLoop, ScalingConfig) {
-        (self.train_loop, self.scaling)
+    /// What a sweep of this trainer keeps of it: the train loop and scaling,
+    /// and the run settings a tuner takes as its defaults (Ray's
+    /// `Tuner(trainer)`): the config, the name, the storage and the failure
+    /// settings.
+    pub fn into_parts(self) -> TrainerParts {
+        TrainerParts {
+            train_loop: self.train_loop,
+            scaling: self.scaling,
+            config: self.config,
+            name: self.name,
+            storage: self.storage,
+            failure: self.failure,
+        }
     }
 
     /// Runs to the end. Blocks; builds its own tokio runtime.

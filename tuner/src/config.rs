@@ -210,6 +210,19 @@ impl Default for RunConfig {
 pub struct Trainable {
     pub(crate) kind: Kind,
     pub(crate) scaling: ScalingConfig,
+    /// A [`Trainer`]'s run settings, the defaults of a sweep built from it.
+    pub(crate) defaults: Option<TrainerDefaults>,
+}
+
+/// What a [`Trainer`] said of its run that a sweep of it keeps (as Ray's
+/// `Tuner(trainer)` keeps the trainer's `train_loop_config` and `run_config`
+/// unless the tuner's own replace them).
+#[derive(Clone, Debug)]
+pub(crate) struct TrainerDefaults {
+    pub config: serde_json::Value,
+    pub name: Option<String>,
+    pub storage: PathBuf,
+    pub failure: FailureConfig,
 }
 
 /// What a trainable runs.
@@ -224,8 +237,9 @@ pub(crate) enum Kind {
 /// A [`Trainer`] in a sweep: its train loop and scaling, once per trial.
 impl From<Trainer> for Trainable {
     fn from(t: Trainer) -> Self {
-        let (kind, scaling) = t.into_parts();
-        Self { kind: Kind::Train(kind), scaling }
+        let p = t.into_parts();
+        let defaults = TrainerDefaults { config: p.config, name: p.name, storage: p.storage, failure: p.failure };
+        Self { kind: Kind::Train(p.train_loop), scaling: p.scaling, defaults: Some(defaults) }
     }
 }
 
@@ -235,7 +249,7 @@ impl Trainable {
     where
         F: Fn(&mut Context) -> TrainResult + Send + Sync + 'static,
     {
-        Self { kind: Kind::Train(TrainLoop::Function(FunctionBackend::new(f))), scaling: ScalingConfig::default() }
+        Self { kind: Kind::Train(TrainLoop::Function(FunctionBackend::new(f))), scaling: ScalingConfig::default(), defaults: None }
     }
 
     /// A worker command, e.g. `["python", "train.py"]`.
@@ -249,14 +263,14 @@ impl Trainable {
 
     /// A worker command with every process setting.
     pub fn process(config: ProcessConfig) -> Self {
-        Self { kind: Kind::Train(TrainLoop::Process(config)), scaling: ScalingConfig::default() }
+        Self { kind: Kind::Train(TrainLoop::Process(config)), scaling: ScalingConfig::default(), defaults: None }
     }
 
     /// A simulation: each trial replays its learning curve from `curves`
     /// under a virtual clock (see [`crate::simulate`]). The sweep's
     /// `max_concurrent_trials` (default 4) is the number of worker slots.
     pub fn simulated(curves: crate::simulate::Curves) -> Self {
-        Self { kind: Kind::Simulated(curves), scaling: ScalingConfig::default() }
+        Self { kind: Kind::Simulated(curves), scaling: ScalingConfig::default(), defaults: None }
     }
 
     /// Sets the workers per trial and what each needs.

@@ -57,6 +57,27 @@ pub struct Tuner {
     resources: Option<NodeResources>,
 }
 
+/// Adds `config`'s keys that `space` lacks as constants (into nested tables
+/// where both have one); whether anything was added.
+fn fill_constants(space: &mut toml::Table, config: &serde_json::Map<String, serde_json::Value>) -> bool {
+    let mut added = false;
+    for (k, v) in config {
+        match (space.get_mut(k), v) {
+            (None, v) => {
+                space.insert(k.clone(), search::json_to_toml(v));
+                added = true;
+            }
+            (Some(toml::Value::Table(t)), serde_json::Value::Object(inner))
+                if !(t.len() == 1 && t.keys().all(|name| search::DOMAIN_KINDS.contains(&name.as_str()))) =>
+            {
+                added |= fill_constants(t, inner);
+            }
+            _ => {}
+        }
+    }
+    added
+}
+
 impl std::fmt::Debug for Tuner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tuner").field("file", &self.file).finish_non_exhaustive()
@@ -66,7 +87,24 @@ impl std::fmt::Debug for Tuner {
 impl Tuner {
     /// A sweep of `trainable` over `space` with default configs.
     pub fn new(trainable: Trainable, space: Space) -> Self {
-        let file = ExperimentFile { space: space.to_toml(), ..Default::default() };
+        let mut file = ExperimentFile { space: space.to_toml(), ..Default::default() };
+        let mut space = space;
+        if let Some(d) = &trainable.defaults {
+            // A Trainer's settings are the sweep's until run_config says otherwise;
+            // its config's keys the space does not set are constants of every trial.
+            if let serde_json::Value::Object(config) = &d.config {
+                if fill_constants(&mut file.space, config) {
+                    if let Ok(filled) = Space::from_toml(&file.space) {
+                        space = filled;
+                    }
+                }
+            }
+            if let Some(name) = &d.name {
+                file.experiment.name = name.clone();
+            }
+            file.experiment.storage = Some(d.storage.display().to_string());
+            file.failure = d.failure.clone();
+        }
         Self {
             trainable: Some(trainable),
             file,

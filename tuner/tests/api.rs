@@ -429,3 +429,37 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[test]
+fn a_sweep_of_a_trainer_keeps_its_config_name_storage_and_failure_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let failed = Arc::new(AtomicUsize::new(0));
+    let f = Arc::clone(&failed);
+    let trainer = trainer::Trainer::function(move |ctx| {
+        let epochs: u64 = ctx.param("epochs")?;
+        let width: u64 = ctx.param("model.width")?;
+        let x: f64 = ctx.param("x")?;
+        for step in 1..=epochs {
+            // The first run of the first trial fails once, mid-way: max_failures = 1 lets it restart.
+            if step == 2 && ctx.checkpoint().is_none() && f.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err("failing once".into());
+            }
+            ctx.report([("loss", x * x + 1.0 / (step as f64)), ("width", width as f64)], None)?;
+        }
+        Ok(())
+    })
+    .config(serde_json::json!({"epochs": 3, "x": 5.0, "model": {"width": 32}}))
+    .name("from-trainer")
+    .storage(dir.path())
+    .failure(trainer::FailureConfig { max_failures: 1, hang_timeout_s: None });
+    let space = Space::builder().param("x", Domain::uniform(-1.0, 1.0)).build().unwrap();
+    let grid = Tuner::new(trainer.into(), space).progress(ProgressMode::Quiet).fit().unwrap();
+    assert!(dir.path().join("from-trainer/store").is_dir(), "the trainer's name and storage");
+    assert_eq!(failed.load(Ordering::SeqCst), 2, "a failed run, then the restart's step 2");
+    let t = &grid.iter().next().unwrap();
+    assert_eq!(t.status.as_str(), "TERMINATED", "{:?}", t.error);
+    assert_eq!((t.failures, t.history.len()), (1, 3), "restarted once; the trainer's epochs");
+    assert_eq!(t.config["epochs"], 3);
+    assert_eq!(t.config["model"]["width"], 32);
+    assert!(t.config["x"].as_f64().unwrap().abs() <= 1.0, "the space's x, not the trainer's");
+}
