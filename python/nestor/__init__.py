@@ -278,9 +278,11 @@ class _Channel:
         return dest
 
     def report(self, ctx: TrainContext, metrics: Dict[str, float], checkpoint: str) -> int:
-        upload = ""
+        upload, staged = "", False
         if checkpoint and os.environ.get("NESTOR_SHIP_CHECKPOINTS") == "1":
             upload, checkpoint = self.ship_shard(ctx, checkpoint), ""
+        elif checkpoint and os.environ.get("NESTOR_CHECKPOINT_STAGING"):
+            checkpoint, staged = _stage(checkpoint, os.environ["NESTOR_CHECKPOINT_STAGING"], ctx.world_rank), True
         request = self._proto.ReportRequest(
             version=self._proto.PROTOCOL_VERSION,
             trial_id=ctx.trial_id,
@@ -289,12 +291,42 @@ class _Channel:
             metrics=metrics,
             checkpoint_dir=checkpoint,
             checkpoint_upload=upload,
+            checkpoint_staged=staged,
         )
         try:
             reply = self._call(request, wait_for_ready=True)
         except self._grpc.RpcError as e:
             raise ReportError(f"report refused ({e.code().name}): {e.details()}") from None
         return reply.directive
+
+
+def _stage(src: str, staging: str, rank: int) -> str:
+    """Copies the checkpoint directory ``src`` (every file synced) to a new
+    ``rank-<rank>-...`` directory below the trial's staging directory, where
+    the driver takes it from: the rank persists its own bytes, so a directory
+    only this node sees (a ``tempfile`` on a node's own /tmp) works."""
+    import shutil
+    import uuid
+
+    dest = os.path.join(staging, f"rank-{rank}-{uuid.uuid4().hex[:16]}")
+    try:
+        shutil.copytree(src, dest)
+        for dirpath, _dirs, files in os.walk(dest):
+            for name in files:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fd = os.open(dirpath, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except OSError as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise ReportError(f"cannot copy checkpoint {src} to {staging}: {e}") from None
+    return dest
 
 
 _channel: Optional[_Channel] = None

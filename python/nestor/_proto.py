@@ -34,6 +34,7 @@ def _file():
     _field(req, "metrics", 5, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".nestor.v1.ReportRequest.MetricsEntry")
     _field(req, "checkpoint_dir", 6, _F.TYPE_STRING)
     _field(req, "checkpoint_upload", 7, _F.TYPE_STRING)
+    _field(req, "checkpoint_staged", 8, _F.TYPE_BOOL)
     enum = fdp.enum_type.add(name="Directive")
     for i, name in enumerate(["DIRECTIVE_UNSPECIFIED", "DIRECTIVE_CONTINUE", "DIRECTIVE_STOP"]):
         enum.value.add(name=name, number=i)

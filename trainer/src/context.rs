@@ -210,6 +210,26 @@ pub struct Context {
     /// Checkpoints go to the driver as chunks (`NESTOR_SHIP_CHECKPOINTS`):
     /// it cannot read this node's directories.
     ship: bool,
+    /// Where this rank copies a checkpoint before reporting it
+    /// (`NESTOR_CHECKPOINT_STAGING`): the driver moves the copy into place.
+    staging: Option<PathBuf>,
+}
+
+/// Copies `dir` (synced) to a new `rank-<rank>-<random>` directory below
+/// `staging`, where the driver takes it from.
+fn stage_shard(dir: &Path, staging: &Path, rank: u32) -> Result<PathBuf, ReportError> {
+    if !dir.is_dir() {
+        return Err(ReportError::Checkpoint(crate::checkpoint::CheckpointError::NotADirectory(dir.to_path_buf())));
+    }
+    let name = format!("rank-{rank}-{}", crate::process::random_token().get(..16).unwrap_or_default());
+    let dest = staging.join(name);
+    std::fs::create_dir_all(&dest)
+        .map_err(|source| ReportError::Checkpoint(crate::checkpoint::CheckpointError::Io { path: dest.clone(), source }))?;
+    if let Err(e) = crate::checkpoint::copy_tree(dir, &dest) {
+        let _ = std::fs::remove_dir_all(&dest);
+        return Err(ReportError::Checkpoint(e));
+    }
+    Ok(dest)
 }
 
 impl Drop for Context {
@@ -245,6 +265,7 @@ impl Context {
             acknowledged: spec.start_iteration,
             fetched: None,
             ship: false,
+            staging: None,
         }
     }
 
@@ -325,6 +346,7 @@ impl Context {
             acknowledged: start_iteration,
             fetched,
             ship: flag("NESTOR_SHIP_CHECKPOINTS"),
+            staging: std::env::var_os("NESTOR_CHECKPOINT_STAGING").filter(|v| !v.is_empty()).map(PathBuf::from),
         })
     }
 
@@ -443,7 +465,7 @@ impl Context {
                 if group.failed.load(Ordering::Acquire) {
                     return Err(ReportError::Stopped);
                 }
-                let submit = group.intake.submit(self.rank, metrics, checkpoint);
+                let submit = group.intake.submit(self.rank, metrics, checkpoint.map(crate::intake::Shard::Dir));
                 let (iteration, rx) = block_on(group.runtime.as_ref(), submit)?.map_err(|e| match e {
                     IntakeError::Refused(msg) => ReportError::Refused(msg),
                     IntakeError::Checkpoint(e) => ReportError::Checkpoint(e),
@@ -457,7 +479,7 @@ impl Context {
                 }
             }
             Transport::Grpc { rt, client, token, session } => {
-                let (mut checkpoint_dir, mut checkpoint_upload) = (String::new(), String::new());
+                let (mut checkpoint_dir, mut checkpoint_upload, mut checkpoint_staged) = (String::new(), String::new(), false);
                 match checkpoint {
                     Some(dir) if self.ship => {
                         let head = proto::ShardChunk {
@@ -469,9 +491,15 @@ impl Context {
                         };
                         checkpoint_upload = rt.block_on(ship_shard(client, dir, head, &self.driver_addr))?;
                     }
-                    Some(dir) => {
-                        checkpoint_dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).to_string_lossy().into_owned()
-                    }
+                    Some(dir) => match &self.staging {
+                        Some(staging) => {
+                            checkpoint_dir = stage_shard(dir, staging, self.rank)?.to_string_lossy().into_owned();
+                            checkpoint_staged = true;
+                        }
+                        None => {
+                            checkpoint_dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).to_string_lossy().into_owned()
+                        }
+                    },
                     None => {}
                 }
                 let request = proto::ReportRequest {
@@ -482,6 +510,7 @@ impl Context {
                     metrics: metrics.into_iter().collect(),
                     checkpoint_dir,
                     checkpoint_upload,
+                    checkpoint_staged,
                 };
                 let reply = rt.block_on(exchange(client, session, request, &self.driver_addr))?;
                 self.last_iteration = Some(reply.training_iteration);

@@ -30,6 +30,17 @@ pub(crate) enum IntakeError {
     Checkpoint(#[from] CheckpointError),
 }
 
+/// A rank's checkpoint shard for one report.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Shard<'a> {
+    /// A directory of the worker's own (checked against the roots workers
+    /// may checkpoint from), copied into the trial's storage.
+    Dir(&'a Path),
+    /// A copy already made below the trial's staging directory (by the rank
+    /// itself, or from shipped chunks): moved into place, not copied.
+    Staged(&'a Path),
+}
+
 /// A trial's intake: where its checkpoint shards go, where workers may
 /// checkpoint from, and the aggregator of its steps.
 #[derive(Debug)]
@@ -57,7 +68,7 @@ impl Intake {
         &self,
         rank: u32,
         metrics: BTreeMap<String, f64>,
-        checkpoint: Option<&Path>,
+        checkpoint: Option<Shard<'_>>,
     ) -> Result<(u64, oneshot::Receiver<Directive>), IntakeError> {
         if let Some(bad) = metrics.keys().find(|k| k.is_empty() || k.len() > MAX_METRIC_NAME) {
             return Err(IntakeError::Refused(format!("invalid metric name {bad:?}")));
@@ -65,10 +76,11 @@ impl Intake {
         let refused = |e: crate::aggregate::ArriveError| IntakeError::Refused(e.to_string());
         let iteration = self.aggregator.next_iteration(rank).map_err(refused)?;
         let checkpoint = match checkpoint {
-            Some(dir) => {
+            Some(Shard::Dir(dir)) => {
                 let src = check_source(dir, &self.roots)?;
                 Some(self.storage.upload_shard(&src, iteration, rank).await?)
             }
+            Some(Shard::Staged(dir)) => Some(self.storage.adopt_shard(dir, iteration, rank).await?),
             None => None,
         };
         let rx = self.aggregator.arrive(rank, iteration, metrics, checkpoint).map_err(refused)?;

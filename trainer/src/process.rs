@@ -179,6 +179,9 @@ pub(crate) fn common_env(
         ("NESTOR_TOKEN", token.to_string()),
         ("NESTOR_TRIAL_ID", spec.trial_id.clone()),
         ("NESTOR_TRIAL_DIR", spec.trial_dir.display().to_string()),
+        // Where a rank copies its checkpoint before reporting it (the driver
+        // then moves it into place: it never reads a rank's own directory).
+        ("NESTOR_CHECKPOINT_STAGING", spec.trial_dir.join(".incoming").display().to_string()),
         ("NESTOR_CONFIG", spec.config.to_string()),
         ("NESTOR_START_ITERATION", spec.start_iteration.to_string()),
         ("NESTOR_CHECKPOINT_FREQUENCY", spec.checkpoint_frequency.to_string()),

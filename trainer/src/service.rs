@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use crate::ack::Acknowledged;
 use crate::aggregate::Aggregator;
 use crate::backend::{Directive, Event};
-use crate::intake::{Intake, IntakeError};
+use crate::intake::{Intake, IntakeError, Shard};
 use crate::proto::reporter_server::{Reporter, ReporterServer};
 use crate::proto::{self, RendezvousReply, RendezvousRequest, ReportReply, ReportRequest, ShardChunk, ShardReceipt, ShardRequest};
 use crate::shards::{read_chunks, ChunkWriter, ShardError, Shipping};
@@ -197,8 +197,16 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<(Re
         Err(status)
     };
     let entry = authenticate(registry, r.version, &r.trial_id, &r.token, r.rank, peer)?;
-    let (checkpoint, shipped) = match (r.checkpoint_dir.is_empty(), r.checkpoint_upload.is_empty()) {
+    let (checkpoint, staged) = match (r.checkpoint_dir.is_empty(), r.checkpoint_upload.is_empty()) {
+        (true, true) if r.checkpoint_staged => return refuse(Status::invalid_argument("checkpoint_staged names no checkpoint_dir")),
         (true, true) => (None, false),
+        (false, true) if r.checkpoint_staged => {
+            let dir = PathBuf::from(&r.checkpoint_dir);
+            if let Err(why) = entry.shipping.check_staged(&dir, r.rank) {
+                return refuse(Status::invalid_argument(why));
+            }
+            (Some(dir), true)
+        }
         (false, true) => (Some(PathBuf::from(&r.checkpoint_dir)), false),
         (true, false) => match entry.shipping.claim(&r.checkpoint_upload, r.rank) {
             Ok(dir) => (Some(dir), true),
@@ -206,9 +214,10 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<(Re
         },
         (false, false) => return refuse(Status::invalid_argument("a report names checkpoint_dir or checkpoint_upload, not both")),
     };
-    let submitted = entry.intake.submit(r.rank, r.metrics.clone().into_iter().collect(), checkpoint.as_deref()).await;
-    if let Some(staged) = checkpoint.filter(|_| shipped) {
-        // Persisted (or refused): the staged copy has served.
+    let shard = checkpoint.as_deref().map(|d| if staged { Shard::Staged(d) } else { Shard::Dir(d) });
+    let submitted = entry.intake.submit(r.rank, r.metrics.clone().into_iter().collect(), shard).await;
+    if let Some(staged) = checkpoint.filter(|d| staged && d.exists()) {
+        // Refused, or persisted by a copy: the staged copy has served.
         let _ = tokio::fs::remove_dir_all(&staged).await;
     }
     let acks = entry.intake.aggregator().acknowledged();
@@ -406,6 +415,7 @@ mod tests {
             metrics: [("loss".to_string(), 0.5)].into_iter().collect(),
             checkpoint_dir: String::new(),
             checkpoint_upload: String::new(),
+            checkpoint_staged: false,
         }
     }
 
@@ -458,6 +468,60 @@ mod tests {
         c.rendezvous(ask(0, "10.0.0.1:4242")).await.unwrap();
         assert_eq!(waiting.await.unwrap().unwrap().into_inner().address, "10.0.0.1:4242");
         assert_eq!(c.rendezvous(ask(2, "")).await.unwrap().into_inner().address, "10.0.0.1:4242");
+    }
+
+    /// A rank that staged its own copy of a checkpoint below the trial's
+    /// staging directory has it moved into place (the same inode: no byte
+    /// read again); a staged path elsewhere, or another rank's, is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_checkpoint_a_rank_staged_itself_is_moved_into_place() {
+        use std::os::unix::fs::MetadataExt;
+        let server = ReportServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::LaunchSpec::new("t1", serde_json::json!({}), dir.path().join("trial"));
+        let registration = server.register(&spec, "secret".into(), Vec::new(), tx);
+        let mut client = ReporterClient::connect(server.url()).await.unwrap();
+        let incoming = spec.trial_dir.join(".incoming");
+        let stage = |name: &str| {
+            let d = incoming.join(name);
+            std::fs::create_dir_all(d.join("opt")).unwrap();
+            std::fs::write(d.join("model.bin"), b"weights").unwrap();
+            std::fs::write(d.join("opt/state.json"), b"{}").unwrap();
+            d
+        };
+        let staged = |d: &std::path::Path, rank: u32| ReportRequest {
+            checkpoint_dir: d.display().to_string(),
+            checkpoint_staged: true,
+            ..request("secret", rank)
+        };
+        let elsewhere = tempfile::tempdir().unwrap();
+        let status = client.report(staged(elsewhere.path(), 0)).await.unwrap_err();
+        assert!(status.message().contains("a staged checkpoint must be"), "{}", status.message());
+        let others = stage("rank-1-abc");
+        let status = client.report(staged(&others, 0)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let empty = ReportRequest { checkpoint_staged: true, ..request("secret", 0) };
+        assert_eq!(client.report(empty).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+
+        let mine = stage("rank-0-def");
+        let inode = std::fs::metadata(mine.join("model.bin")).unwrap().ino();
+        let mut c0 = client.clone();
+        let q = staged(&mine, 0);
+        let rank0 = tokio::spawn(async move { c0.report(q).await });
+        let ev = rx.recv().await.unwrap();
+        let crate::EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
+        let ckpt = report.checkpoint.unwrap();
+        let shard = std::path::Path::new(&ckpt.uri).join("rank-0");
+        assert_eq!(std::fs::read(shard.join("model.bin")).unwrap(), b"weights");
+        assert_eq!(std::fs::read(shard.join("opt/state.json")).unwrap(), b"{}");
+        assert_eq!(std::fs::metadata(shard.join("model.bin")).unwrap().ino(), inode, "moved, not copied");
+        assert!(!mine.exists());
+        reply.send(Directive::Continue).durable();
+        rank0.await.unwrap().unwrap();
+        // What no report claimed goes with the run.
+        drop(registration);
+        assert!(!incoming.exists(), "the run's end removes what is staged");
     }
 
     /// A shard shipped through the channel is staged, persisted once its

@@ -198,6 +198,19 @@ impl Shipping {
         (name.clone(), self.staging.join(name))
     }
 
+    /// Checks that `dir` is a copy rank `rank` staged itself: directly below
+    /// the staging directory and named for that rank.
+    pub(crate) fn check_staged(&self, dir: &Path, rank: u32) -> Result<(), String> {
+        let named = dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("rank-{rank}-")));
+        if dir.parent() != Some(self.staging.as_path()) || !named {
+            return Err(format!("a staged checkpoint must be {}/rank-{rank}-<name>, not {}", self.staging.display(), dir.display()));
+        }
+        if !dir.is_dir() {
+            return Err(format!("staged checkpoint {} is not a directory", dir.display()));
+        }
+        Ok(())
+    }
+
     /// Records a finished upload.
     pub(crate) fn staged(&self, name: String, rank: u32, dir: PathBuf) {
         self.uploads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(name, (rank, dir));
@@ -227,12 +240,10 @@ impl Shipping {
 
 impl Drop for Shipping {
     fn drop(&mut self) {
-        // Uploads no report claimed (their rank died first): nothing refers to them.
-        let uploads = self.uploads.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (_, (_, dir)) in uploads.drain() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        let _ = std::fs::remove_dir(&self.staging);
+        // Copies no report claimed (their rank died first, or staged one
+        // itself and died before reporting): nothing refers to them.
+        self.uploads.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        let _ = std::fs::remove_dir_all(&self.staging);
     }
 }
 

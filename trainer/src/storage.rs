@@ -288,6 +288,42 @@ impl Storage {
         }
     }
 
+    /// Persists the staged copy `staged` (below the trial's staging
+    /// directory, synced by whoever made it) as rank `rank`'s shard of the
+    /// checkpoint of `iteration`, and returns the checkpoint's URI. Local:
+    /// renamed into place (no byte is read again; a copy where the rename
+    /// crosses file systems). Object store: uploaded, then removed.
+    pub async fn adopt_shard(&self, staged: &Path, iteration: u64, rank: u32) -> Result<String, CheckpointError> {
+        let Kind::Local(dir) = &*self.kind else {
+            return self.upload_shard(staged, iteration, rank).await;
+        };
+        let (staged, dir) = (staged.to_path_buf(), dir.clone());
+        let name = checkpoint_dir_name(iteration);
+        tokio::task::spawn_blocking(move || {
+            let ckpt = dir.join(checkpoint_dir_name(iteration));
+            let dst = ckpt.join(format!("rank-{rank}"));
+            let io = |path: &Path| {
+                let path = path.to_path_buf();
+                move |source| CheckpointError::Io { path, source }
+            };
+            std::fs::create_dir_all(&ckpt).map_err(io(&ckpt))?;
+            if dst.exists() {
+                std::fs::remove_dir_all(&dst).map_err(io(&dst))?;
+            }
+            match std::fs::rename(&staged, &dst) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                    persist_checkpoint(&staged, &dir, iteration, rank)?;
+                }
+                Err(e) => return Err(io(&dst)(e)),
+            }
+            std::fs::File::open(&ckpt).and_then(|d| d.sync_all()).map_err(io(&ckpt))?;
+            Ok(ckpt.display().to_string())
+        })
+        .await
+        .map_err(|e| CheckpointError::Io { path: PathBuf::from(&name), source: std::io::Error::other(e) })?
+    }
+
     /// Makes the checkpoint `uri` available on local disk and returns its
     /// local directory (holding `rank-<r>/` shards): the directory itself for
     /// local storage, a fresh download below `scratch` for an object store
