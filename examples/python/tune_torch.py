@@ -74,7 +74,10 @@ def train_func(config):
 trainer = TorchTrainer(
     train_func,
     train_loop_config={"epochs": 6, "hidden": 16},
-    scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 0.5}),
+    scaling_config=ScalingConfig(
+        num_workers=2, use_gpu=False, resources_per_worker={"CPU": 0.5},
+        placement_strategy=os.environ.get("EXAMPLE_PLACEMENT", "PACK"),
+    ),
 )
 tuner = tune.Tuner(
     trainer,

@@ -233,11 +233,14 @@ fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknow
 /// The cached environment with torch (examples/torch_ddp/venv.sh), whose
 /// `nestor` package is this checkout's python/ and whose binary is the one
 /// cargo built.
-fn torch_python(cwd: &Path, script: &str, env: &[(&str, String)]) -> Output {
+fn torch_venv() -> PathBuf {
     let out = Command::new("bash").arg(repo().join("examples/torch_ddp/venv.sh")).output().expect("run venv.sh");
     assert!(out.status.success(), "examples/torch_ddp/venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let venv = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-    Command::new(venv.join("bin/python"))
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn torch_python(cwd: &Path, script: &str, env: &[(&str, String)]) -> Output {
+    Command::new(torch_venv().join("bin/python"))
         .arg(repo().join(script))
         .current_dir(cwd)
         .env("NESTOR_BIN", nestor_bin())
@@ -281,4 +284,49 @@ fn a_function_the_workers_cannot_import_fails_its_trials_naming_the_import() {
     assert!(out.contains("ModuleNotFoundError: No module named 'only_here'"), "{out}");
     assert!(out.contains("warm worker process"), "{out}");
     assert!(processes_mentioning(dir.path().to_str().unwrap()).is_empty(), "a process of the sweep outlived it");
+}
+
+/// The same script inside a 2-node Slurm allocation whose nodes share the
+/// experiment's directory but each have a temporary directory of their own
+/// (TMPDIR: an empty tmpfs on each node): rank 0 saves each checkpoint to a
+/// `tempfile` directory only its node sees, copies it into the trial's
+/// staging directory itself, and the driver moves it into place.
+#[test]
+fn the_ray_pattern_in_a_two_node_allocation_checkpoints_from_each_nodes_own_tmp() {
+    let scratch = tempfile::tempdir().unwrap();
+    let on_both = vec![(0, scratch.path().to_path_buf()), (1, scratch.path().to_path_buf())];
+    let options = common::slurm::Options { networks: true, hidden: on_both, ..Default::default() };
+    let cluster = common::slurm::SlurmCluster::start_with(2, 2, 4000, options);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
+        .arg(torch_venv().join("bin/python"))
+        .arg(repo().join("examples/python/tune_torch.py"))
+        .current_dir(dir.path())
+        .env("NESTOR_BIN", nestor_bin())
+        .env("TMPDIR", scratch.path())
+        .env("EXAMPLE_STORAGE", &storage)
+        .env("EXAMPLE_SAMPLES", "2")
+        .env("EXAMPLE_PLACEMENT", "STRICT_SPREAD")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = passed(out);
+    assert!(stderr.contains("nestor: Slurm job "), "{stderr}");
+    let trials = trials(dir.path(), &storage.join("tune-torch"));
+    assert_eq!(trials.len(), 2);
+    for t in &trials {
+        assert_eq!(t["status"], "TERMINATED", "{t}\n{stdout}\n{stderr}");
+        assert_eq!(t["nodes"], serde_json::json!(["node1", "node2"]), "{t}");
+        let history = t["history"].as_array().unwrap();
+        assert!(history.iter().all(|r| r["workers"] == 2.0), "{t}");
+        for c in t["checkpoints"].as_array().unwrap() {
+            let model = Path::new(c["uri"].as_str().unwrap()).join("rank-0/model.pt");
+            assert!(model.is_file(), "{} missing", model.display());
+        }
+        assert!(!Path::new(t["path"].as_str().unwrap()).join(".incoming").exists(), "staged copies left behind");
+    }
+    assert!(stdout.contains("best checkpoint:"), "{stdout}");
 }

@@ -1,0 +1,56 @@
+"""Benchmark: a sweep through the Python driver (``python SCRIPT``) against
+the same sweep as TOML with ``nestor run``. The TOML is the experiment file
+the driver wrote (``<experiment>/driver/sweep.toml``), renamed, so both run
+the same trials with the same function: the difference is the driver's
+(interpreter, imports, pickling, reading the results back).
+
+    python python/benches/driver_overhead.py examples/python/tune_torch.py [--reps 3]
+
+The script must take its storage and name from EXAMPLE_STORAGE and
+EXAMPLE_NAME (as the examples do).
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("script")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    script = os.path.abspath(args.script)
+    nestor = os.environ.get("NESTOR_BIN") or "nestor"
+    py, toml = [], []
+    with tempfile.TemporaryDirectory() as d:
+        storage = os.path.join(d, "runs")
+        for rep in range(args.reps):
+            env = dict(os.environ, EXAMPLE_STORAGE=storage, EXAMPLE_NAME=f"py-{rep}")
+            start = time.perf_counter()
+            out = subprocess.run([sys.executable, script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            py.append(time.perf_counter() - start)
+            if out.returncode != 0:
+                sys.exit(f"{script} failed:\n{out.stderr[-3000:]}")
+            with open(os.path.join(storage, f"py-{rep}", "driver", "sweep.toml")) as f:
+                text = re.sub(r'(?m)^name = "py-\d+"$', f'name = "toml-{rep}"', f.read(), count=1)
+            path = os.path.join(d, f"toml-{rep}.toml")
+            with open(path, "w") as f:
+                f.write(text)
+            start = time.perf_counter()
+            out = subprocess.run([nestor, "run", path, "--plain"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            toml.append(time.perf_counter() - start)
+            if out.returncode != 0:
+                sys.exit(f"nestor run failed:\n{out.stderr[-3000:]}")
+            print(f"  rep {rep + 1}: python {py[-1]:.2f} s, nestor run (TOML) {toml[-1]:.2f} s")
+    mp, mt = statistics.median(py), statistics.median(toml)
+    print(f"median: python {mp:.2f} s, TOML {mt:.2f} s: the driver adds {mp - mt:+.2f} s ({(mp / mt - 1) * 100:+.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
