@@ -177,6 +177,7 @@ class _Channel:
         )
         self._token = os.environ.get("NESTOR_TOKEN", "")
         self._addr = addr
+        self._reports = 0  # reports taken so far: the next one is iteration start + this + 1
         self._put = self._channel.stream_unary(
             _proto.PUT_SHARD_METHOD,
             request_serializer=lambda m: m.SerializeToString(),
@@ -278,7 +279,11 @@ class _Channel:
         return dest
 
     def report(self, ctx: TrainContext, metrics: Dict[str, float], checkpoint: str) -> int:
-        upload, staged = "", False
+        upload, staged, uploaded = "", False, ""
+        if checkpoint and _direct_upload():
+            uploaded = _upload(checkpoint, ctx, self._reports)
+            if uploaded:
+                checkpoint = ""
         if checkpoint and os.environ.get("NESTOR_SHIP_CHECKPOINTS") == "1":
             upload, checkpoint = self.ship_shard(ctx, checkpoint), ""
         elif checkpoint and os.environ.get("NESTOR_CHECKPOINT_STAGING"):
@@ -292,12 +297,47 @@ class _Channel:
             checkpoint_dir=checkpoint,
             checkpoint_upload=upload,
             checkpoint_staged=staged,
+            checkpoint_uploaded=uploaded,
         )
         try:
             reply = self._call(request, wait_for_ready=True)
         except self._grpc.RpcError as e:
             raise ReportError(f"report refused ({e.code().name}): {e.details()}") from None
+        self._reports += 1
         return reply.directive
+
+
+_upload_failed = False
+
+
+def _direct_upload() -> bool:
+    """Whether this rank uploads checkpoints to the object store itself."""
+    return bool(os.environ.get("NESTOR_CHECKPOINT_STORE") and os.environ.get("NESTOR_UPLOADER")) and not _upload_failed
+
+
+def _upload(src: str, ctx: TrainContext, reports: int) -> str:
+    """Uploads ``src`` as this rank's shard of this report's checkpoint with
+    ``nestor put-shard`` (the store's credentials from the environment);
+    returns the checkpoint's URI, or "" (once, with a note) when this node
+    cannot: its checkpoints then go through the driver."""
+    global _upload_failed
+    import subprocess
+
+    iteration = ctx.start_iteration + reports + 1
+    args = [os.environ["NESTOR_UPLOADER"], "put-shard", src, os.environ["NESTOR_CHECKPOINT_STORE"],
+            "--iteration", str(iteration), "--rank", str(ctx.world_rank)]
+    try:
+        out = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        out = None
+        why = str(e)
+    if out is not None and out.returncode == 0:
+        return out.stdout.strip()
+    why = out.stderr.strip() if out is not None else why
+    print(f"nestor: rank {ctx.world_rank} cannot upload to {os.environ['NESTOR_CHECKPOINT_STORE']} ({why}); "
+          "its checkpoints go through the driver", file=sys.stderr)
+    _upload_failed = True
+    return ""
 
 
 def _stage(src: str, staging: str, rank: int) -> str:

@@ -124,3 +124,24 @@ fn an_unreachable_storage_url_is_refused_before_anything_runs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("experiment.storage") && stderr.contains("unknown scheme `ftp://`"), "{stderr}");
 }
+
+#[test]
+fn ranks_upload_their_shards_to_the_bucket_themselves() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&dir.path().join("s3"));
+    write(dir.path(), &s3_sweep("direct", "x = 0.5\nsteps = 4\ncheckpoint = true", "num_workers = 2"));
+    let mut env = s3.env();
+    env.push(("NESTOR_LOG".into(), "warn,trainer::intake=debug".into()));
+    let out = nestor_env(dir.path(), &["run", "sweep.toml", "--plain"], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out);
+    let shards: Vec<&str> = stderr.lines().filter(|l| l.contains("checkpoint shard")).collect();
+    assert_eq!(shards.len(), 8, "{stderr}");
+    assert!(shards.iter().all(|l| l.contains("uploaded by the rank")), "a shard went through the driver:\n{stderr}");
+    let objects = s3.objects("runs/direct/trials/trial_00000/checkpoint_000004");
+    let names: Vec<&str> = objects.iter().map(|o| o.rsplit("checkpoint_000004/").next().unwrap()).collect();
+    assert_eq!(names, vec![".committed", "rank-0/state.json", "rank-1/state.json"]);
+    let grid = ResultGrid::load(&dir.path().join("local/direct")).unwrap();
+    let t = grid.get("trial_00000").unwrap();
+    assert_eq!(t.checkpoints.last().map(|c| (c.iteration, c.ranks.clone())), Some((4, vec![0, 1])));
+}

@@ -330,3 +330,21 @@ fn the_ray_pattern_in_a_two_node_allocation_checkpoints_from_each_nodes_own_tmp(
     }
     assert!(stdout.contains("best checkpoint:"), "{stdout}");
 }
+
+#[test]
+fn with_checkpoints_in_a_bucket_each_rank_uploads_its_own_and_the_best_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&dir.path().join("s3"));
+    let creds = s3.env();
+    let mut env: Vec<(&str, String)> = creds.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    env.push(("NESTOR_LOG", "warn,trainer::intake=debug".into()));
+    let out = python(dir.path(), "tests/py/driver_s3.py", &[], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = passed(out);
+    let shards: Vec<&str> = stderr.lines().filter(|l| l.contains("checkpoint shard")).collect();
+    assert_eq!(shards.len(), 6, "{stderr}");
+    assert!(shards.iter().all(|l| l.contains("uploaded by the rank")), "a shard went through the driver:\n{stderr}");
+    assert_eq!(line(&stdout, "CHECKPOINT"), "s3://bucket/runs/s3/trials/trial_00001/checkpoint_000003");
+    assert_eq!(line(&stdout, "STATE"), r#"{"step": 3, "a": 2.0, "rank": 0}"#);
+    assert_eq!(s3.objects("runs/s3/trials/trial_00001/checkpoint_000003").len(), 2, "the shard and the commit marker");
+}

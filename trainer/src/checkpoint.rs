@@ -22,6 +22,9 @@ pub enum CheckpointError {
     /// The checkpoint is not below this experiment's storage.
     #[error("checkpoint {0} is not below this experiment's storage")]
     Foreign(String),
+    /// A shard a rank says it uploaded itself is not where it must be.
+    #[error("checkpoint {0}")]
+    NotUploaded(String),
     /// The object store refused or failed a transfer.
     #[error("checkpoint transfer {uri} failed: {source}")]
     Upload {
@@ -46,7 +49,13 @@ impl CheckpointError {
     /// Whether the worker's report is at fault (a path that is not a
     /// directory, or not one it may checkpoint from), rather than storage.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, CheckpointError::NotADirectory(_) | CheckpointError::Outside { .. } | CheckpointError::Foreign(_))
+        matches!(
+            self,
+            CheckpointError::NotADirectory(_)
+                | CheckpointError::Outside { .. }
+                | CheckpointError::Foreign(_)
+                | CheckpointError::NotUploaded(_)
+        )
     }
 }
 

@@ -213,6 +213,10 @@ pub struct Context {
     /// Where this rank copies a checkpoint before reporting it
     /// (`NESTOR_CHECKPOINT_STAGING`): the driver moves the copy into place.
     staging: Option<PathBuf>,
+    /// The trial's checkpoints in an object store, where this rank uploads
+    /// its shards itself (`NESTOR_CHECKPOINT_STORE`); None once an upload
+    /// failed (it then stages or ships, as without a store).
+    store: Option<crate::Storage>,
 }
 
 /// Copies `dir` (synced) to a new `rank-<rank>-<random>` directory below
@@ -266,6 +270,7 @@ impl Context {
             fetched: None,
             ship: false,
             staging: None,
+            store: None,
         }
     }
 
@@ -347,6 +352,7 @@ impl Context {
             fetched,
             ship: flag("NESTOR_SHIP_CHECKPOINTS"),
             staging: std::env::var_os("NESTOR_CHECKPOINT_STAGING").filter(|v| !v.is_empty()).map(PathBuf::from),
+            store: std::env::var("NESTOR_CHECKPOINT_STORE").ok().filter(|v| !v.is_empty()).and_then(|v| crate::Storage::parse(&v).ok()),
         })
     }
 
@@ -480,6 +486,26 @@ impl Context {
             }
             Transport::Grpc { rt, client, token, session } => {
                 let (mut checkpoint_dir, mut checkpoint_upload, mut checkpoint_staged) = (String::new(), String::new(), false);
+                let mut checkpoint_uploaded = String::new();
+                let iteration = self.last_iteration.map_or(self.start_iteration, |i| i) + 1;
+                let mut checkpoint = checkpoint;
+                if let (Some(dir), Some(store)) = (checkpoint, &self.store) {
+                    // Straight to the object store, in parallel with the other ranks.
+                    match rt.block_on(store.upload_shard(dir, iteration, self.rank)) {
+                        Ok(uri) => {
+                            checkpoint_uploaded = uri;
+                            checkpoint = None;
+                        }
+                        Err(e) => {
+                            eprintln!(
+                                "nestor: rank {} cannot upload to {} ({e}); its checkpoints go through the driver",
+                                self.rank,
+                                store.uri("")
+                            );
+                            self.store = None;
+                        }
+                    }
+                }
                 match checkpoint {
                     Some(dir) if self.ship => {
                         let head = proto::ShardChunk {
@@ -511,6 +537,7 @@ impl Context {
                     checkpoint_dir,
                     checkpoint_upload,
                     checkpoint_staged,
+                    checkpoint_uploaded,
                 };
                 let reply = rt.block_on(exchange(client, session, request, &self.driver_addr))?;
                 self.last_iteration = Some(reply.training_iteration);

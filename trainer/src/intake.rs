@@ -39,6 +39,9 @@ pub(crate) enum Shard<'a> {
     /// A copy already made below the trial's staging directory (by the rank
     /// itself, or from shipped chunks): moved into place, not copied.
     Staged(&'a Path),
+    /// The checkpoint URI below which the rank uploaded its shard itself:
+    /// checked to be there, then recorded.
+    Uploaded(&'a str),
 }
 
 /// A trial's intake: where its checkpoint shards go, where workers may
@@ -75,12 +78,21 @@ impl Intake {
         }
         let refused = |e: crate::aggregate::ArriveError| IntakeError::Refused(e.to_string());
         let iteration = self.aggregator.next_iteration(rank).map_err(refused)?;
+        if let Some(shard) = &checkpoint {
+            let how = match shard {
+                Shard::Dir(_) => "copied by the driver",
+                Shard::Staged(_) => "staged by the rank, moved by the driver",
+                Shard::Uploaded(_) => "uploaded by the rank",
+            };
+            tracing::debug!(rank, iteration, how, "checkpoint shard");
+        }
         let checkpoint = match checkpoint {
             Some(Shard::Dir(dir)) => {
                 let src = check_source(dir, &self.roots)?;
                 Some(self.storage.upload_shard(&src, iteration, rank).await?)
             }
             Some(Shard::Staged(dir)) => Some(self.storage.adopt_shard(dir, iteration, rank).await?),
+            Some(Shard::Uploaded(uri)) => Some(self.storage.check_uploaded(uri, iteration, rank).await?),
             None => None,
         };
         let rx = self.aggregator.arrive(rank, iteration, metrics, checkpoint).map_err(refused)?;

@@ -191,7 +191,25 @@ pub(crate) fn common_env(
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
+    .chain(direct_upload(spec))
     .collect()
+}
+
+/// Where ranks upload their checkpoint shards themselves when the trial's
+/// checkpoints go to an object store (`NESTOR_CHECKPOINT_STORE`, with the
+/// store's credentials from the environment they inherit), and the binary
+/// that Python ranks upload with (`NESTOR_UPLOADER`: `nestor put-shard`).
+fn direct_upload(spec: &LaunchSpec) -> Vec<(String, String)> {
+    if spec.storage.is_local() {
+        return Vec::new();
+    }
+    let mut env = vec![("NESTOR_CHECKPOINT_STORE".to_string(), spec.storage.uri(""))];
+    if let Ok(exe) = std::env::current_exe() {
+        if exe.file_name().is_some_and(|n| n == "nestor") {
+            env.push(("NESTOR_UPLOADER".to_string(), exe.display().to_string()));
+        }
+    }
+    env
 }
 
 /// The variables of one rank on this machine, beside the common ones, and

@@ -214,7 +214,15 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<(Re
         },
         (false, false) => return refuse(Status::invalid_argument("a report names checkpoint_dir or checkpoint_upload, not both")),
     };
-    let shard = checkpoint.as_deref().map(|d| if staged { Shard::Staged(d) } else { Shard::Dir(d) });
+    if !r.checkpoint_uploaded.is_empty() && (checkpoint.is_some() || r.checkpoint_staged) {
+        return refuse(Status::invalid_argument("a report names one checkpoint: checkpoint_dir, checkpoint_upload or checkpoint_uploaded"));
+    }
+    let shard = match checkpoint.as_deref() {
+        Some(d) if staged => Some(Shard::Staged(d)),
+        Some(d) => Some(Shard::Dir(d)),
+        None if !r.checkpoint_uploaded.is_empty() => Some(Shard::Uploaded(&r.checkpoint_uploaded)),
+        None => None,
+    };
     let submitted = entry.intake.submit(r.rank, r.metrics.clone().into_iter().collect(), shard).await;
     if let Some(staged) = checkpoint.filter(|d| staged && d.exists()) {
         // Refused, or persisted by a copy: the staged copy has served.
@@ -416,6 +424,7 @@ mod tests {
             checkpoint_dir: String::new(),
             checkpoint_upload: String::new(),
             checkpoint_staged: false,
+            checkpoint_uploaded: String::new(),
         }
     }
 
@@ -501,6 +510,9 @@ mod tests {
         let others = stage("rank-1-abc");
         let status = client.report(staged(&others, 0)).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let uploaded = ReportRequest { checkpoint_uploaded: "s3://bucket/x/checkpoint_000001".into(), ..request("secret", 0) };
+        let status = client.report(uploaded).await.unwrap_err();
+        assert!(status.message().contains("is not this report's"), "{}", status.message());
         let empty = ReportRequest { checkpoint_staged: true, ..request("secret", 0) };
         assert_eq!(client.report(empty).await.unwrap_err().code(), tonic::Code::InvalidArgument);
 

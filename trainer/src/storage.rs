@@ -288,6 +288,28 @@ impl Storage {
         }
     }
 
+    /// Checks that rank `rank` uploaded its shard of the checkpoint of
+    /// `iteration` here itself (`uri` is where it says it did): the URI is
+    /// this location's for that iteration and the shard holds a file.
+    /// Returns the checkpoint's URI.
+    pub async fn check_uploaded(&self, uri: &str, iteration: u64, rank: u32) -> Result<String, CheckpointError> {
+        let name = checkpoint_dir_name(iteration);
+        let expected = self.uri(&name);
+        if uri != expected {
+            return Err(CheckpointError::NotUploaded(format!("{uri} is not this report's ({expected})")));
+        }
+        let Kind::Object { store, .. } = &*self.kind else {
+            return Err(CheckpointError::NotUploaded(format!("{uri}: this trial's checkpoints are not in an object store")));
+        };
+        let shard = format!("{name}/rank-{rank}");
+        let first = store.list(Some(&self.object_path(&shard))).try_next().await;
+        match first {
+            Ok(Some(_)) => Ok(expected),
+            Ok(None) => Err(CheckpointError::NotUploaded(format!("{uri}: no file of rank {rank}'s shard is there"))),
+            Err(source) => Err(CheckpointError::Upload { uri: self.uri(&shard), source }),
+        }
+    }
+
     /// Persists the staged copy `staged` (below the trial's staging
     /// directory, synced by whoever made it) as rank `rank`'s shard of the
     /// checkpoint of `iteration`, and returns the checkpoint's URI. Local:

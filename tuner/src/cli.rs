@@ -157,6 +157,21 @@ enum Command {
         #[arg(long, value_enum)]
         format: Format,
     },
+    /// Upload a rank's checkpoint shard to the object store its trial's
+    /// checkpoints go to (what worker clients run when nestor gives them
+    /// `NESTOR_CHECKPOINT_STORE`); prints the checkpoint's URI.
+    PutShard {
+        /// The rank's checkpoint directory.
+        dir: PathBuf,
+        /// The trial's storage (`s3://bucket/prefix/<experiment>/trials/<trial>`).
+        store: String,
+        /// The iteration the checkpoint is reported with.
+        #[arg(long)]
+        iteration: u64,
+        /// The rank.
+        #[arg(long)]
+        rank: u32,
+    },
     /// Copy a committed checkpoint (a directory or an object store URL, as
     /// `nestor best` prints it) into a local directory: one `rank-<r>/` per
     /// rank that saved a shard.
@@ -290,6 +305,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Best { dir, metric, mode, scope, json } => best(&dir, metric.as_deref(), mode, scope, json),
         Command::Export { dir, format } => export(&dir, format),
         Command::Fetch { uri, dest } => fetch(&uri, &dest),
+        Command::PutShard { dir, store, iteration, rank } => put_shard(&dir, &store, iteration, rank),
         Command::Sample { file, n, sets } => sample(&file, n, &sets),
     }
 }
@@ -696,6 +712,20 @@ fn fetch(uri: &str, dest: &Path) -> Result<(), Failure> {
         std::fs::remove_dir_all(&scratch)
     })();
     moved.map_err(|e| fail(1, format!("cannot fill {}: {e}", dest.display())))
+}
+
+fn put_shard(dir: &Path, store: &str, iteration: u64, rank: u32) -> Result<(), Failure> {
+    let fail = |code: u8, message: String| Failure { code, message };
+    if !dir.is_dir() {
+        return Err(fail(2, format!("{}: not a directory", dir.display())));
+    }
+    let storage = trainer::Storage::parse(store).map_err(|e| fail(2, e.to_string()))?;
+    if storage.is_local() {
+        return Err(fail(2, format!("{store}: not an object store URL")));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, e.to_string()))?;
+    let uri = rt.block_on(storage.upload_shard(dir, iteration, rank)).map_err(|e| fail(1, e.to_string()))?;
+    writeln!(std::io::stdout(), "{uri}").map_err(out_err)
 }
 
 fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
