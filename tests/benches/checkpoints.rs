@@ -4,12 +4,16 @@
 //!    nestor's storage layer, to local storage (copied, fsynced, renamed) and
 //!    to an S3-compatible server on loopback (s3s-fs, multipart, parallel);
 //!    against a plain `cp -r` of the same bytes (and `cp` + `sync`);
-//! 2. failover: a rank of a running N-rank trial killed with SIGKILL, to
+//! 2. ranks: a real sweep (the `nestor` binary, 4 fixture ranks) whose
+//!    ranks each checkpoint `--mib` MiB to the S3 server at each of 2
+//!    steps: the ranks uploading their shards themselves, against every
+//!    byte through the driver (`NESTOR_RANKS_UPLOAD=0`);
+//! 3. failover: a rank of a running N-rank trial killed with SIGKILL, to
 //!    every rank of the restarted group running again (each rank writes its
 //!    start time as soon as it runs), through the real `nestor` binary.
 //!
 //! ```text
-//! cargo bench -p nestor-tests --bench checkpoints [-- --reps R --mib M --only upload|failover]
+//! cargo bench -p nestor-tests --bench checkpoints [-- --reps R --mib M --only upload|ranks|failover]
 //! ```
 
 use std::io::BufRead;
@@ -215,12 +219,67 @@ fn failover(n: usize, reps: u64) -> Result<Vec<f64>, Box<dyn std::error::Error>>
     Ok(times)
 }
 
+/// Wall time of `nestor run` of a 4-rank trial checkpointing `mib` MiB per
+/// rank at each of 2 steps to the S3 server, with `extra` in the driver's
+/// environment.
+fn ranks_run(work: &Path, s3: &S3, mib: usize, rep: u64, extra: &[(&str, &str)]) -> Result<f64, Box<dyn std::error::Error>> {
+    let dir = work.join(format!("run-{rep}-{}", extra.len()));
+    std::fs::create_dir_all(&dir)?;
+    let sweep = format!(
+        "[experiment]\nname = \"ckpt\"\nstorage = \"s3://bucket/ranks-{rep}-{n}\"\nlocal_dir = \"local\"\ntrial_files = false\n\n\
+         [space]\nx = 0.5\nsteps = 2\ncheckpoint = true\nckpt_mb = {mib}\n\n[trainer]\ncommand = [\"{}\"]\nnum_workers = {RANKS}\n\
+         resources_per_worker = {{ CPU = 0.5 }}\n",
+        env!("CARGO_BIN_EXE_fixture-worker"),
+        n = extra.len(),
+    );
+    std::fs::write(dir.join("sweep.toml"), sweep)?;
+    let t0 = Instant::now();
+    let out = Command::new(nestor_bin())
+        .args(["run", "sweep.toml", "--plain"])
+        .current_dir(&dir)
+        .envs([
+            ("AWS_ACCESS_KEY_ID", "nestor".to_string()),
+            ("AWS_SECRET_ACCESS_KEY", "nestor-secret".to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+            ("AWS_ENDPOINT", format!("http://127.0.0.1:{}", s3.port)),
+            ("AWS_ALLOW_HTTP", "true".to_string()),
+        ])
+        .envs(extra.iter().map(|(k, v)| (*k, *v)))
+        .output()?;
+    let took = t0.elapsed().as_secs_f64();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !stdout.contains("1 TERMINATED") {
+        return Err(format!("the sweep failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(took)
+}
+
+fn ranks(reps: u64, mib: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let work = tempfile::tempdir_in(std::env::var("NESTOR_BENCH_DIR").unwrap_or_else(|_| ".".into()))?;
+    let s3 = start_s3(&work.path().join("s3"))?;
+    let total = (RANKS * mib * 2) as f64;
+    println!("ranks: a {RANKS}-rank trial, {mib} MiB per rank at each of 2 steps to S3 on loopback ({total:.0} MiB), whole `nestor run`");
+    let (mut direct, mut driver) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        direct.push(ranks_run(work.path(), &s3, mib, rep, &[])?);
+        driver.push(ranks_run(work.path(), &s3, mib, rep, &[("NESTOR_RANKS_UPLOAD", "0")])?);
+    }
+    let (d, v) = (median(&mut direct), median(&mut driver));
+    println!("  each rank uploads its own shard      {:>7.0} ms  (median of {reps})", d * 1e3);
+    println!("  every byte through the driver        {:>7.0} ms  (median of {reps})", v * 1e3);
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let only = arg("--only");
     let reps = num("--reps", 5);
     if only.as_deref().is_none_or(|o| o == "upload") {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         rt.block_on(upload(reps.min(5), num("--mib", 256) as usize))?;
+    }
+    if only.as_deref().is_none_or(|o| o == "ranks") {
+        ranks(reps.min(5), num("--mib", 256) as usize)?;
     }
     if only.as_deref().is_none_or(|o| o == "failover") {
         println!("failover: rank 1 killed (SIGKILL) -> every rank of the restarted group running");

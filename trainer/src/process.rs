@@ -199,8 +199,11 @@ pub(crate) fn common_env(
 /// checkpoints go to an object store (`NESTOR_CHECKPOINT_STORE`, with the
 /// store's credentials from the environment they inherit), and the binary
 /// that Python ranks upload with (`NESTOR_UPLOADER`: `nestor put-shard`).
+/// Not with `NESTOR_RANKS_UPLOAD=0` in the driver's environment.
 fn direct_upload(spec: &LaunchSpec) -> Vec<(String, String)> {
-    if spec.storage.is_local() {
+    // NESTOR_RANKS_UPLOAD=0 on the driver: every byte through the driver
+    // (nodes without credentials for the store).
+    if spec.storage.is_local() || std::env::var("NESTOR_RANKS_UPLOAD").is_ok_and(|v| v == "0") {
         return Vec::new();
     }
     let mut env = vec![("NESTOR_CHECKPOINT_STORE".to_string(), spec.storage.uri(""))];
