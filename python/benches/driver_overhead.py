@@ -1,8 +1,9 @@
 """Benchmark: a sweep through the Python driver (``python SCRIPT``) against
-the same sweep as TOML with ``nestor run``. The TOML is the experiment file
-the driver wrote (``<experiment>/driver/sweep.toml``), renamed, so both run
-the same trials with the same function: the difference is the driver's
-(interpreter, imports, pickling, reading the results back).
+the same sweep as TOML with ``nestor run``. The TOML is the resolved experiment
+the Python run left (``<experiment>/experiment.toml``: its seed included),
+renamed, so both run the same configs with the same function: the
+difference is the driver's (interpreter, the script's imports, pickling,
+reading the results back). The script's own imports are timed apart.
 
     python python/benches/driver_overhead.py examples/python/tune_torch.py [--reps 3]
 
@@ -18,6 +19,13 @@ import subprocess
 import sys
 import tempfile
 import time
+
+
+def _imports(script: str) -> str:
+    """The script's top-level import lines, as one program."""
+    with open(script) as f:
+        lines = [l for l in f if l.startswith(("import ", "from "))]
+    return "".join(lines)
 
 
 def main() -> None:
@@ -37,7 +45,7 @@ def main() -> None:
             py.append(time.perf_counter() - start)
             if out.returncode != 0:
                 sys.exit(f"{script} failed:\n{out.stderr[-3000:]}")
-            with open(os.path.join(storage, f"py-{rep}", "driver", "sweep.toml")) as f:
+            with open(os.path.join(storage, f"py-{rep}", "experiment.toml")) as f:
                 text = re.sub(r'(?m)^name = "py-\d+"$', f'name = "toml-{rep}"', f.read(), count=1)
             path = os.path.join(d, f"toml-{rep}.toml")
             with open(path, "w") as f:
@@ -48,6 +56,12 @@ def main() -> None:
             if out.returncode != 0:
                 sys.exit(f"nestor run failed:\n{out.stderr[-3000:]}")
             print(f"  rep {rep + 1}: python {py[-1]:.2f} s, nestor run (TOML) {toml[-1]:.2f} s")
+    imports = []
+    for _ in range(args.reps):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", _imports(script)], check=True)
+        imports.append(time.perf_counter() - start)
+    print(f"  the script's imports alone (python -c ...): {statistics.median(imports):.2f} s")
     mp, mt = statistics.median(py), statistics.median(toml)
     print(f"median: python {mp:.2f} s, TOML {mt:.2f} s: the driver adds {mp - mt:+.2f} s ({(mp / mt - 1) * 100:+.1f}%)")
 
