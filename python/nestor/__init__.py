@@ -193,6 +193,11 @@ class _Channel:
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=_proto.ShardChunk.FromString,
         )
+        self._get_file = self._channel.unary_stream(
+            _proto.GET_FILE_METHOD,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=_proto.ShardChunk.FromString,
+        )
 
     def rendezvous(self, ctx: TrainContext, address: str, timeout: float) -> str:
         """Rank 0 posts ``address`` (its store's ``host:port``); the other
@@ -276,6 +281,24 @@ class _Channel:
         finally:
             if out is not None:
                 out.close()
+        return dest
+
+    def fetch_file(self, ctx: TrainContext, path: str) -> str:
+        """Fetches ``path`` (one of ``[trainer] files``) from the driver into
+        a temporary file of this node, removed at exit; returns its path."""
+        import atexit
+        import tempfile
+
+        request = self._proto.ShardRequest(version=self._proto.PROTOCOL_VERSION, trial_id=ctx.trial_id, token=self._token,
+                                           rank=ctx.world_rank, path=path)
+        fd, dest = tempfile.mkstemp(prefix=f"nestor-{ctx.trial_id}-rank-{ctx.world_rank}-", suffix="-" + os.path.basename(path))
+        atexit.register(os.unlink, dest)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in self._get_file(request, wait_for_ready=True):
+                    out.write(chunk.data)
+        except self._grpc.RpcError as e:
+            raise ReportError(f"cannot fetch {path} from the driver ({e.code().name}): {e.details()}") from None
         return dest
 
     def report(self, ctx: TrainContext, metrics: Dict[str, float], checkpoint: str) -> int:

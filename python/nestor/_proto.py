@@ -10,6 +10,7 @@ REPORT_METHOD = "/nestor.v1.Reporter/Report"
 PUT_SHARD_METHOD = "/nestor.v1.Reporter/PutShard"
 GET_SHARD_METHOD = "/nestor.v1.Reporter/GetShard"
 RENDEZVOUS_METHOD = "/nestor.v1.Reporter/Rendezvous"
+GET_FILE_METHOD = "/nestor.v1.Reporter/GetFile"
 PROTOCOL_VERSION = 1
 
 
@@ -53,6 +54,7 @@ def _file():
         _field(msg, "token", 3, _F.TYPE_STRING)
         _field(msg, "rank", 4, _F.TYPE_UINT32)
     _field(chunk, "path", 5, _F.TYPE_STRING)
+    _field(shard_request, "path", 5, _F.TYPE_STRING)
     _field(chunk, "data", 6, _F.TYPE_BYTES)
     _field(meet, "address", 5, _F.TYPE_STRING)
     met = fdp.message_type.add(name="RendezvousReply")

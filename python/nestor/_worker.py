@@ -211,8 +211,14 @@ def main() -> None:
     if len(sys.argv) != 2:
         print("usage: python -m nestor._worker BLOB", file=sys.stderr)
         sys.exit(2)
+    path = sys.argv[1]
     try:
-        blob = load(sys.argv[1])
+        if not os.path.exists(path) and os.environ.get("NESTOR_ADDR"):
+            # A node that does not see the experiment's directory: the driver sends it.
+            import nestor
+
+            path = nestor._get_channel().fetch_file(nestor.get_context(), path)
+        blob = load(path)
     except Exception:
         print(f"nestor: cannot load the training function from {sys.argv[1]}:\n{traceback.format_exc().rstrip()}", file=sys.stderr)
         sys.exit(1)

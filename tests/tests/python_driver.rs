@@ -348,3 +348,50 @@ fn with_checkpoints_in_a_bucket_each_rank_uploads_its_own_and_the_best_comes_bac
     assert_eq!(line(&stdout, "STATE"), r#"{"step": 3, "a": 2.0, "rank": 0}"#);
     assert_eq!(s3.objects("runs/s3/trials/trial_00001/checkpoint_000003").len(), 2, "the shard and the commit marker");
 }
+
+/// The same script inside a 2-node allocation whose nodes share no
+/// directory with the driver, checkpoints in a bucket: the ranks load the
+/// pickled function from the driver (`GetFile`), upload their shards to the
+/// bucket themselves, meet through the driver, and the best checkpoint
+/// comes back from the bucket.
+#[test]
+fn the_ray_pattern_on_nodes_sharing_no_directory_checkpoints_to_the_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("nestor-runs");
+    std::fs::create_dir_all(&local).unwrap();
+    let s3 = S3Server::start(&dir.path().join("s3"));
+    // Nodes on this machine's loopback (where the S3 server listens), each seeing an empty directory where the experiment is.
+    let options = common::slurm::Options { hidden: vec![(0, local.clone()), (1, local.clone())], ..Default::default() };
+    let cluster = common::slurm::SlurmCluster::start_with(2, 2, 4000, options);
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
+        .arg(torch_venv().join("bin/python"))
+        .arg(repo().join("examples/python/tune_torch.py"))
+        .current_dir(dir.path())
+        .env("NESTOR_BIN", nestor_bin())
+        .env("EXAMPLE_STORAGE", "s3://bucket/runs")
+        .env("EXAMPLE_SAMPLES", "2")
+        .env("EXAMPLE_PLACEMENT", "STRICT_SPREAD")
+        .env("NESTOR_LOG", "warn,trainer::intake=debug")
+        .envs(s3.env())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = passed(out);
+    assert!(stderr.contains("is not shared with node1, node2"), "{stderr}");
+    let shards: Vec<&str> = stderr.lines().filter(|l| l.contains("checkpoint shard")).collect();
+    assert!(!shards.is_empty() && shards.iter().all(|l| l.contains("uploaded by the rank")), "{stderr}");
+    let trials = trials(dir.path(), &local.join("tune-torch"));
+    assert_eq!(trials.len(), 2);
+    for t in &trials {
+        assert_eq!(t["status"], "TERMINATED", "{t}\n{stderr}");
+        assert_eq!(t["nodes"], serde_json::json!(["node1", "node2"]), "{t}");
+        assert!(t["history"].as_array().unwrap().iter().all(|r| r["workers"] == 2.0), "{t}");
+        let last = t["checkpoints"].as_array().unwrap().last().unwrap()["uri"].as_str().unwrap().to_string();
+        let key = last.strip_prefix("s3://bucket/").unwrap();
+        assert!(s3.objects(key).iter().any(|o| o.ends_with("rank-0/model.pt")), "{last}: {:?}", s3.objects(key));
+    }
+    let best = line(&stdout, "best checkpoint:");
+    assert!(best.starts_with("s3://bucket/runs/tune-torch/trials/") && best.contains("(epoch "), "{stdout}");
+}

@@ -37,6 +37,8 @@ pub struct ProcessConfig {
     /// Fork each rank from a warm process started once from `command`
     /// (with `NESTOR_ZYGOTE=1`) instead of starting `command` per rank.
     pub warm: bool,
+    /// Files ranks may fetch from the driver (`GetFile`).
+    pub files: Vec<PathBuf>,
 }
 
 impl ProcessConfig {
@@ -51,6 +53,7 @@ impl ProcessConfig {
             torch: TorchConfig::default(),
             report_bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             warm: false,
+            files: Vec::new(),
         }
     }
 }
@@ -68,6 +71,7 @@ impl ProcessBackend {
     /// Must be called inside a tokio runtime.
     pub async fn start(config: ProcessConfig) -> std::io::Result<Self> {
         let server = ReportServer::start(config.report_bind).await?;
+        server.serve_files(&config.files);
         Ok(Self { config: Arc::new(config), server: Arc::new(server), warm: Arc::new(WarmPool::default()) })
     }
 

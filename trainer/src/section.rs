@@ -56,6 +56,10 @@ pub struct TrainerConfig {
     /// Python driver's function trainables; on this machine only).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warm: bool,
+    /// Files every rank needs that the driver sends (`GetFile`) to nodes
+    /// that do not see them (the Python driver's pickled function).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<PathBuf>,
 }
 
 fn default_grace() -> f64 {
@@ -87,6 +91,7 @@ impl TrainerConfig {
             collective_timeout_s: default_collective_timeout(),
             report_bind: None,
             warm: false,
+            files: Vec::new(),
         }
     }
 
@@ -147,6 +152,7 @@ impl TrainerConfig {
         c.grace_period = Duration::from_secs_f64(self.grace_period_s);
         c.torch = self.torch();
         c.warm = self.warm;
+        c.files = self.files.clone();
         if let Some(bind) = self.report_bind {
             c.report_bind = bind;
         }

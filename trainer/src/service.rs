@@ -32,6 +32,8 @@ struct Entry {
 #[derive(Default)]
 struct Registry {
     trials: RwLock<HashMap<String, Arc<Entry>>>,
+    /// The files ranks may fetch with `GetFile` (`[trainer] files`).
+    files: RwLock<Vec<PathBuf>>,
 }
 
 impl Registry {
@@ -116,6 +118,11 @@ impl ReportServer {
             }
         });
         Ok(Self { addr, registry, shutdown: Some(tx) })
+    }
+
+    /// The files a registered rank may fetch with `GetFile`, named as given.
+    pub fn serve_files(&self, files: &[PathBuf]) {
+        *self.registry.files.write().unwrap_or_else(std::sync::PoisonError::into_inner) = files.to_vec();
     }
 
     /// The address workers report to.
@@ -319,6 +326,7 @@ impl Reporter for Service {
 
     type SessionStream = ReplyStream;
     type GetShardStream = ChunkStream;
+    type GetFileStream = ChunkStream;
 
     async fn put_shard(&self, request: Request<tonic::Streaming<ShardChunk>>) -> Result<Response<ShardReceipt>, Status> {
         let peer = peer(&request);
@@ -357,6 +365,41 @@ impl Reporter for Service {
             if let Err(e) = sent {
                 // The stream ends in an error, never short: the rank must not resume from part of a shard.
                 let _ = tx.blocking_send(Err(Status::unavailable(format!("reading {}: {e}", shard.display()))));
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn get_file(&self, request: Request<ShardRequest>) -> Result<Response<ChunkStream>, Status> {
+        let peer = peer(&request);
+        let r = request.into_inner();
+        authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
+        let path = PathBuf::from(&r.path);
+        let listed = self.registry.files.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&path);
+        if !listed {
+            tracing::warn!(%peer, trial = %r.trial_id, rank = r.rank, path = %r.path, "file request refused");
+            return Err(Status::not_found(format!("{} is not one of [trainer] files", r.path)));
+        }
+        let (tx, rx) = mpsc::channel::<Result<ShardChunk, Status>>(4);
+        tokio::task::spawn_blocking(move || {
+            use std::io::Read;
+            let name = r.path.clone();
+            let sent = std::fs::File::open(&path).and_then(|mut f| {
+                let mut buf = vec![0u8; crate::shards::CHUNK_BYTES];
+                loop {
+                    let n = f.read(&mut buf)?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    let chunk = ShardChunk { path: name.clone(), data: buf[..n].to_vec(), ..ShardChunk::default() };
+                    if tx.blocking_send(Ok(chunk)).is_err() {
+                        return Ok(());
+                    }
+                }
+            });
+            if let Err(e) = sent {
+                // Never short: the rank must not run from part of a file.
+                let _ = tx.blocking_send(Err(Status::unavailable(format!("reading {}: {e}", path.display()))));
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
@@ -596,7 +639,7 @@ mod tests {
         put(&mut client, shard.path(), "secret", 0).await.unwrap();
         assert_eq!(std::fs::read_dir(&incoming).unwrap().count(), 1);
         // This run resumes from nothing.
-        let fetch = |rank: u32| ShardRequest { version: 1, trial_id: "t1".into(), token: "secret".into(), rank };
+        let fetch = |rank: u32| ShardRequest { version: 1, trial_id: "t1".into(), token: "secret".into(), rank, path: String::new() };
         assert_eq!(client.get_shard(fetch(0)).await.unwrap_err().code(), tonic::Code::NotFound);
         drop(registration);
         assert!(!incoming.exists(), "the run's end removes unclaimed uploads");

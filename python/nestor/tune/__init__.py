@@ -166,7 +166,7 @@ class Tuner:
         if rc.failure_config and rc.failure_config.fail_fast:
             experiment["fail_fast"] = True
         trainer: Dict[str, Any] = {"command": [sys.executable, "-m", "nestor._worker", blob_path], "working_dir": os.getcwd(),
-                                   "warm": os.environ.get("NESTOR_WARM", "1") != "0"}
+                                   "warm": os.environ.get("NESTOR_WARM", "1") != "0", "files": [blob_path]}
         trainer.update(parts["scaling"]._trainer())
         trainer.update(parts.get("trainer_extra") or {})
         env = _driver.worker_env()

@@ -138,6 +138,7 @@ impl SlurmBackend {
     /// to). Must be called inside a tokio runtime.
     pub async fn start(config: ProcessConfig, allocation: SlurmAllocation, advertise: Option<&str>) -> std::io::Result<Self> {
         let server = ReportServer::start(config.report_bind).await?;
+        server.serve_files(&config.files);
         let port = server.addr().port();
         let report_url = match advertise {
             Some(a) if a.contains(':') => format!("http://{a}"),
