@@ -30,7 +30,9 @@ def objective(config):
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "state.json"), "w") as f:
                 json.dump({"step": step, "x": x}, f)
-            tune.report({"loss": loss, "step": step}, checkpoint=tune.Checkpoint.from_directory(d))
+            # Values that are not numbers are kept with the result too.
+            phase = "warmup" if step <= 2 else "main"
+            tune.report({"loss": loss, "step": step, "phase": phase}, checkpoint=tune.Checkpoint.from_directory(d))
 
 
 tuner = tune.Tuner(
@@ -47,7 +49,7 @@ tuner = tune.Tuner(
 results = tuner.fit()
 best = results.get_best_result()
 print(f"best config: {best.config}")
-print(f"best loss: {best.metrics['loss']:.4f} after {best.metrics['training_iteration']} iterations")
+print(f"best loss: {best.metrics['loss']:.4f} after {best.metrics['training_iteration']} iterations ({best.metrics['phase']})")
 with best.checkpoint.as_directory() as d:
     with open(os.path.join(d, "state.json")) as f:
         print(f"best checkpoint: {best.checkpoint.path} holds step {json.load(f)['step']}")

@@ -140,19 +140,32 @@ def get_checkpoint() -> Optional[str]:
     return None
 
 
-def _metrics(metrics: Mapping[str, Any]) -> Dict[str, float]:
+def _metrics(metrics: Mapping[str, Any]) -> "tuple[Dict[str, float], Dict[str, Any]]":
+    """The report's numbers (metrics: a scheduler may use them) and its other
+    values (strings, booleans, lists, dicts: kept with the result, as Ray
+    keeps them)."""
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"nestor.report: metrics must be a dict of name -> number, not {type(metrics).__name__}")
-    out = {}
+        raise TypeError(f"nestor.report: metrics must be a dict of name -> value, not {type(metrics).__name__}")
+    numbers_, extra = {}, {}
     for name, value in metrics.items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"nestor.report: metric names must be non-empty strings, got {name!r}")
         if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
             value = value.item()  # a 0-d tensor or numpy scalar
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"nestor.report: metric {name!r} is {type(value).__name__} {value!r}, not a number")
-        out[name] = float(value)
-    return out
+        elif hasattr(value, "tolist") and callable(value.tolist):
+            value = value.tolist()  # an array or tensor
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            numbers_[name] = float(value)
+            continue
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"nestor.report: {name!r} is {type(value).__name__} {value!r}: neither a number nor a JSON value "
+                "(string, boolean, list, dict; no NaN inside)"
+            ) from None
+        extra[name] = value
+    return numbers_, extra
 
 
 class _Channel:
@@ -301,7 +314,7 @@ class _Channel:
             raise ReportError(f"cannot fetch {path} from the driver ({e.code().name}): {e.details()}") from None
         return dest
 
-    def report(self, ctx: TrainContext, metrics: Dict[str, float], checkpoint: str) -> int:
+    def report(self, ctx: TrainContext, metrics: Dict[str, float], checkpoint: str, extra: Optional[Dict[str, Any]] = None) -> int:
         upload, staged, uploaded = "", False, ""
         if checkpoint and _direct_upload():
             uploaded = _upload(checkpoint, ctx, self._reports)
@@ -321,6 +334,7 @@ class _Channel:
             checkpoint_upload=upload,
             checkpoint_staged=staged,
             checkpoint_uploaded=uploaded,
+            extra=json.dumps(extra) if extra else "",
         )
         try:
             reply = self._call(request, wait_for_ready=True)
@@ -403,13 +417,15 @@ def _get_channel() -> "_Channel":
 
 
 def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None:
-    """Reports one step of this rank: metrics (name -> number; NaN allowed) and
+    """Reports one step of this rank: metrics (name -> number, NaN allowed;
+    values that are not numbers, such as strings, lists and dicts, are kept
+    with the result but are never a scheduler's metric) and
     optionally a directory holding this step's checkpoint (copied before this
     returns, so it may be reused). Blocks until every rank has reported the
     step and the driver has stored it and decided (it is durable with the
     driver's next group commit, a moment later); raises ``SystemExit(0)``
     when the trial must stop, so training ends cleanly."""
-    values = _metrics(metrics)
+    values, extra = _metrics(metrics)
     path = ""
     if checkpoint is not None:
         path = os.fspath(getattr(checkpoint, "path", checkpoint))
@@ -418,10 +434,10 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
         path = os.path.abspath(path)
     ctx = get_context()
     if not os.environ.get("NESTOR_ADDR"):
-        shown = {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}
+        shown = {**{k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}, **extra}
         print(f"nestor (local): rank {ctx.world_rank}: {json.dumps(shown)}" + (f" checkpoint={path}" if path else ""), file=sys.stderr)
         return
-    directive = _get_channel().report(ctx, values, path)
+    directive = _get_channel().report(ctx, values, path, extra)
     if directive != 1:
         raise SystemExit(0)
 

@@ -37,6 +37,7 @@ def _file():
     _field(req, "checkpoint_upload", 7, _F.TYPE_STRING)
     _field(req, "checkpoint_staged", 8, _F.TYPE_BOOL)
     _field(req, "checkpoint_uploaded", 9, _F.TYPE_STRING)
+    _field(req, "extra", 10, _F.TYPE_STRING)
     enum = fdp.enum_type.add(name="Directive")
     for i, name in enumerate(["DIRECTIVE_UNSPECIFIED", "DIRECTIVE_CONTINUE", "DIRECTIVE_STOP"]):
         enum.value.add(name=name, number=i)

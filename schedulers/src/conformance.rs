@@ -28,6 +28,7 @@ pub fn check_scheduler<S: Scheduler>(make: impl Fn() -> S, metric: &str, trials:
                 v => v as f64 / (it as f64),
             };
             let result = TrialResult {
+                extra: None,
                 trial_id: format!("trial_{t:05}"),
                 seq: seq as u64,
                 training_iteration: it,

@@ -24,7 +24,8 @@ mod tests {
     fn fifo_continues_and_runs_oldest_first() {
         let c = serde_json::json!({});
         let v = |id| TrialView { id, config: &c, status: TrialStatus::Pending, num_results: 0, num_workers: 1 };
-        let r = TrialResult { trial_id: "a".into(), seq: 0, training_iteration: 1, metrics: Default::default(), checkpoint: None };
+        let r =
+            TrialResult { extra: None, trial_id: "a".into(), seq: 0, training_iteration: 1, metrics: Default::default(), checkpoint: None };
         assert_eq!(Fifo.on_trial_result(&v("a"), &r), Decision::Continue);
         // New trials first; then the paused ones, oldest first.
         assert_eq!(Fifo.choose_trial_to_run(&[v("a"), v("b")], true), None);

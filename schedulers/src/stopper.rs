@@ -58,6 +58,7 @@ mod tests {
 
     fn result(iter: u64, acc: f64) -> TrialResult {
         TrialResult {
+            extra: None,
             trial_id: "t".into(),
             seq: iter - 1,
             training_iteration: iter,

@@ -38,6 +38,7 @@ const ID: [&str; 5] = ["t0", "t1", "t2", "t3", "t4"];
 
 fn result(i: usize, t: u64, loss: f64, checkpoint: bool) -> TrialResult {
     TrialResult {
+        extra: None,
         trial_id: ID[i].into(),
         seq: t - 1,
         training_iteration: t,

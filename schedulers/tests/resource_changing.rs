@@ -16,6 +16,7 @@ fn view(id: &str, workers: u32) -> TrialView<'_> {
 
 fn result(id: &str, t: u64, loss: f64, checkpoint: bool) -> TrialResult {
     TrialResult {
+        extra: None,
         trial_id: id.into(),
         seq: t - 1,
         training_iteration: t,

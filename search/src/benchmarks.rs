@@ -108,6 +108,7 @@ pub fn best_of(searcher: &mut dyn Searcher, f: &TestFunction, trials: usize) -> 
         let v = (f.f)(&c);
         best = best.min(v);
         let r = TrialResult {
+            extra: None,
             trial_id: id.clone(),
             seq: 0,
             training_iteration: 1,

@@ -253,6 +253,7 @@ mod tests {
 
     fn result(trial: &str, t: u64, loss: f64) -> TrialResult {
         TrialResult {
+            extra: None,
             trial_id: trial.into(),
             seq: t,
             training_iteration: t,

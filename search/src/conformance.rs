@@ -29,6 +29,7 @@ pub fn check_searcher<S: Searcher>(make: impl Fn() -> S, space: &Space, rounds: 
             match s.suggest(&id) {
                 Suggestion::Config(c) => {
                     let result = TrialResult {
+                        extra: None,
                         trial_id: id.clone(),
                         seq: 0,
                         training_iteration: 1,

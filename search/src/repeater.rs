@@ -77,7 +77,7 @@ impl<S: Searcher> Repeater<S> {
             }
         }
         let training_iteration = results.iter().map(|r| r.training_iteration).max().unwrap_or(0);
-        Some(TrialResult { trial_id: group_id.to_string(), seq: 0, training_iteration, metrics, checkpoint: None })
+        Some(TrialResult { extra: None, trial_id: group_id.to_string(), seq: 0, training_iteration, metrics, checkpoint: None })
     }
 }
 
@@ -194,6 +194,7 @@ mod tests {
 
     fn done(id: &str, loss: f64) -> TrialResult {
         TrialResult {
+            extra: None,
             trial_id: id.into(),
             seq: 0,
             training_iteration: 4,

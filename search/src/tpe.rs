@@ -536,6 +536,7 @@ mod tests {
             let Suggestion::Config(c) = tpe.suggest(&id) else { panic!("no config") };
             let v = objective(&c);
             let r = TrialResult {
+                extra: None,
                 trial_id: id.clone(),
                 seq: 0,
                 training_iteration: 1,
@@ -594,6 +595,7 @@ mod tests {
             let _ = tpe.suggest(&id);
             let v = if i % 2 == 0 { f64::NAN } else { i as f64 };
             let r = TrialResult {
+                extra: None,
                 trial_id: id.clone(),
                 seq: 0,
                 training_iteration: 1,

@@ -80,6 +80,11 @@ pub struct TrialResult {
     /// Path or URI of the checkpoint committed with this result, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
+    /// What the trainable reported that is not a number (strings, lists,
+    /// nested tables), as a JSON object: kept with the result and in its
+    /// exports, never a scheduler's metric (Ray keeps these in its results too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<serde_json::Value>,
 }
 
 impl TrialResult {
@@ -171,6 +176,7 @@ mod tests {
     #[test]
     fn non_finite_metrics_round_trip_through_json() {
         let r = TrialResult {
+            extra: None,
             trial_id: "t".into(),
             seq: 3,
             training_iteration: 4,

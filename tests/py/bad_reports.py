@@ -18,8 +18,8 @@ def expect(kind, fn, needle):
     raise AssertionError(f"{fn} was not refused")
 
 
-expect(TypeError, lambda: nestor.report({"loss": "abc"}), "metric 'loss' is str 'abc', not a number")
-expect(TypeError, lambda: nestor.report({"loss": [1.0]}), "metric 'loss' is list")
+expect(TypeError, lambda: nestor.report({"loss": object()}), "'loss' is object")
+expect(TypeError, lambda: nestor.report({"loss": 1.0, "notes": [math.nan]}), "'notes' is list [nan]: neither a number nor a JSON value")
 expect(TypeError, lambda: nestor.report({"": 1.0}), "metric names must be non-empty strings")
 expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}, checkpoint="/no/such/dir"), "is not a directory")
 
@@ -37,7 +37,7 @@ expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}), "rank 5 out of 
 nestor._context = ctx
 
 nestor.report({"loss": math.nan})
-nestor.report({"loss": 1.0, "extra": 2})
+nestor.report({"loss": 1.0, "extra": 2, "note": "ok", "sizes": [1, 2], "flags": {"warm": True}})
 
 # A driver that cannot be reached: a clear error, not a hang.
 os.environ["NESTOR_ADDR"] = "http://127.0.0.1:1"

@@ -103,7 +103,7 @@ fn a_function_trainable_runs_with_asha_and_its_best_checkpoint_is_one_call_away(
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");
     let out = passed(python(dir.path(), "examples/python/tune_function.py", &[], &[("EXAMPLE_STORAGE", storage.display().to_string())]));
-    assert!(out.contains("best loss:"), "{out}");
+    assert!(out.contains("best loss:") && out.contains("iterations (main)"), "{out}");
     let exp = storage.join("tune-function");
     let trials = trials(dir.path(), &exp);
     assert_eq!(trials.len(), 12);
@@ -111,6 +111,8 @@ fn a_function_trainable_runs_with_asha_and_its_best_checkpoint_is_one_call_away(
     assert!(trials.iter().all(|t| t["status"] == "TERMINATED"), "{trials:?}");
     assert!(iterations.iter().any(|&n| n < 20), "ASHA stopped no trial early: {iterations:?}");
     assert!(iterations.contains(&20), "no trial reached max_t: {iterations:?}");
+    let phases: Vec<&str> = trials[0]["history"].as_array().unwrap().iter().map(|r| r["phase"].as_str().unwrap()).collect();
+    assert_eq!(&phases[..3], ["warmup", "warmup", "main"], "values that are not numbers are kept with each result");
     // The script's best is the store's best, and its checkpoint held that trial's last step.
     let best: serde_json::Value = serde_json::from_str(&ok(nestor(dir.path(), &["best", exp.to_str().unwrap(), "--json"]))).unwrap();
     let best_trial = trials.iter().find(|t| t["trial_id"] == best["trial_id"]).unwrap();

@@ -163,6 +163,11 @@ fn bad_reports_from_python_are_refused_clearly_and_store_nothing() {
     assert_eq!(rows.len(), 2, "only the good reports are stored: {rows:?}");
     assert_eq!(rows[0]["loss"], "NaN");
     assert_eq!((rows[1]["loss"].as_f64(), rows[1]["extra"].as_f64()), (Some(1.0), Some(2.0)));
+    // Values that are not numbers are kept with the result, as reported.
+    assert_eq!(
+        (&rows[1]["note"], &rows[1]["sizes"], &rows[1]["flags"]),
+        (&serde_json::json!("ok"), &serde_json::json!([1, 2]), &serde_json::json!({"warm": true}))
+    );
 }
 
 fn strs(v: &[String]) -> Vec<&str> {

@@ -26,7 +26,7 @@ pub(crate) enum ArriveError {
 struct Step {
     arrived: Vec<bool>,
     /// (rank, metrics) of the lowest rank so far.
-    metrics: Option<(u32, BTreeMap<String, f64>)>,
+    metrics: Option<(u32, BTreeMap<String, f64>, Option<serde_json::Value>)>,
     /// The checkpoint's URI and the ranks that saved a shard of it.
     checkpoint: Option<String>,
     shards: Vec<u32>,
@@ -109,6 +109,7 @@ impl Aggregator {
         rank: u32,
         iteration: u64,
         metrics: BTreeMap<String, f64>,
+        extra: Option<serde_json::Value>,
         checkpoint: Option<String>,
     ) -> Result<oneshot::Receiver<Directive>, ArriveError> {
         let r = self.check_rank(rank)?;
@@ -127,8 +128,8 @@ impl Aggregator {
             waiters: Vec::new(),
         });
         step.arrived[r] = true;
-        if step.metrics.as_ref().is_none_or(|(lowest, _)| rank < *lowest) {
-            step.metrics = Some((rank, metrics));
+        if step.metrics.as_ref().is_none_or(|(lowest, _, _)| rank < *lowest) {
+            step.metrics = Some((rank, metrics, extra));
         }
         if checkpoint.is_some() {
             step.checkpoint = checkpoint;
@@ -190,11 +191,11 @@ impl Aggregator {
                 return;
             }
             let Some((_, step)) = st.steps.remove_entry(&iteration) else { return };
-            let Some((rank, metrics)) = step.metrics else { continue };
+            let Some((rank, metrics, extra)) = step.metrics else { continue };
             let mut ranks = step.shards;
             ranks.sort_unstable();
             let checkpoint = step.checkpoint.map(|uri| CheckpointRef { uri, ranks, world_size: self.world_size });
-            let report = Report { rank, training_iteration: iteration, metrics, checkpoint };
+            let report = Report { rank, training_iteration: iteration, metrics, extra, checkpoint };
             let event = Event {
                 trial_id: self.trial_id.clone(),
                 kind: EventKind::Report { report, reply: Reply::new(step.waiters, self.acks.owe(iteration)) },
@@ -224,11 +225,11 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let agg = Aggregator::new("t", 3, 4, tx);
         assert_eq!(agg.next_iteration(2).unwrap(), 5);
-        let r2 = agg.arrive(2, 5, metrics(2.0), Some("ck".to_string())).unwrap();
-        let r1 = agg.arrive(1, 5, metrics(1.0), None).unwrap();
+        let r2 = agg.arrive(2, 5, metrics(2.0), None, Some("ck".to_string())).unwrap();
+        let r1 = agg.arrive(1, 5, metrics(1.0), None, None).unwrap();
         assert!(rx.try_recv().is_err(), "rank 0 has not reported yet");
         assert_eq!(agg.lagging_ranks(), vec![0], "the step waits for rank 0");
-        let r0 = agg.arrive(0, 5, metrics(0.5), None).unwrap();
+        let r0 = agg.arrive(0, 5, metrics(0.5), None, None).unwrap();
         let ev = rx.try_recv().unwrap();
         let EventKind::Report { report, reply } = ev.kind else { panic!("a report") };
         assert_eq!((report.rank, report.training_iteration, report.metrics["loss"]), (0, 5, 0.5));
@@ -242,20 +243,20 @@ mod tests {
         assert_eq!(acks.through(), 4, "answered, not yet durable");
         ack.durable();
         assert_eq!(acks.through(), 5);
-        assert_eq!(agg.arrive(0, 5, metrics(0.0), None).unwrap_err(), ArriveError::Duplicate { rank: 0, iteration: 5 });
-        assert!(matches!(agg.arrive(3, 6, metrics(0.0), None), Err(ArriveError::Rank { .. })));
+        assert_eq!(agg.arrive(0, 5, metrics(0.0), None, None).unwrap_err(), ArriveError::Duplicate { rank: 0, iteration: 5 });
+        assert!(matches!(agg.arrive(3, 6, metrics(0.0), None, None), Err(ArriveError::Rank { .. })));
     }
 
     #[test]
     fn a_finished_rank_is_not_waited_for() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let agg = Aggregator::new("t", 2, 0, tx);
-        let _r1 = agg.arrive(1, 1, metrics(1.0), None).unwrap();
+        let _r1 = agg.arrive(1, 1, metrics(1.0), None, None).unwrap();
         agg.rank_finished(0);
         let EventKind::Report { report, .. } = rx.try_recv().unwrap().kind else { panic!("a report") };
         assert_eq!((report.rank, report.training_iteration), (1, 1), "the lowest live rank's metrics");
         // Dropping the reply stops the waiting ranks.
-        let mut r = agg.arrive(1, 2, metrics(1.0), None).unwrap();
+        let mut r = agg.arrive(1, 2, metrics(1.0), None, None).unwrap();
         drop(rx.try_recv().unwrap());
         assert!(r.try_recv().is_err());
     }
@@ -264,10 +265,10 @@ mod tests {
     fn after_a_rank_fails_no_step_completes() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let agg = Aggregator::new("t", 2, 0, tx);
-        let mut waiting = agg.arrive(0, 1, metrics(1.0), Some("ck".to_string())).unwrap();
+        let mut waiting = agg.arrive(0, 1, metrics(1.0), None, Some("ck".to_string())).unwrap();
         agg.fail();
         assert!(matches!(waiting.try_recv(), Err(oneshot::error::TryRecvError::Closed)), "rank 0 is told to stop");
-        let mut late = agg.arrive(0, 2, metrics(1.0), None).unwrap();
+        let mut late = agg.arrive(0, 2, metrics(1.0), None, None).unwrap();
         agg.rank_finished(1);
         assert!(rx.try_recv().is_err(), "the step rank 1 never reported is not a result");
         assert!(matches!(late.try_recv(), Err(oneshot::error::TryRecvError::Closed)));

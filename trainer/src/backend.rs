@@ -134,6 +134,8 @@ pub struct Report {
     pub training_iteration: u64,
     /// The metrics (rank 0's: they are the trial's).
     pub metrics: BTreeMap<String, f64>,
+    /// The same rank's values that are not numbers (a JSON object), if any.
+    pub extra: Option<serde_json::Value>,
     /// The step's checkpoint, when any rank reported one; every shard is
     /// persisted in storage, and the checkpoint is committed once this
     /// report is stored.

@@ -471,7 +471,7 @@ impl Context {
                 if group.failed.load(Ordering::Acquire) {
                     return Err(ReportError::Stopped);
                 }
-                let submit = group.intake.submit(self.rank, metrics, checkpoint.map(crate::intake::Shard::Dir));
+                let submit = group.intake.submit(self.rank, metrics, None, checkpoint.map(crate::intake::Shard::Dir));
                 let (iteration, rx) = block_on(group.runtime.as_ref(), submit)?.map_err(|e| match e {
                     IntakeError::Refused(msg) => ReportError::Refused(msg),
                     IntakeError::Checkpoint(e) => ReportError::Checkpoint(e),
@@ -538,6 +538,7 @@ impl Context {
                     checkpoint_upload,
                     checkpoint_staged,
                     checkpoint_uploaded,
+                    extra: String::new(),
                 };
                 let reply = rt.block_on(exchange(client, session, request, &self.driver_addr))?;
                 self.last_iteration = Some(reply.training_iteration);

@@ -71,6 +71,7 @@ impl Intake {
         &self,
         rank: u32,
         metrics: BTreeMap<String, f64>,
+        extra: Option<serde_json::Value>,
         checkpoint: Option<Shard<'_>>,
     ) -> Result<(u64, oneshot::Receiver<Directive>), IntakeError> {
         if let Some(bad) = metrics.keys().find(|k| k.is_empty() || k.len() > MAX_METRIC_NAME) {
@@ -95,7 +96,7 @@ impl Intake {
             Some(Shard::Uploaded(uri)) => Some(self.storage.check_uploaded(uri, iteration, rank).await?),
             None => None,
         };
-        let rx = self.aggregator.arrive(rank, iteration, metrics, checkpoint).map_err(refused)?;
+        let rx = self.aggregator.arrive(rank, iteration, metrics, extra, checkpoint).map_err(refused)?;
         Ok((iteration, rx))
     }
 }

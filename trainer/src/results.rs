@@ -25,6 +25,8 @@ pub struct ResultLine<'a> {
     pub metrics: &'a BTreeMap<String, f64>,
     /// The checkpoint committed with it.
     pub checkpoint: Option<&'a str>,
+    /// Its values that are not numbers (a JSON object), written under `extra`.
+    pub extra: Option<&'a serde_json::Value>,
 }
 
 /// A value as the result files write it.
@@ -92,6 +94,9 @@ impl ResultLine<'_> {
         });
         if let (Some(c), Some(map)) = (self.checkpoint, line.as_object_mut()) {
             map.insert("checkpoint".into(), serde_json::json!(c));
+        }
+        if let (Some(e), Some(map)) = (self.extra, line.as_object_mut()) {
+            map.insert("extra".into(), e.clone());
         }
         line.to_string()
     }
@@ -166,8 +171,14 @@ mod tests {
         let metrics: BTreeMap<String, f64> =
             [("loss", f64::NAN), ("up", f64::INFINITY), ("down", f64::NEG_INFINITY), ("a,b", 0.5)].map(|(k, v)| (k.to_string(), v)).into();
         let mut files = ResultFiles::open(dir.path(), true).unwrap();
-        let line =
-            ResultLine { trial_id: "t1", seq: 0, training_iteration: 1, metrics: &metrics, checkpoint: Some("/c/checkpoint_000001") };
+        let line = ResultLine {
+            trial_id: "t1",
+            seq: 0,
+            training_iteration: 1,
+            metrics: &metrics,
+            checkpoint: Some("/c/checkpoint_000001"),
+            extra: None,
+        };
         files.append(&line).unwrap();
         files.sync().unwrap();
         let json: serde_json::Value =
@@ -184,7 +195,7 @@ mod tests {
         drop(files);
         let mut files = ResultFiles::open(dir.path(), false).unwrap();
         let more: BTreeMap<String, f64> = [("loss".to_string(), 1.0), ("new".to_string(), 2.0)].into();
-        files.append(&ResultLine { trial_id: "t1", seq: 1, training_iteration: 2, metrics: &more, checkpoint: None }).unwrap();
+        files.append(&ResultLine { trial_id: "t1", seq: 1, training_iteration: 2, metrics: &more, checkpoint: None, extra: None }).unwrap();
         files.flush().unwrap();
         let csv = std::fs::read_to_string(dir.path().join("progress.csv")).unwrap();
         assert_eq!(csv.lines().last(), Some("t1,2,,,1,"));

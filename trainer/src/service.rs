@@ -230,7 +230,18 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<(Re
         None if !r.checkpoint_uploaded.is_empty() => Some(Shard::Uploaded(&r.checkpoint_uploaded)),
         None => None,
     };
-    let submitted = entry.intake.submit(r.rank, r.metrics.clone().into_iter().collect(), shard).await;
+    let extra = match r.extra.as_str() {
+        "" => None,
+        text => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(v @ serde_json::Value::Object(_)) => Some(v),
+            Ok(_) => return refuse(Status::invalid_argument("extra must be a JSON object (name -> value)")),
+            Err(e) => return refuse(Status::invalid_argument(format!("extra is not JSON: {e}"))),
+        },
+    };
+    if let Some(name) = extra.as_ref().and_then(|e| e.as_object()).and_then(|m| m.keys().find(|k| r.metrics.contains_key(*k))) {
+        return refuse(Status::invalid_argument(format!("{name:?} is both a metric and an extra value")));
+    }
+    let submitted = entry.intake.submit(r.rank, r.metrics.clone().into_iter().collect(), extra, shard).await;
     if let Some(staged) = checkpoint.filter(|d| staged && d.exists()) {
         // Refused, or persisted by a copy: the staged copy has served.
         let _ = tokio::fs::remove_dir_all(&staged).await;
@@ -468,6 +479,7 @@ mod tests {
             checkpoint_upload: String::new(),
             checkpoint_staged: false,
             checkpoint_uploaded: String::new(),
+            extra: String::new(),
         }
     }
 
@@ -556,6 +568,10 @@ mod tests {
         let uploaded = ReportRequest { checkpoint_uploaded: "s3://bucket/x/checkpoint_000001".into(), ..request("secret", 0) };
         let status = client.report(uploaded).await.unwrap_err();
         assert!(status.message().contains("is not this report's"), "{}", status.message());
+        let list = ReportRequest { extra: "[1]".into(), ..request("secret", 0) };
+        assert!(client.report(list).await.unwrap_err().message().contains("extra must be a JSON object"));
+        let clash = ReportRequest { extra: r#"{"loss": "low"}"#.into(), ..request("secret", 0) };
+        assert!(client.report(clash).await.unwrap_err().message().contains("is both a metric and an extra value"));
         let empty = ReportRequest { checkpoint_staged: true, ..request("secret", 0) };
         assert_eq!(client.report(empty).await.unwrap_err().code(), tonic::Code::InvalidArgument);
 

@@ -323,6 +323,7 @@ impl Trainer {
                                 training_iteration: report.training_iteration,
                                 metrics: &metrics,
                                 checkpoint: uri.as_deref(),
+                                extra: report.extra.as_ref(),
                             };
                             seq += 1;
                             // Durable before the workers go on.

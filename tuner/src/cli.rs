@@ -605,6 +605,9 @@ fn export(dir: &Path, format: Format) -> Result<(), Failure> {
                     if let Value::Object(m) = metrics_json(&r.metrics) {
                         row.extend(m);
                     }
+                    if let Some(Value::Object(e)) = &r.extra {
+                        row.extend(e.clone());
+                    }
                     row.insert("training_iteration".into(), json!(r.training_iteration));
                     row.insert("config".into(), t.config.clone());
                     writeln!(out, "{}", Value::Object(row)).map_err(out_err)?;
@@ -656,6 +659,9 @@ fn trial_json(t: &TrialOutcome) -> Value {
                 Value::Object(m) => m,
                 _ => Map::new(),
             };
+            if let Some(Value::Object(e)) = &r.extra {
+                m.extend(e.clone());
+            }
             m.insert("training_iteration".into(), json!(r.training_iteration));
             Value::Object(m)
         })

@@ -155,6 +155,7 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::i
                 training_iteration: result.training_iteration,
                 metrics: &result.metrics,
                 checkpoint: result.checkpoint.as_deref(),
+                extra: result.extra.as_ref(),
             })
         }
     }

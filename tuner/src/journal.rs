@@ -702,6 +702,7 @@ mod tests {
                     let seq = t.results;
                     let metrics = [("loss".to_string(), rng.random::<f64>()), ("training_iteration".to_string(), (seq + 1) as f64)];
                     let result = TrialResult {
+                        extra: None,
                         trial_id: t.id.clone(),
                         seq,
                         training_iteration: seq + 1,
@@ -850,6 +851,7 @@ mod tests {
             let t = TrialView { id: &id, config: &config, status: TrialStatus::Running, num_results: 0, num_workers: 1 };
             j.on_trial_add(&t).unwrap();
             let result = TrialResult {
+                extra: None,
                 trial_id: id.clone(),
                 seq: 0,
                 training_iteration: 9,

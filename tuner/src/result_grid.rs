@@ -295,6 +295,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &l)| TrialResult {
+                    extra: None,
                     trial_id: id.into(),
                     seq: i as u64,
                     training_iteration: i as u64 + 1,

@@ -435,6 +435,7 @@ impl crate::runner::Clock for SimBackend {
                 rank: 0,
                 training_iteration: iteration,
                 metrics: BTreeMap::from([(self.curves.metric.clone(), value)]),
+                extra: None,
                 checkpoint: (r.every > 0 && iteration.is_multiple_of(r.every)).then(|| CheckpointRef {
                     uri: format!("sim://{}/checkpoint_{iteration:06}", r.trial_id),
                     ranks: vec![0],

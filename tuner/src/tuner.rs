@@ -758,6 +758,7 @@ mod tests {
             scheduler.on_trial_add(&view(&t)).unwrap();
             t.status = TrialStatus::Running;
             let r = TrialResult {
+                extra: None,
                 trial_id: t.id.clone(),
                 seq: 0,
                 training_iteration: 1,

@@ -26,6 +26,7 @@ pub fn paused(names: &[String]) -> Vec<TrialView<'_>> {
 /// Result `t` of trial `id`, with `loss`.
 pub fn result(id: &str, t: u64, loss: f64) -> TrialResult {
     TrialResult {
+        extra: None,
         trial_id: id.into(),
         seq: t - 1,
         training_iteration: t,

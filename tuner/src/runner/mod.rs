@@ -946,12 +946,14 @@ impl Runner {
         };
         let rec = &mut r.record;
         let mut metrics: Metrics = report.metrics;
+        let extra = report.extra;
         metrics.insert("time_this_iter_s".into(), (now - r.last_report).max(0.0));
         metrics.insert("time_total_s".into(), rec.time_total_s + (now - r.started).max(0.0));
         metrics.insert("timestamp".into(), unix);
         metrics.insert("training_iteration".into(), report.training_iteration as f64);
         r.last_report = now;
         let result = TrialResult {
+            extra,
             trial_id: rec.id.clone(),
             seq: rec.num_results,
             training_iteration: report.training_iteration,

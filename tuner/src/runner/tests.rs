@@ -161,6 +161,7 @@ impl Harness {
             rank: 0,
             training_iteration: iteration,
             metrics: [("loss".to_string(), loss)].into_iter().collect(),
+            extra: None,
             checkpoint: checkpoint.then(|| CheckpointRef {
                 uri: format!("{}/trials/{trial}/checkpoint_{iteration:06}", self.runner.settings.exp_dir.display()),
                 ranks: vec![0],
@@ -424,7 +425,8 @@ async fn a_result_without_the_metric_fails_the_trial_naming_what_it_reported() {
     assert!(!h.advance());
     let trial = h.trial_of(0);
     let (reply, mut rx) = Reply::channel();
-    let report = Report { rank: 0, training_iteration: 1, metrics: [("acc".to_string(), 0.5)].into_iter().collect(), checkpoint: None };
+    let report =
+        Report { rank: 0, training_iteration: 1, metrics: [("acc".to_string(), 0.5)].into_iter().collect(), extra: None, checkpoint: None };
     h.runner.handle(LoopEvent::Trials(vec![Event { trial_id: trial.clone(), kind: EventKind::Report { report, reply } }])).unwrap();
     assert!(!h.advance());
     assert_eq!(answer(&mut rx), Directive::Stop);
@@ -453,7 +455,7 @@ async fn a_report_of_a_trial_not_running_is_told_to_stop() {
     let mut h = harness(Options::default());
     assert!(!h.advance());
     let (reply, mut rx, mut acks) = Reply::watched(1);
-    let report = Report { rank: 0, training_iteration: 1, metrics: Default::default(), checkpoint: None };
+    let report = Report { rank: 0, training_iteration: 1, metrics: Default::default(), extra: None, checkpoint: None };
     h.runner.handle(LoopEvent::Trials(vec![Event { trial_id: "trial_99999".into(), kind: EventKind::Report { report, reply } }])).unwrap();
     assert_eq!(answer(&mut rx), Directive::Stop);
     assert!(acks.wait_for(1).await.is_err(), "not stored: never acknowledged");

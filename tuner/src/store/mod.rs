@@ -707,6 +707,7 @@ mod tests {
 
     fn result(trial: &str, seq: u64, iter: u64, loss: f64) -> TrialResult {
         TrialResult {
+            extra: None,
             trial_id: trial.into(),
             seq,
             training_iteration: iter,
