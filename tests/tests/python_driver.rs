@@ -288,6 +288,20 @@ fn a_function_the_workers_cannot_import_fails_its_trials_naming_the_import() {
     assert!(processes_mentioning(dir.path().to_str().unwrap()).is_empty(), "a process of the sweep outlived it");
 }
 
+/// `salloc -N2 ... python examples/python/tune_torch.py` from `cwd`, with
+/// the cargo-built binary, 2 samples with their ranks on both nodes.
+fn salloc_seed_script(cluster: &common::slurm::SlurmCluster, cwd: &Path) -> Command {
+    let mut c = cluster.cmd("salloc");
+    c.args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
+        .arg(torch_venv().join("bin/python"))
+        .arg(repo().join("examples/python/tune_torch.py"))
+        .current_dir(cwd)
+        .env("NESTOR_BIN", nestor_bin())
+        .env("EXAMPLE_SAMPLES", "2")
+        .env("EXAMPLE_PLACEMENT", "STRICT_SPREAD");
+    c
+}
+
 /// The same script inside a 2-node Slurm allocation whose nodes share the
 /// experiment's directory but each have a temporary directory of their own
 /// (TMPDIR: an empty tmpfs on each node): rank 0 saves each checkpoint to a
@@ -301,19 +315,7 @@ fn the_ray_pattern_in_a_two_node_allocation_checkpoints_from_each_nodes_own_tmp(
     let cluster = common::slurm::SlurmCluster::start_with(2, 2, 4000, options);
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");
-    let out = cluster
-        .cmd("salloc")
-        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
-        .arg(torch_venv().join("bin/python"))
-        .arg(repo().join("examples/python/tune_torch.py"))
-        .current_dir(dir.path())
-        .env("NESTOR_BIN", nestor_bin())
-        .env("TMPDIR", scratch.path())
-        .env("EXAMPLE_STORAGE", &storage)
-        .env("EXAMPLE_SAMPLES", "2")
-        .env("EXAMPLE_PLACEMENT", "STRICT_SPREAD")
-        .output()
-        .unwrap();
+    let out = salloc_seed_script(&cluster, dir.path()).env("TMPDIR", scratch.path()).env("EXAMPLE_STORAGE", &storage).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = passed(out);
     assert!(stderr.contains("nestor: Slurm job "), "{stderr}");
@@ -365,16 +367,8 @@ fn the_ray_pattern_on_nodes_sharing_no_directory_checkpoints_to_the_bucket() {
     // Nodes on this machine's loopback (where the S3 server listens), each seeing an empty directory where the experiment is.
     let options = common::slurm::Options { hidden: vec![(0, local.clone()), (1, local.clone())], ..Default::default() };
     let cluster = common::slurm::SlurmCluster::start_with(2, 2, 4000, options);
-    let out = cluster
-        .cmd("salloc")
-        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
-        .arg(torch_venv().join("bin/python"))
-        .arg(repo().join("examples/python/tune_torch.py"))
-        .current_dir(dir.path())
-        .env("NESTOR_BIN", nestor_bin())
+    let out = salloc_seed_script(&cluster, dir.path())
         .env("EXAMPLE_STORAGE", "s3://bucket/runs")
-        .env("EXAMPLE_SAMPLES", "2")
-        .env("EXAMPLE_PLACEMENT", "STRICT_SPREAD")
         .env("NESTOR_LOG", "warn,trainer::intake=debug")
         .envs(s3.env())
         .output()
