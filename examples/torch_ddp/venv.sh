@@ -41,7 +41,11 @@ fi
 # The nestor package is this checkout's python/ (a path file: always current,
 # nothing to build); the binary comes from NESTOR_BIN or PATH. `pip install
 # ./python` is what users run: it builds the binary into the wheel.
-"$venv/bin/python" -m pip uninstall --quiet --yes nestor >/dev/null 2>&1 || true
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-echo "$repo/python" > "$site/nestor-checkout.pth"
+if [ "$(cat "$site/nestor-checkout.pth" 2>/dev/null)" != "$repo/python" ]; then
+    "$venv/bin/python" -m pip uninstall --quiet --yes nestor >/dev/null 2>&1 || true
+    # Atomically: a Python starting meanwhile (another test) sees the old file or the new one.
+    echo "$repo/python" > "$site/.nestor-checkout.pth.$$"
+    mv "$site/.nestor-checkout.pth.$$" "$site/nestor-checkout.pth"
+fi
 echo "$venv"

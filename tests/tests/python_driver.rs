@@ -236,9 +236,14 @@ fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknow
 /// `nestor` package is this checkout's python/ and whose binary is the one
 /// cargo built.
 fn torch_venv() -> PathBuf {
-    let out = Command::new("bash").arg(repo().join("examples/torch_ddp/venv.sh")).output().expect("run venv.sh");
-    assert!(out.status.success(), "examples/torch_ddp/venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    // Once per test run: the tests that use it run at once.
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
+    VENV.get_or_init(|| {
+        let out = Command::new("bash").arg(repo().join("examples/torch_ddp/venv.sh")).output().expect("run venv.sh");
+        assert!(out.status.success(), "examples/torch_ddp/venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+    .clone()
 }
 
 fn torch_python(cwd: &Path, script: &str, env: &[(&str, String)]) -> Output {
