@@ -228,6 +228,20 @@ impl From<QueryError> for Failure {
     }
 }
 
+/// A sweep that stopped on a full disk says so, and how to go on: what it
+/// acknowledged is stored, and `nestor resume` continues once there is room.
+fn on_full_disk(mut f: Failure, dir: &Path) -> Failure {
+    if f.message.contains("No space left on device") || f.message.contains("os error 28") {
+        f.message.push_str(&format!(
+            "\nthe disk holding {} is full: the sweep stopped; every acknowledged result is kept (`nestor status` reads them). \
+             Free some space, then continue it with `nestor resume {}`",
+            dir.display(),
+            dir.display()
+        ));
+    }
+    f
+}
+
 /// Runs the command line; returns the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -236,7 +250,9 @@ pub fn main() -> ExitCode {
         // Colours for a terminal only: not in logs, files or pipes.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NESTOR_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            // sled's own logs repeat an error the store returns, and nestor's message names it once.
+            tracing_subscriber::EnvFilter::try_from_env("NESTOR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,sled=off")),
         )
         .try_init();
     match run(cli) {
@@ -258,7 +274,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let experiment = ExperimentFile::read(&file, &sets).map_err(TuneError::from)?;
             let tuner = Tuner::from_file(experiment, file.display().to_string(), None).progress(progress(plain));
             let dir = tuner.experiment_dir();
-            let grid = tuner.fit()?;
+            let grid = tuner.fit().map_err(|e| on_full_disk(e.into(), &dir))?;
             print_summary(&grid, &dir)
         }
         Command::Simulate { file, curves, workers, sets, storage, plain } => {
@@ -297,7 +313,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Resume { dir, plain } => {
             let tuner = Tuner::restore(&dir, None)?.progress(progress(plain));
-            let grid = tuner.fit()?;
+            let grid = tuner.fit().map_err(|e| on_full_disk(e.into(), &dir))?;
             print_summary(&grid, &dir)
         }
         Command::Status { dir } => status(&dir),

@@ -159,9 +159,10 @@ pub struct ResultGrid {
 }
 
 impl ResultGrid {
-    /// Reads an experiment's results from its store.
+    /// Reads an experiment's results from its store, writing nothing into
+    /// the experiment (it may be on a full disk or a read-only copy).
     pub fn load(experiment_dir: &Path) -> Result<Self, QueryError> {
-        let store = Store::open_existing(&experiment_dir.join("store"))?;
+        let store = Store::open_read_only(&experiment_dir.join("store"))?;
         Self::from_store(experiment_dir, &store)
     }
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod segments;
+mod snapshot;
 use segments::{Op, Segment, Segments};
 
 use schedulers::TrialStatus;
@@ -248,6 +249,9 @@ pub struct Store {
     segments: Arc<Segments>,
     /// Held by a flush.
     flushing: Arc<std::sync::Mutex<()>>,
+    /// The private copy a read-only store was opened from (last: removed
+    /// after the database is closed).
+    snapshot: Option<Arc<snapshot::Snapshot>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -312,10 +316,29 @@ impl Store {
     /// Nothing is flushed in the background: writes are durable at
     /// [`Store::flush`], which also writes the scheduler's journal.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_at(path, path)
+    }
+
+    /// Opens the store at `path` to read it, writing nothing there: a
+    /// private copy of its files is opened (see snapshot.rs), so it works on
+    /// a full disk and on a read-only copy of an experiment. Writes to it
+    /// are lost with it. [`StoreError::Locked`] while a sweep holds it.
+    pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
+        if !path.join("db").exists() {
+            return Err(StoreError::Missing(path.to_path_buf()));
+        }
+        let (snapshot, copy) = snapshot::Snapshot::take(path)?;
+        let mut store = Self::open_at(&copy, path)?;
+        store.snapshot = Some(Arc::new(snapshot));
+        Ok(store)
+    }
+
+    /// Opens the database in `dir`; errors name `path`.
+    fn open_at(dir: &Path, path: &Path) -> Result<Self, StoreError> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
         let db = loop {
             let opened =
-                sled::Config::new().path(path).cache_capacity(CACHE_BYTES).segment_size(segment_size(path)).flush_every_ms(None).open();
+                sled::Config::new().path(dir).cache_capacity(CACHE_BYTES).segment_size(segment_size(dir)).flush_every_ms(None).open();
             match opened {
                 Ok(db) => break db,
                 Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") => {
@@ -338,6 +361,7 @@ impl Store {
             segments: Arc::default(),
             flushing: Arc::default(),
             db,
+            snapshot: None,
         })
     }
 
@@ -624,7 +648,7 @@ impl Store {
         let _one = self.flushing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let journal = self.segments.take();
         self.db.flush().map_err(self.sled_err())?;
-        if !journal.is_empty() {
+        if !journal.is_empty() && self.snapshot.is_none() {
             self.segments.write(&self.path, journal).map_err(|e| self.io_err("journal", e))?;
         }
         Ok(())
@@ -746,6 +770,33 @@ mod tests {
         let grid = crate::ResultGrid::from_store(dir.path(), &store).unwrap();
         let got: Vec<(String, usize)> = grid.iter().map(|t| (t.trial_id.clone(), t.history.len())).collect();
         assert_eq!(got, [("t1".to_string(), 2), ("t2".into(), 3), ("t10".into(), 1)]);
+    }
+
+    #[test]
+    fn a_read_only_store_is_a_private_copy_refused_while_a_sweep_holds_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store");
+        assert!(matches!(Store::open_read_only(&path), Err(StoreError::Missing(_))));
+        let store = Store::open(&path).unwrap();
+        store.put_result(&result("t0", 0, 1, 0.5)).unwrap();
+        store.flush().unwrap();
+        assert!(matches!(Store::open_read_only(&path), Err(StoreError::Locked(p)) if p == path));
+        drop(store);
+        let before: Vec<_> = std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()).collect();
+        let copy = Store::open_read_only(&path).unwrap();
+        assert_eq!(copy.results("t0").unwrap().len(), 1);
+        // What is written to the copy stays there; the copy goes with its last handle.
+        copy.put_result(&result("t0", 1, 2, 0.4)).unwrap();
+        copy.flush().unwrap();
+        let private = copy.snapshot.as_ref().unwrap().dir.clone();
+        assert!(private.exists());
+        let after: Vec<_> = std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(before, after);
+        // While a copy is open, a sweep may open the store.
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.results("t0").unwrap().len(), 1);
+        drop(copy);
+        assert!(!private.exists());
     }
 
     #[test]
