@@ -502,7 +502,8 @@ fn a_rank_hung_on_another_node_is_killed_with_its_step_and_the_trial_restarts() 
 /// A node goes down mid-trial (its slurmd, step daemons and tasks killed at
 /// once) in an allocation that survives it (`salloc --no-kill`): the hung
 /// step is killed, the node is set aside once Slurm cannot reach it, and
-/// the trial finishes on the other nodes from its checkpoint.
+/// the trial finishes on the other nodes from its checkpoint. With the
+/// default `[failure]` settings: a lost node is not the trial's failure.
 #[test]
 fn a_node_that_goes_down_is_set_aside_and_the_trial_finishes_on_the_others() {
     let mut cluster = SlurmCluster::start(3, 2, 2000);
@@ -512,7 +513,7 @@ fn a_node_that_goes_down_is_set_aside_and_the_trial_finishes_on_the_others() {
         "nodedown",
         "num_samples = 1",
         "x = 0.5\nsteps = 15\nsleep_ms = 100\ncheckpoint = true",
-        "\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 3\nhang_timeout_s = 2.0",
+        "\n[checkpoint]\nfrequency = 1\n\n[failure]\nhang_timeout_s = 2.0",
     );
     let run = cluster
         .cmd("salloc")
@@ -541,9 +542,13 @@ fn a_node_that_goes_down_is_set_aside_and_the_trial_finishes_on_the_others() {
     let stdout = common::ok(out);
     assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
     assert!(stderr.contains(&format!("node {node} is set aside for the rest of the sweep")), "{stderr}");
+    assert!(stderr.contains(&format!("(on {node})")), "the hang names the lost node: {stderr}");
+    assert!(stderr.contains("(infrastructure failure 1 of 5)"), "{stderr}");
     let store = tuner::store::Store::open_existing(&dir.path().join("runs/nodedown/store")).unwrap();
     let t = store.trial("trial_00000").unwrap().unwrap();
     assert_eq!(t.status, tuner::TrialStatus::Terminated);
+    assert_eq!((t.failures, t.infrastructure_failures), (0, 1), "{:?}", t.last_failure);
+    assert!(t.last_failure.as_deref().unwrap_or_default().contains(&format!("node {node} was lost under rank")), "{:?}", t.last_failure);
     assert!(t.resources.iter().all(|w| w.node != node), "the last run used the lost node: {:?}", t.resources);
     let last = t.last_result.unwrap();
     assert_eq!(last.training_iteration, 15);

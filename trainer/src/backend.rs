@@ -162,6 +162,11 @@ pub enum ExitOutcome {
     Stopped,
     /// The run failed; the message says why (with the failing rank's log tail).
     Failed(String),
+    /// The run ended for a cause outside its code: a node it ran on was
+    /// lost, or the cluster killed its step or would not start it. The
+    /// message says what and where. Restarted without counting against
+    /// `max_failures` (against `max_infrastructure_failures` instead).
+    Infrastructure(String),
 }
 
 /// What a running trial tells the driver.
@@ -173,6 +178,14 @@ pub enum EventKind {
         report: Report,
         /// Where the driver's decision goes.
         reply: Reply,
+    },
+    /// A node is gone, or fails every run placed on it: no run should be
+    /// placed on it again. Sent before the exit of the run that found it.
+    NodeLost {
+        /// The node's name.
+        node: String,
+        /// Why it is set aside.
+        why: String,
     },
     /// The run has ended and holds no resources any more.
     Exited(ExitOutcome),
@@ -298,11 +311,7 @@ pub enum LaunchError {
 /// a thread) and [`crate::ProcessBackend`] (an external command).
 pub trait Backend: Send + Sync {
     /// Starts one run of a trial. Its reports and its exit arrive on `events`.
+    /// Exactly one [`EventKind::Exited`] follows, once nothing of the run
+    /// is left, whatever happens to the task that watches it.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError>;
-
-    /// Nodes found down or failing over and over, with why: no run should
-    /// be placed on them again. Asked after every run's end (none, on one machine).
-    fn lost_nodes(&self) -> Vec<(String, String)> {
-        Vec::new()
-    }
 }

@@ -27,6 +27,7 @@ mod service;
 mod shards;
 mod slurm;
 mod storage;
+mod supervise;
 mod trainer;
 mod warm;
 

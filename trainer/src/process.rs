@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
+use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
 use crate::scaling::TorchConfig;
 use crate::service::ReportServer;
+use crate::supervise::{supervise, Escalation, Groups, StopStep};
 use crate::warm::{RankSpec, WarmPool};
 
 /// How to run a trial's worker process.
@@ -304,25 +305,24 @@ impl Backend for ProcessBackend {
             let registration = self.server.register(&spec, token, roots, events.clone());
             let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>));
             let cwd = cfg.working_dir.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_default();
+            let groups = Groups::default();
             let monitor = Monitor {
-                pgids: Vec::with_capacity(envs.len()),
+                groups: Arc::clone(&groups),
                 stop,
                 registration,
-                events,
                 grace: cfg.grace_period,
-                trial_id: spec.trial_id,
+                trial_id: spec.trial_id.clone(),
                 log_paths,
                 rendezvous,
             };
-            tokio::spawn(async move {
+            supervise(spec.trial_id, events, groups, libc::SIGKILL, async move {
                 let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();
-                let mut monitor = monitor;
                 for (rank, (env, unset)) in envs.into_iter().enumerate() {
                     let rank_spec =
                         RankSpec { env: env.into_iter().collect(), unset, cwd: cwd.clone(), log: monitor.log_paths[rank].clone() };
                     match queue.fork(rank_spec).await {
                         Ok(forked) => {
-                            monitor.pgids.push(forked.pid);
+                            monitor.add_group(forked.pid);
                             let tx = exits_tx.clone();
                             tokio::spawn(async move {
                                 let status =
@@ -332,17 +332,15 @@ impl Backend for ProcessBackend {
                         }
                         Err(e) => {
                             // All or nothing: the ranks that did start go at once.
-                            monitor.pgids.iter().for_each(|&g| signal_group(g, libc::SIGKILL));
-                            wait_groups_gone(&monitor.pgids).await;
-                            drop(monitor.registration);
-                            let outcome = ExitOutcome::Failed(format!("cannot start rank {rank}: {e}"));
-                            let _ = monitor.events.send(Event { trial_id: monitor.trial_id, kind: EventKind::Exited(outcome) });
-                            return;
+                            let pgids = monitor.pgids();
+                            pgids.iter().for_each(|&g| signal_group(g, libc::SIGKILL));
+                            wait_groups_gone(&pgids).await;
+                            return ExitOutcome::Failed(format!("cannot start rank {rank}: {e}"));
                         }
                     }
                 }
                 drop(exits_tx);
-                monitor.run(exits).await;
+                monitor.run(exits).await
             });
             return Ok(handle);
         }
@@ -382,21 +380,28 @@ impl Backend for ProcessBackend {
             pgids.iter().copied().filter(|&g| g > 0).collect(),
             Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
         );
-        let monitor =
-            Monitor { pgids, stop, registration, events, grace: cfg.grace_period, trial_id: spec.trial_id, log_paths, rendezvous };
-        tokio::spawn(monitor.run(exits));
+        let groups: Groups = Arc::new(std::sync::Mutex::new(pgids));
+        let monitor = Monitor {
+            groups: Arc::clone(&groups),
+            stop,
+            registration,
+            grace: cfg.grace_period,
+            trial_id: spec.trial_id.clone(),
+            log_paths,
+            rendezvous,
+        };
+        supervise(spec.trial_id, events, groups, libc::SIGKILL, monitor.run(exits));
         Ok(handle)
     }
 }
 
-/// A run's ranks from their start to the run's exit event: one task that
-/// waits on every rank, stops the others when one fails, carries out stop
-/// requests, and sends the outcome once no process of the run is left.
+/// A run's ranks from their start to the run's end: one task that waits
+/// on every rank, stops the others when one fails, carries out stop
+/// requests, and returns the outcome once no process of the run is left.
 struct Monitor {
-    pgids: Vec<i32>,
+    groups: Groups,
     stop: tokio::sync::watch::Receiver<StopLevel>,
     registration: crate::service::Registration,
-    events: mpsc::UnboundedSender<Event>,
     grace: Duration,
     trial_id: String,
     log_paths: Vec<PathBuf>,
@@ -404,27 +409,22 @@ struct Monitor {
 }
 
 impl Monitor {
-    async fn run(self, mut exits: mpsc::UnboundedReceiver<RankExit>) {
-        let Monitor { pgids, mut stop, registration, events, grace, trial_id, log_paths, rendezvous } = self;
+    fn add_group(&self, pgid: i32) {
+        self.groups.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(pgid);
+    }
+
+    fn pgids(&self) -> Vec<i32> {
+        self.groups.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    async fn run(self, mut exits: mpsc::UnboundedReceiver<RankExit>) -> ExitOutcome {
+        let pgids = self.pgids();
+        let Monitor { stop, registration, grace, trial_id, log_paths, rendezvous, .. } = self;
         let signal_all = |sig: i32| pgids.iter().filter(|&&g| g > 0).for_each(|&g| signal_group(g, sig));
-        let mut requested = StopLevel::Run;
+        let mut stopping = Escalation::new(stop, grace);
         let mut failure: Option<(u32, String)> = None;
         let mut wait_error: Option<String> = None;
         let mut remaining = pgids.len();
-        let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-        let kill_at = tokio::time::sleep_until(far);
-        tokio::pin!(kill_at);
-        let mut kill_armed = false;
-        // A stop asked for while the ranks were being started.
-        let asked = *stop.borrow_and_update();
-        if asked > StopLevel::Run {
-            requested = asked;
-            signal_all(if asked == StopLevel::Kill { libc::SIGKILL } else { libc::SIGTERM });
-            if asked < StopLevel::Kill {
-                kill_armed = true;
-                kill_at.as_mut().reset(tokio::time::Instant::now() + grace);
-            }
-        }
         while remaining > 0 {
             tokio::select! {
                 exit = exits.recv() => {
@@ -432,16 +432,13 @@ impl Monitor {
                     remaining -= 1;
                     match status {
                         Ok(s) if s.success() => registration.aggregator().rank_finished(rank),
-                        Ok(_) if requested > StopLevel::Run => registration.aggregator().fail(),
+                        Ok(_) if stopping.requested > StopLevel::Run => registration.aggregator().fail(),
                         Ok(s) => {
                             registration.aggregator().fail();
                             if failure.is_none() && remaining > 0 {
                                 tracing::warn!(trial = %trial_id, rank, "{}; stopping the other ranks", describe_exit(s));
                                 signal_all(libc::SIGTERM);
-                                if !kill_armed {
-                                    kill_armed = true;
-                                    kill_at.as_mut().reset(tokio::time::Instant::now() + grace.min(Duration::from_secs(1)));
-                                }
+                                stopping.kill_within(grace.min(Duration::from_secs(1)));
                             }
                             failure.get_or_insert((rank, describe_exit(s)));
                         }
@@ -451,25 +448,15 @@ impl Monitor {
                         }
                     }
                 }
-                changed = stop.changed(), if requested < StopLevel::Kill => {
-                    let level = if changed.is_ok() { *stop.borrow_and_update() } else { StopLevel::Kill };
-                    if level <= requested { continue; }
-                    requested = level;
-                    if level == StopLevel::Kill {
-                        signal_all(libc::SIGKILL);
-                    } else {
-                        signal_all(libc::SIGTERM);
-                        if !kill_armed {
-                            kill_armed = true;
-                            kill_at.as_mut().reset(tokio::time::Instant::now() + grace);
+                step = stopping.next() => match step {
+                    StopStep::Terminate => signal_all(libc::SIGTERM),
+                    StopStep::Kill => {
+                        if stopping.requested < StopLevel::Kill {
+                            tracing::warn!(trial = %trial_id, "workers still running after SIGTERM; killing them");
                         }
+                        signal_all(libc::SIGKILL);
                     }
-                }
-                _ = &mut kill_at, if kill_armed => {
-                    tracing::warn!(trial = %trial_id, "workers still running after SIGTERM; killing them");
-                    signal_all(libc::SIGKILL);
-                    kill_armed = false;
-                }
+                },
             }
         }
         // Whatever the leaders did, no process of the groups outlives the trial.
@@ -478,7 +465,7 @@ impl Monitor {
         let _ = std::fs::remove_file(&rendezvous);
         // Its reports are refused from here on.
         drop(registration);
-        let outcome = match (failure, wait_error) {
+        match (failure, wait_error) {
             (Some((rank, how)), _) => {
                 let log = &log_paths[rank as usize];
                 let tail = log_tail(log, 20);
@@ -486,9 +473,8 @@ impl Monitor {
                 ExitOutcome::Failed(format!("rank {rank} {how}{tail}"))
             }
             (None, Some(e)) => ExitOutcome::Failed(e),
-            (None, None) if requested > StopLevel::Run => ExitOutcome::Stopped,
+            (None, None) if stopping.requested > StopLevel::Run => ExitOutcome::Stopped,
             (None, None) => ExitOutcome::Completed,
-        };
-        let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
+        }
     }
 }

@@ -204,20 +204,49 @@ mod tests {
 
 /// What happens when a run's workers fail: Ray's `FailureConfig` (TOML
 /// `[failure]`; `Trainer::failure` for a run on its own).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FailureConfig {
     /// Restarts of a failed trial from its latest committed checkpoint
-    /// before it is ERROR (`-1`: no limit; default 0).
+    /// before it is ERROR (`-1`: no limit; default 0). Counts the failures
+    /// of the trial's own code: a rank that died, exited non-zero or hung.
     #[serde(default)]
     pub max_failures: i64,
+    /// Restarts of a trial whose run the infrastructure ended (a node lost
+    /// under it, a job step the cluster killed or would not start) before
+    /// it is ERROR (`-1`: no limit; default 5). They do not count against
+    /// `max_failures`.
+    #[serde(default = "FailureConfig::default_infrastructure", skip_serializing_if = "FailureConfig::is_default_infrastructure")]
+    pub max_infrastructure_failures: i64,
     /// A trial some rank of which has not reported for this long is hung:
     /// its group is killed and counts as failed (default: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hang_timeout_s: Option<f64>,
 }
 
+impl Default for FailureConfig {
+    fn default() -> Self {
+        Self { max_failures: 0, max_infrastructure_failures: Self::default_infrastructure(), hang_timeout_s: None }
+    }
+}
+
 impl FailureConfig {
+    /// Infrastructure failures a trial survives by default.
+    pub const DEFAULT_INFRASTRUCTURE_FAILURES: i64 = 5;
+
+    fn default_infrastructure() -> i64 {
+        Self::DEFAULT_INFRASTRUCTURE_FAILURES
+    }
+
+    fn is_default_infrastructure(n: &i64) -> bool {
+        *n == Self::DEFAULT_INFRASTRUCTURE_FAILURES
+    }
+
+    /// Whether a trial whose runs the infrastructure ended `failures` times may restart.
+    pub fn may_restart_after_infrastructure(&self, failures: u32) -> bool {
+        self.max_infrastructure_failures < 0 || i64::from(failures) < self.max_infrastructure_failures
+    }
+
     /// Whether every field has its default (nothing to write to a file).
     pub fn is_default(&self) -> bool {
         *self == Self::default()

@@ -305,7 +305,7 @@ impl Trainer {
                         if hang_limit.is_some_and(|limit| last_step.elapsed() >= limit) {
                             let after = out.history.last().map_or(start_iteration, |s| s.training_iteration);
                             let limit = self.failure.hang_timeout_s.unwrap_or(0.0);
-                            hung = Some(hang_message(limit, after, &handle.lagging_ranks(), &dir.join("logs")));
+                            hung = Some(hang_message(limit, after, &handle.lagging_ranks(), &[], &dir.join("logs")));
                             handle.stop(StopLevel::Kill);
                         }
                     }
@@ -335,13 +335,15 @@ impl Trainer {
                             out.history.push(Step { training_iteration: report.training_iteration, metrics, checkpoint });
                             reply.send(if interrupted { Directive::Stop } else { Directive::Continue }).durable();
                         }
+                        // One machine: no node to set aside.
+                        Some(EventKind::NodeLost { .. }) => {}
                         Some(EventKind::Exited(outcome)) => break outcome,
                         None => break ExitOutcome::Failed("the workers' channel closed".into()),
                     }
                 }
             };
             let failure = match (hung, outcome) {
-                (Some(msg), _) | (None, ExitOutcome::Failed(msg)) => msg,
+                (Some(msg), _) | (None, ExitOutcome::Failed(msg) | ExitOutcome::Infrastructure(msg)) => msg,
                 (None, other) => break other,
             };
             if interrupted || !self.failure.may_restart(out.failures) {
@@ -357,7 +359,9 @@ impl Trainer {
         };
         pool.release(&allocation);
         match outcome {
-            ExitOutcome::Failed(message) => Err(TrainError::Failed { message, output: Box::new(out) }),
+            ExitOutcome::Failed(message) | ExitOutcome::Infrastructure(message) => {
+                Err(TrainError::Failed { message, output: Box::new(out) })
+            }
             _ if interrupted => Err(TrainError::Interrupted(Box::new(out))),
             _ => Ok(out),
         }
@@ -366,12 +370,19 @@ impl Trainer {
 
 /// A hung run's failure, as the Tuner and a [`Trainer`] run both say it:
 /// how long nothing came, after which iteration, the ranks the next step
-/// waits for, and the end of the first one's log (`logs/rank-<r>.log`, when
+/// waits for (with their nodes, where `nodes` names each rank's), and the end
+/// of the first one's log (`logs/rank-<r>.log`, when
 /// its workers are processes).
-pub fn hang_message(limit_s: f64, after_iteration: u64, lagging: &[u32], logs: &Path) -> String {
+pub fn hang_message(limit_s: f64, after_iteration: u64, lagging: &[u32], nodes: &[String], logs: &Path) -> String {
     let mut msg = format!("hung: no report for {limit_s} s (failure.hang_timeout_s) after iteration {after_iteration}");
     if !lagging.is_empty() {
-        let ranks: Vec<String> = lagging.iter().map(u32::to_string).collect();
+        let ranks: Vec<String> = lagging
+            .iter()
+            .map(|&r| match nodes.get(r as usize).filter(|n| !n.is_empty()) {
+                Some(node) => format!("{r} (on {node})"),
+                None => r.to_string(),
+            })
+            .collect();
         msg.push_str(&format!("; waiting on rank {}", ranks.join(", ")));
     }
     let log = logs.join(format!("rank-{}.log", lagging.first().copied().unwrap_or(0)));
@@ -521,7 +532,7 @@ mod tests {
         })
         .scaling(ScalingConfig::workers(2))
         .resources(NodeResources::declared(2.0))
-        .failure(FailureConfig { max_failures: 1, hang_timeout_s: None })
+        .failure(FailureConfig { max_failures: 1, ..Default::default() })
         .storage(storage.path())
         .name("flaky")
         .fit()

@@ -304,6 +304,12 @@ impl ExperimentFile {
         if f.max_failures < -1 {
             return Err(invalid("failure.max_failures", format!("must be -1 (no limit) or more, got {}", f.max_failures)));
         }
+        if f.max_infrastructure_failures < -1 {
+            return Err(invalid(
+                "failure.max_infrastructure_failures",
+                format!("must be -1 (no limit) or more, got {}", f.max_infrastructure_failures),
+            ));
+        }
         if let Some(t) = f.hang_timeout_s {
             if !(t > 0.0 && t.is_finite()) {
                 return Err(invalid("failure.hang_timeout_s", format!("must be a positive number of seconds, got {t}")));

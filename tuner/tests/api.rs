@@ -451,7 +451,7 @@ fn a_sweep_of_a_trainer_keeps_its_config_name_storage_and_failure_settings() {
     .config(serde_json::json!({"epochs": 3, "x": 5.0, "model": {"width": 32}}))
     .name("from-trainer")
     .storage(dir.path())
-    .failure(trainer::FailureConfig { max_failures: 1, hang_timeout_s: None });
+    .failure(trainer::FailureConfig { max_failures: 1, ..Default::default() });
     let space = Space::builder().param("x", Domain::uniform(-1.0, 1.0)).build().unwrap();
     let grid = Tuner::new(trainer.into(), space).progress(ProgressMode::Quiet).fit().unwrap();
     assert!(dir.path().join("from-trainer/store").is_dir(), "the trainer's name and storage");

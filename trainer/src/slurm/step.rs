@@ -32,6 +32,7 @@ use super::SlurmAllocation;
 use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
 use crate::process::{common_env, describe_exit, dies_with_driver, free_port, log_tail, random_token, signal_group, ProcessConfig};
 use crate::service::ReportServer;
+use crate::supervise::{supervise, Escalation, Groups, StopStep};
 
 /// `srun` options a job's environment may carry that would change a
 /// step's shape: the step is described by nestor's own options only.
@@ -107,17 +108,24 @@ struct Health {
 }
 
 impl Health {
-    fn node_down(&mut self, node: &str, why: &str) {
-        self.lost.entry(node.to_string()).or_insert_with(|| why.to_string());
+    /// Marks `node` down; the node and why, the first time.
+    fn node_down(&mut self, node: &str, why: &str) -> Option<(String, String)> {
+        if self.lost.contains_key(node) {
+            return None;
+        }
+        self.lost.insert(node.to_string(), why.to_string());
+        Some((node.to_string(), why.to_string()))
     }
 
-    fn blame(&mut self, node: &str) {
+    /// Counts a failed run against `node`; the node and why when that sets it aside.
+    fn blame(&mut self, node: &str) -> Option<(String, String)> {
         let n = self.failures.entry(node.to_string()).or_insert(0);
         *n += 1;
         if *n >= FAILURES_BEFORE_SET_ASIDE {
             let why = format!("{n} runs failed on it");
-            self.node_down(node, &why);
+            return self.node_down(node, &why);
         }
+        None
     }
 }
 
@@ -296,11 +304,6 @@ async fn answers(job: &str, node: &str) -> bool {
 }
 
 impl Backend for SlurmBackend {
-    fn lost_nodes(&self) -> Vec<(String, String)> {
-        let health = self.health.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        health.lost.iter().map(|(n, why)| (n.clone(), why.clone())).collect()
-    }
-
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let cfg = &self.config;
         let logs = spec.trial_dir.join("logs");
@@ -425,7 +428,7 @@ impl Backend for SlurmBackend {
             });
         }
         drop(lines_tx);
-        let (handle, mut stop) = TrialHandle::new(
+        let (handle, stop) = TrialHandle::new(
             vec![pgid].into_iter().filter(|&g| g > 0).collect(),
             Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
         );
@@ -435,14 +438,13 @@ impl Backend for SlurmBackend {
         let job = self.allocation.job_id.clone();
         let health = Arc::clone(&self.health);
         let rank_nodes: Vec<String> = bundles.iter().map(|b| b.node.clone()).collect();
-        tokio::spawn(async move {
-            let mut requested = StopLevel::Run;
+        let node_events = events.clone();
+        let node_trial = trial_id.clone();
+        let groups: Groups = Arc::new(std::sync::Mutex::new(vec![pgid]));
+        supervise(trial_id.clone(), events, groups, libc::SIGTERM, async move {
+            let mut stopping = Escalation::new(stop, grace);
             let mut failed: Option<(u32, String, String)> = None;
             let mut lost: Option<(String, String)> = None;
-            let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-            let kill_at = tokio::time::sleep_until(far);
-            tokio::pin!(kill_at);
-            let mut kill_armed = false;
             let mut lines_open = true;
             let status = loop {
                 tokio::select! {
@@ -467,13 +469,14 @@ impl Backend for SlurmBackend {
                         None => lines_open = false,
                     },
                     status = child.wait(), if !lines_open => break status,
-                    changed = stop.changed(), if requested < StopLevel::Kill => {
-                        let level = if changed.is_ok() { *stop.borrow_and_update() } else { StopLevel::Kill };
-                        if level <= requested { continue; }
-                        requested = level;
-                        if level == StopLevel::Kill {
+                    step = stopping.next() => match step {
+                        StopStep::Kill => {
+                            if stopping.requested < StopLevel::Kill {
+                                tracing::warn!(trial = %trial_id, "the job step still runs after SIGTERM; ending it");
+                            }
                             signal_group(pgid, libc::SIGTERM);
-                        } else {
+                        }
+                        StopStep::Terminate => {
                             // The ranks get SIGTERM where they run; srun ends when they do.
                             match steps(&job).await.into_iter().find(|(_, n)| *n == step_name).map(|(id, _)| id) {
                                 Some(id) => {
@@ -481,19 +484,11 @@ impl Backend for SlurmBackend {
                                 }
                                 None => signal_group(pgid, libc::SIGTERM),
                             }
-                            if !kill_armed {
-                                kill_armed = true;
-                                kill_at.as_mut().reset(tokio::time::Instant::now() + grace);
-                            }
                         }
-                    }
-                    _ = &mut kill_at, if kill_armed => {
-                        tracing::warn!(trial = %trial_id, "the job step still runs after SIGTERM; ending it");
-                        signal_group(pgid, libc::SIGTERM);
-                        kill_armed = false;
-                    }
+                    },
                 }
             };
+            let requested = stopping.requested;
             let _ = std::fs::remove_file(&rendezvous);
             let aggregator = registration.aggregator();
             // Which nodes to ask whether they are still there: the failed rank's, or after a
@@ -520,25 +515,36 @@ impl Backend for SlurmBackend {
                     gone.push(node);
                 }
             }
-            {
+            let newly_lost = {
                 let mut h = health.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut newly = Vec::new();
                 if let Some((node, why)) = &lost {
-                    h.node_down(node, why);
+                    newly.extend(h.node_down(node, why));
                 }
                 for node in &gone {
-                    h.node_down(node, &format!("it did not run a job step within {} s", PROBE_TIMEOUT.as_secs()));
+                    newly.extend(h.node_down(node, &format!("it did not run a job step within {} s", PROBE_TIMEOUT.as_secs())));
                 }
                 if let (Some((_, node, _)), true, true) = (&failed, failed_here, gone.is_empty()) {
-                    h.blame(node);
+                    newly.extend(h.blame(node));
                 }
+                newly
+            };
+            // Set aside before the run's exit comes: its restart goes elsewhere.
+            for (node, why) in newly_lost {
+                let _ = node_events.send(Event { trial_id: node_trial.clone(), kind: EventKind::NodeLost { node, why } });
             }
             let lost = lost.or_else(|| gone.first().map(|n| (n.clone(), "it stopped answering".to_string())));
             let outcome = match status {
-                // A node lost under a step fails the run, whatever srun's status.
+                // A node lost under a step ends the run, whatever srun's status: not the code's doing.
                 _ if lost.is_some() && requested != StopLevel::Graceful => {
                     aggregator.fail();
                     let (node, why) = lost.unwrap_or_default();
-                    ExitOutcome::Failed(format!("node {node} was lost ({why}); it is set aside for the rest of the sweep"))
+                    let ranks: Vec<String> =
+                        rank_nodes.iter().enumerate().filter(|(_, n)| **n == node).map(|(r, _)| r.to_string()).collect();
+                    ExitOutcome::Infrastructure(format!(
+                        "node {node} was lost under rank {} ({why}); it is set aside for the rest of the sweep",
+                        ranks.join(", ")
+                    ))
                 }
                 Ok(s) if s.success() => {
                     for r in 0..world {
@@ -577,7 +583,7 @@ impl Backend for SlurmBackend {
             };
             // Its reports are refused from here on.
             drop(registration);
-            let _ = events.send(Event { trial_id, kind: EventKind::Exited(outcome) });
+            outcome
         });
         Ok(handle)
     }
@@ -629,10 +635,13 @@ mod tests {
         assert_eq!(node_lost("srun: error: node2: task 1: Killed"), None);
         let mut h = Health::default();
         for _ in 1..FAILURES_BEFORE_SET_ASIDE {
-            h.blame("node1");
+            assert_eq!(h.blame("node1"), None);
         }
         assert!(h.lost.is_empty());
-        h.blame("node1");
+        assert_eq!(h.blame("node1"), Some(("node1".into(), "3 runs failed on it".into())));
         assert_eq!(h.lost["node1"], "3 runs failed on it");
+        // Once set aside, a node is not reported again.
+        assert_eq!(h.blame("node1"), None);
+        assert_eq!(h.node_down("node1", "gone"), None);
     }
 }

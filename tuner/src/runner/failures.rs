@@ -1,5 +1,6 @@
 //! Failed runs: a restart from the latest committed checkpoint while
-//! `max_failures` allows, else ERROR; and hung runs, killed after
+//! `max_failures` (the code's failures) or `max_infrastructure_failures`
+//! (a node lost under it) allows, else ERROR; and hung runs, killed after
 //! `hang_timeout_s`.
 
 use schedulers::TrialStatus;
@@ -9,13 +10,36 @@ use super::{checkpoint_name, remove_uncommitted, view, Ending, Output, Runner};
 use crate::store::TrialRecord;
 use crate::TuneError;
 
+/// Why a run failed, which decides the limit its restart counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// The trial's own code: a rank died, exited non-zero or hung (`max_failures`).
+    Code,
+    /// The infrastructure: a node lost under it, a job step the cluster
+    /// killed (`max_infrastructure_failures`).
+    Infrastructure,
+}
+
 impl Runner {
     /// A run of `rec` failed: it restarts from its latest committed
-    /// checkpoint while `max_failures` allows (and the sweep goes on), else
-    /// it is ERROR.
-    pub(super) fn failed_run(&mut self, mut rec: TrialRecord, msg: String) -> Result<(), TuneError> {
-        let restartable = !self.phase.stopping && self.settings.failure.may_restart(rec.failures);
-        rec.failures += 1;
+    /// checkpoint while its cause's limit allows (and the sweep goes on),
+    /// else it is ERROR. While the sweep is stopping, a run that would
+    /// restart is left PENDING instead, for `nestor resume`: the sweep's own
+    /// stop never puts a trial in ERROR.
+    pub(super) fn failed_run(&mut self, mut rec: TrialRecord, msg: String, cause: Cause) -> Result<(), TuneError> {
+        let failure = &self.settings.failure;
+        let (restartable, count) = match cause {
+            Cause::Code => {
+                let may = failure.may_restart(rec.failures);
+                rec.failures += 1;
+                (may, limit_count("failure", rec.failures, failure.max_failures))
+            }
+            Cause::Infrastructure => {
+                let may = failure.may_restart_after_infrastructure(rec.infrastructure_failures);
+                rec.infrastructure_failures += 1;
+                (may, limit_count("infrastructure failure", rec.infrastructure_failures, failure.max_infrastructure_failures))
+            }
+        };
         // The failed run may have left a checkpoint half written.
         self.trials.dirty.insert(rec.id.clone());
         if !restartable {
@@ -26,9 +50,11 @@ impl Runner {
         rec.last_failure = Some(msg);
         self.store.put_trial(&rec)?;
         let from = rec.latest_checkpoint.as_ref().map_or_else(|| "the start".to_string(), |c| checkpoint_name(&c.uri).to_string());
-        let max_failures = self.settings.failure.max_failures;
-        let count =
-            if max_failures < 0 { format!("failure {}", rec.failures) } else { format!("failure {} of {max_failures}", rec.failures) };
+        if self.phase.stopping {
+            self.reporter.report(Output::Note(&format!("{}: {first_line}; left to resume from {from} ({count})", rec.id)));
+            self.commits.push_end(rec);
+            return Ok(());
+        }
         self.reporter.report(Output::Note(&format!("{}: {first_line}; restarting from {from} ({count})", rec.id)));
         // Before anything new: its resources were just released.
         self.trials.pending.push_front(rec);
@@ -75,11 +101,22 @@ impl Runner {
                 continue;
             }
             let after = r.record.last_result.as_ref().map_or(0, |l| l.training_iteration);
-            let msg = trainer::hang_message(limit, after, &r.handle.lagging_ranks(), &trials_dir.join(&r.record.id).join("logs"));
+            let nodes: Vec<String> = r.allocation.workers.iter().map(|w| w.node.clone()).collect();
+            let logs = trials_dir.join(&r.record.id).join("logs");
+            let msg = trainer::hang_message(limit, after, &r.handle.lagging_ranks(), &nodes, &logs);
             tracing::warn!(trial = %r.record.id, "{}", msg.lines().next().unwrap_or_default());
             r.ending = Some(Ending::Hung(msg));
             // A hung rank has nothing left to save: kill the group now.
             r.handle.stop(StopLevel::Kill);
         }
+    }
+}
+
+/// `failure 2 of 3`, or `failure 2` with no limit.
+fn limit_count(what: &str, n: u32, limit: i64) -> String {
+    if limit < 0 {
+        format!("{what} {n}")
+    } else {
+        format!("{what} {n} of {limit}")
     }
 }

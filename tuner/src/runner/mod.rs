@@ -47,6 +47,7 @@ use checkpoints::Checkpoints;
 pub(crate) use clock::{now_unix, Clock, WallClock};
 pub(crate) use commits::Durability;
 pub(crate) use exploits::config_change;
+use failures::Cause;
 pub(crate) use reporter::{Reporter, SNAPSHOT};
 
 use commits::{Batch, Commits, Stored};
@@ -415,7 +416,7 @@ impl Runner {
                     let why = if e.is_panic() { "panicked" } else { "was cancelled" };
                     let msg = format!("the preparation of its restart {why}: {e}");
                     tracing::error!(trial = %record.id, "{msg}");
-                    self.failed_run(record, msg)?;
+                    self.failed_run(record, msg, Cause::Code)?;
                 }
             }
             LoopEvent::Flushed { batch, result } => {
@@ -723,7 +724,8 @@ impl Runner {
             }
             Err(msg) => {
                 self.pool.release(&allocation);
-                self.failed_run(record, format!("could not prepare its restart: {msg}"))
+                // Its checkpoint could not be fetched or copied (a store gone): not the trial's doing.
+                self.failed_run(record, format!("could not prepare its restart: {msg}"), Cause::Infrastructure)
             }
         }
     }
@@ -796,6 +798,7 @@ impl Runner {
                     drop(reply.send(Directive::Stop));
                 }
             }
+            EventKind::NodeLost { node, why } => self.set_aside(&node, &why),
             EventKind::Exited(outcome) => self.on_exit(&ev.trial_id, outcome)?,
         }
         Ok(())
@@ -850,30 +853,27 @@ impl Runner {
         }
     }
 
-    /// Nodes the backend found lost leave the pool for the rest of the
+    /// A node the backend found lost leaves the pool for the rest of the
     /// sweep; when what is left can hold no trial, the sweep stops, its
     /// trials left to resume in another allocation.
-    fn set_aside_lost_nodes(&mut self) {
-        for (node, why) in self.backend.lost_nodes() {
-            if !self.pool.set_aside(&node) {
-                continue;
-            }
-            self.reporter.report(Output::Note(&format!("node {node} is set aside for the rest of the sweep: {why}")));
-            if let (Err(e), None) = (self.pool.check(&self.settings.request), &self.phase.out_of_nodes) {
-                let msg = format!("{e}: continue it in an allocation with more nodes (nestor resume {})", self.settings.exp_dir.display());
-                self.reporter.report(Output::Note(&format!("stopping the sweep: {msg}")));
-                self.phase.out_of_nodes = Some(msg);
-                self.phase.stopping = true;
-                for r in self.trials.running.values_mut() {
-                    r.ending.get_or_insert(Ending::Interrupted);
-                    r.handle.stop(StopLevel::Graceful);
-                }
+    fn set_aside(&mut self, node: &str, why: &str) {
+        if !self.pool.set_aside(node) {
+            return;
+        }
+        self.reporter.report(Output::Note(&format!("node {node} is set aside for the rest of the sweep: {why}")));
+        if let (Err(e), None) = (self.pool.check(&self.settings.request), &self.phase.out_of_nodes) {
+            let msg = format!("{e}: continue it in an allocation with more nodes (nestor resume {})", self.settings.exp_dir.display());
+            self.reporter.report(Output::Note(&format!("stopping the sweep: {msg}")));
+            self.phase.out_of_nodes = Some(msg);
+            self.phase.stopping = true;
+            for r in self.trials.running.values_mut() {
+                r.ending.get_or_insert(Ending::Interrupted);
+                r.handle.stop(StopLevel::Graceful);
             }
         }
     }
 
     fn on_exit(&mut self, trial_id: &str, outcome: ExitOutcome) -> Result<(), TuneError> {
-        self.set_aside_lost_nodes();
         let Some(mut r) = self.trials.running.remove(trial_id) else { return Ok(()) };
         // The backend reports an exit only once every process is gone.
         self.pool.release(&r.allocation);
@@ -881,7 +881,16 @@ impl Runner {
         let mut rec = r.record;
         // Carried out now.
         rec.decided = None;
-        match (r.ending.take(), outcome) {
+        let ending = r.ending.take();
+        // A run told to end for the scheduler's sake that the infrastructure
+        // ended first has ended as asked: its committed checkpoints stand.
+        let outcome = match (&ending, outcome) {
+            (Some(Ending::Stopped | Ending::Paused | Ending::Exploit(_) | Ending::Resize(_)), ExitOutcome::Infrastructure(_)) => {
+                ExitOutcome::Stopped
+            }
+            (_, o) => o,
+        };
+        match (ending, outcome) {
             (Some(Ending::Interrupted), _) => {
                 rec.status = TrialStatus::Pending;
                 self.store.put_trial(&rec)?;
@@ -917,9 +926,13 @@ impl Runner {
             (Some(Ending::Failed(msg)), _) | (Some(Ending::Stopped), ExitOutcome::Failed(msg)) => {
                 self.give_up(rec, msg)?;
             }
+            // The infrastructure ended it (a node lost under it): not the code's failure, whatever was asked of it.
+            (_, ExitOutcome::Infrastructure(msg)) => {
+                self.failed_run(rec, msg, Cause::Infrastructure)?;
+            }
             (Some(Ending::Hung(msg)), _)
             | (None | Some(Ending::Paused | Ending::Exploit(_) | Ending::Resize(_)), ExitOutcome::Failed(msg)) => {
-                self.failed_run(rec, msg)?;
+                self.failed_run(rec, msg, Cause::Code)?;
             }
             (_, ExitOutcome::Completed | ExitOutcome::Stopped) => {
                 rec.status = TrialStatus::Terminated;

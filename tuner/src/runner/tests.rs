@@ -80,6 +80,8 @@ struct Options {
     scheduler: Box<dyn Scheduler>,
     stopper: Box<dyn Stopper>,
     failure: FailureConfig,
+    /// Named nodes of `cpus` CPUs each (an allocation's), instead of one machine.
+    nodes: Vec<&'static str>,
 }
 
 impl Default for Options {
@@ -91,6 +93,7 @@ impl Default for Options {
             scheduler: Box::new(Fifo),
             stopper: Box::new(MetricThresholds::default()),
             failure: FailureConfig::default(),
+            nodes: Vec::new(),
         }
     }
 }
@@ -124,7 +127,11 @@ fn harness(o: Options) -> Harness {
         searcher: Box::new(BasicVariantGenerator::new(space, o.trials, 0)),
         scheduler: Journaled::new(o.scheduler, &store, true),
         stopper: o.stopper,
-        pool: ResourcePool::new(NodeResources::declared(o.cpus)),
+        pool: if o.nodes.is_empty() {
+            ResourcePool::new(NodeResources::declared(o.cpus))
+        } else {
+            ResourcePool::cluster(o.nodes.iter().map(|n| (n.to_string(), NodeResources::declared(o.cpus))).collect())
+        },
         storage: Storage::local(&exp_dir),
         pending: Default::default(),
         paused: Vec::new(),
@@ -177,6 +184,16 @@ impl Harness {
     async fn flushed(&mut self) {
         let (batch, result) = self.inputs.flushed.recv().await.unwrap();
         assert_eq!(self.runner.handle(LoopEvent::Flushed { batch, result }).unwrap(), Control::Go);
+    }
+
+    fn node_lost(&mut self, run: usize, node: &str) {
+        let ev =
+            Event { trial_id: self.trial_of(run), kind: EventKind::NodeLost { node: node.into(), why: "it stopped answering".into() } };
+        assert_eq!(self.runner.handle(LoopEvent::Trials(vec![ev])).unwrap(), Control::Go);
+    }
+
+    fn record(&self, trial: &str) -> crate::store::TrialRecord {
+        self.store.trial(trial).unwrap().unwrap()
     }
 
     fn exit(&mut self, run: usize, outcome: ExitOutcome) {
@@ -477,4 +494,78 @@ async fn the_first_interrupt_stops_gracefully_and_the_second_kills() {
     h.runner.commit_now().unwrap();
     // Interrupted trials are PENDING again, to resume later.
     assert!((0..3).all(|i| h.status(&h.trial_of(i)) == TrialStatus::Pending));
+}
+
+#[tokio::test]
+async fn a_run_the_infrastructure_ended_restarts_without_counting_against_max_failures() {
+    // Defaults: max_failures 0, so a failure of the code would end the trial.
+    let mut h = harness(Options { nodes: vec!["n1", "n2"], cpus: 1.0, ..Default::default() });
+    assert!(!h.advance());
+    let trial = h.trial_of(0);
+    let first = h.backend.launched.lock().unwrap()[0].spec.workers[0].node.clone();
+    h.node_lost(0, &first);
+    h.exit(0, ExitOutcome::Infrastructure(format!("node {first} was lost under rank 0")));
+    h.runner.commit_now().unwrap();
+    let rec = h.record(&trial);
+    assert_eq!((rec.status, rec.failures, rec.infrastructure_failures), (TrialStatus::Pending, 0, 1));
+    assert!(rec.last_failure.unwrap().contains("was lost"));
+    // It runs again, on the node left.
+    while h.launched() < 2 {
+        assert!(!h.advance());
+        if h.launched() < 2 {
+            let done = h.runner.restores.tasks.join_next_with_id().await.unwrap();
+            h.runner.handle(LoopEvent::Restored(done)).unwrap();
+        }
+    }
+    let again = h.backend.launched.lock().unwrap()[1].spec.clone();
+    assert_eq!(again.trial_id, trial);
+    assert_ne!(again.workers[0].node, first, "placed on the node left");
+}
+
+#[tokio::test]
+async fn infrastructure_failures_past_their_limit_end_the_trial() {
+    let failure = FailureConfig { max_infrastructure_failures: 0, ..Default::default() };
+    let mut h = harness(Options { failure, ..Default::default() });
+    assert!(!h.advance());
+    let trial = h.trial_of(0);
+    h.exit(0, ExitOutcome::Infrastructure("the cluster killed the job step".into()));
+    h.runner.commit_now().unwrap();
+    let rec = h.record(&trial);
+    assert_eq!((rec.status, rec.infrastructure_failures), (TrialStatus::Error, 1));
+    assert!(rec.error.unwrap().contains("killed the job step"));
+}
+
+#[tokio::test]
+async fn a_run_that_fails_while_the_sweep_stops_is_left_to_resume_not_errored() {
+    // Two nodes of one CPU, two trials; losing one node leaves room for a trial, losing both stops the sweep.
+    let failure = FailureConfig { max_failures: 3, ..Default::default() };
+    let mut h = harness(Options { trials: 2, cpus: 1.0, nodes: vec!["n1", "n2"], failure, ..Default::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 2);
+    let (t0, t1) = (h.trial_of(0), h.trial_of(1));
+    // Run 0 hangs: killed, its failure still to come.
+    h.runner.trials.running.get_mut(&t0).unwrap().ending = Some(Ending::Hung("hung: waiting on rank 0 (on n1)".into()));
+    h.node_lost(1, "n1");
+    assert!(!h.runner.phase.stopping, "a node is left");
+    h.node_lost(1, "n2");
+    assert!(h.runner.phase.stopping, "no node left: the sweep stops");
+    assert_eq!(h.stop_level(1), StopLevel::Graceful);
+    h.exit(0, ExitOutcome::Failed("rank 0 was killed by signal 9".into()));
+    h.exit(1, ExitOutcome::Stopped);
+    assert!(h.advance());
+    h.runner.commit_now().unwrap();
+    let (r0, r1) = (h.record(&t0), h.record(&t1));
+    assert_eq!((r0.status, r0.failures), (TrialStatus::Pending, 1), "the hung run counts, and its trial resumes later");
+    assert_eq!(r1.status, TrialStatus::Pending);
+    assert_eq!(h.launched(), 2, "nothing restarted while stopping");
+}
+
+#[test]
+fn a_hang_names_each_waited_for_rank_and_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec!["node1".to_string(), "node3".to_string()];
+    let msg = trainer::hang_message(30.0, 4, &[1], &nodes, dir.path());
+    assert!(msg.contains("after iteration 4; waiting on rank 1 (on node3)"), "{msg}");
+    let local = trainer::hang_message(30.0, 4, &[0, 1], &[String::new(), String::new()], dir.path());
+    assert!(local.contains("waiting on rank 0, 1"), "{local}");
 }

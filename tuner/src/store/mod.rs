@@ -135,6 +135,10 @@ pub struct TrialRecord {
     /// How many of its runs failed (a rank died, exited non-zero or hung).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failures: u32,
+    /// How many of its runs the infrastructure ended (a node lost under
+    /// it, a job step the cluster killed): not counted in `failures`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub infrastructure_failures: u32,
     /// Why its latest failed run failed (it was restarted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<String>,
@@ -220,6 +224,7 @@ impl TrialRecord {
             restarts: 0,
             resumes: 0,
             failures: 0,
+            infrastructure_failures: 0,
             last_failure: None,
             num_results: 0,
             time_total_s: 0.0,
