@@ -41,7 +41,7 @@ use crate::objective::{ranked, Objective, Score};
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
 use search::Mode;
 
-use crate::config::{four, halving, hundred, invalid, objective, one, one_usize, training_iteration, ConfigError};
+use crate::settings::{four, halving, hundred, invalid, objective, one, one_usize, training_iteration, ConfigError};
 
 /// Which ASHA.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

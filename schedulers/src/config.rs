@@ -2,33 +2,22 @@
 //! names, checked when the experiment is built: an impossible scheduler
 //! cannot be made. `SchedulerConfig` picks the scheduler; each one's
 //! settings, and their checks, live beside it (`asha.rs`, `hyperband.rs`,
-//! `median.rs`, `pbt_config.rs`, `resource_changing.rs`).
+//! `median.rs`, `pbt_config.rs`; what they share in `settings.rs`). The
+//! resource-changing wrapper's settings are here: they hold another
+//! scheduler's.
 
 use serde::{Deserialize, Serialize};
 
 use search::{Mode, Space};
 
-pub use crate::asha::AshaConfig;
-pub use crate::hyperband::HyperBandConfig;
-pub use crate::median::MedianStoppingConfig;
+use crate::asha::AshaConfig;
+use crate::hyperband::HyperBandConfig;
+use crate::median::MedianStoppingConfig;
 use crate::objective::Objective;
-pub use crate::pbt_config::{Pb2Config, PbtConfig};
-pub use crate::resource_changing::ResourceChangingConfig;
+use crate::pbt_config::{Pb2Config, PbtConfig};
+use crate::resource_changing::{ResourceChanging, WorkerAllocation};
+use crate::settings::{invalid, objective, ConfigError};
 use crate::{AshaType, Fifo, Scheduler};
-
-/// A setting that breaks a rule: the key (under `scheduler.`) and why.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("scheduler.{key}: {message}")]
-pub struct ConfigError {
-    /// The key, e.g. `reduction_factor` or `hyperparam_mutations.lr`.
-    pub key: String,
-    /// The rule it breaks.
-    pub message: String,
-}
-
-pub(crate) fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError { key: key.into(), message: message.into() }
-}
 
 /// `[scheduler]`: `type` picks the scheduler; the other keys are its own.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -54,84 +43,6 @@ pub enum SchedulerConfig {
     Pb2(Pb2Config),
     /// Another scheduler, with trials' numbers of workers changed at checkpoints.
     ResourceChanging(ResourceChangingConfig),
-}
-
-pub(crate) fn training_iteration() -> String {
-    "training_iteration".into()
-}
-pub(crate) fn one() -> f64 {
-    1.0
-}
-pub(crate) fn hundred() -> f64 {
-    100.0
-}
-pub(crate) fn eighty_one() -> f64 {
-    81.0
-}
-pub(crate) fn four() -> f64 {
-    4.0
-}
-pub(crate) fn three() -> f64 {
-    3.0
-}
-pub(crate) fn one_usize() -> usize {
-    1
-}
-pub(crate) fn three_usize() -> usize {
-    3
-}
-pub(crate) fn yes() -> bool {
-    true
-}
-
-pub(crate) fn objective(
-    metric: &Option<String>,
-    mode: Option<Mode>,
-    time_attr: &str,
-    default_metric: Option<&str>,
-    default_mode: Option<Mode>,
-) -> Result<Objective, ConfigError> {
-    let metric = metric.as_deref().or(default_metric).ok_or_else(|| invalid("metric", "required (or set experiment.metric)"))?;
-    let mode = mode.or(default_mode).ok_or_else(|| invalid("mode", "required, \"min\" or \"max\" (or set experiment.mode)"))?;
-    if metric.is_empty() {
-        return Err(invalid("metric", "must name a metric"));
-    }
-    if time_attr.is_empty() {
-        return Err(invalid("time_attr", "must name a metric that grows with training (e.g. training_iteration)"));
-    }
-    Ok(Objective { metric: metric.to_string(), mode, time_attr: time_attr.to_string() })
-}
-
-pub(crate) fn positive(key: &'static str, v: f64) -> Result<(), ConfigError> {
-    if v > 0.0 && v.is_finite() {
-        Ok(())
-    } else {
-        Err(invalid(key, format!("must be a positive number, got {v}")))
-    }
-}
-
-/// The settings PBT and PB2 share.
-pub(crate) fn population(perturbation_interval: f64, burn_in_period: f64, quantile_fraction: f64) -> Result<(), ConfigError> {
-    positive("perturbation_interval", perturbation_interval)?;
-    if !(burn_in_period >= 0.0 && burn_in_period.is_finite()) {
-        return Err(invalid("burn_in_period", format!("must be 0 or more, got {burn_in_period}")));
-    }
-    if !(quantile_fraction > 0.0 && quantile_fraction <= 0.5) {
-        return Err(invalid("quantile_fraction", format!("must be in (0, 0.5], got {quantile_fraction}")));
-    }
-    Ok(())
-}
-
-pub(crate) fn halving(max_t: f64, grace_period: f64, rf: f64) -> Result<(), ConfigError> {
-    positive("max_t", max_t)?;
-    positive("grace_period", grace_period)?;
-    if !(rf > 1.0 && rf.is_finite()) {
-        return Err(invalid("reduction_factor", format!("must be greater than 1, got {rf}")));
-    }
-    if grace_period > max_t {
-        return Err(invalid("grace_period", format!("{grace_period} is greater than max_t = {max_t}")));
-    }
-    Ok(())
 }
 
 impl SchedulerConfig {
@@ -194,6 +105,69 @@ impl SchedulerConfig {
             SchedulerConfig::Pb2(c) => Box::new(c.build(default_metric, default_mode)?),
             SchedulerConfig::Pbt(c) => Box::new(c.build(default_metric, default_mode)?),
         })
+    }
+}
+
+/// The resource-changing wrapper's settings (Ray's
+/// `ResourceChangingScheduler`): the scheduler it wraps and how free
+/// workers are shared out.
+///
+/// ```toml
+/// [scheduler]
+/// type = "resource_changing"
+/// allocation = "distribute"   # or "top_job"
+/// max_workers = 4
+///
+/// [scheduler.base]
+/// type = "asha"
+/// max_t = 40
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceChangingConfig {
+    /// The scheduler that decides which trials go on (default FIFO).
+    #[serde(default)]
+    pub base: Box<SchedulerConfig>,
+    /// `distribute` (an even share for every running trial, the default) or
+    /// `top_job` (the free workers to the best trial).
+    #[serde(default)]
+    pub allocation: WorkerAllocation,
+    /// The most workers a trial gets (default: all the node holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_workers: Option<u32>,
+    /// The metric `top_job` ranks by (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// `min` or `max` (default: the experiment's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+}
+
+impl Default for ResourceChangingConfig {
+    fn default() -> Self {
+        Self { base: Box::new(SchedulerConfig::Fifo), allocation: WorkerAllocation::default(), max_workers: None, metric: None, mode: None }
+    }
+}
+
+impl ResourceChangingConfig {
+    /// Checks the settings and builds the wrapper around its base; `metric`
+    /// and `mode` default to the experiment's.
+    pub(crate) fn build(&self, default_metric: Option<&str>, default_mode: Option<Mode>) -> Result<ResourceChanging, ConfigError> {
+        let c = self;
+        if let SchedulerConfig::ResourceChanging(_) = c.base.as_ref() {
+            return Err(invalid("base.type", "resource_changing cannot wrap itself"));
+        }
+        let base = c.base.build(default_metric, default_mode).map_err(|e| ConfigError { key: format!("base.{}", e.key), ..e })?;
+        if c.max_workers == Some(0) {
+            return Err(invalid("max_workers", "must be at least 1"));
+        }
+        let needs_metric = c.allocation == WorkerAllocation::TopJob;
+        let obj = match objective(&c.metric, c.mode, "training_iteration", default_metric, default_mode) {
+            Ok(obj) => obj,
+            Err(e) if needs_metric => return Err(e),
+            Err(_) => Objective::new(c.metric.clone().or(default_metric.map(str::to_string)).unwrap_or_default(), Mode::Min),
+        };
+        Ok(ResourceChanging::new(base, obj, c.allocation, c.max_workers))
     }
 }
 

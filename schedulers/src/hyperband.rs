@@ -29,7 +29,7 @@ use crate::objective::{ranked, Objective, Score};
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
 use search::Mode;
 
-use crate::config::{eighty_one, halving, objective, one, three, training_iteration, ConfigError};
+use crate::settings::{eighty_one, halving, objective, one, three, training_iteration, ConfigError};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Bracket {

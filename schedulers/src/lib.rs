@@ -17,17 +17,18 @@ mod pbt;
 mod pbt_config;
 mod resource_changing;
 mod scheduler;
+mod settings;
 mod stopper;
 
-pub use asha::{Asha, AshaType};
-pub use config::{
-    AshaConfig, ConfigError, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, ResourceChangingConfig, SchedulerConfig,
-};
+pub use asha::{Asha, AshaConfig, AshaType};
+pub use config::{ResourceChangingConfig, SchedulerConfig};
 pub use fifo::Fifo;
-pub use hyperband::HyperBand;
-pub use median::MedianStopping;
+pub use hyperband::{HyperBand, HyperBandConfig};
+pub use median::{MedianStopping, MedianStoppingConfig};
 pub use objective::{Objective, Score};
 pub use pbt::{CustomExplore, Mutation, Pbt};
+pub use pbt_config::{Pb2Config, PbtConfig};
 pub use resource_changing::{ResourceChanging, WorkerAllocation};
 pub use scheduler::{Capacity, Decision, Exploit, Scheduler, SchedulerError, TrialStatus, TrialView};
+pub use settings::ConfigError;
 pub use stopper::{CombinedStopper, FnStopper, MetricThresholds, Stopper};

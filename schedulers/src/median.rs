@@ -23,7 +23,7 @@ use crate::objective::{Objective, Score};
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
 use search::Mode;
 
-use crate::config::{invalid, objective, one, three_usize, training_iteration, yes, ConfigError};
+use crate::settings::{invalid, objective, one, three_usize, training_iteration, yes, ConfigError};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 struct History {

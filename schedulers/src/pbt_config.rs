@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use search::{Domain, Mode, Node, Space};
 
-use crate::config::{invalid, objective, population, ConfigError};
 use crate::pbt::{CustomExplore, Mutation, Pbt};
+use crate::settings::{invalid, objective, population, ConfigError};
 
 fn time_total_s() -> String {
     "time_total_s".into()

@@ -28,9 +28,6 @@ use search::TrialResult;
 
 use crate::objective::{Objective, Score};
 use crate::scheduler::{Capacity, Decision, Scheduler, SchedulerError, TrialView};
-use search::Mode;
-
-use crate::config::{invalid, objective, ConfigError, SchedulerConfig};
 
 /// How the free workers are shared out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,68 +183,5 @@ impl Scheduler for ResourceChanging {
         self.running =
             serde_json::from_value(state["running"].clone()).map_err(|e| SchedulerError::State(format!("resource-changing state: {e}")))?;
         Ok(())
-    }
-}
-
-/// The resource-changing wrapper's settings (Ray's
-/// `ResourceChangingScheduler`): the scheduler it wraps and how free
-/// workers are shared out.
-///
-/// ```toml
-/// [scheduler]
-/// type = "resource_changing"
-/// allocation = "distribute"   # or "top_job"
-/// max_workers = 4
-///
-/// [scheduler.base]
-/// type = "asha"
-/// max_t = 40
-/// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ResourceChangingConfig {
-    /// The scheduler that decides which trials go on (default FIFO).
-    #[serde(default)]
-    pub base: Box<SchedulerConfig>,
-    /// `distribute` (an even share for every running trial, the default) or
-    /// `top_job` (the free workers to the best trial).
-    #[serde(default)]
-    pub allocation: WorkerAllocation,
-    /// The most workers a trial gets (default: all the node holds).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_workers: Option<u32>,
-    /// The metric `top_job` ranks by (default: the experiment's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metric: Option<String>,
-    /// `min` or `max` (default: the experiment's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<Mode>,
-}
-
-impl Default for ResourceChangingConfig {
-    fn default() -> Self {
-        Self { base: Box::new(SchedulerConfig::Fifo), allocation: WorkerAllocation::default(), max_workers: None, metric: None, mode: None }
-    }
-}
-
-impl ResourceChangingConfig {
-    /// Checks the settings and builds the wrapper around its base; `metric`
-    /// and `mode` default to the experiment's.
-    pub(crate) fn build(&self, default_metric: Option<&str>, default_mode: Option<Mode>) -> Result<ResourceChanging, ConfigError> {
-        let c = self;
-        if let SchedulerConfig::ResourceChanging(_) = c.base.as_ref() {
-            return Err(invalid("base.type", "resource_changing cannot wrap itself"));
-        }
-        let base = c.base.build(default_metric, default_mode).map_err(|e| ConfigError { key: format!("base.{}", e.key), ..e })?;
-        if c.max_workers == Some(0) {
-            return Err(invalid("max_workers", "must be at least 1"));
-        }
-        let needs_metric = c.allocation == WorkerAllocation::TopJob;
-        let obj = match objective(&c.metric, c.mode, "training_iteration", default_metric, default_mode) {
-            Ok(obj) => obj,
-            Err(e) if needs_metric => return Err(e),
-            Err(_) => Objective::new(c.metric.clone().or(default_metric.map(str::to_string)).unwrap_or_default(), Mode::Min),
-        };
-        Ok(ResourceChanging::new(base, obj, c.allocation, c.max_workers))
     }
 }

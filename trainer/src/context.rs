@@ -225,7 +225,7 @@ fn stage_shard(dir: &Path, staging: &Path, rank: u32) -> Result<PathBuf, ReportE
     if !dir.is_dir() {
         return Err(ReportError::Checkpoint(crate::checkpoint::CheckpointError::NotADirectory(dir.to_path_buf())));
     }
-    let name = format!("rank-{rank}-{}", crate::process::random_token().get(..16).unwrap_or_default());
+    let name = format!("rank-{rank}-{}", crate::token::random_token().get(..16).unwrap_or_default());
     let dest = staging.join(name);
     std::fs::create_dir_all(&dest)
         .map_err(|source| ReportError::Checkpoint(crate::checkpoint::CheckpointError::Io { path: dest.clone(), source }))?;

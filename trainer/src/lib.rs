@@ -17,6 +17,7 @@ mod cluster;
 mod collective;
 mod context;
 mod function;
+mod groups;
 mod intake;
 mod process;
 mod resources;
@@ -28,6 +29,7 @@ mod shards;
 mod slurm;
 mod storage;
 mod supervise;
+mod token;
 mod trainer;
 mod warm;
 

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -13,9 +12,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
+use crate::groups::{describe_exit, dies_with_driver, signal_group, wait_groups_gone};
 use crate::scaling::TorchConfig;
 use crate::service::ReportServer;
 use crate::supervise::{supervise, Escalation, Groups, StopStep};
+use crate::token::random_token;
 use crate::warm::{RankSpec, WarmPool};
 
 /// How to run a trial's worker process.
@@ -82,17 +83,6 @@ impl ProcessBackend {
     }
 }
 
-pub(crate) fn random_token() -> String {
-    let mut bytes = [0u8; 16];
-    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok();
-    if !ok {
-        // Fall back to time and pid: still unguessable enough for loopback, never constant.
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        bytes.copy_from_slice(&(t ^ (u128::from(std::process::id()) << 64)).to_le_bytes());
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(29500)
 }
@@ -109,58 +99,22 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-pub(crate) fn signal_group(pgid: i32, signal: i32) {
-    // SAFETY: killpg only sends a signal; a stale pgid yields ESRCH, which is fine.
-    unsafe {
-        libc::killpg(pgid, signal);
+/// The warm process's command (the workers' command, their environment
+/// and working directory), dying with the driver; the pool adds the rest.
+fn warm_command(cfg: &ProcessConfig) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(&cfg.command[0]);
+    cmd.args(&cfg.command[1..]).envs(&cfg.env);
+    if let Some(dir) = &cfg.working_dir {
+        cmd.current_dir(dir);
     }
+    dies_with_driver(&mut cmd, libc::SIGKILL);
+    cmd
 }
 
 /// A rank's process, from spawn to exit.
 struct RankExit {
     rank: u32,
     status: std::io::Result<std::process::ExitStatus>,
-}
-
-pub(crate) fn describe_exit(s: std::process::ExitStatus) -> String {
-    match (s.code(), s.signal()) {
-        (Some(code), _) => format!("exited with code {code}"),
-        (None, Some(sig)) => format!("was killed by signal {sig}"),
-        _ => "ended".to_string(),
-    }
-}
-
-/// Waits (bounded) until no process of `pgids` is left, so what they held
-/// (a GPU's memory above all) is free before the bundle is handed on.
-pub(crate) async fn wait_groups_gone(pgids: &[i32]) {
-    let mut delay = Duration::from_micros(200);
-    for _ in 0..40 {
-        // SAFETY: signal 0 only checks that the group exists.
-        let alive = pgids.iter().any(|&g| g > 0 && unsafe { libc::killpg(g, 0) } == 0);
-        if !alive {
-            return;
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(50));
-    }
-    tracing::warn!(?pgids, "processes of a finished trial are still exiting");
-}
-
-/// Has the child get `signal` when the thread that spawned it (the
-/// driver's) goes, and not start at all if the driver is gone already.
-pub(crate) fn dies_with_driver(cmd: &mut tokio::process::Command, signal: i32) {
-    let parent = std::process::id() as i32;
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (prctl, getppid, _exit).
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, signal);
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
 }
 
 /// The variables every rank of a run gets alike: where the driver listens
@@ -301,7 +255,7 @@ impl Backend for ProcessBackend {
         let envs: Vec<_> = (0..world_size).map(|rank| rank_env(cfg, &spec, rank, &common)).collect();
         let roots = spec.roots(cfg.working_dir.as_deref());
         if cfg.warm {
-            let queue = self.warm.queue(cfg).map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
+            let queue = self.warm.queue(|| warm_command(cfg)).map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
             let registration = self.server.register(&spec, token, roots, events.clone());
             let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>));
             let cwd = cfg.working_dir.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_default();

@@ -194,7 +194,7 @@ impl Shipping {
 
     /// A fresh staging directory for an upload of `rank`'s, and its name.
     pub(crate) fn stage(&self, rank: u32) -> (String, PathBuf) {
-        let name = format!("rank-{rank}-{}", crate::process::random_token().get(..16).unwrap_or_default());
+        let name = format!("rank-{rank}-{}", crate::token::random_token().get(..16).unwrap_or_default());
         (name.clone(), self.staging.join(name))
     }
 

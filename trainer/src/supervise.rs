@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 use crate::backend::{Event, EventKind, ExitOutcome, StopLevel};
-use crate::process::{signal_group, wait_groups_gone};
+use crate::groups::{signal_group, wait_groups_gone};
 
 /// The process groups of a run, as its supervisor learns them (a warm
 /// pool's ranks are forked one by one).

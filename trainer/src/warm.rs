@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::process::{describe_exit, dies_with_driver, ProcessConfig};
+use crate::groups::describe_exit;
 
 /// A rank to fork: its variables over the warm process's, where it runs and logs.
 #[derive(Debug, Clone, Serialize)]
@@ -82,12 +82,14 @@ impl WarmPool {
     /// The running warm process's request queue, starting one when none runs.
     /// Call it from the thread that spawns ranks (`PR_SET_PDEATHSIG` follows
     /// the spawning thread).
-    pub(crate) fn queue(&self, cfg: &ProcessConfig) -> Result<WarmQueue, std::io::Error> {
+    /// `command` makes the command it starts (the workers' program, env and
+    /// working directory; the pool adds `NESTOR_ZYGOTE=1` and the pipes).
+    pub(crate) fn queue(&self, command: impl FnOnce() -> tokio::process::Command) -> Result<WarmQueue, std::io::Error> {
         let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(tx) = current.as_ref().filter(|tx| !tx.is_closed()) {
             return Ok(WarmQueue(tx.clone()));
         }
-        let tx = start(cfg)?;
+        let tx = start(command())?;
         *current = Some(tx.clone());
         Ok(WarmQueue(tx))
     }
@@ -105,20 +107,8 @@ impl WarmQueue {
     }
 }
 
-fn start(cfg: &ProcessConfig) -> Result<mpsc::UnboundedSender<Request>, std::io::Error> {
-    let mut cmd = tokio::process::Command::new(&cfg.command[0]);
-    cmd.args(&cfg.command[1..])
-        .envs(&cfg.env)
-        .env("NESTOR_ZYGOTE", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    if let Some(dir) = &cfg.working_dir {
-        cmd.current_dir(dir);
-    }
-    dies_with_driver(&mut cmd, libc::SIGKILL);
+fn start(mut cmd: tokio::process::Command) -> Result<mpsc::UnboundedSender<Request>, std::io::Error> {
+    cmd.env("NESTOR_ZYGOTE", "1").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
     let mut child = cmd.spawn()?;
     let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take()) else {
         return Err(std::io::Error::other("the warm worker process has no pipes"));

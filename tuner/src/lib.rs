@@ -4,6 +4,7 @@
 
 mod alloc;
 pub mod cli;
+mod clock;
 mod config;
 mod experiment;
 mod files;

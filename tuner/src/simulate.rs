@@ -349,7 +349,7 @@ pub struct SimBackend {
 impl SimBackend {
     /// A backend replaying `curves`.
     pub fn new(curves: Curves) -> Self {
-        Self { curves, clock: Mutex::new(Clock::default()), unix_origin: crate::runner::now_unix() }
+        Self { curves, clock: Mutex::new(Clock::default()), unix_origin: crate::clock::now_unix() }
     }
 }
 
@@ -369,7 +369,7 @@ impl Backend for SimBackend {
     }
 }
 
-impl crate::runner::Clock for SimBackend {
+impl crate::clock::Clock for SimBackend {
     fn now(&self) -> f64 {
         self.clock.lock().unwrap_or_else(|p| p.into_inner()).now
     }

@@ -671,7 +671,7 @@ fn replay_unseen(
             lists.paused.insert(at, t);
         } else {
             t.status = TrialStatus::Terminated;
-            t.ended_at = Some(crate::runner::now_unix());
+            t.ended_at = Some(crate::clock::now_unix());
             store.put_trial(&t)?;
             scheduler.on_trial_complete(&view(&t), t.last_result.as_ref())?;
             searcher.on_trial_complete(&t.id, t.last_result.as_ref(), false);

@@ -81,10 +81,15 @@ class CheckpointConfig:
 
 @dataclass
 class FailureConfig:
-    """Restarts after a failed run (``max_failures``, -1 for no limit)."""
+    """Restarts after a failed run (``max_failures``, -1 for no limit).
+
+    ``max_infrastructure_failures`` (nestor's own, default 5) counts the runs
+    the infrastructure ended (a node lost under them) apart from those.
+    """
 
     max_failures: int = 0
     fail_fast: Union[bool, str] = False
+    max_infrastructure_failures: Optional[int] = None
 
 
 @dataclass

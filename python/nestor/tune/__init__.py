@@ -188,8 +188,14 @@ class Tuner:
             checkpoint["frequency"] = 1
         if checkpoint:
             doc["checkpoint"] = checkpoint
-        if rc.failure_config and rc.failure_config.max_failures:
-            doc["failure"] = {"max_failures": int(rc.failure_config.max_failures)}
+        fc = rc.failure_config
+        failure = {}
+        if fc and fc.max_failures:
+            failure["max_failures"] = int(fc.max_failures)
+        if fc and getattr(fc, "max_infrastructure_failures", None) is not None:
+            failure["max_infrastructure_failures"] = int(fc.max_infrastructure_failures)
+        if failure:
+            doc["failure"] = failure
         return doc
 
     def fit(self) -> ResultGrid:

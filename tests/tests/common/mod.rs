@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod chaos;
 pub mod slurm;
 
 use std::path::{Path, PathBuf};

@@ -30,9 +30,11 @@ use tokio::sync::mpsc;
 
 use super::SlurmAllocation;
 use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
-use crate::process::{common_env, describe_exit, dies_with_driver, free_port, log_tail, random_token, signal_group, ProcessConfig};
+use crate::groups::{describe_exit, dies_with_driver, signal_group};
+use crate::process::{common_env, free_port, log_tail, ProcessConfig};
 use crate::service::ReportServer;
 use crate::supervise::{supervise, Escalation, Groups, StopStep};
+use crate::token::random_token;
 
 /// `srun` options a job's environment may carry that would change a
 /// step's shape: the step is described by nestor's own options only.

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use trainer::Storage;
 
-use super::clock::now_unix;
+use crate::clock::now_unix;
 use crate::config::CheckpointConfig;
 use crate::store::{Store, TrialRecord};
 use crate::TuneError;

@@ -32,7 +32,6 @@ use crate::store::{CheckpointRecord, Store, StoreError, TrialRecord, RECORD_VERS
 use crate::TuneError;
 
 mod checkpoints;
-mod clock;
 mod commits;
 mod exploits;
 mod failures;
@@ -43,8 +42,8 @@ mod tests;
 
 pub(crate) use checkpoints::{checkpoint_name, remove_uncommitted};
 
+pub(crate) use crate::clock::{Clock, WallClock};
 use checkpoints::Checkpoints;
-pub(crate) use clock::{now_unix, Clock, WallClock};
 pub(crate) use commits::Durability;
 pub(crate) use exploits::config_change;
 use failures::Cause;

@@ -1,0 +1,505 @@
+//! Faults at random points: short sweeps of the deterministic fixture
+//! worker, each with one fault injected at a seeded, logged point of its
+//! progress (after a random number of stored results), then checked against
+//! a fault-free run of the same sweep.
+//!
+//! Faults: SIGKILL of a rank, SIGSTOP of a rank (a hang), SIGKILL of the
+//! driver (then `nestor resume`), the experiment's disk filling up (then
+//! freed), the object store the checkpoints go to stopped mid-sweep and
+//! started again on the same port.
+//!
+//! Invariants, after each run (and at most one `nestor resume`):
+//! - `finished`: the sweep ends with exit 0;
+//! - `equal`: every trial's final state (status, iteration, loss, and the
+//!   sum the checkpoints carry) equals the fault-free run's;
+//! - `acked`: every result acknowledged to a rank before the fault is in the
+//!   store as it was first stored (not redone after the fault);
+//! - `clean`: no process of the experiment is left;
+//! - `named`: a failure the fault caused names the rank it hit (a sweep a
+//!   full disk stopped says so, and how to go on).
+//!
+//! Used by `tests/chaos.rs` (a few runs, a new seed each time) and
+//! `benches/chaos.rs` (`--runs N --seed S`, a table).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+
+use super::{nestor_bin, now, processes_mentioning, signal, sweep, S3Server};
+
+/// One kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    /// SIGKILL to one rank of a running trial.
+    RankKill,
+    /// SIGSTOP to one rank: it hangs until the hang timeout kills its group.
+    RankStop,
+    /// SIGKILL to the driver; then `nestor resume`.
+    DriverKill,
+    /// The experiment's disk fills up for a while; then `nestor resume` if the driver stopped.
+    DiskFull,
+    /// The object store goes away for a while and comes back on the same port.
+    StoreRestart,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 5] = [Fault::RankKill, Fault::RankStop, Fault::DriverKill, Fault::DiskFull, Fault::StoreRestart];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::RankKill => "rank-kill",
+            Fault::RankStop => "rank-stop",
+            Fault::DriverKill => "driver-kill",
+            Fault::DiskFull => "disk-full",
+            Fault::StoreRestart => "store-restart",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.name() == s)
+    }
+}
+
+/// The invariants, in table order.
+pub const INVARIANTS: [&str; 5] = ["finished", "equal", "acked", "clean", "named"];
+
+/// What one run did and found.
+#[derive(Debug)]
+pub struct Outcome {
+    pub run: usize,
+    pub fault: Fault,
+    /// Where it struck: after how many stored results, and at what.
+    pub point: String,
+    /// Per invariant: `None` held (or does not apply), `Some(why)` broken.
+    pub broken: BTreeMap<&'static str, String>,
+    /// Seconds from the fault to the next result stored after it.
+    pub recovery_s: Option<f64>,
+    /// Whether the run needed `nestor resume`.
+    pub resumed: bool,
+    /// Whether the fault came after the sweep's end (nothing was hit).
+    pub missed: bool,
+}
+
+impl Outcome {
+    pub fn held(&self) -> bool {
+        self.broken.is_empty()
+    }
+}
+
+/// Steps per trial and trials per sweep: short sweeps, many of them.
+const STEPS: u64 = 8;
+const TRIALS: usize = 4;
+
+/// The sweep every run makes: 4 trials of 2 ranks, 8 steps each, a
+/// checkpoint per step, FIFO (so its end does not depend on timing).
+fn sweep_text(name: &str, storage: &str) -> String {
+    let space = format!("x = {{ grid = [0.1, 0.35, 0.6, 0.85] }}\nsteps = {STEPS}\nsleep_ms = 40\ncheckpoint = true");
+    let trainer = "num_workers = 2\nresources_per_worker = { CPU = 0.5 }\n\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 3\nhang_timeout_s = 2.0";
+    sweep(name, &format!("max_concurrent_trials = 2\n{storage}"), &space, trainer)
+}
+
+/// A trial's final state, as compared across runs.
+#[derive(Debug, Clone, PartialEq)]
+struct Final {
+    status: String,
+    iteration: u64,
+    loss: f64,
+    acc: f64,
+}
+
+fn finals(trials: &[serde_json::Value]) -> BTreeMap<String, Final> {
+    trials
+        .iter()
+        .map(|t| {
+            let m = &t["metrics"];
+            let f = Final {
+                status: t["status"].as_str().unwrap_or_default().to_string(),
+                iteration: m["training_iteration"].as_u64().unwrap_or(0),
+                loss: m["loss"].as_f64().unwrap_or(f64::NAN),
+                acc: m["acc"].as_f64().unwrap_or(f64::NAN),
+            };
+            (t["trial_id"].as_str().unwrap_or_default().to_string(), f)
+        })
+        .collect()
+}
+
+/// `nestor export <exp> --format trials`, one JSON value per trial.
+fn export(at: &Path, exp: &Path, env: &[(String, String)]) -> Result<Vec<serde_json::Value>, String> {
+    let out = Command::new(nestor_bin())
+        .args(["export", &exp.display().to_string(), "--format", "trials"])
+        .envs(env.iter().cloned())
+        .current_dir(at)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).map_err(|e| e.to_string())).collect()
+}
+
+/// Where a sweep's files go for a kind of fault, and what it needs running.
+struct Place {
+    dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
+    s3: Option<S3Server>,
+    disk: Option<PathBuf>,
+}
+
+impl Place {
+    fn new(fault: Fault, name: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut env, mut s3, mut disk) = (Vec::new(), None, None);
+        let storage = match fault {
+            Fault::StoreRestart => {
+                let server = S3Server::start(&dir.path().join("s3"));
+                env = server.env();
+                s3 = Some(server);
+                "storage = \"s3://bucket/runs\"\nlocal_dir = \"local\"".to_string()
+            }
+            Fault::DiskFull => {
+                let d = dir.path().join("disk");
+                std::fs::create_dir_all(&d).unwrap();
+                let out = Command::new("mount").args(["-t", "tmpfs", "-o", "size=24m", "nestor-chaos"]).arg(&d).output().unwrap();
+                assert!(out.status.success(), "the disk-full fault mounts a tmpfs (run as root): {}", String::from_utf8_lossy(&out.stderr));
+                let storage = format!("storage = \"{}\"", d.display());
+                disk = Some(d);
+                storage
+            }
+            _ => format!("storage = \"{}\"", dir.path().join("runs").display()),
+        };
+        super::write(dir.path(), &sweep_text(name, &storage));
+        Self { dir, env, s3, disk }
+    }
+
+    /// The experiment directory: where its store and logs are.
+    fn exp(&self, name: &str) -> PathBuf {
+        if self.s3.is_some() {
+            self.dir.path().join("local").join(name)
+        } else if let Some(d) = &self.disk {
+            d.join(name)
+        } else {
+            self.dir.path().join("runs").join(name)
+        }
+    }
+
+    /// Where trial logs are (local even when checkpoints go to the object store).
+    fn trials(&self, name: &str) -> PathBuf {
+        self.exp(name).join("trials")
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        Command::new(nestor_bin())
+            .args(args)
+            .envs(self.env.iter().cloned())
+            .current_dir(self.dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(d) = &self.disk {
+            let _ = Command::new("umount").arg("-l").arg(d).status();
+        }
+    }
+}
+
+/// Steps acknowledged so far, as the ranks 0 print them (at once, unlike
+/// the files for people, which a writer thread appends a little later).
+fn progress(trials: &Path) -> usize {
+    acked(trials).len()
+}
+
+/// (trial, step) pairs rank 0 has been told are durable.
+fn acked(trials: &Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(trials) else { return out };
+    for e in entries.flatten() {
+        let trial = e.file_name().to_string_lossy().into_owned();
+        let log = std::fs::read_to_string(e.path().join("logs/rank-0.log")).unwrap_or_default();
+        for step in log.lines().filter_map(|l| l.strip_prefix("rank 0: acked step ")).filter_map(|s| s.trim().parse().ok()) {
+            out.push((trial.clone(), step));
+        }
+    }
+    out
+}
+
+/// The ranks of the experiment now: (pid, rank, trial).
+fn ranks(exp: &Path) -> Vec<(u32, u32, String)> {
+    let needle = exp.display().to_string();
+    let mut out: Vec<(u32, u32, String)> = processes_mentioning(&needle)
+        .into_iter()
+        .filter_map(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let env = String::from_utf8_lossy(&env);
+            let var = |k: &str| env.split('\0').find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('='))).map(str::to_string);
+            Some((pid, var("RANK")?.parse().ok()?, var("NESTOR_TRIAL_ID")?))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn wait_output(child: Child) -> (bool, String) {
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// The fault-free run every run is compared with.
+pub struct Reference {
+    finals: BTreeMap<String, Final>,
+}
+
+impl Reference {
+    pub fn take() -> Self {
+        let place = Place::new(Fault::RankKill, "reference");
+        let (ok, said) = wait_output(place.spawn(&["run", "sweep.toml", "--plain"]));
+        assert!(ok, "the fault-free run failed: {said}");
+        let trials = export(place.dir.path(), &place.exp("reference"), &place.env).unwrap();
+        let finals = finals(&trials);
+        assert_eq!(finals.len(), TRIALS);
+        assert!(finals.values().all(|f| f.status == "TERMINATED" && f.iteration == STEPS), "{finals:?}");
+        Self { finals }
+    }
+}
+
+/// Runs one sweep with `fault` at a point drawn from `rng`.
+pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng) -> Outcome {
+    let name = format!("chaos-{n}");
+    let mut place = Place::new(fault, &name);
+    let exp = place.exp(&name);
+    let trials_dir = place.trials(&name);
+    let total = TRIALS * STEPS as usize;
+    // After this many acknowledged steps, plus a little: mid-sweep, anywhere.
+    let after = rng.random_range(1..total * 3 / 4);
+    let jitter_ms = rng.random_range(0..40u64);
+    let hold_ms = rng.random_range(200..1200u64);
+    let victim_draw: u32 = rng.random();
+    let mut broken = BTreeMap::new();
+    let mut driver = place.spawn(&["run", "sweep.toml", "--plain"]);
+    let started = Instant::now();
+    while progress(&trials_dir) < after {
+        if driver.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(60) {
+            let (_, said) = wait_output(driver);
+            broken.insert("finished", format!("the sweep ended before the fault point ({after} results): {said}"));
+            return Outcome {
+                run: n,
+                fault,
+                point: format!("after {after} steps"),
+                broken,
+                recovery_s: None,
+                resumed: false,
+                missed: true,
+            };
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(jitter_ms));
+    let acked_before = acked(&trials_dir);
+    let mut point = format!("after {after} steps +{jitter_ms} ms");
+    let mut victim: Option<(u32, String)> = None;
+    let fault_at = now();
+    match fault {
+        Fault::RankKill | Fault::RankStop => {
+            let ranks = ranks(&exp);
+            if let Some((pid, rank, trial)) = ranks.get(victim_draw as usize % ranks.len().max(1)) {
+                signal(*pid, if fault == Fault::RankKill { libc::SIGKILL } else { libc::SIGSTOP });
+                point.push_str(&format!(", {trial} rank {rank}"));
+                victim = Some((*rank, trial.clone()));
+            } else {
+                point.push_str(", no rank running");
+            }
+        }
+        Fault::DriverKill => signal(driver.id(), libc::SIGKILL),
+        Fault::DiskFull => {
+            let disk = place.disk.clone().unwrap_or_default();
+            let filler = disk.join("filler");
+            let _ =
+                Command::new("dd").args(["if=/dev/zero", "bs=64k"]).arg(format!("of={}", filler.display())).stderr(Stdio::null()).status();
+            std::thread::sleep(Duration::from_millis(hold_ms));
+            let _ = std::fs::remove_file(&filler);
+            point.push_str(&format!(", full for {hold_ms} ms"));
+        }
+        Fault::StoreRestart => {
+            if let Some(s3) = place.s3.as_mut() {
+                let port = s3.port;
+                s3.kill();
+                std::thread::sleep(Duration::from_millis(hold_ms));
+                *s3 = S3Server::start_on(&place.dir.path().join("s3"), port);
+            }
+            point.push_str(&format!(", gone for {hold_ms} ms"));
+        }
+    }
+    let (ok, mut said) = wait_output(driver);
+    let missed = (fault == Fault::DriverKill && ok) || point.ends_with("no rank running");
+    if missed {
+        point.push_str(" (missed: the sweep had ended)");
+    }
+    let mut resumed = false;
+    if !ok {
+        // At most one resume, at once.
+        let no_left = wait_clean(&exp);
+        if let Err(left) = no_left {
+            broken.insert("clean", format!("after the driver ended: {left}"));
+        }
+        resumed = true;
+        let (ok, again) = wait_output(place.spawn(&["resume", &exp.display().to_string(), "--plain"]));
+        said.push_str("\n--- nestor resume\n");
+        said.push_str(&again);
+        if !ok {
+            broken.insert("finished", format!("the resumed sweep failed: {}", tail(&again)));
+        }
+    }
+    if let Err(left) = wait_clean(&exp) {
+        broken.entry("clean").or_insert(left);
+    }
+    let trials = match export(place.dir.path(), &exp, &place.env) {
+        Ok(t) => t,
+        Err(e) => {
+            broken.insert("equal", format!("export failed: {e}"));
+            Vec::new()
+        }
+    };
+    let got = finals(&trials);
+    if !trials.is_empty() && got != reference.finals {
+        let diff: Vec<String> = reference
+            .finals
+            .iter()
+            .filter(|(id, f)| got.get(*id) != Some(f))
+            .map(|(id, f)| format!("{id}: {:?} != {f:?}", got.get(id)))
+            .collect();
+        broken.insert("equal", diff.join("; "));
+    }
+    // Every result acknowledged before the fault is the one first stored.
+    let stamp = |trial: &str, step: u64| -> Option<f64> {
+        let t = trials.iter().find(|t| t["trial_id"] == trial)?;
+        t["history"].as_array()?.iter().find(|h| h["training_iteration"] == step)?["timestamp"].as_f64()
+    };
+    let lost: Vec<String> = acked_before
+        .iter()
+        .filter(|(trial, step)| stamp(trial, *step).is_none_or(|t| t > fault_at))
+        .map(|(trial, step)| format!("{trial} step {step}"))
+        .collect();
+    if !lost.is_empty() && !trials.is_empty() {
+        broken.insert("acked", format!("acknowledged before the fault, then lost or redone: {}", lost.join(", ")));
+    }
+    if let Some((rank, trial)) = &victim {
+        let named = match fault {
+            Fault::RankKill => format!("{trial}: rank {rank} was killed by signal 9"),
+            _ => format!("{trial}: hung: no report for 2 s"),
+        };
+        let named_rank = format!("waiting on rank {rank}");
+        if fault == Fault::RankStop && said.contains(&named) && !said.contains(&named_rank) {
+            broken.insert("named", format!("the hang does not name rank {rank}: {}", tail(&said)));
+        }
+        if !said.contains(&named) {
+            broken.insert("named", format!("no `{named}` in the output: {}", tail(&said)));
+        }
+    }
+    // A sweep the full disk stopped says so, and how to go on.
+    if fault == Fault::DiskFull && resumed && !(said.contains("is full: the sweep stopped") && said.contains("nestor resume")) {
+        broken.insert("named", format!("the stopped sweep does not say the disk is full: {}", tail(&said)));
+    }
+    // For a rank's fault, its trial's; else the sweep's.
+    let recovery_s = trials
+        .iter()
+        .filter(|t| victim.as_ref().is_none_or(|(_, trial)| t["trial_id"] == trial.as_str()))
+        .filter_map(|t| t["history"].as_array())
+        .flatten()
+        .filter_map(|h| h["timestamp"].as_f64())
+        .filter(|&t| t > fault_at)
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))))
+        .map(|t| t - fault_at);
+    Outcome { run: n, fault, point, broken, recovery_s, resumed, missed }
+}
+
+/// Waits (up to 5 s) until no process of the experiment is left.
+fn wait_clean(exp: &Path) -> Result<(), String> {
+    let needle = exp.display().to_string();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = processes_mentioning(&needle);
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let what: Vec<String> = left
+                .iter()
+                .map(|p| format!("{p} {}", std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default().replace('\0', " ")))
+                .collect();
+            for p in &left {
+                signal(*p, libc::SIGKILL);
+            }
+            return Err(format!("processes left: {}", what.join("; ")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(12)..].join("\n")
+}
+
+/// Runs `runs` sweeps, the faults taken in turn from `kinds`, drawn from `seed`.
+pub fn run_many(runs: usize, seed: u64, kinds: &[Fault], mut each: impl FnMut(&Outcome)) -> Vec<Outcome> {
+    let reference = Reference::take();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..runs)
+        .map(|n| {
+            let o = run_one(n, kinds[n % kinds.len()], &reference, &mut rng);
+            each(&o);
+            o
+        })
+        .collect()
+}
+
+/// One line per run.
+pub fn line(o: &Outcome) -> String {
+    let verdicts: Vec<String> =
+        INVARIANTS.iter().map(|i| if o.broken.contains_key(i) { format!("{i}:BROKEN") } else { format!("{i}:ok") }).collect();
+    let rec = o.recovery_s.map_or("-".to_string(), |r| format!("{r:.2} s"));
+    let mut s = format!(
+        "run {:>3} {:<13} {:<55} {} recovery {rec}{}",
+        o.run,
+        o.fault.name(),
+        o.point,
+        verdicts.join(" "),
+        if o.resumed { " (resumed)" } else { "" }
+    );
+    for (i, why) in &o.broken {
+        s.push_str(&format!("\n    {i}: {why}"));
+    }
+    s
+}
+
+/// The summary table (Markdown): per fault kind, runs, invariants held, recovery.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let mut s = String::from("| fault | runs | missed | resumed | ");
+    s.push_str(&INVARIANTS.join(" | "));
+    s.push_str(" | recovery median | recovery max |\n|---|---|---|---|");
+    s.push_str(&"---|".repeat(INVARIANTS.len()));
+    s.push_str("---|---|\n");
+    for kind in Fault::ALL {
+        let of: Vec<&Outcome> = outcomes.iter().filter(|o| o.fault == kind).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let held = |i: &str| format!("{}/{}", of.iter().filter(|o| !o.broken.contains_key(i)).count(), of.len());
+        let mut rec: Vec<f64> = of.iter().filter_map(|o| o.recovery_s).collect();
+        rec.sort_by(f64::total_cmp);
+        let med = rec.get(rec.len() / 2).map_or("-".into(), |r| format!("{r:.2} s"));
+        let max = rec.last().map_or("-".into(), |r| format!("{r:.2} s"));
+        let count = |f: &dyn Fn(&Outcome) -> bool| of.iter().filter(|o| f(o)).count();
+        s.push_str(&format!("| {} | {} | {} | {} | ", kind.name(), of.len(), count(&|o| o.missed), count(&|o| o.resumed)));
+        s.push_str(&INVARIANTS.iter().map(|i| held(i)).collect::<Vec<_>>().join(" | "));
+        s.push_str(&format!(" | {med} | {max} |\n"));
+    }
+    s
+}

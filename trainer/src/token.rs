@@ -1,0 +1,20 @@
+//! Unguessable tokens: a run's report secret, unique names for staged
+//! checkpoint parts.
+
+/// 32 hex digits from the operating system's random source (through `rand`'s
+/// thread generator, a CSPRNG seeded from it).
+pub(crate) fn random_token() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tokens_are_32_hex_digits_and_differ() {
+        let (a, b) = (super::random_token(), super::random_token());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}
