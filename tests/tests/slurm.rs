@@ -685,3 +685,72 @@ fn a_worker_that_cannot_reach_the_driver_names_the_address() {
     assert!(stderr.contains("cluster.report_address = \"127.0.0.1\" is a loopback address"), "{stderr}");
     assert!(!dir.path().join("runs/loopback").exists(), "{stderr}");
 }
+
+/// A node dies mid-sweep in an allocation the trials fill, each trial's two
+/// ranks on two nodes: Slurm holds the dead steps' CPUs on the nodes left
+/// until it calls the node down. The restarts wait for them without that
+/// counting as a hang, only the dead node is set aside, and every trial
+/// ends TERMINATED with the default `[failure]` settings (a lost node is
+/// not a trial's failure), on the two nodes left.
+#[test]
+fn a_node_lost_in_a_full_allocation_leaves_the_sweep_running_on_the_nodes_left() {
+    let mut cluster = SlurmCluster::start(3, 2, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    spanning_sweep(
+        dir.path(),
+        "full",
+        "",
+        "x = { grid = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6] }\nsteps = 12\nsleep_ms = 100\ncheckpoint = true",
+        "\n[checkpoint]\nfrequency = 1\n\n[failure]\nhang_timeout_s = 3.0",
+    );
+    let started = std::time::Instant::now();
+    let run = cluster
+        .cmd("salloc")
+        .args(["--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(common::nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Three trials run, two ranks each: every CPU of the allocation is busy.
+    let trials = dir.path().join("runs/full/trials");
+    let busy = || {
+        (0..3).all(|t| {
+            std::fs::read_to_string(trials.join(format!("trial_{t:05}/logs/rank-1.log"))).unwrap_or_default().contains("acked step 3")
+        })
+    };
+    while !busy() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "the first three trials never got going");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    cluster.kill_node("node2");
+    let killed = std::time::Instant::now();
+    let out = run.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = common::ok(out);
+    eprintln!("the sweep ended {:.1} s after the node was killed\n{stderr}", killed.elapsed().as_secs_f64());
+    assert!(stdout.contains("6 trials (6 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("node node2 is set aside for the rest of the sweep"), "{stderr}");
+    for healthy in ["node1", "node3"] {
+        assert!(!stderr.contains(&format!("node {healthy} is set aside")), "a healthy node was set aside: {stderr}");
+    }
+    assert!(!stderr.contains("stopping the sweep"), "{stderr}");
+    let store = tuner::store::Store::open_existing(&dir.path().join("runs/full/store")).unwrap();
+    for t in store.trials().unwrap() {
+        assert_eq!((t.status, t.failures), (tuner::TrialStatus::Terminated, 0), "{}: {:?}", t.id, t.last_failure);
+        assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 12, "{}", t.id);
+    }
+    // Steps with a rank on the dead node stay listed until the job ends (Slurm's way); no other is left.
+    let jobs = cluster.run("squeue", &["-h", "-s", "-o", "%j %N"]);
+    let left: Vec<String> = String::from_utf8_lossy(&jobs.stdout)
+        .lines()
+        .filter(|l| {
+            let (name, nodes) = l.split_once(' ').unwrap_or((l, ""));
+            name.starts_with("nestor-") && !trainer::expand_hostlist(nodes.trim()).unwrap_or_default().contains(&"node2".to_string())
+        })
+        .map(str::to_string)
+        .collect();
+    assert!(left.is_empty(), "steps outlived the sweep: {left:?}");
+}

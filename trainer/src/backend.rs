@@ -231,6 +231,9 @@ pub struct TrialHandle {
     kill_signal: i32,
     /// The run's step progress: which ranks a step waits for.
     steps: Option<Arc<dyn StepProgress>>,
+    /// Set once every rank runs (`None`: from the launch on). A run whose
+    /// ranks wait for the cluster to start them is not hung.
+    started: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl TrialHandle {
@@ -242,7 +245,19 @@ impl TrialHandle {
 
     pub(crate) fn new(groups: Vec<i32>, steps: Option<Arc<dyn StepProgress>>) -> (Self, watch::Receiver<StopLevel>) {
         let (tx, rx) = watch::channel(StopLevel::Run);
-        (Self { stop: tx, groups, steps, kill_signal: libc::SIGKILL }, rx)
+        (Self { stop: tx, groups, steps, kill_signal: libc::SIGKILL, started: None }, rx)
+    }
+
+    /// [`TrialHandle::new`] whose ranks run once `started` is set.
+    pub(crate) fn started_by(mut self, started: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.started = Some(started);
+        self
+    }
+
+    /// Whether every rank of the run has started (a job step may wait for
+    /// the cluster's resources first: that time is not a hang).
+    pub fn started(&self) -> bool {
+        self.started.as_ref().is_none_or(|s| s.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// [`TrialHandle::new`] whose `Kill` sends `signal` to the groups.

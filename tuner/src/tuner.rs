@@ -343,6 +343,10 @@ impl Tuner {
             let root = std::path::absolute(file.experiment.local_root())
                 .map_err(|source| TuneError::Io { path: PathBuf::from(file.experiment.local_root()), source })?;
             std::fs::create_dir_all(&root).map_err(|source| TuneError::Io { path: root.clone(), source })?;
+            if resuming {
+                // Steps an earlier driver of this experiment left in this job go first: they hold the nodes.
+                trainer::cancel_leftover_steps(&a.job_id, &root.join(&file.experiment.name)).await;
+            }
             unshared = a.unshared_nodes(&root).map_err(|e| TuneError::Cluster(e.0))?;
             if !unshared.is_empty() && file.experiment.storage_url().is_none() {
                 return Err(TuneError::Cluster(format!(
@@ -481,7 +485,11 @@ impl Tuner {
                             c.report_bind = std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0));
                         }
                         let advertise = file.cluster.report_address.clone().unwrap_or_else(host_name);
-                        let backend = SlurmBackend::start(c, a, Some(&advertise)).await.map_err(server_err)?.shipping(!unshared.is_empty());
+                        let backend = SlurmBackend::start(c, a, Some(&advertise))
+                            .await
+                            .map_err(server_err)?
+                            .shipping(!unshared.is_empty())
+                            .experiment(&exp_dir);
                         // Steps an earlier driver of this experiment left running in this job go first.
                         backend.cancel_leftovers(&exp_dir).await;
                         let mut note = format!("nestor: workers report to {}", backend.report_url());

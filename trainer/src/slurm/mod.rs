@@ -12,7 +12,7 @@ use crate::resources::{Gpu, NodeResources, Source};
 
 mod step;
 
-pub use step::SlurmBackend;
+pub use step::{cancel_leftovers, SlurmBackend};
 
 /// Why the allocation could not be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -159,7 +159,8 @@ impl SlurmAllocation {
         let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
         let n = names.len().to_string();
         let out = step::srun(&self.job_id)
-            .args(["--job-name=nestor-probe", "--exact", "--label", "--mem-per-cpu=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"])
+            // Overlapping the steps that hold the nodes' CPUs: a busy node answers too.
+            .args(["--job-name=nestor-probe", "--overlap", "--label", "--mem-per-cpu=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"])
             .args(["--nodes", &n, "--ntasks", &n, "--nodelist", &names.join(",")])
             .args(["/bin/sh", "-c", "printf '%s %s\\n' \"$SLURMD_NODENAME\" \"$(cat \"$1\" 2>/dev/null)\"", "probe"])
             .arg(&probe)

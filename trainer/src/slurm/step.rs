@@ -92,6 +92,10 @@ pub struct SlurmBackend {
     report_url: String,
     /// Nodes' health, as the steps' ends tell it.
     health: Arc<std::sync::Mutex<Health>>,
+    /// The name of its node probes' job steps (`nestor-<experiment>-probe`
+    /// once [`SlurmBackend::experiment`] names it): a leftover probe is
+    /// cancelled with the experiment's other steps.
+    probe_name: String,
     /// Some node does not see the experiment's directory: ranks ship their
     /// checkpoint shards through the report channel and fetch the one they
     /// resume from, the trial directory is a node-local one of the same
@@ -161,8 +165,16 @@ impl SlurmBackend {
             allocation: Arc::new(allocation),
             report_url,
             health: Arc::default(),
+            probe_name: "nestor-probe".into(),
             shipping: false,
         })
+    }
+
+    /// Names the experiment in `exp_dir` (its node probes' steps are named after it).
+    #[must_use]
+    pub fn experiment(mut self, exp_dir: &std::path::Path) -> Self {
+        self.probe_name = format!("{}probe", step_prefix(exp_dir));
+        self
     }
 
     /// Whether ranks ship their checkpoints through the report channel (some
@@ -187,22 +199,29 @@ impl SlurmBackend {
     /// `exp_dir` left in this job (named `nestor-<experiment>-...`), and
     /// waits until Slurm has them gone; returns their ids.
     pub async fn cancel_leftovers(&self, exp_dir: &std::path::Path) -> Vec<String> {
-        let prefix = step_prefix(exp_dir);
-        let job = &self.allocation.job_id;
-        let ids: Vec<String> = steps(job).await.into_iter().filter(|(_, name)| name.starts_with(&prefix)).map(|(id, _)| id).collect();
-        if ids.is_empty() {
-            return ids;
-        }
-        tracing::warn!(steps = ?ids, "cancelling job steps an earlier run of this experiment left running");
-        let _ = tokio::process::Command::new("scancel").args(&ids).status().await;
-        for _ in 0..100 {
-            if !steps(job).await.iter().any(|(id, _)| ids.contains(id)) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        ids
+        cancel_leftovers(&self.allocation.job_id, exp_dir).await
     }
+}
+
+/// Cancels the job steps an earlier driver of the experiment in `exp_dir`
+/// left in `job` (named `nestor-<experiment>-...`: its trials' and its
+/// node probes'), and waits (up to 10 s) until Slurm has them gone; returns
+/// their ids. Before anything else of a resumed sweep uses the nodes.
+pub async fn cancel_leftovers(job: &str, exp_dir: &std::path::Path) -> Vec<String> {
+    let prefix = step_prefix(exp_dir);
+    let ids: Vec<String> = steps(job).await.into_iter().filter(|(_, name)| name.starts_with(&prefix)).map(|(id, _)| id).collect();
+    if ids.is_empty() {
+        return ids;
+    }
+    tracing::warn!(steps = ?ids, "cancelling job steps an earlier run of this experiment left running");
+    let _ = tokio::process::Command::new("scancel").args(&ids).status().await;
+    for _ in 0..100 {
+        if !steps(job).await.iter().any(|(id, _)| ids.contains(id)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ids
 }
 
 /// Where a step's GPUs come from.
@@ -290,11 +309,47 @@ fn labelled(line: &str) -> Option<(u32, &str)> {
 /// How long a node has to run a trivial job step before it counts as gone.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// A pause before a run the cluster refused to start ends, when no node of
+/// it is down: the cluster is settling (releasing a lost step's CPUs).
+const REFUSAL_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Whether srun says it could not create the step (`srun: error: Unable to
+/// create step for job 7: Requested node configuration is not available`).
+fn step_refused(line: &str) -> bool {
+    line.contains("Unable to create step") || line.contains("Requested node configuration is not available")
+}
+
+/// The nodes of `nodes` Slurm calls down, drained, failing or not
+/// responding, with their state (`scontrol show node -o`).
+async fn down_nodes(nodes: &[String]) -> Vec<(String, String)> {
+    let Ok(out) = tokio::process::Command::new("scontrol").args(["show", "node", "-o", &nodes.join(",")]).output().await else {
+        return Vec::new();
+    };
+    node_states(&String::from_utf8_lossy(&out.stdout)).into_iter().filter(|(_, state)| is_down(state)).collect()
+}
+
+/// `NodeName=node1 ... State=DOWN+NOT_RESPONDING ...` lines -> (name, state).
+fn node_states(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let field = |name: &str| line.split_whitespace().find_map(|f| f.strip_prefix(name)?.strip_prefix('=').map(str::to_string));
+            Some((field("NodeName")?, field("State")?))
+        })
+        .collect()
+}
+
+/// Whether a node in `state` can run nothing now.
+fn is_down(state: &str) -> bool {
+    ["DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN"].iter().any(|s| state.contains(s)) || state.ends_with('*')
+}
+
 /// Whether `node` of `job` still runs a job step (`true` on it): a healthy
-/// node answers in well under a second.
-async fn answers(job: &str, node: &str) -> bool {
+/// node answers in well under a second, busy or not (the probe overlaps the
+/// steps that hold its CPUs).
+async fn answers(job: &str, node: &str, name: &str) -> bool {
     let probe = tokio::process::Command::from(srun(job))
-        .args(["--job-name=nestor-probe", "--exact", "--nodes=1", "--ntasks=1", "--mem-per-cpu=1", "--quiet"])
+        .arg(format!("--job-name={name}"))
+        .args(["--overlap", "--nodes=1", "--ntasks=1", "--mem-per-cpu=1", "--quiet"])
         .arg(format!("--nodelist={node}"))
         .arg("true")
         .stdin(Stdio::null())
@@ -434,8 +489,10 @@ impl Backend for SlurmBackend {
             vec![pgid].into_iter().filter(|&g| g > 0).collect(),
             Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
         );
-        let handle = handle.killing_with(libc::SIGTERM);
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handle = handle.killing_with(libc::SIGTERM).started_by(Arc::clone(&started));
         let grace = cfg.grace_period;
+        let probe_name = self.probe_name.clone();
         let trial_id = spec.trial_id;
         let job = self.allocation.job_id.clone();
         let health = Arc::clone(&self.health);
@@ -447,6 +504,10 @@ impl Backend for SlurmBackend {
             let mut stopping = Escalation::new(stop, grace);
             let mut failed: Option<(u32, String, String)> = None;
             let mut lost: Option<(String, String)> = None;
+            // Ranks that have printed their first line (the prologue's): all of them, and the step runs.
+            let mut running = vec![false; world as usize];
+            // srun could not create the step (what it said).
+            let mut refused: Option<String> = None;
             let mut lines_open = true;
             let status = loop {
                 tokio::select! {
@@ -454,9 +515,18 @@ impl Backend for SlurmBackend {
                         Some(line) => match labelled(&line) {
                             Some((r, text)) if (r as usize) < rank_files.len() => {
                                 let _ = writeln!(rank_files[r as usize], "{text}");
+                                if !running[r as usize] {
+                                    running[r as usize] = true;
+                                    if running.iter().all(|&r| r) {
+                                        started.store(true, std::sync::atomic::Ordering::Release);
+                                    }
+                                }
                             }
                             _ => {
                                 let _ = writeln!(srun_file, "{line}");
+                                if refused.is_none() && step_refused(&line) {
+                                    refused = Some(line.trim().to_string());
+                                }
                                 if let Some(l) = node_lost(&line) {
                                     lost.get_or_insert(l);
                                 }
@@ -513,8 +583,21 @@ impl Backend for SlurmBackend {
             };
             let mut gone = Vec::new();
             for node in suspects {
-                if !answers(&job, &node).await {
+                if !answers(&job, &node, &probe_name).await {
                     gone.push(node);
+                }
+            }
+            // A step the cluster would not create: the nodes Slurm itself calls down go aside.
+            let mut down_here = Vec::new();
+            if refused.is_some() && lost.is_none() {
+                let mut nodes = rank_nodes.clone();
+                nodes.sort();
+                nodes.dedup();
+                down_here = down_nodes(&nodes).await;
+                if down_here.is_empty() {
+                    // None is down: the cluster is busy or settling. A pause before the run's end,
+                    // so its restart does not spend its retries at once.
+                    tokio::time::sleep(REFUSAL_BACKOFF).await;
                 }
             }
             let newly_lost = {
@@ -525,6 +608,9 @@ impl Backend for SlurmBackend {
                 }
                 for node in &gone {
                     newly.extend(h.node_down(node, &format!("it did not run a job step within {} s", PROBE_TIMEOUT.as_secs())));
+                }
+                for (node, state) in &down_here {
+                    newly.extend(h.node_down(node, &format!("Slurm says it is {state}")));
                 }
                 if let (Some((_, node, _)), true, true) = (&failed, failed_here, gone.is_empty()) {
                     newly.extend(h.blame(node));
@@ -553,6 +639,21 @@ impl Backend for SlurmBackend {
                         aggregator.rank_finished(r);
                     }
                     ExitOutcome::Completed
+                }
+                // The cluster would not start it: not the code's doing.
+                Ok(_) if refused.is_some() && requested == StopLevel::Run => {
+                    aggregator.fail();
+                    let said = refused.unwrap_or_default();
+                    let why = if down_here.is_empty() {
+                        "no node of it is down; it is tried again".to_string()
+                    } else {
+                        let down: Vec<String> = down_here.iter().map(|(n, st)| format!("{n} ({st})")).collect();
+                        format!("Slurm calls {} down; set aside for the rest of the sweep", down.join(", "))
+                    };
+                    ExitOutcome::Infrastructure(format!(
+                        "the cluster would not start the job step on {}: {said}; {why}",
+                        rank_nodes.join(",")
+                    ))
                 }
                 _ if requested > StopLevel::Run => {
                     aggregator.fail();
@@ -635,6 +736,12 @@ mod tests {
         let launch = "srun: error: Task launch for StepId=11.0 failed on node node3: Communication connection failure";
         assert_eq!(node_lost(launch).unwrap().0, "node3");
         assert_eq!(node_lost("srun: error: node2: task 1: Killed"), None);
+        assert!(step_refused("srun: error: Unable to create step for job 7: Requested node configuration is not available"));
+        assert!(!step_refused("srun: Job step creation temporarily disabled, retrying (Requested nodes are busy)"));
+        let shown = "NodeName=node1 Arch=x86_64 State=MIXED ThreadsPerCore=1\nNodeName=node2 State=DOWN+NOT_RESPONDING Reason=x\n\
+                     NodeName=node3 State=IDLE* CPUTot=2\nNodeName=node4 State=ALLOCATED+DRAIN\n";
+        let down: Vec<String> = node_states(shown).into_iter().filter(|(_, st)| is_down(st)).map(|(n, _)| n).collect();
+        assert_eq!(down, ["node2", "node3", "node4"]);
         let mut h = Health::default();
         for _ in 1..FAILURES_BEFORE_SET_ASIDE {
             assert_eq!(h.blame("node1"), None);

@@ -97,6 +97,11 @@ impl Runner {
         let now = self.clock.now();
         let trials_dir = self.settings.exp_dir.join("trials");
         for r in self.trials.running.values_mut() {
+            if !r.handle.started() {
+                // Its ranks wait for the cluster to start them: the hang clock starts when they run.
+                r.last_report = now;
+                continue;
+            }
             if r.ending.is_some() || now - r.last_report < limit {
                 continue;
             }
