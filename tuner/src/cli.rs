@@ -696,6 +696,7 @@ fn trial_json(t: &TrialOutcome) -> Value {
         "last_failure": t.last_failure,
         "restarts": t.restarts,
         "failures": t.failures,
+        "infrastructure_failures": t.infrastructure_failures,
         "resumes": t.resumes,
         "exploits": t.exploits,
         "metrics": history.last().cloned(),

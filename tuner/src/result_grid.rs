@@ -72,6 +72,8 @@ pub struct TrialOutcome {
     pub resumes: u32,
     /// How many of its runs failed (and were restarted, or ended it).
     pub failures: u32,
+    /// How many of its runs the infrastructure ended (a node lost under it).
+    pub infrastructure_failures: u32,
     /// How many times it took over another trial's checkpoint (PBT).
     pub exploits: u32,
     /// How many times a resource-changing scheduler changed its number of workers.
@@ -197,6 +199,7 @@ impl ResultGrid {
                     restarts: t.restarts,
                     resumes: t.resumes,
                     failures: t.failures,
+                    infrastructure_failures: t.infrastructure_failures,
                     exploits: t.exploits,
                     resizes: t.resizes,
                     last_failure: t.last_failure.clone(),
@@ -287,6 +290,7 @@ mod tests {
             restarts: 0,
             resumes: 0,
             failures: 0,
+            infrastructure_failures: 0,
             exploits: 0,
             resizes: 0,
             last_failure: None,

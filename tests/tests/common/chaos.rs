@@ -6,7 +6,9 @@
 //! Faults: SIGKILL of a rank, SIGSTOP of a rank (a hang), SIGKILL of the
 //! driver (then `nestor resume`), the experiment's disk filling up (then
 //! freed), the object store the checkpoints go to stopped mid-sweep and
-//! started again on the same port.
+//! started again on the same port, and a whole Slurm node killed (its
+//! slurmd, step daemons and tasks) in a `--no-kill` allocation the
+//! trials fill, on a 3-node test cluster.
 //!
 //! Invariants, after each run (and at most one `nestor resume`):
 //! - `finished`: the sweep ends with exit 0;
@@ -14,7 +16,8 @@
 //!   sum the checkpoints carry) equals the fault-free run's;
 //! - `acked`: every result acknowledged to a rank before the fault is in the
 //!   store as it was first stored (not redone after the fault);
-//! - `clean`: no process of the experiment is left;
+//! - `clean`: no process of the experiment is left, and no job step of it
+//!   (but those with a rank on a dead node, which Slurm lists until the job ends);
 //! - `named`: a failure the fault caused names the rank it hit (a sweep a
 //!   full disk stopped says so, and how to go on).
 //!
@@ -28,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
+use super::slurm::SlurmCluster;
 use super::{nestor_bin, now, processes_mentioning, signal, sweep, S3Server};
 
 /// One kind of fault.
@@ -43,10 +47,13 @@ pub enum Fault {
     DiskFull,
     /// The object store goes away for a while and comes back on the same port.
     StoreRestart,
+    /// A Slurm node dies with everything on it, mid-sweep, in a full allocation.
+    NodeKill,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 5] = [Fault::RankKill, Fault::RankStop, Fault::DriverKill, Fault::DiskFull, Fault::StoreRestart];
+    pub const ALL: [Fault; 6] =
+        [Fault::RankKill, Fault::RankStop, Fault::DriverKill, Fault::DiskFull, Fault::StoreRestart, Fault::NodeKill];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -55,6 +62,7 @@ impl Fault {
             Fault::DriverKill => "driver-kill",
             Fault::DiskFull => "disk-full",
             Fault::StoreRestart => "store-restart",
+            Fault::NodeKill => "node-kill",
         }
     }
 
@@ -94,11 +102,20 @@ const STEPS: u64 = 8;
 const TRIALS: usize = 4;
 
 /// The sweep every run makes: 4 trials of 2 ranks, 8 steps each, a
-/// checkpoint per step, FIFO (so its end does not depend on timing).
-fn sweep_text(name: &str, storage: &str) -> String {
+/// checkpoint per step, FIFO (so its end does not depend on timing). On
+/// the test cluster, each trial's ranks on two of the three nodes, three
+/// trials at a time: the allocation is full.
+fn sweep_text(name: &str, storage: &str, slurm: bool) -> String {
     let space = format!("x = {{ grid = [0.1, 0.35, 0.6, 0.85] }}\nsteps = {STEPS}\nsleep_ms = 40\ncheckpoint = true");
-    let trainer = "num_workers = 2\nresources_per_worker = { CPU = 0.5 }\n\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 3\nhang_timeout_s = 2.0";
-    sweep(name, &format!("max_concurrent_trials = 2\n{storage}"), &space, trainer)
+    let placement = if slurm {
+        "resources_per_worker = { CPU = 1 }\nplacement_strategy = \"STRICT_SPREAD\""
+    } else {
+        "resources_per_worker = { CPU = 0.5 }"
+    };
+    let trainer =
+        format!("num_workers = 2\n{placement}\n\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 3\nhang_timeout_s = 2.0");
+    let at_once = if slurm { 3 } else { 2 };
+    sweep(name, &format!("max_concurrent_trials = {at_once}\n{storage}"), &space, &trainer)
 }
 
 /// A trial's final state, as compared across runs.
@@ -146,12 +163,15 @@ struct Place {
     env: Vec<(String, String)>,
     s3: Option<S3Server>,
     disk: Option<PathBuf>,
+    /// The test cluster the driver runs in (an allocation of all its nodes).
+    cluster: Option<SlurmCluster>,
 }
 
 impl Place {
     fn new(fault: Fault, name: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (mut env, mut s3, mut disk) = (Vec::new(), None, None);
+        let cluster = (fault == Fault::NodeKill).then(|| SlurmCluster::start(3, 2, 2000));
         let storage = match fault {
             Fault::StoreRestart => {
                 let server = S3Server::start(&dir.path().join("s3"));
@@ -170,8 +190,8 @@ impl Place {
             }
             _ => format!("storage = \"{}\"", dir.path().join("runs").display()),
         };
-        super::write(dir.path(), &sweep_text(name, &storage));
-        Self { dir, env, s3, disk }
+        super::write(dir.path(), &sweep_text(name, &storage, cluster.is_some()));
+        Self { dir, env, s3, disk, cluster }
     }
 
     /// The experiment directory: where its store and logs are.
@@ -191,8 +211,15 @@ impl Place {
     }
 
     fn spawn(&self, args: &[&str]) -> Child {
-        Command::new(nestor_bin())
-            .args(args)
+        let mut cmd = match &self.cluster {
+            Some(c) => {
+                let mut cmd = c.cmd("salloc");
+                cmd.args(["--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"]).arg(nestor_bin());
+                cmd
+            }
+            None => Command::new(nestor_bin()),
+        };
+        cmd.args(args)
             .envs(self.env.iter().cloned())
             .current_dir(self.dir.path())
             .stdout(Stdio::piped())
@@ -230,16 +257,16 @@ fn acked(trials: &Path) -> Vec<(String, u64)> {
     out
 }
 
-/// The ranks of the experiment now: (pid, rank, trial).
-fn ranks(exp: &Path) -> Vec<(u32, u32, String)> {
+/// The ranks of the experiment now: (pid, rank, trial, Slurm node or "").
+fn ranks(exp: &Path) -> Vec<(u32, u32, String, String)> {
     let needle = exp.display().to_string();
-    let mut out: Vec<(u32, u32, String)> = processes_mentioning(&needle)
+    let mut out: Vec<(u32, u32, String, String)> = processes_mentioning(&needle)
         .into_iter()
         .filter_map(|pid| {
             let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
             let env = String::from_utf8_lossy(&env);
             let var = |k: &str| env.split('\0').find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('='))).map(str::to_string);
-            Some((pid, var("RANK")?.parse().ok()?, var("NESTOR_TRIAL_ID")?))
+            Some((pid, var("RANK")?.parse().ok()?, var("NESTOR_TRIAL_ID")?, var("SLURMD_NODENAME").unwrap_or_default()))
         })
         .collect();
     out.sort();
@@ -302,13 +329,15 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
     }
     std::thread::sleep(Duration::from_millis(jitter_ms));
     let acked_before = acked(&trials_dir);
+    let ranks_before = ranks(&exp);
     let mut point = format!("after {after} steps +{jitter_ms} ms");
     let mut victim: Option<(u32, String)> = None;
+    let mut dead_node: Option<String> = None;
     let fault_at = now();
     match fault {
         Fault::RankKill | Fault::RankStop => {
             let ranks = ranks(&exp);
-            if let Some((pid, rank, trial)) = ranks.get(victim_draw as usize % ranks.len().max(1)) {
+            if let Some((pid, rank, trial, _)) = ranks.get(victim_draw as usize % ranks.len().max(1)) {
                 signal(*pid, if fault == Fault::RankKill { libc::SIGKILL } else { libc::SIGSTOP });
                 point.push_str(&format!(", {trial} rank {rank}"));
                 victim = Some((*rank, trial.clone()));
@@ -326,6 +355,17 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
             let _ = std::fs::remove_file(&filler);
             point.push_str(&format!(", full for {hold_ms} ms"));
         }
+        Fault::NodeKill => {
+            let mut nodes: Vec<String> = ranks(&exp).into_iter().map(|r| r.3).filter(|n| !n.is_empty()).collect();
+            nodes.dedup();
+            if let (Some(node), Some(cluster)) = (nodes.get(victim_draw as usize % nodes.len().max(1)), place.cluster.as_mut()) {
+                cluster.kill_node(node);
+                point.push_str(&format!(", {node}"));
+                dead_node = Some(node.clone());
+            } else {
+                point.push_str(", no rank running");
+            }
+        }
         Fault::StoreRestart => {
             if let Some(s3) = place.s3.as_mut() {
                 let port = s3.port;
@@ -335,6 +375,19 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
             }
             point.push_str(&format!(", gone for {hold_ms} ms"));
         }
+    }
+    // The trials the fault hit (a rank's; those with a rank on the dead node), and when one of them runs again.
+    let hit: Vec<String> = match (&victim, &dead_node) {
+        (Some((_, trial)), _) => vec![trial.clone()],
+        (_, Some(node)) => ranks_before.iter().filter(|r| &r.3 == node).map(|r| r.2.clone()).collect(),
+        _ => Vec::new(),
+    };
+    let mut restarted_at = None;
+    while driver.try_wait().unwrap().is_none() {
+        if restarted_at.is_none() && ranks(&exp).iter().any(|r| hit.contains(&r.2) && !ranks_before.iter().any(|b| b.0 == r.0)) {
+            restarted_at = Some(now());
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
     let (ok, mut said) = wait_output(driver);
     let missed = (fault == Fault::DriverKill && ok) || point.ends_with("no rank running");
@@ -358,6 +411,31 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
     }
     if let Err(left) = wait_clean(&exp) {
         broken.entry("clean").or_insert(left);
+    }
+    if let Some(cluster) = &place.cluster {
+        // Steps with a rank on the dead node stay listed until the job ends (Slurm's way).
+        let listed = cluster.run("squeue", &["-h", "-s", "-o", "%j %N"]);
+        let left: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .filter(|l| {
+                let (name, nodes) = l.split_once(' ').unwrap_or((l, ""));
+                let on_dead = dead_node.as_ref().is_some_and(|d| trainer::expand_hostlist(nodes.trim()).unwrap_or_default().contains(d));
+                name.starts_with("nestor-") && !on_dead
+            })
+            .map(str::to_string)
+            .collect();
+        if !left.is_empty() {
+            broken.entry("clean").or_insert(format!("job steps left: {left:?}"));
+        }
+    }
+    if let Some(node) = &dead_node {
+        if !said.contains(&format!("node {node} is set aside")) {
+            broken.insert("named", format!("no `node {node} is set aside` in the output: {}", tail(&said)));
+        }
+        let others: Vec<&str> = said.lines().filter(|l| l.contains(" is set aside") && !l.contains(&format!("node {node} "))).collect();
+        if !others.is_empty() {
+            broken.insert("named", format!("a healthy node was set aside: {others:?}"));
+        }
     }
     let trials = match export(place.dir.path(), &exp, &place.env) {
         Ok(t) => t,
@@ -406,14 +484,16 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
     if fault == Fault::DiskFull && resumed && !(said.contains("is full: the sweep stopped") && said.contains("nestor resume")) {
         broken.insert("named", format!("the stopped sweep does not say the disk is full: {}", tail(&said)));
     }
-    // For a rank's fault, its trial's; else the sweep's.
+    // From the fault to the first result of a hit trial's new run (a rank's or a node's fault), or
+    // to the sweep's first result after it (the driver, the disk, the store).
+    let since = restarted_at.unwrap_or(fault_at);
     let recovery_s = trials
         .iter()
-        .filter(|t| victim.as_ref().is_none_or(|(_, trial)| t["trial_id"] == trial.as_str()))
+        .filter(|t| hit.is_empty() || hit.iter().any(|h| t["trial_id"] == h.as_str()))
         .filter_map(|t| t["history"].as_array())
         .flatten()
         .filter_map(|h| h["timestamp"].as_f64())
-        .filter(|&t| t > fault_at)
+        .filter(|&t| t > since)
         .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))))
         .map(|t| t - fault_at);
     Outcome { run: n, fault, point, broken, recovery_s, resumed, missed }
