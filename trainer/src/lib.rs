@@ -54,6 +54,6 @@ pub use results::{csv_field, ResultFiles, ResultLine};
 pub use scaling::{DistBackend, FailureConfig, PlacementStrategy, Resources, ScalingConfig, ScalingError, TorchConfig};
 pub use section::TrainerConfig;
 pub use service::ReportServer;
-pub use slurm::{cancel_leftovers as cancel_leftover_steps, expand_hostlist, SlurmAllocation, SlurmBackend, SlurmError, SlurmNode};
+pub use slurm::{cancel_leftovers as cancel_leftover_steps, expand_hostlist, BatchJob, SlurmAllocation, SlurmBackend, SlurmError, SlurmNode};
 pub use storage::{Storage, StorageError, COMMITTED_MARKER};
 pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};

@@ -776,16 +776,8 @@ struct SubmitJob<'a> {
     sbatch_args: &'a [String],
 }
 
-/// A word as the shell reads it back unchanged.
-fn sh_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c)) {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
-}
-
-/// Writes the batch script of `job` next to its experiment and submits it with sbatch.
+/// Checks the experiment of `job`, then writes its batch script next to
+/// the experiment and submits it with sbatch (prints it, with `dry_run`).
 fn submit(job: &SubmitJob<'_>, dry_run: bool) -> Result<(), Failure> {
     let fail = |message: String| Failure { code: 2, message };
     if job.nodes == 0 {
@@ -796,65 +788,27 @@ fn submit(job: &SubmitJob<'_>, dry_run: bool) -> Result<(), Failure> {
     experiment.clone().resolve(&job.file.display().to_string()).map_err(TuneError::from)?;
     let abs = |p: &Path| std::path::absolute(p).map_err(|e| fail(format!("{}: {e}", p.display())));
     let root = abs(Path::new(&experiment.experiment.local_root()))?;
-    let exp_dir = root.join(&experiment.experiment.name);
-    let nestor = std::env::current_exe().map_err(|e| fail(format!("cannot find the nestor binary: {e}")))?;
-    let cwd = std::env::current_dir().map_err(|e| fail(format!("the working directory: {e}")))?;
-    let mut lines = vec![
-        "#!/bin/bash".to_string(),
-        format!("#SBATCH --job-name={}", sh_quote(&format!("nestor-{}", experiment.experiment.name))),
-        format!("#SBATCH --nodes={}", job.nodes),
-        // Whole nodes: the sweep places its trials' ranks on them itself.
-        "#SBATCH --exclusive".to_string(),
-        "#SBATCH --mem=0".to_string(),
-        // A node that goes down is set aside and the sweep goes on with the others.
-        "#SBATCH --no-kill".to_string(),
-        format!("#SBATCH --output={}", root.join(format!("{}-%j.out", experiment.experiment.name)).display()),
-        // Time limit: SIGTERM two minutes before, and nestor stops its trials so they resume later.
-        "#SBATCH --signal=B:TERM@120".to_string(),
-    ];
-    if let Some(g) = job.gpus_per_node {
-        lines.push(format!("#SBATCH --gpus-per-node={g}"));
-    }
-    if let Some(p) = &job.partition {
-        lines.push(format!("#SBATCH --partition={}", sh_quote(p)));
-    }
-    if let Some(t) = &job.time {
-        lines.push(format!("#SBATCH --time={}", sh_quote(t)));
-    }
-    for a in job.sbatch_args {
-        lines.push(format!("#SBATCH {}", sh_quote(a)));
-    }
-    let sets: String = job.sets.iter().map(|s| format!(" --set {}", sh_quote(s))).collect();
-    lines.push(String::new());
-    lines.push(format!("cd {}", sh_quote(&cwd.display().to_string())));
-    lines.push(format!("if [ -d {}/store ]; then", sh_quote(&exp_dir.display().to_string())));
-    lines.push(format!("    exec {} resume {} --plain", sh_quote(&nestor.display().to_string()), sh_quote(&exp_dir.display().to_string())));
-    lines.push("else".into());
-    lines.push(format!(
-        "    exec {} run {}{sets} --plain",
-        sh_quote(&nestor.display().to_string()),
-        sh_quote(&abs(job.file)?.display().to_string())
-    ));
-    lines.push("fi".into());
-    let script = lines.join("\n") + "\n";
+    let batch = trainer::BatchJob {
+        name: experiment.experiment.name.clone(),
+        exp_dir: root.join(&experiment.experiment.name),
+        file: abs(job.file)?,
+        sets: job.sets.to_vec(),
+        nodes: job.nodes,
+        gpus_per_node: job.gpus_per_node,
+        partition: job.partition.clone(),
+        time: job.time.clone(),
+        sbatch_args: job.sbatch_args.to_vec(),
+        output_dir: root,
+        cwd: std::env::current_dir().map_err(|e| fail(format!("the working directory: {e}")))?,
+        nestor: std::env::current_exe().map_err(|e| fail(format!("cannot find the nestor binary: {e}")))?,
+    };
     if dry_run {
-        print!("{script}");
+        print!("{}", batch.script());
         return Ok(());
     }
-    std::fs::create_dir_all(&root).map_err(|e| fail(format!("{}: {e}", root.display())))?;
-    let path = root.join(format!("{}.sbatch", experiment.experiment.name));
-    std::fs::write(&path, &script).map_err(|e| fail(format!("{}: {e}", path.display())))?;
-    let out = std::process::Command::new("sbatch")
-        .arg("--parsable")
-        .arg(&path)
-        .output()
-        .map_err(|e| fail(format!("cannot run sbatch (is this a Slurm cluster's login node?): {e}")))?;
-    if !out.status.success() {
-        return Err(fail(format!("sbatch {}: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim())));
-    }
-    let id = String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap_or_default().to_string();
-    println!("Submitted job {id}: {} ({})", exp_dir.display(), path.display());
-    println!("  nestor status {}", exp_dir.display());
+    let (id, path) = batch.submit().map_err(|e| fail(e.0))?;
+    println!("Submitted job {id}: {} ({})", batch.exp_dir.display(), path.display());
+    println!("  nestor status {}", batch.exp_dir.display());
     Ok(())
 }
 

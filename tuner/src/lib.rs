@@ -9,6 +9,8 @@ mod config;
 mod experiment;
 mod files;
 mod journal;
+mod opening;
+mod placement;
 mod progress;
 mod result_grid;
 mod retention;

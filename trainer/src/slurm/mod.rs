@@ -11,8 +11,10 @@ use std::process::Command;
 use crate::resources::{Gpu, NodeResources, Source};
 
 mod step;
+mod submit;
 
 pub use step::{cancel_leftovers, SlurmBackend};
+pub use submit::BatchJob;
 
 /// Why the allocation could not be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
