@@ -174,3 +174,62 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod conformance_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::conformance::{check, Behaviour, Case, Subject};
+
+    /// In-process ranks: rank 0 reports `loss`; the last rank fails with an
+    /// error, or hangs in a barrier no other rank enters (a kill aborts it).
+    struct Functions(Arc<dyn Backend>);
+
+    impl Subject for Functions {
+        fn backend(&self) -> Arc<dyn Backend> {
+            Arc::clone(&self.0)
+        }
+
+        fn spec(&self, trial_id: &str, case: &Case, dir: &std::path::Path) -> LaunchSpec {
+            let (fail_at, hang_at) = match case.behaviour {
+                Behaviour::Complete => (0, 0),
+                Behaviour::FailAt(s) => (s, 0),
+                Behaviour::HangAt(s) => (0, s),
+            };
+            let config = serde_json::json!({ "steps": case.steps, "step_ms": case.step_ms, "fail_at": fail_at, "hang_at": hang_at });
+            let mut spec = LaunchSpec::new(trial_id, config, dir.join(trial_id));
+            spec.workers = vec![crate::WorkerBundle::cpus(1.0); case.world_size as usize];
+            spec
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_function_backend_passes_the_conformance_suite() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = FunctionBackend::new(|ctx| {
+            let steps: u64 = ctx.param("steps")?;
+            let step_ms: u64 = ctx.param("step_ms")?;
+            let (fail_at, hang_at): (u64, u64) = (ctx.param("fail_at")?, ctx.param("hang_at")?);
+            let last = ctx.world_rank() + 1 == ctx.world_size();
+            for step in 1..=steps {
+                std::thread::sleep(std::time::Duration::from_millis(step_ms));
+                if last && step == fail_at {
+                    return Err(anyhow_like(format!("failing on purpose at step {step}")));
+                }
+                if last && step == hang_at {
+                    ctx.barrier()?;
+                }
+                match ctx.report([("loss", 1.0 / step as f64)], None) {
+                    Err(ReportError::Stopped) => return Ok(()),
+                    other => other?,
+                }
+            }
+            Ok(())
+        });
+        check(&Functions(Arc::new(backend)), dir.path()).await;
+    }
+
+    fn anyhow_like(msg: String) -> Box<dyn std::error::Error + Send + Sync> {
+        msg.into()
+    }
+}

@@ -15,6 +15,7 @@ mod backend;
 mod checkpoint;
 mod cluster;
 mod collective;
+pub mod conformance;
 mod context;
 mod function;
 mod groups;
@@ -54,6 +55,8 @@ pub use results::{csv_field, ResultFiles, ResultLine};
 pub use scaling::{DistBackend, FailureConfig, PlacementStrategy, Resources, ScalingConfig, ScalingError, TorchConfig};
 pub use section::TrainerConfig;
 pub use service::ReportServer;
-pub use slurm::{cancel_leftovers as cancel_leftover_steps, expand_hostlist, BatchJob, SlurmAllocation, SlurmBackend, SlurmError, SlurmNode};
+pub use slurm::{
+    cancel_leftovers as cancel_leftover_steps, expand_hostlist, BatchJob, SlurmAllocation, SlurmBackend, SlurmError, SlurmNode,
+};
 pub use storage::{Storage, StorageError, COMMITTED_MARKER};
 pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};

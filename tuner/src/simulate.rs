@@ -589,6 +589,38 @@ pub mod benchmark {
 
 #[cfg(test)]
 mod tests {
+    /// The simulator under the backend conformance suite: one rank
+    /// replaying its curve; it neither fails nor hangs.
+    struct Simulated(Arc<SimBackend>);
+
+    impl trainer::conformance::Subject for Simulated {
+        fn backend(&self) -> Arc<dyn Backend> {
+            self.0.clone()
+        }
+
+        fn spec(&self, trial_id: &str, case: &trainer::conformance::Case, dir: &std::path::Path) -> LaunchSpec {
+            LaunchSpec::new(trial_id, serde_json::json!({ "steps": case.steps }), dir.join(trial_id))
+        }
+
+        fn supports(&self, case: &trainer::conformance::Case) -> bool {
+            case.world_size == 1 && case.behaviour == trainer::conformance::Behaviour::Complete
+        }
+
+        fn idle(&self) {
+            crate::clock::Clock::idle(&*self.0);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_simulator_passes_the_backend_conformance_suite() {
+        let curves = Curves::from_fn("loss", |c| Curve {
+            metrics: (1..=c["steps"].as_u64().unwrap_or(1)).map(|i| 1.0 / i as f64).collect(),
+            seconds_per_iteration: 1.0,
+        });
+        let dir = tempfile::tempdir().unwrap();
+        trainer::conformance::check(&Simulated(Arc::new(SimBackend::new(curves))), dir.path()).await;
+    }
+
     use super::*;
 
     #[test]

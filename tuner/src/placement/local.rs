@@ -42,11 +42,7 @@ impl Placement for LocalPlacement {
         Nodes { pool: ResourcePool::new(self.node.clone()), description: format!("node {}, {}", self.node.describe(), self.node.gpu_note) }
     }
 
-    fn backend<'a>(
-        self: Box<Self>,
-        config: ProcessConfig,
-        _: &'a Startup<'a>,
-    ) -> BoxFuture<'a, Result<Launcher, TuneError>> {
+    fn backend<'a>(self: Box<Self>, config: ProcessConfig, _: &'a Startup<'a>) -> BoxFuture<'a, Result<Launcher, TuneError>> {
         async move {
             let backend = ProcessBackend::start(config).await.map_err(|source| TuneError::Io { path: "<report server>".into(), source })?;
             Ok(Launcher { backend: Arc::new(backend), notes: Vec::new() })

@@ -58,11 +58,7 @@ pub(crate) trait Placement: Send {
 
     /// Starts the backend that launches trials' worker processes with
     /// `config`; with the notes to show people (where workers report).
-    fn backend<'a>(
-        self: Box<Self>,
-        config: ProcessConfig,
-        startup: &'a Startup<'a>,
-    ) -> BoxFuture<'a, Result<Launcher, TuneError>>;
+    fn backend<'a>(self: Box<Self>, config: ProcessConfig, startup: &'a Startup<'a>) -> BoxFuture<'a, Result<Launcher, TuneError>>;
 }
 
 /// The placement of a sweep: the Slurm allocation nestor runs inside, for

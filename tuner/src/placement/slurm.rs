@@ -79,11 +79,7 @@ impl Placement for SlurmPlacement {
         Nodes { pool: ResourcePool::cluster(nodes), description }
     }
 
-    fn backend<'a>(
-        self: Box<Self>,
-        mut config: ProcessConfig,
-        s: &'a Startup<'a>,
-    ) -> BoxFuture<'a, Result<Launcher, TuneError>> {
+    fn backend<'a>(self: Box<Self>, mut config: ProcessConfig, s: &'a Startup<'a>) -> BoxFuture<'a, Result<Launcher, TuneError>> {
         async move {
             let file = s.file;
             // Other nodes must reach the report server: every interface, unless [trainer] report_bind says.
