@@ -155,13 +155,14 @@ impl Aggregator {
     }
 
     /// The running ranks that have reported the fewest steps, when not all
-    /// running ranks are level (the ones a step waits for).
+    /// running ranks are level (the ones a step waits for), or when some
+    /// rank has ended already (the run waits for the others to end).
     pub(crate) fn lagging_ranks(&self) -> Vec<u32> {
         let st = self.lock();
         let live: Vec<(u32, u64)> =
             st.next.iter().zip(&st.finished).enumerate().filter(|(_, (_, f))| !**f).map(|(r, (n, _))| (r as u32, *n)).collect();
         let (Some(low), Some(high)) = (live.iter().map(|l| l.1).min(), live.iter().map(|l| l.1).max()) else { return Vec::new() };
-        if low == high {
+        if low == high && !st.finished.iter().any(|&f| f) {
             return Vec::new();
         }
         live.into_iter().filter(|l| l.1 == low).map(|l| l.0).collect()
@@ -230,6 +231,7 @@ mod tests {
         assert!(rx.try_recv().is_err(), "rank 0 has not reported yet");
         assert_eq!(agg.lagging_ranks(), vec![0], "the step waits for rank 0");
         let r0 = agg.arrive(0, 5, metrics(0.5), None, None).unwrap();
+        assert_eq!(agg.lagging_ranks(), Vec::<u32>::new(), "all level: no step waits");
         let ev = rx.try_recv().unwrap();
         let EventKind::Report { report, reply } = ev.kind else { panic!("a report") };
         assert_eq!((report.rank, report.training_iteration, report.metrics["loss"]), (0, 5, 0.5));
@@ -259,6 +261,8 @@ mod tests {
         let mut r = agg.arrive(1, 2, metrics(1.0), None, None).unwrap();
         drop(rx.try_recv().unwrap());
         assert!(r.try_recv().is_err());
+        // Rank 0 has ended: the run waits for rank 1 to end (a rank stuck after its last step is named).
+        assert_eq!(agg.lagging_ranks(), vec![1]);
     }
 
     #[test]

@@ -26,7 +26,12 @@ impl Runner {
     /// else it is ERROR. While the sweep is stopping, a run that would
     /// restart is left PENDING instead, for `nestor resume`: the sweep's own
     /// stop never puts a trial in ERROR.
-    pub(super) fn failed_run(&mut self, mut rec: TrialRecord, msg: String, cause: Cause) -> Result<(), TuneError> {
+    pub(super) fn failed_run(&mut self, mut rec: TrialRecord, msg: String, mut cause: Cause) -> Result<(), TuneError> {
+        if cause == Cause::Code && disk_full(&self.settings.exp_dir, &msg) {
+            // Not the trial's doing: no run can go on. The sweep stops, to be resumed once there is room.
+            cause = Cause::Infrastructure;
+            self.stop_for_full_disk();
+        }
         let failure = &self.settings.failure;
         let (restartable, count) = match cause {
             Cause::Code => {
@@ -59,6 +64,24 @@ impl Runner {
         // Before anything new: its resources were just released.
         self.trials.pending.push_front(rec);
         Ok(())
+    }
+
+    /// The disk the experiment writes to is full: running trials stop and
+    /// stay PENDING, and the sweep ends with the disk's error, to be resumed.
+    fn stop_for_full_disk(&mut self) {
+        if self.phase.disk_full {
+            return;
+        }
+        self.phase.disk_full = true;
+        let dir = self.settings.exp_dir.display().to_string();
+        self.reporter.report(Output::Note(&format!(
+            "the disk holding {dir} is full: stopping the sweep; free some space, then continue it with `nestor resume {dir}`"
+        )));
+        self.phase.stopping = true;
+        for r in self.trials.running.values_mut() {
+            r.ending.get_or_insert(Ending::Interrupted);
+            r.handle.stop(StopLevel::Graceful);
+        }
     }
 
     /// `rec` is ERROR for good.
@@ -115,6 +138,20 @@ impl Runner {
             r.handle.stop(StopLevel::Kill);
         }
     }
+}
+
+/// Whether a run's failure came of a full disk where the experiment
+/// writes: its message says so, or less than a MiB is free there.
+fn disk_full(dir: &std::path::Path, msg: &str) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    if msg.contains("No space left on device") {
+        return true;
+    }
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    // SAFETY: statvfs writes into the zeroed struct it is given.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::statvfs(path.as_ptr(), &mut s) } == 0;
+    ok && (s.f_bavail as u64).saturating_mul(s.f_frsize as u64) < 1 << 20
 }
 
 /// `failure 2 of 3`, or `failure 2` with no limit.

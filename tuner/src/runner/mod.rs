@@ -262,6 +262,8 @@ struct Phase {
     first_error: Option<String>,
     /// Nodes were lost and what is left can hold no trial: why the sweep stopped.
     out_of_nodes: Option<String>,
+    /// The disk the experiment writes to filled up: the sweep stopped, to be resumed.
+    disk_full: bool,
     /// When hangs were last looked for.
     last_hang_check: Option<Instant>,
 }
@@ -499,6 +501,10 @@ impl Runner {
         self.reporter.close().await;
         if interrupted {
             return Ok(Finish::Interrupted);
+        }
+        if self.phase.disk_full {
+            let source = std::io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(TuneError::Io { path: self.settings.exp_dir.clone(), source });
         }
         if let Some(msg) = out_of_nodes {
             return Err(TuneError::Cluster(msg));

@@ -569,3 +569,21 @@ fn a_hang_names_each_waited_for_rank_and_its_node() {
     let local = trainer::hang_message(30.0, 4, &[0, 1], &[String::new(), String::new()], dir.path());
     assert!(local.contains("waiting on rank 0, 1"), "{local}");
 }
+
+#[tokio::test]
+async fn a_run_that_fails_on_a_full_disk_stops_the_sweep_and_errors_no_trial() {
+    let mut h = harness(Options { trials: 2, ..Default::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 2);
+    let (t0, t1) = (h.trial_of(0), h.trial_of(1));
+    h.exit(0, ExitOutcome::Failed("rank 0 exited with code 1; last log lines:\nError: No space left on device (os error 28)".into()));
+    assert!(h.runner.phase.stopping && h.runner.phase.disk_full);
+    assert_eq!(h.stop_level(1), StopLevel::Graceful, "the other trial stops too");
+    h.exit(1, ExitOutcome::Stopped);
+    assert!(h.advance());
+    h.runner.commit_now().unwrap();
+    let (r0, r1) = (h.record(&t0), h.record(&t1));
+    assert_eq!((r0.status, r0.failures, r0.infrastructure_failures), (TrialStatus::Pending, 0, 1));
+    assert_eq!(r1.status, TrialStatus::Pending);
+    assert_eq!(h.launched(), 2, "nothing restarted on the full disk");
+}
