@@ -257,10 +257,11 @@ fn a_resume_in_the_job_cancels_the_experiments_leftover_steps_and_finishes_the_s
     }
     driver.kill().unwrap();
     driver.wait().unwrap();
-    // A step of this experiment that outlived its driver (as one whose srun was on another machine would).
+    // A step of this experiment that outlived its driver (as one whose srun was on another machine would),
+    // holding every CPU of the allocation: the resume cancels it before it probes the nodes.
     let mut leftover = cluster
         .cmd("srun")
-        .args([&format!("--jobid={job}"), "--job-name=nestor-resumed-trial_00000-0123abcd", "--exact", "-N1", "-n1", "--mem-per-cpu=100"])
+        .args([&format!("--jobid={job}"), "--job-name=nestor-resumed-trial_00000-0123abcd", "--exact", "-N2", "-n4", "--mem-per-cpu=100"])
         .args(["sleep", "300"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
