@@ -165,6 +165,8 @@ struct Place {
     disk: Option<PathBuf>,
     /// The test cluster the driver runs in (an allocation of all its nodes).
     cluster: Option<SlurmCluster>,
+    /// Its nodes still up (a resume asks for an allocation of these).
+    alive: usize,
 }
 
 impl Place {
@@ -191,7 +193,7 @@ impl Place {
             _ => format!("storage = \"{}\"", dir.path().join("runs").display()),
         };
         super::write(dir.path(), &sweep_text(name, &storage, cluster.is_some()));
-        Self { dir, env, s3, disk, cluster }
+        Self { dir, env, s3, disk, cluster, alive: 3 }
     }
 
     /// The experiment directory: where its store and logs are.
@@ -214,7 +216,9 @@ impl Place {
         let mut cmd = match &self.cluster {
             Some(c) => {
                 let mut cmd = c.cmd("salloc");
-                cmd.args(["--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"]).arg(nestor_bin());
+                // Never waiting for nodes that are gone: an allocation now, or an error.
+                cmd.args(["--no-kill", "--immediate=60", &format!("-N{}", self.alive), "--ntasks-per-node=2", "--mem=1000"])
+                    .arg(nestor_bin());
                 cmd
             }
             None => Command::new(nestor_bin()),
@@ -360,6 +364,7 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
             nodes.dedup();
             if let (Some(node), Some(cluster)) = (nodes.get(victim_draw as usize % nodes.len().max(1)), place.cluster.as_mut()) {
                 cluster.kill_node(node);
+                place.alive -= 1;
                 point.push_str(&format!(", {node}"));
                 dead_node = Some(node.clone());
             } else {

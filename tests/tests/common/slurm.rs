@@ -302,20 +302,23 @@ impl SlurmCluster {
 
     /// Node `name` goes down as a machine that loses power: its slurmd,
     /// its step daemons (they hold its log open) and every task it runs
-    /// (`SLURMD_NODENAME=<name>`) are killed at once.
+    /// (`SLURMD_NODENAME=<name>` with this cluster's `SLURM_CONF`: other
+    /// test clusters of this machine name their nodes alike) are killed at once.
     pub fn kill_node(&mut self, name: &str) {
         let i = self.nodes.iter().position(|n| n == name).expect("a node of this cluster") + 1;
         let _ = self.daemons[i].kill();
         let _ = self.daemons[i].wait();
         let log = self.dir().join(format!("slurmd-{name}.log"));
         let env = format!("SLURMD_NODENAME={name}");
+        let conf = format!("SLURM_CONF={}", self.conf.display());
         for e in std::fs::read_dir("/proc").unwrap().flatten() {
             let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
             let holds_log = std::fs::read_dir(e.path().join("fd"))
                 .map(|fds| fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == log)))
                 .unwrap_or(false);
             let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
-            let runs_there = environ.split(|&b| b == 0).any(|kv| kv == env.as_bytes());
+            let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+            let runs_there = vars.contains(&env.as_bytes()) && vars.contains(&conf.as_bytes());
             if pid != std::process::id() as i32 && (holds_log || runs_there) {
                 unsafe {
                     libc::kill(pid, libc::SIGKILL);
