@@ -755,3 +755,32 @@ fn a_node_lost_in_a_full_allocation_leaves_the_sweep_running_on_the_nodes_left()
         .collect();
     assert!(left.is_empty(), "steps outlived the sweep: {left:?}");
 }
+
+/// A job step the cluster refuses to create (here each rank asks for more
+/// CPUs than the job holds on a node, as declared `[resources]` can make
+/// it) is an infrastructure failure named with srun's words: not charged
+/// to `max_failures`, each refused run's end paced so the restarts do not
+/// go at once, and the trial ERROR once `max_infrastructure_failures` is spent.
+#[test]
+fn a_step_the_cluster_refuses_is_named_paced_and_not_the_trials_failure() {
+    let cluster = SlurmCluster::start(2, 2, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    let trainer =
+        "num_workers = 2\nresources_per_worker = { CPU = 3 }\n\n[failure]\nmax_infrastructure_failures = 2\n\n[resources]\nCPU = 4";
+    common::write(dir.path(), &common::sweep("refused", "num_samples = 1", "x = 0.5\nsteps = 3", trainer));
+    let started = std::time::Instant::now();
+    let out = salloc_run(&cluster, dir.path()).output().unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(stdout.contains("1 trials (1 ERROR)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("the cluster would not start the job step on"), "{stderr}");
+    assert!(stderr.contains("(infrastructure failure 2 of 2)"), "{stderr}");
+    let store = tuner::store::Store::open_existing(&dir.path().join("runs/refused/store")).unwrap();
+    let t = store.trial("trial_00000").unwrap().unwrap();
+    assert_eq!((t.failures, t.infrastructure_failures), (0, 3), "{:?}", t.error);
+    let error = t.error.unwrap();
+    assert!(error.contains("Unable to create step") && error.contains("no node of it is down"), "{error}");
+    // Three refused runs, each one's end paced by 2 s.
+    assert!(took >= std::time::Duration::from_secs(6), "the refused runs went at once: {took:?}");
+}
