@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use trainer::conformance::{check, Behaviour, Case, Subject};
+use trainer::conformance::{check, Case, Subject};
 use trainer::{Backend, LaunchSpec, ProcessBackend, ProcessConfig, WorkerBundle};
 
 struct Processes(Arc<dyn Backend>);
@@ -18,16 +18,7 @@ impl Subject for Processes {
     }
 
     fn spec(&self, trial_id: &str, case: &Case, dir: &std::path::Path) -> LaunchSpec {
-        let last = case.world_size - 1;
-        let mut config = serde_json::json!({ "x": 0.5, "steps": case.steps, "sleep_ms": case.step_ms, "fail_rank": last });
-        match case.behaviour {
-            Behaviour::Complete => {}
-            Behaviour::FailAt(s) => config["fail_at"] = s.into(),
-            Behaviour::HangAt(s) => {
-                config["hang_at"] = s.into();
-                config["ignore_sigterm"] = true.into();
-            }
-        }
+        let config = common::conformance_config(case);
         let mut spec = LaunchSpec::new(trial_id, config, dir.join(trial_id));
         spec.workers = vec![WorkerBundle::cpus(1.0); case.world_size as usize];
         spec

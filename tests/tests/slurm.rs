@@ -27,6 +27,21 @@ fn salloc_run(cluster: &SlurmCluster, dir: &std::path::Path) -> std::process::Co
     c
 }
 
+/// `salloc --no-kill -N3 --ntasks-per-node=2 --mem=1000 nestor run sweep.toml --storage runs --plain`
+/// in `dir`, started with its output piped: an allocation that survives a node's loss.
+fn salloc_no_kill_run(cluster: &SlurmCluster, dir: &std::path::Path) -> std::process::Child {
+    cluster
+        .cmd("salloc")
+        .args(["--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(common::nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Inside an allocation, the job is read per node, from `scontrol` and from
 /// the job's environment alike.
 #[test]
@@ -516,16 +531,7 @@ fn a_node_that_goes_down_is_set_aside_and_the_trial_finishes_on_the_others() {
         "x = 0.5\nsteps = 15\nsleep_ms = 100\ncheckpoint = true",
         "\n[checkpoint]\nfrequency = 1\n\n[failure]\nhang_timeout_s = 2.0",
     );
-    let run = cluster
-        .cmd("salloc")
-        .args(["--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"])
-        .arg(common::nestor_bin())
-        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let run = salloc_no_kill_run(&cluster, dir.path());
     let log = dir.path().join("runs/nodedown/trials/trial_00000/logs/rank-1.log");
     let started = std::time::Instant::now();
     let node = loop {
@@ -705,16 +711,7 @@ fn a_node_lost_in_a_full_allocation_leaves_the_sweep_running_on_the_nodes_left()
         "\n[checkpoint]\nfrequency = 1\n\n[failure]\nhang_timeout_s = 3.0",
     );
     let started = std::time::Instant::now();
-    let run = cluster
-        .cmd("salloc")
-        .args(["--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"])
-        .arg(common::nestor_bin())
-        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let run = salloc_no_kill_run(&cluster, dir.path());
     // Three trials run, two ranks each: every CPU of the allocation is busy.
     let trials = dir.path().join("runs/full/trials");
     let busy = || {

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::slurm::SlurmCluster;
-use trainer::conformance::{check, Behaviour, Case, Subject};
+use trainer::conformance::{check, Case, Subject};
 use trainer::{Backend, LaunchSpec, ProcessConfig, SlurmAllocation, SlurmBackend, WorkerBundle};
 
 struct Steps {
@@ -23,16 +23,7 @@ impl Subject for Steps {
     }
 
     fn spec(&self, trial_id: &str, case: &Case, dir: &std::path::Path) -> LaunchSpec {
-        let last = case.world_size - 1;
-        let mut config = serde_json::json!({ "x": 0.5, "steps": case.steps, "sleep_ms": case.step_ms, "fail_rank": last });
-        match case.behaviour {
-            Behaviour::Complete => {}
-            Behaviour::FailAt(s) => config["fail_at"] = s.into(),
-            Behaviour::HangAt(s) => {
-                config["hang_at"] = s.into();
-                config["ignore_sigterm"] = true.into();
-            }
-        }
+        let config = common::conformance_config(case);
         // <experiment>/trials/<id>, as the tuner lays it out.
         let mut spec = LaunchSpec::new(trial_id, config, dir.join("exp/trials").join(trial_id));
         // One rank per node.

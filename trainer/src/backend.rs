@@ -277,14 +277,8 @@ impl TrialHandle {
     /// trial's process groups before returning, so even a driver that exits
     /// right after leaves no process behind.
     pub fn stop(&self, level: StopLevel) {
-        if level == StopLevel::Kill {
-            for &pgid in &self.groups {
-                // SAFETY: killpg only sends a signal; a gone group yields ESRCH.
-                unsafe {
-                    libc::killpg(pgid, self.kill_signal);
-                }
-            }
-        }
+        // The level first: a supervisor that sees a rank die of this kill
+        // finds it asked for, and reports a stop, not a failure.
         self.stop.send_if_modified(|cur| {
             if level > *cur {
                 *cur = level;
@@ -293,6 +287,14 @@ impl TrialHandle {
                 false
             }
         });
+        if level == StopLevel::Kill {
+            for &pgid in &self.groups {
+                // SAFETY: killpg only sends a signal; a gone group yields ESRCH.
+                unsafe {
+                    libc::killpg(pgid, self.kill_signal);
+                }
+            }
+        }
     }
 }
 

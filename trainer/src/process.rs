@@ -254,21 +254,23 @@ impl Backend for ProcessBackend {
         let common = common_env(cfg, &spec, &self.server.url(), &token, "127.0.0.1", master_port, &rendezvous);
         let envs: Vec<_> = (0..world_size).map(|rank| rank_env(cfg, &spec, rank, &common)).collect();
         let roots = spec.roots(cfg.working_dir.as_deref());
+        let trial_id = spec.trial_id.clone();
+        let monitor = |groups, stop, registration| Monitor {
+            groups,
+            stop,
+            registration,
+            grace: cfg.grace_period,
+            trial_id,
+            log_paths: log_paths.clone(),
+            rendezvous: rendezvous.clone(),
+        };
         if cfg.warm {
             let queue = self.warm.queue(|| warm_command(cfg)).map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
             let registration = self.server.register(&spec, token, roots, events.clone());
             let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>));
             let cwd = cfg.working_dir.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_default();
             let groups = Groups::default();
-            let monitor = Monitor {
-                groups: Arc::clone(&groups),
-                stop,
-                registration,
-                grace: cfg.grace_period,
-                trial_id: spec.trial_id.clone(),
-                log_paths,
-                rendezvous,
-            };
+            let monitor = monitor(Arc::clone(&groups), stop, registration);
             supervise(spec.trial_id, events, groups, libc::SIGKILL, async move {
                 let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();
                 for (rank, (env, unset)) in envs.into_iter().enumerate() {
@@ -335,15 +337,7 @@ impl Backend for ProcessBackend {
             Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
         );
         let groups: Groups = Arc::new(std::sync::Mutex::new(pgids));
-        let monitor = Monitor {
-            groups: Arc::clone(&groups),
-            stop,
-            registration,
-            grace: cfg.grace_period,
-            trial_id: spec.trial_id.clone(),
-            log_paths,
-            rendezvous,
-        };
+        let monitor = monitor(Arc::clone(&groups), stop, registration);
         supervise(spec.trial_id, events, groups, libc::SIGKILL, monitor.run(exits));
         Ok(handle)
     }
@@ -386,7 +380,7 @@ impl Monitor {
                     remaining -= 1;
                     match status {
                         Ok(s) if s.success() => registration.aggregator().rank_finished(rank),
-                        Ok(_) if stopping.requested > StopLevel::Run => registration.aggregator().fail(),
+                        Ok(_) if stopping.asked() > StopLevel::Run => registration.aggregator().fail(),
                         Ok(s) => {
                             registration.aggregator().fail();
                             if failure.is_none() && remaining > 0 {
@@ -427,7 +421,7 @@ impl Monitor {
                 ExitOutcome::Failed(format!("rank {rank} {how}{tail}"))
             }
             (None, Some(e)) => ExitOutcome::Failed(e),
-            (None, None) if stopping.requested > StopLevel::Run => ExitOutcome::Stopped,
+            (None, None) if stopping.asked() > StopLevel::Run => ExitOutcome::Stopped,
             (None, None) => ExitOutcome::Completed,
         }
     }

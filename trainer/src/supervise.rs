@@ -79,6 +79,13 @@ impl Escalation {
         Self { asked, requested: StopLevel::Run, grace, kill_at: Box::pin(tokio::time::sleep_until(far)), armed: false }
     }
 
+    /// The highest level asked for, including one not yet taken up by
+    /// [`Escalation::next`] (a rank may die of a kill before its request
+    /// is seen: that is a stop, not a failure).
+    pub(crate) fn asked(&self) -> StopLevel {
+        self.requested.max(*self.asked.borrow())
+    }
+
     /// Kills the run `within` from now (or sooner, if already due sooner).
     pub(crate) fn kill_within(&mut self, within: Duration) {
         let at = tokio::time::Instant::now() + within;

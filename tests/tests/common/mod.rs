@@ -21,6 +21,23 @@ pub fn nestor_bin() -> PathBuf {
     p
 }
 
+/// The fixture worker's config for a backend conformance case: the last
+/// rank fails or hangs (ignoring SIGTERM) as the case says.
+pub fn conformance_config(case: &trainer::conformance::Case) -> serde_json::Value {
+    use trainer::conformance::Behaviour;
+    let last = case.world_size - 1;
+    let mut config = serde_json::json!({ "x": 0.5, "steps": case.steps, "sleep_ms": case.step_ms, "fail_rank": last });
+    match case.behaviour {
+        Behaviour::Complete => {}
+        Behaviour::FailAt(s) => config["fail_at"] = s.into(),
+        Behaviour::HangAt(s) => {
+            config["hang_at"] = s.into();
+            config["ignore_sigterm"] = true.into();
+        }
+    }
+    config
+}
+
 /// Runs nestor in `dir`.
 pub fn nestor(dir: &Path, args: &[&str]) -> Output {
     Command::new(nestor_bin()).args(args).current_dir(dir).output().expect("run nestor")

@@ -560,7 +560,7 @@ impl Backend for SlurmBackend {
                     },
                 }
             };
-            let requested = stopping.requested;
+            let requested = stopping.asked();
             let _ = std::fs::remove_file(&rendezvous);
             let aggregator = registration.aggregator();
             // Which nodes to ask whether they are still there: the failed rank's, or after a
