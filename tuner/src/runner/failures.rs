@@ -143,15 +143,7 @@ impl Runner {
 /// Whether a run's failure came of a full disk where the experiment
 /// writes: its message says so, or less than a MiB is free there.
 fn disk_full(dir: &std::path::Path, msg: &str) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    if msg.contains("No space left on device") {
-        return true;
-    }
-    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
-    // SAFETY: statvfs writes into the zeroed struct it is given.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::statvfs(path.as_ptr(), &mut s) } == 0;
-    ok && (s.f_bavail as u64).saturating_mul(s.f_frsize as u64) < 1 << 20
+    msg.contains("No space left on device") || crate::store::free_bytes(dir).is_some_and(|free| free < 1 << 20)
 }
 
 /// `failure 2 of 3`, or `failure 2` with no limit.

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 mod segments;
 mod snapshot;
+pub(crate) use snapshot::free_bytes;
 use segments::{Op, Segment, Segments};
 
 use schedulers::TrialStatus;

@@ -69,7 +69,8 @@ fn private_dir(store: &Path) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-fn free_bytes(path: &Path) -> Option<u64> {
+/// Bytes free for an unprivileged writer on the file system holding `path`.
+pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: statvfs writes into the zeroed struct it is given.
