@@ -18,8 +18,8 @@ use serde_json::Value;
 
 mod segments;
 mod snapshot;
-pub(crate) use snapshot::free_bytes;
 use segments::{Op, Segment, Segments};
+pub(crate) use snapshot::free_bytes;
 
 use schedulers::TrialStatus;
 use search::{Config, Metrics, TrialResult};
