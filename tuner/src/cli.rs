@@ -13,11 +13,12 @@ use serde_json::{json, Map, Value};
 
 use search::{BasicVariantGenerator, Metrics, Mode, Searcher, Suggestion};
 
+use crate::callback::Status;
 use crate::experiment::ExperimentFile;
 use crate::files::csv_field;
-use crate::progress::headline;
-use crate::progress::{config_summary, fmt_num};
 use crate::result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
+use crate::text::headline;
+use crate::text::{config_summary, fmt_num};
 use crate::{ProgressMode, TuneError, Tuner};
 
 /// nestor: hyperparameter tuning where every trial is a training run.
@@ -493,8 +494,8 @@ fn exploit_line(e: &crate::store::ExploitRecord) -> String {
         e.trial_id,
         e.iteration,
         e.donor,
-        crate::runner::checkpoint_name(&e.donor_checkpoint),
-        crate::runner::config_change(&e.old_config, &e.new_config)
+        crate::text::checkpoint_name(&e.donor_checkpoint),
+        crate::text::config_change(&e.old_config, &e.new_config)
     )
 }
 
@@ -516,37 +517,41 @@ fn exploits(dir: &Path, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Status of a sweep that is running in another process, from the snapshot
-/// it writes every half second.
+/// Status of a sweep that is running in another process, from the
+/// `status.json` it writes every half second.
 fn live_status(dir: &Path) -> Result<(), Failure> {
-    let path = dir.join(crate::runner::SNAPSHOT);
-    let text = std::fs::read_to_string(&path).map_err(|_| Failure {
-        code: 1,
-        message: format!("the sweep at {} is running but has written no status yet; try again", dir.display()),
-    })?;
-    let snap: Value = serde_json::from_str(&text).map_err(|e| Failure { code: 1, message: format!("{}: {e}", path.display()) })?;
-    let running = snap["running"].as_array().cloned().unwrap_or_default();
+    let unwritten =
+        || Failure { code: 1, message: format!("the sweep at {} is running but has written no status yet; try again", dir.display()) };
+    let snap = Status::read(dir).map_err(|message| Failure { code: 1, message })?.ok_or_else(unwritten)?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "Experiment {} is running (pid {}): {} trials so far ({} RUNNING, {} TERMINATED, {} ERROR)",
+        "Experiment {} is running (pid {}): {} of {} trials so far ({} RUNNING, {} TERMINATED, {} ERROR, {} PAUSED, {} to run)",
         abs(dir),
-        snap["pid"],
-        snap["trials"],
-        running.len(),
-        snap["terminated"],
-        snap["error"]
+        snap.pid,
+        snap.trials,
+        snap.planned,
+        snap.running.len(),
+        snap.terminated,
+        snap.error,
+        snap.paused,
+        snap.pending,
     )
     .map_err(out_err)?;
-    let metric = snap["metric"].as_str().map(String::from);
+    let mut timing = format!("  running for {}", crate::progress::duration(snap.elapsed_s));
+    if let Some(eta) = snap.eta_s {
+        timing.push_str(&format!(", about {} to go", crate::progress::duration(eta)));
+    }
+    if let (Some(b), Some(m)) = (&snap.best, &snap.metric) {
+        timing.push_str(&format!("; best {m}={} ({} at iteration {})", fmt_num(b.value), b.trial_id, b.iteration));
+    }
+    writeln!(out, "{timing}").map_err(out_err)?;
+    let metric = snap.metric.clone();
     writeln!(out, "{:<12} {:<10} {:>5} {:<14} config", "trial", "status", "iter", metric.as_deref().unwrap_or("")).map_err(out_err)?;
-    for r in &running {
-        let m = metric.as_ref().and_then(|m| r["metrics"][m].as_f64()).map(fmt_num).unwrap_or_default();
-        let id = r["trial_id"].as_str().unwrap_or("?");
-        writeln!(out, "{id:<12} {:<10} {:>5} {m:<14} {}", "RUNNING", r["iteration"].as_u64().unwrap_or(0), config_summary(&r["config"]))
-            .map_err(out_err)?;
-        let resources: Vec<trainer::WorkerBundle> = serde_json::from_value(r["resources"].clone()).unwrap_or_default();
-        if let Some(nodes) = nodes_summary(&resources) {
+    for r in &snap.running {
+        let m = metric.as_ref().and_then(|m| r.metrics.as_ref()?.get(m)?.as_f64()).map(fmt_num).unwrap_or_default();
+        writeln!(out, "{:<12} {:<10} {:>5} {m:<14} {}", r.trial_id, "RUNNING", r.iteration, config_summary(&r.config)).map_err(out_err)?;
+        if let Some(nodes) = nodes_summary(&r.resources) {
             writeln!(out, "    nodes: {nodes}").map_err(out_err)?;
         }
     }

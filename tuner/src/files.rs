@@ -160,3 +160,64 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::i
         }
     }
 }
+
+/// The files for people as a consumer of the sweep's events: `params.json`
+/// when a trial starts or exploits, a line of `result.jsonl` and
+/// `progress.csv` per durable result, `status.json` while the sweep runs
+/// (removed at its end). Writes are queued and handed to the writer
+/// threads once per turn of the loop ([`TrialFiles::flush`]).
+pub(crate) struct TrialFiles {
+    exp_dir: PathBuf,
+    writer: FileWriter,
+    queued: Vec<FileWrite>,
+    last_status: String,
+}
+
+impl TrialFiles {
+    pub(crate) fn new(exp_dir: PathBuf) -> Self {
+        Self { exp_dir, writer: FileWriter::spawn(), queued: Vec::new(), last_status: String::new() }
+    }
+
+    fn trial_dir(&self, id: &str) -> PathBuf {
+        self.exp_dir.join("trials").join(id)
+    }
+
+    /// Hands what is queued to the writer threads.
+    pub(crate) fn flush(&mut self) {
+        self.writer.write(std::mem::take(&mut self.queued));
+    }
+
+    /// Waits for every write.
+    pub(crate) async fn close(mut self) {
+        self.flush();
+        self.writer.close().await;
+    }
+}
+
+impl crate::callback::Callback for TrialFiles {
+    fn on_event(&mut self, event: &crate::callback::Event) -> Result<(), crate::callback::CallbackError> {
+        use crate::callback::{Event, Status};
+        match event {
+            Event::TrialStarted { trial, .. } => {
+                self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(&trial.id), config: trial.config.clone() });
+            }
+            Event::Exploited(e) => {
+                self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(&e.trial_id), config: e.new_config.clone() });
+            }
+            Event::Result(result) => {
+                let trial_dir: std::sync::Arc<Path> = std::sync::Arc::from(self.trial_dir(&result.trial_id));
+                self.queued.push(FileWrite::Result { trial_dir, result: std::sync::Arc::clone(result) });
+            }
+            Event::Status(status) => {
+                let json = serde_json::to_string(&**status)?;
+                if json != self.last_status {
+                    self.queued.push(FileWrite::Snapshot { path: self.exp_dir.join(Status::FILE), json: json.clone() });
+                    self.last_status = json;
+                }
+            }
+            Event::ExperimentEnded(_) => self.queued.push(FileWrite::Remove { path: self.exp_dir.join(Status::FILE) }),
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 mod alloc;
+pub mod callback;
 pub mod cli;
 mod clock;
 mod config;
@@ -17,6 +18,7 @@ mod retention;
 mod runner;
 pub mod simulate;
 pub mod store;
+mod text;
 mod tuner;
 
 use std::path::PathBuf;

@@ -258,7 +258,7 @@ async fn collect_garbage(store: &Store, storage: &Storage) -> Result<(), TuneErr
     let sweeps = trials.iter().map(|t| {
         let trial = storage.join(&format!("trials/{}", t.id));
         let keep: std::collections::HashSet<String> =
-            committed.get(&t.id).into_iter().flatten().map(|c| crate::runner::checkpoint_name(&c.uri).to_string()).collect();
+            committed.get(&t.id).into_iter().flatten().map(|c| crate::text::checkpoint_name(&c.uri).to_string()).collect();
         async move { crate::runner::remove_uncommitted(&trial, &keep).await.map_err(TuneError::Storage) }
     });
     futures_util::stream::iter(sweeps).buffer_unordered(16).try_collect::<Vec<()>>().await?;

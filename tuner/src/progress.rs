@@ -1,5 +1,6 @@
 //! What a person sees while a sweep runs: a live table on a terminal,
 //! plain lines otherwise. Written to stderr, so stdout stays for results.
+//! A consumer of the sweep's events like any other.
 
 use std::collections::VecDeque;
 use std::io::{IsTerminal, Write};
@@ -7,8 +8,10 @@ use std::time::Instant;
 
 use schedulers::TrialStatus;
 
+use crate::callback::{Callback, CallbackError, Event, RunningTrial, Status};
 use crate::config::ProgressMode;
 use crate::store::TrialRecord;
+use crate::text::{config_summary, fmt_num, headline};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Style {
@@ -25,37 +28,8 @@ pub(crate) struct Progress {
     errored: usize,
     drawn: usize,
     recent: VecDeque<String>,
-}
-
-/// `lr=0.001 model.width=64`, shortened.
-pub(crate) fn config_summary(config: &serde_json::Value) -> String {
-    fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<String>) {
-        match v {
-            serde_json::Value::Object(m) => {
-                for (k, v) in m {
-                    let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                    walk(&p, v, out);
-                }
-            }
-            serde_json::Value::Number(n) => out.push(format!("{prefix}={}", fmt_num(n.as_f64().unwrap_or(f64::NAN)))),
-            other => out.push(format!("{prefix}={other}")),
-        }
-    }
-    let mut out = Vec::new();
-    walk("", config, &mut out);
-    out.join(" ")
-}
-
-/// Four significant digits, no noise.
-pub(crate) fn fmt_num(x: f64) -> String {
-    if x == x.trunc() && x.abs() < 1e9 {
-        return format!("{x}");
-    }
-    if x != 0.0 && (x.abs() < 1e-3 || x.abs() >= 1e6) {
-        return format!("{x:.3e}");
-    }
-    let s = format!("{x:.4}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
+    /// When plain output last printed a status line.
+    last_plain_status: Option<Instant>,
 }
 
 impl Progress {
@@ -66,20 +40,24 @@ impl Progress {
             ProgressMode::Auto if std::io::stderr().is_terminal() => Style::Live,
             ProgressMode::Auto => Style::Plain,
         };
-        Self { style, metric, start: Instant::now(), terminated: 0, errored: 0, drawn: 0, recent: VecDeque::new() }
+        Self { style, metric, start: Instant::now(), terminated: 0, errored: 0, drawn: 0, recent: VecDeque::new(), last_plain_status: None }
     }
 
-    fn metric_text(&self, r: &TrialRecord) -> String {
-        let Some(last) = &r.last_result else { return String::new() };
-        match &self.metric {
-            Some(m) => last.metrics.get(m).map(|v| format!("{m}={}", fmt_num(*v))).unwrap_or_default(),
-            None => String::new(),
+    fn metric_text(&self, metrics: Option<&serde_json::Value>) -> String {
+        match (&self.metric, metrics) {
+            (Some(m), Some(v)) => v.get(m).and_then(serde_json::Value::as_f64).map(|x| format!("{m}={}", fmt_num(x))).unwrap_or_default(),
+            _ => String::new(),
         }
+    }
+
+    fn row(&self, id: &str, status: &str, iter: u64, metrics: Option<&serde_json::Value>, config: &serde_json::Value) -> String {
+        format!("{id:<12} {status:<10} iter={iter:<4} {:<22} {}", self.metric_text(metrics), config_summary(config))
     }
 
     fn line(&self, r: &TrialRecord) -> String {
         let iter = r.last_result.as_ref().map_or(0, |l| l.training_iteration);
-        format!("{:<12} {:<10} iter={:<4} {:<22} {}", r.id, r.status.as_str(), iter, self.metric_text(r), config_summary(&r.config))
+        let metrics = r.last_result.as_ref().map(|l| search::metrics_serde::to_json(&l.metrics));
+        self.row(&r.id, r.status.as_str(), iter, metrics.as_ref(), &r.config)
     }
 
     pub(crate) fn trial_started(&mut self, r: &TrialRecord) {
@@ -124,22 +102,43 @@ impl Progress {
         }
     }
 
-    pub(crate) fn refresh<'a>(&mut self, running: impl Iterator<Item = &'a TrialRecord>) {
-        if self.style != Style::Live {
-            return;
+    /// `3 running, 12/64 done (11 terminated, 1 error), 49 pending | best loss=0.12 (trial_00004) | 12.3s, ETA 1m20s`
+    fn summary(&self, s: &Status) -> String {
+        let mut out =
+            format!("{} running, {}/{} done ({} terminated, {} error)", s.running.len(), s.done(), s.planned, s.terminated, s.error);
+        if s.paused > 0 {
+            out.push_str(&format!(", {} paused", s.paused));
         }
-        let mut rows: Vec<&TrialRecord> = running.collect();
-        rows.sort_by_key(|r| r.index);
-        let mut out = Vec::new();
-        out.push(format!(
-            "== nestor: {} running, {} terminated, {} error | {:.1}s ==",
-            rows.len(),
-            self.terminated,
-            self.errored,
-            self.start.elapsed().as_secs_f64()
-        ));
+        out.push_str(&format!(", {} pending", s.pending));
+        if let (Some(b), Some(m)) = (&s.best, &s.metric) {
+            out.push_str(&format!(" | best {m}={} ({})", fmt_num(b.value), b.trial_id));
+        }
+        out.push_str(&format!(" | {}", duration(s.elapsed_s)));
+        if let Some(eta) = s.eta_s {
+            out.push_str(&format!(", ETA {}", duration(eta)));
+        }
+        out
+    }
+
+    pub(crate) fn refresh(&mut self, status: &Status) {
+        match self.style {
+            Style::Quiet => return,
+            Style::Plain => {
+                // A line now and then, for logs.
+                if self.last_plain_status.is_none_or(|t| t.elapsed().as_secs() >= PLAIN_STATUS_EVERY_S) {
+                    if self.last_plain_status.is_some() {
+                        eprintln!("== {} ==", self.summary(status));
+                    }
+                    self.last_plain_status = Some(Instant::now());
+                }
+                return;
+            }
+            Style::Live => {}
+        }
+        let rows: &[RunningTrial] = &status.running;
+        let mut out = vec![format!("== nestor: {} ==", self.summary(status))];
         for r in rows.iter().take(16) {
-            out.push(self.line(r));
+            out.push(self.row(&r.trial_id, "RUNNING", r.iteration, r.metrics.as_ref(), &r.config));
         }
         if rows.len() > 16 {
             out.push(format!("... and {} more running", rows.len() - 16));
@@ -166,34 +165,51 @@ impl Progress {
     }
 }
 
-/// A trial's error or failure in one line: its first line, with a log tail's
-/// header shortened to where the log is (`...; log: .../rank-0.log`).
-pub(crate) fn headline(message: &str) -> String {
-    let first = message.lines().next().unwrap_or_default();
-    match first.split_once("; last log lines (") {
-        Some((what, rest)) => format!("{what}; log: {}", rest.trim_end_matches(':').trim_end_matches(')')),
-        None => first.to_string(),
+/// Seconds between status lines when the output is not a terminal.
+const PLAIN_STATUS_EVERY_S: u64 = 30;
+
+/// `42s`, `3m05s`, `2h07m`.
+pub(crate) fn duration(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+impl Callback for Progress {
+    fn on_event(&mut self, event: &Event) -> Result<(), CallbackError> {
+        match event {
+            Event::TrialStarted { trial, .. } => self.trial_started(trial),
+            Event::TrialCompleted(r) | Event::TrialErrored(r) | Event::TrialPaused(r) | Event::TrialInterrupted(r) => self.trial_ended(r),
+            Event::TrialRestarted { .. }
+            | Event::Exploited(_)
+            | Event::Resized { .. }
+            | Event::NodeSetAside { .. }
+            | Event::Stopping { .. }
+            | Event::Message(_) => self.note(&event.to_string()),
+            Event::Status(s) => self.refresh(s),
+            Event::ExperimentEnded(_) => self.finish(),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn name(&self) -> String {
+        "console".into()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::duration;
 
     #[test]
-    fn a_headline_is_one_line_with_the_log_named() {
-        let msg = "rank 1 exited with code 3; last log lines (/x/logs/rank-1.log):\nTraceback\nValueError: boom";
-        assert_eq!(headline(msg), "rank 1 exited with code 3; log: /x/logs/rank-1.log");
-        assert_eq!(headline("trial reported no `loss`"), "trial reported no `loss`");
-        assert_eq!(headline(""), "");
-    }
-
-    #[test]
-    fn numbers_and_configs_are_compact() {
-        assert_eq!(fmt_num(0.123456), "0.1235");
-        assert_eq!(fmt_num(3.0), "3");
-        assert_eq!(fmt_num(0.00001234), "1.234e-5");
-        let c = serde_json::json!({"lr": 0.001, "model": {"width": 64}, "opt": "adam"});
-        assert_eq!(config_summary(&c), "lr=0.001 model.width=64 opt=\"adam\"");
+    fn durations_are_short() {
+        assert_eq!(duration(42.4), "42s");
+        assert_eq!(duration(185.0), "3m05s");
+        assert_eq!(duration(7620.0), "2h07m");
+        assert_eq!(duration(-1.0), "0s");
     }
 }

@@ -9,12 +9,13 @@ use schedulers::{CombinedStopper, MetricThresholds, Scheduler, Stopper};
 use search::{BasicVariantGenerator, Domain, SearchConfig, Searcher, Space};
 use trainer::{Backend, NodeResources, Request, Storage, TrainLoop};
 
+use crate::callback::Callback;
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
 use crate::experiment::{ExperimentFile, Resolved};
 use crate::opening::{self, Opened};
 use crate::placement::{Nodes, Startup};
 use crate::result_grid::ResultGrid;
-use crate::runner::{Clock, Durability, Finish, Parts, Reporter, Runner, Settings, WallClock};
+use crate::runner::{experiment_info, Clock, Durability, Finish, Parts, Reporter, Runner, Settings, WallClock};
 use crate::simulate::{ArmSearcher, SimBackend};
 use crate::store::Store;
 use crate::TuneError;
@@ -54,6 +55,8 @@ pub struct Tuner {
     custom_searcher: Option<Box<dyn Searcher>>,
     custom_scheduler: Option<Box<dyn Scheduler>>,
     resources: Option<NodeResources>,
+    callbacks: Vec<Box<dyn Callback>>,
+    callback_deadline: Duration,
 }
 
 /// Adds `config`'s keys that `space` lacks as constants (into nested tables
@@ -116,6 +119,8 @@ impl Tuner {
             custom_searcher: None,
             custom_scheduler: None,
             resources: None,
+            callbacks: Vec::new(),
+            callback_deadline: crate::callback::DEFAULT_DEADLINE,
         }
     }
 
@@ -136,6 +141,8 @@ impl Tuner {
             custom_searcher: None,
             custom_scheduler: None,
             resources: None,
+            callbacks: Vec::new(),
+            callback_deadline: crate::callback::DEFAULT_DEADLINE,
         }
     }
 
@@ -224,6 +231,25 @@ impl Tuner {
     /// Sets the progress display.
     pub fn progress(mut self, mode: ProgressMode) -> Self {
         self.progress = mode;
+        self
+    }
+
+    /// Adds a consumer of the sweep's events ([`Event`]): it runs on a
+    /// thread of its own and sees every event in order. One that fails is
+    /// logged; one that panics, or is busy with one event for longer than
+    /// the deadline ([`Tuner::callback_deadline`]), is cut off. The sweep
+    /// never waits for it beyond that, at its end either.
+    ///
+    /// [`Event`]: crate::callback::Event
+    pub fn callback(mut self, callback: impl Callback + 'static) -> Self {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// How long a callback may take over one event, or over closing at the
+    /// sweep's end, before it is cut off (30 s by default).
+    pub fn callback_deadline(mut self, deadline: Duration) -> Self {
+        self.callback_deadline = deadline;
         self
     }
 
@@ -377,7 +403,9 @@ impl Tuner {
         let durability = if clock.is_virtual() { Durability::AtEnd } else { Durability::EveryBatch };
         let metric = file.experiment.metric.clone();
         let files = file.experiment.trial_files && durability == Durability::EveryBatch;
-        let reporter = Reporter::new(exp_dir.clone(), metric.clone(), progress, files, finished);
+        let info = experiment_info(exp_dir.clone(), file, planned, resuming);
+        let callbacks = std::mem::take(&mut self.callbacks);
+        let reporter = Reporter::new(info, progress, files, finished, callbacks, self.callback_deadline);
         let settings = Settings {
             exp_dir: exp_dir.clone(),
             metric,

@@ -10,12 +10,8 @@ use trainer::Storage;
 use crate::clock::now_unix;
 use crate::config::CheckpointConfig;
 use crate::store::{Store, TrialRecord};
+use crate::text::checkpoint_name;
 use crate::TuneError;
-
-/// `checkpoint_000007` for `.../checkpoint_000007` (a path or a URL).
-pub(crate) fn checkpoint_name(uri: &str) -> &str {
-    uri.trim_end_matches('/').rsplit('/').next().unwrap_or(uri)
-}
 
 /// Deletes the checkpoints below `trial` (a trial's storage) whose names are
 /// not in `keep` (the committed ones): what a failed run or a crash left

@@ -7,6 +7,7 @@ use schedulers::TrialStatus;
 use trainer::StopLevel;
 
 use super::{checkpoint_name, remove_uncommitted, view, Ending, Output, Runner};
+use crate::callback::{Event, StopReason};
 use crate::store::TrialRecord;
 use crate::TuneError;
 
@@ -51,16 +52,15 @@ impl Runner {
             return self.give_up(rec, msg);
         }
         rec.status = TrialStatus::Pending;
-        let first_line = crate::progress::headline(&msg);
-        rec.last_failure = Some(msg);
+        rec.last_failure = Some(msg.clone());
         self.store.put_trial(&rec)?;
         let from = rec.latest_checkpoint.as_ref().map_or_else(|| "the start".to_string(), |c| checkpoint_name(&c.uri).to_string());
-        if self.phase.stopping {
-            self.reporter.report(Output::Note(&format!("{}: {first_line}; left to resume from {from} ({count})", rec.id)));
+        let on_resume = self.phase.stopping;
+        self.reporter.report(Output::Event(Event::TrialRestarted { trial_id: rec.id.clone(), error: msg, from, count, on_resume }));
+        if on_resume {
             self.commits.push_end(rec);
             return Ok(());
         }
-        self.reporter.report(Output::Note(&format!("{}: {first_line}; restarting from {from} ({count})", rec.id)));
         // Before anything new: its resources were just released.
         self.trials.pending.push_front(rec);
         Ok(())
@@ -74,9 +74,10 @@ impl Runner {
         }
         self.phase.disk_full = true;
         let dir = self.settings.exp_dir.display().to_string();
-        self.reporter.report(Output::Note(&format!(
-            "the disk holding {dir} is full: stopping the sweep; free some space, then continue it with `nestor resume {dir}`"
-        )));
+        self.reporter.report(Output::Stopping(
+            StopReason::DiskFull,
+            format!("the disk holding {dir} is full: stopping the sweep; free some space, then continue it with `nestor resume {dir}`"),
+        ));
         self.phase.stopping = true;
         for r in self.trials.running.values_mut() {
             r.ending.get_or_insert(Ending::Interrupted);
@@ -105,7 +106,7 @@ impl Runner {
             self.phase.first_error = Some(format!("{}: {msg}", rec.id));
         }
         if self.settings.fail_fast && !self.phase.stopping {
-            self.reporter.report(Output::Note("fail_fast: a trial failed; stopping the sweep"));
+            self.reporter.report(Output::Stopping(StopReason::FailFast, "fail_fast: a trial failed; stopping the sweep".into()));
             self.stop_all();
         }
         self.commits.push_end(rec);

@@ -26,6 +26,7 @@ use trainer::{
     TrialHandle,
 };
 
+use crate::callback::{Event as Out, StopReason};
 use crate::config::{CheckpointConfig, FailureConfig};
 use crate::journal::Journaled;
 use crate::store::{CheckpointRecord, Store, StoreError, TrialRecord, RECORD_VERSION};
@@ -40,14 +41,14 @@ mod reporter;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use checkpoints::{checkpoint_name, remove_uncommitted};
+pub(crate) use crate::text::checkpoint_name;
+pub(crate) use checkpoints::remove_uncommitted;
 
 pub(crate) use crate::clock::{Clock, WallClock};
 use checkpoints::Checkpoints;
 pub(crate) use commits::Durability;
-pub(crate) use exploits::config_change;
 use failures::Cause;
-pub(crate) use reporter::{Reporter, SNAPSHOT};
+pub(crate) use reporter::{experiment_info, Reporter};
 
 use commits::{Batch, Commits, Stored};
 use reporter::Output;
@@ -441,7 +442,8 @@ impl Runner {
                 self.detect_hangs();
                 let mut rows: Vec<&TrialRecord> = self.trials.running.values().map(|r| &r.record).collect();
                 rows.sort_by_key(|r| r.index);
-                self.reporter.report(Output::Tick { running: &rows, trials: self.trials.next_index });
+                let (paused, waiting) = (self.trials.paused.len(), self.trials.pending.len());
+                self.reporter.report(Output::Tick { running: &rows, trials: self.trials.next_index, paused, waiting });
             }
         }
         Ok(Control::Go)
@@ -518,7 +520,10 @@ impl Runner {
     fn interrupt(&mut self) -> Result<Control, TuneError> {
         self.phase.interrupts += 1;
         if self.phase.interrupts == 1 {
-            self.reporter.report(Output::Note("Interrupted: stopping running trials (Ctrl-C again to kill them)"));
+            self.reporter.report(Output::Stopping(
+                StopReason::Interrupted,
+                "Interrupted: stopping running trials (Ctrl-C again to kill them)".into(),
+            ));
             self.phase.stopping = true;
             for r in self.trials.running.values_mut() {
                 r.ending = Some(Ending::Interrupted);
@@ -526,7 +531,7 @@ impl Runner {
             }
             return Ok(Control::Go);
         }
-        self.reporter.report(Output::Note("Killing running trials"));
+        self.reporter.report(Output::Stopping(StopReason::Killed, "Killing running trials".into()));
         for (_, mut r) in std::mem::take(&mut self.trials.running) {
             r.handle.stop(StopLevel::Kill);
             r.record.status = TrialStatus::Pending;
@@ -581,7 +586,6 @@ impl Runner {
                     self.trials.next_index += 1;
                     self.store.create_trial(&record, &self.searcher.save())?;
                     self.scheduler.on_trial_add(&view(&record))?;
-                    self.reporter.report(Output::Params { trial: &record.id, config: &record.config });
                     return Ok(Some(record));
                 }
                 Suggestion::Wait => {}
@@ -688,19 +692,18 @@ impl Runner {
                 _ if self.phase.stopping => {}
                 (Ok(_), Some(copy)) => {
                     let (uri, iteration) = (copy.uri.clone(), copy.iteration);
-                    let e = self.finish_exploit(&mut record, &donor, copy)?;
+                    self.finish_exploit(&mut record, &donor, copy)?;
                     if self.settings.durability == Durability::AtEnd {
                         self.checkpoints.apply_retention(&self.store, &record.id)?;
                     } else {
                         // The copy is a committed checkpoint like any other: durable, then marked.
                         self.store.flush()?;
                         self.checkpoints.committed(&self.store, &record.id, &uri, iteration)?;
-                        self.reporter.report(Output::Params { trial: &record.id, config: &e.config });
                     }
                 }
                 (Err(msg), None) => {
                     // The copy failed: no exploit, and no failure either; it goes on from its own checkpoint.
-                    self.reporter.report(Output::Note(&format!("{} does not exploit {donor_trial}: {msg}", record.id)));
+                    self.reporter.report(Output::Event(Out::Message(format!("{} does not exploit {donor_trial}: {msg}", record.id))));
                     record.pending_exploit = None;
                     dropped = true;
                 }
@@ -749,7 +752,8 @@ impl Runner {
         if restart {
             record.restarts += 1;
         }
-        if record.status == TrialStatus::Paused {
+        let resumed = record.status == TrialStatus::Paused;
+        if resumed {
             record.resumes += 1;
         }
         record.status = TrialStatus::Running;
@@ -770,7 +774,7 @@ impl Runner {
             Ok(handle) => {
                 self.store.put_trial(&record)?;
                 // A start is shown after the ends not yet shown (they wait to be durable).
-                self.reporter.report(Output::Started { record: &record, after_ends: self.commits.ends_pending() });
+                self.reporter.report(Output::Started { record: &record, after_ends: self.commits.ends_pending(), resumed });
                 let now = self.clock.now();
                 let running = Running { record, handle, allocation, started: now, last_report: now, ending: None };
                 self.trials.running.insert(running.record.id.clone(), running);
@@ -815,15 +819,19 @@ impl Runner {
         // On failure the acknowledgements are dropped, which their workers
         // read as never coming: nothing not durable is ever acknowledged.
         flushed?;
-        self.show_ended(&mut batch.ended);
-        if self.settings.durability == Durability::AtEnd {
-            return Ok(());
-        }
+        let at_end = self.settings.durability == Durability::AtEnd;
         for Stored { result, ack } in batch.reports {
-            ack.durable();
-            if let Some(uri) = &result.checkpoint {
-                self.checkpoints.committed(&self.store, &result.trial_id, uri, result.training_iteration)?;
+            if !at_end {
+                ack.durable();
+                if let Some(uri) = &result.checkpoint {
+                    self.checkpoints.committed(&self.store, &result.trial_id, uri, result.training_iteration)?;
+                }
             }
+            self.reporter.report(Output::Result { result: &result, checkpoint: !at_end });
+        }
+        self.show_ended(&mut batch.ended);
+        if at_end {
+            return Ok(());
         }
         self.scheduler.maintain();
         Ok(())
@@ -865,10 +873,10 @@ impl Runner {
         if !self.pool.set_aside(node) {
             return;
         }
-        self.reporter.report(Output::Note(&format!("node {node} is set aside for the rest of the sweep: {why}")));
+        self.reporter.report(Output::Event(Out::NodeSetAside { node: node.to_string(), why: why.to_string() }));
         if let (Err(e), None) = (self.pool.check(&self.settings.request), &self.phase.out_of_nodes) {
             let msg = format!("{e}: continue it in an allocation with more nodes (nestor resume {})", self.settings.exp_dir.display());
-            self.reporter.report(Output::Note(&format!("stopping the sweep: {msg}")));
+            self.reporter.report(Output::Stopping(StopReason::OutOfNodes, format!("stopping the sweep: {msg}")));
             self.phase.out_of_nodes = Some(msg);
             self.phase.stopping = true;
             for r in self.trials.running.values_mut() {
@@ -918,7 +926,7 @@ impl Runner {
                 rec.resizes += 1;
                 self.store.put_trial(&rec)?;
                 let from = rec.latest_checkpoint.as_ref().map_or("its start".to_string(), |c| checkpoint_name(&c.uri).to_string());
-                self.reporter.report(Output::Note(&format!("{} restarts with {n} worker(s) (was {was}) from {from}", rec.id)));
+                self.reporter.report(Output::Event(Out::Resized { trial_id: rec.id.clone(), was, workers: n as usize, from }));
                 self.trials.pending.push_front(rec);
             }
             (Some(Ending::Exploit(e)), ExitOutcome::Completed | ExitOutcome::Stopped) => {
@@ -996,9 +1004,7 @@ impl Runner {
         rec.last_result = Some(result.clone());
         // The trial's record is rewritten at its start and end only; in between,
         // its results and checkpoints trees are the truth (see Store::refresh_trial).
-        let result = Arc::new(result);
-        self.reporter.report(Output::Result(&result));
-        Ok(result)
+        Ok(Arc::new(result))
     }
 
     /// What a stored result means for its trial: the answer to its workers.
@@ -1030,7 +1036,7 @@ impl Runner {
         };
         if self.stopper.should_stop_all() {
             if !self.phase.stopping {
-                self.reporter.report(Output::Note("A stopper ended the sweep: stopping running trials"));
+                self.reporter.report(Output::Stopping(StopReason::Stopper, "A stopper ended the sweep: stopping running trials".into()));
             }
             self.stop_all();
             return Ok(Directive::Stop);
@@ -1040,7 +1046,7 @@ impl Runner {
 
     /// The time budget is spent: no new trial starts, the running ones stop.
     fn out_of_time(&mut self) {
-        self.reporter.report(Output::Note("Time budget reached: stopping running trials"));
+        self.reporter.report(Output::Stopping(StopReason::TimeBudget, "Time budget reached: stopping running trials".into()));
         self.stop_all();
     }
 

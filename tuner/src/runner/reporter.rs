@@ -1,69 +1,90 @@
-//! The loop's output: the live display, `status.json` and the files for
-//! people under each trial's directory (`params.json`, `result.jsonl`,
-//! `progress.csv`). The loop feeds it typed [`Output`] events and never
-//! writes to a terminal or a file itself.
+//! The loop's output. The loop tells its reporter what happened
+//! ([`Output`]); the reporter turns that into the public [`Event`] stream
+//! and hands each event, in order, to every consumer: the console
+//! ([`Progress`]), the files for people ([`TrialFiles`]: `params.json`,
+//! `result.jsonl`, `progress.csv`, `status.json`) and the callbacks, each
+//! on a thread of its own ([`Isolated`]). The loop never writes to a
+//! terminal or a file itself.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use schedulers::TrialStatus;
-use search::TrialResult;
+use search::{Mode, TrialResult};
 
-use crate::files::{FileWrite, FileWriter};
+use crate::callback::{Best, Callback, Event, ExperimentInfo, Isolated, RunningTrial, Status, StopReason, Summary};
+use crate::files::TrialFiles;
 use crate::progress::Progress;
 use crate::store::TrialRecord;
 
-/// The live-status file in the experiment directory, present while a sweep runs.
-pub(crate) const SNAPSHOT: &str = "status.json";
-
 /// What the loop tells its reporter.
 pub(crate) enum Output<'a> {
-    /// A line for the person watching: a restart, an exploit, Ctrl-C.
-    Note(&'a str),
-    /// A trial's config, new or changed by an exploit: its `params.json`.
-    Params { trial: &'a str, config: &'a serde_json::Value },
+    /// One of the events that need nothing from the reporter but passing on.
+    Event(Event),
+    /// The sweep stops early.
+    Stopping(StopReason, String),
     /// A run started. `after_ends`: ends not yet durable are shown first.
-    Started { record: &'a TrialRecord, after_ends: bool },
+    /// `resumed`: a PAUSED trial resumes.
+    Started { record: &'a TrialRecord, after_ends: bool, resumed: bool },
     /// A trial's run ended and that is durable: TERMINATED, ERROR, PAUSED,
-    /// or PENDING again (Ctrl-C).
+    /// or PENDING again (the sweep stopped).
     Ended(&'a TrialRecord),
     /// Ends not yet durable are all shown: starts held back follow.
     EndsShown,
-    /// A stored result of a running trial: its `result.jsonl` and `progress.csv` lines.
-    Result(&'a Arc<TrialResult>),
-    /// Every half second: the running trials, oldest first, and how many trials exist.
-    Tick { running: &'a [&'a TrialRecord], trials: u64 },
+    /// A result, durable now; with `checkpoint`, its checkpoint is committed.
+    Result { result: &'a Arc<TrialResult>, checkpoint: bool },
+    /// Every half second: the running trials, oldest first, how many trials
+    /// exist, and how many are paused and wait to (re)start.
+    Tick { running: &'a [&'a TrialRecord], trials: u64, paused: usize, waiting: usize },
 }
 
-/// Owns the display and the files for people.
+/// Owns the consumers of the sweep's events.
 pub(crate) struct Reporter {
-    exp_dir: PathBuf,
-    metric: Option<String>,
-    /// Whether trial files and `status.json` are written (not in a replay).
-    files: bool,
+    info: Arc<ExperimentInfo>,
     progress: Progress,
-    writer: FileWriter,
-    queued: Vec<FileWrite>,
+    /// The files for people (not in a replay).
+    files: Option<TrialFiles>,
+    callbacks: Isolated,
     /// Trials TERMINATED and ERROR so far (including before a resume).
     finished: (u64, u64),
+    /// Those at the start of this session, for the pace.
+    finished_at_start: u64,
     /// Starts held back until the ends before them are shown.
-    deferred: Vec<TrialRecord>,
-    last_snapshot: String,
+    deferred: Vec<(TrialRecord, bool)>,
+    best: Option<Best>,
+    start: Instant,
+    stopped_early: bool,
+    trials: u64,
 }
 
 impl Reporter {
-    pub(crate) fn new(exp_dir: PathBuf, metric: Option<String>, progress: Progress, files: bool, finished: (u64, u64)) -> Self {
-        Self {
-            exp_dir,
-            metric,
-            files,
+    /// A reporter for the sweep `info`; `callbacks` run on threads of their
+    /// own, each given `deadline` for one event. It tells them the sweep starts.
+    pub(crate) fn new(
+        info: ExperimentInfo,
+        progress: Progress,
+        files: bool,
+        finished: (u64, u64),
+        callbacks: Vec<Box<dyn Callback>>,
+        deadline: Duration,
+    ) -> Self {
+        let files = files.then(|| TrialFiles::new(info.dir.clone()));
+        let mut r = Self {
+            info: Arc::new(info),
             progress,
-            writer: FileWriter::spawn(),
-            queued: Vec::new(),
+            files,
+            callbacks: Isolated::start(callbacks, deadline),
             finished,
+            finished_at_start: finished.0 + finished.1,
             deferred: Vec::new(),
-            last_snapshot: String::new(),
-        }
+            best: None,
+            start: Instant::now(),
+            stopped_early: false,
+            trials: 0,
+        };
+        r.emit(Event::ExperimentStarted(Arc::clone(&r.info)));
+        r
     }
 
     /// Trials TERMINATED and ERROR so far.
@@ -72,96 +93,197 @@ impl Reporter {
         self.finished
     }
 
-    fn trial_dir(&self, id: &str) -> PathBuf {
-        self.exp_dir.join("trials").join(id)
+    /// Hands `event` to every consumer, in order.
+    fn emit(&mut self, event: Event) {
+        if let Err(e) = self.progress.on_event(&event) {
+            tracing::warn!(error = %e, "the console failed");
+        }
+        if let Some(files) = &mut self.files {
+            if let Err(e) = files.on_event(&event) {
+                tracing::warn!(error = %e, "could not queue a trial file");
+            }
+        }
+        if !self.callbacks.is_empty() {
+            self.callbacks.send(&Arc::new(event));
+        }
+    }
+
+    fn start_shown(&mut self, record: TrialRecord, resumed: bool) {
+        self.emit(Event::TrialStarted { trial: Arc::new(record), resumed });
     }
 
     /// Takes one event.
     pub(crate) fn report(&mut self, out: Output<'_>) {
         match out {
-            Output::Note(text) => self.progress.note(text),
-            Output::Params { trial, config } => {
-                if self.files {
-                    self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(trial), config: config.clone() });
+            Output::Event(event) => self.emit(event),
+            Output::Stopping(reason, message) => {
+                if matches!(reason, StopReason::Interrupted | StopReason::Killed | StopReason::DiskFull | StopReason::OutOfNodes) {
+                    self.stopped_early = true;
                 }
+                self.emit(Event::Stopping { reason, message });
             }
-            Output::Started { record, after_ends } => {
+            Output::Started { record, after_ends, resumed } => {
                 if after_ends {
-                    self.deferred.push(record.clone());
+                    self.deferred.push((record.clone(), resumed));
                 } else {
-                    self.progress.trial_started(record);
+                    self.start_shown(record.clone(), resumed);
                 }
             }
             Output::Ended(record) => {
-                match record.status {
-                    TrialStatus::Terminated => self.finished.0 += 1,
-                    TrialStatus::Error => self.finished.1 += 1,
-                    _ => {}
-                }
-                self.progress.trial_ended(record);
+                let record = Arc::new(record.clone());
+                let event = match record.status {
+                    TrialStatus::Terminated => {
+                        self.finished.0 += 1;
+                        Event::TrialCompleted(record)
+                    }
+                    TrialStatus::Error => {
+                        self.finished.1 += 1;
+                        Event::TrialErrored(record)
+                    }
+                    TrialStatus::Paused => Event::TrialPaused(record),
+                    _ => Event::TrialInterrupted(record),
+                };
+                self.emit(event);
             }
             Output::EndsShown => {
-                for r in std::mem::take(&mut self.deferred) {
-                    self.progress.trial_started(&r);
+                for (r, resumed) in std::mem::take(&mut self.deferred) {
+                    self.start_shown(r, resumed);
                 }
             }
-            Output::Result(result) => {
-                if self.files {
-                    let trial_dir: Arc<Path> = Arc::from(self.trial_dir(&result.trial_id));
-                    self.queued.push(FileWrite::Result { trial_dir, result: Arc::clone(result) });
+            Output::Result { result, checkpoint } => {
+                // A trial's start comes before its results, held back or not.
+                if let Some(at) = self.deferred.iter().position(|(r, _)| r.id == result.trial_id) {
+                    let (r, resumed) = self.deferred.remove(at);
+                    self.start_shown(r, resumed);
+                }
+                self.note_best(result);
+                self.emit(Event::Result(Arc::clone(result)));
+                if let (true, Some(uri)) = (checkpoint, &result.checkpoint) {
+                    let (trial_id, iteration, uri) = (result.trial_id.clone(), result.training_iteration, uri.clone());
+                    self.emit(Event::CheckpointCommitted { trial_id, iteration, uri });
                 }
             }
-            Output::Tick { running, trials } => {
-                self.progress.refresh(running.iter().copied());
-                if self.files {
-                    let snapshot = self.snapshot(running, trials);
-                    if snapshot != self.last_snapshot {
-                        self.queued.push(FileWrite::Snapshot { path: self.exp_dir.join(SNAPSHOT), json: snapshot.clone() });
-                        self.last_snapshot = snapshot;
-                    }
-                }
+            Output::Tick { running, trials, paused, waiting } => {
+                self.trials = trials;
+                let status = self.status(running, trials, paused, waiting);
+                self.emit(Event::Status(Arc::new(status)));
             }
         }
     }
 
-    /// Hands the files queued so far to the writer thread (once per turn of the loop).
+    fn note_best(&mut self, result: &TrialResult) {
+        let Some(metric) = &self.info.metric else { return };
+        let mode = self.info.mode.unwrap_or_default();
+        let Some(&value) = result.metrics.get(metric) else { return };
+        if value.is_nan() {
+            return;
+        }
+        let better = match &self.best {
+            None => true,
+            Some(b) => match mode {
+                Mode::Min => value < b.value,
+                Mode::Max => value > b.value,
+            },
+        };
+        if better {
+            self.best = Some(Best { trial_id: result.trial_id.clone(), value, iteration: result.training_iteration });
+        }
+    }
+
+    /// Hands the files queued so far to the writer threads (once per turn of the loop).
     pub(crate) fn flush(&mut self) {
-        self.writer.write(std::mem::take(&mut self.queued));
-    }
-
-    /// The sweep is over: `status.json` goes, every file is written, the display closes.
-    pub(crate) async fn close(mut self) {
-        if self.files {
-            self.queued.push(FileWrite::Remove { path: self.exp_dir.join(SNAPSHOT) });
+        if let Some(files) = &mut self.files {
+            files.flush();
         }
-        self.flush();
-        self.writer.close().await;
-        self.progress.finish();
     }
 
-    /// The live view `nestor status` shows while this sweep holds the store.
-    fn snapshot(&self, running: &[&TrialRecord], trials: u64) -> String {
-        let rows: Vec<serde_json::Value> = running
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "trial_id": r.id,
-                    "iteration": r.last_result.as_ref().map_or(0, |l| l.training_iteration),
-                    "metrics": r.last_result.as_ref().map(|l| search::metrics_serde::to_json(&l.metrics)),
-                    "config": r.config,
-                    "resources": r.resources,
+    /// The sweep is over: the last event goes out, every file is written,
+    /// the callbacks close (waited for at most their deadline).
+    pub(crate) async fn close(mut self) {
+        let summary = Summary {
+            terminated: self.finished.0,
+            errored: self.finished.1,
+            trials: self.trials,
+            stopped_early: self.stopped_early,
+            elapsed_s: self.start.elapsed().as_secs_f64(),
+        };
+        self.emit(Event::ExperimentEnded(Arc::new(summary)));
+        if let Some(files) = self.files.take() {
+            files.close().await;
+        }
+        let callbacks = std::mem::replace(&mut self.callbacks, Isolated::start(Vec::new(), Duration::ZERO));
+        let _ = tokio::task::spawn_blocking(move || callbacks.close()).await;
+    }
+
+    /// What `status.json` and the console show now.
+    fn status(&self, running: &[&TrialRecord], trials: u64, paused: usize, waiting: usize) -> Status {
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let done = self.finished.0 + self.finished.1;
+        let planned = self.info.planned.max(trials);
+        let pending = planned.saturating_sub(trials) + waiting as u64;
+        Status {
+            version: Status::VERSION,
+            pid: std::process::id(),
+            metric: self.info.metric.clone(),
+            mode: self.info.mode,
+            trials,
+            planned,
+            terminated: self.finished.0,
+            error: self.finished.1,
+            paused: paused as u64,
+            pending,
+            best: self.best.clone(),
+            elapsed_s: elapsed,
+            eta_s: eta(elapsed, done - self.finished_at_start, planned.saturating_sub(done), self.info.time_budget_s),
+            running: running
+                .iter()
+                .map(|r| RunningTrial {
+                    trial_id: r.id.clone(),
+                    iteration: r.last_result.as_ref().map_or(0, |l| l.training_iteration),
+                    metrics: r.last_result.as_ref().map(|l| search::metrics_serde::to_json(&l.metrics)),
+                    config: r.config.clone(),
+                    resources: r.resources.clone(),
                 })
-            })
-            .collect();
-        serde_json::json!({
-            "version": 1,
-            "pid": std::process::id(),
-            "metric": self.metric,
-            "trials": trials,
-            "terminated": self.finished.0,
-            "error": self.finished.1,
-            "running": rows,
-        })
-        .to_string()
+                .collect(),
+        }
+    }
+}
+
+/// Seconds left: the trials left at this session's pace (trials done per
+/// second so far), capped by the time budget; none before a trial is done.
+fn eta(elapsed: f64, done_here: u64, left: u64, budget: Option<f64>) -> Option<f64> {
+    let by_pace = (done_here > 0 && elapsed > 0.0).then(|| left as f64 * elapsed / done_here as f64);
+    let by_budget = budget.map(|b| (b - elapsed).max(0.0));
+    match (by_pace, by_budget) {
+        (Some(p), Some(b)) => Some(p.min(b)),
+        (p, b) => p.or(b.filter(|_| left > 0)),
+    }
+}
+
+/// The experiment as a sweep's events describe it.
+pub(crate) fn experiment_info(exp_dir: PathBuf, file: &crate::ExperimentFile, planned: u64, resumed: bool) -> ExperimentInfo {
+    let e = &file.experiment;
+    ExperimentInfo {
+        name: e.name.clone(),
+        dir: exp_dir,
+        metric: e.metric.clone(),
+        mode: e.mode,
+        planned,
+        time_budget_s: e.time_budget_s,
+        resumed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eta;
+
+    #[test]
+    fn the_eta_follows_the_pace_and_the_budget() {
+        assert_eq!(eta(10.0, 0, 5, None), None);
+        assert_eq!(eta(10.0, 2, 6, None), Some(30.0));
+        assert_eq!(eta(10.0, 2, 6, Some(25.0)), Some(15.0));
+        assert_eq!(eta(10.0, 0, 6, Some(25.0)), Some(15.0));
+        assert_eq!(eta(10.0, 2, 0, None), Some(0.0));
     }
 }

@@ -118,7 +118,16 @@ fn harness(o: Options) -> Harness {
         stop_thresholds: MetricThresholds::default(),
         durability: Durability::EveryBatch,
     };
-    let reporter = Reporter::new(exp_dir.clone(), Some("loss".into()), Progress::new(ProgressMode::Quiet, None), true, (0, 0));
+    let info = crate::callback::ExperimentInfo {
+        name: "t".into(),
+        dir: exp_dir.clone(),
+        metric: Some("loss".into()),
+        mode: None,
+        planned: 100,
+        time_budget_s: None,
+        resumed: false,
+    };
+    let reporter = Reporter::new(info, Progress::new(ProgressMode::Quiet, None), true, (0, 0), Vec::new(), Duration::from_secs(5));
     let (runner, inputs) = Runner::new(Parts {
         settings,
         store: store.clone(),

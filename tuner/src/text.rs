@@ -1,0 +1,94 @@
+//! How nestor writes numbers, configs, errors and checkpoints for people:
+//! one place, so the console, `nestor status` and the dashboard agree.
+
+/// `lr=0.001 model.width=64`, shortened.
+pub(crate) fn config_summary(config: &serde_json::Value) -> String {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    walk(&p, v, out);
+                }
+            }
+            serde_json::Value::Number(n) => out.push(format!("{prefix}={}", fmt_num(n.as_f64().unwrap_or(f64::NAN)))),
+            other => out.push(format!("{prefix}={other}")),
+        }
+    }
+    let mut out = Vec::new();
+    walk("", config, &mut out);
+    out.join(" ")
+}
+
+/// Four significant digits, no noise.
+pub(crate) fn fmt_num(x: f64) -> String {
+    if x == x.trunc() && x.abs() < 1e9 {
+        return format!("{x}");
+    }
+    if x != 0.0 && (x.abs() < 1e-3 || x.abs() >= 1e6) {
+        return format!("{x:.3e}");
+    }
+    let s = format!("{x:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// A trial's error or failure in one line: its first line, with a log tail's
+/// header shortened to where the log is (`...; log: .../rank-0.log`).
+pub(crate) fn headline(message: &str) -> String {
+    let first = message.lines().next().unwrap_or_default();
+    match first.split_once("; last log lines (") {
+        Some((what, rest)) => format!("{what}; log: {}", rest.trim_end_matches(':').trim_end_matches(')')),
+        None => first.to_string(),
+    }
+}
+
+/// `lr=0.012 (was 0.05), bs=64 (was 32)`: the keys an exploit changed,
+/// nested ones dotted.
+pub(crate) fn config_change(old: &serde_json::Value, new: &serde_json::Value) -> String {
+    fn walk(prefix: &str, old: &serde_json::Value, new: &serde_json::Value, out: &mut Vec<String>) {
+        match (old, new) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    walk(&path, a.get(k).unwrap_or(&serde_json::Value::Null), v, out);
+                }
+            }
+            (a, b) if a != b => out.push(format!("{prefix}={b} (was {a})")),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk("", old, new, &mut out);
+    if out.is_empty() {
+        "config unchanged".into()
+    } else {
+        out.join(", ")
+    }
+}
+
+/// `checkpoint_000007` for `.../checkpoint_000007` (a path or a URL).
+pub(crate) fn checkpoint_name(uri: &str) -> &str {
+    uri.trim_end_matches('/').rsplit('/').next().unwrap_or(uri)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_headline_is_one_line_with_the_log_named() {
+        let msg = "rank 1 exited with code 3; last log lines (/x/logs/rank-1.log):\nTraceback\nValueError: boom";
+        assert_eq!(headline(msg), "rank 1 exited with code 3; log: /x/logs/rank-1.log");
+        assert_eq!(headline("trial reported no `loss`"), "trial reported no `loss`");
+        assert_eq!(headline(""), "");
+    }
+
+    #[test]
+    fn numbers_and_configs_are_compact() {
+        assert_eq!(fmt_num(0.123456), "0.1235");
+        assert_eq!(fmt_num(3.0), "3");
+        assert_eq!(fmt_num(0.00001234), "1.234e-5");
+        let c = serde_json::json!({"lr": 0.001, "model": {"width": 64}, "opt": "adam"});
+        assert_eq!(config_summary(&c), "lr=0.001 model.width=64 opt=\"adam\"");
+    }
+}
