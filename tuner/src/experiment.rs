@@ -88,6 +88,9 @@ pub struct ExperimentFile {
     /// `[cluster]`: this machine, or the Slurm allocation nestor runs inside.
     #[serde(default, skip_serializing_if = "ClusterConfig::is_default")]
     pub cluster: ClusterConfig,
+    /// `[[callbacks]]`: loggers fed the sweep's events (`type = "tensorboard"`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub callbacks: Vec<crate::callback::CallbackConfig>,
 }
 
 /// `[experiment]`.

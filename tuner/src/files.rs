@@ -19,6 +19,8 @@ pub(crate) enum FileWrite {
     Snapshot { path: PathBuf, json: String },
     /// A file to delete.
     Remove { path: PathBuf },
+    /// Lines to append to a file.
+    Append { path: PathBuf, text: String },
     /// One result line for `result.jsonl` and `progress.csv`.
     Result { trial_dir: std::sync::Arc<Path>, result: std::sync::Arc<TrialResult> },
 }
@@ -68,7 +70,7 @@ impl FileWriter {
             let shard = match &f {
                 FileWrite::Params { trial_dir, .. } => shard_of(trial_dir, shards.len()),
                 FileWrite::Result { trial_dir, .. } => shard_of(trial_dir, shards.len()),
-                FileWrite::Snapshot { .. } | FileWrite::Remove { .. } => 0,
+                FileWrite::Snapshot { .. } | FileWrite::Remove { .. } | FileWrite::Append { .. } => 0,
             };
             shards[shard].push(f);
         }
@@ -134,6 +136,10 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::i
             std::fs::write(&tmp, json)?;
             std::fs::rename(&tmp, path)
         }
+        FileWrite::Append { path, text } => {
+            use std::io::Write;
+            std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(text.as_bytes())
+        }
         FileWrite::Remove { path } => match std::fs::remove_file(path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
@@ -163,19 +169,25 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::i
 
 /// The files for people as a consumer of the sweep's events: `params.json`
 /// when a trial starts or exploits, a line of `result.jsonl` and
-/// `progress.csv` per durable result, `status.json` while the sweep runs
-/// (removed at its end). Writes are queued and handed to the writer
+/// `progress.csv` per durable result, a line of `events.jsonl` per other
+/// event but the status ticks, `status.json` while the sweep runs (removed
+/// at its end). Writes are queued and handed to the writer
 /// threads once per turn of the loop ([`TrialFiles::flush`]).
 pub(crate) struct TrialFiles {
     exp_dir: PathBuf,
     writer: FileWriter,
     queued: Vec<FileWrite>,
     last_status: String,
+    /// `events.jsonl` lines not yet queued.
+    events: String,
 }
+
+/// The experiment's log of what happened to its trials, one JSON object a line.
+pub(crate) const EVENTS: &str = "events.jsonl";
 
 impl TrialFiles {
     pub(crate) fn new(exp_dir: PathBuf) -> Self {
-        Self { exp_dir, writer: FileWriter::spawn(), queued: Vec::new(), last_status: String::new() }
+        Self { exp_dir, writer: FileWriter::spawn(), queued: Vec::new(), last_status: String::new(), events: String::new() }
     }
 
     fn trial_dir(&self, id: &str) -> PathBuf {
@@ -184,6 +196,11 @@ impl TrialFiles {
 
     /// Hands what is queued to the writer threads.
     pub(crate) fn flush(&mut self) {
+        if !self.events.is_empty() {
+            // Before what follows it (the removal of status.json at the end).
+            let text = std::mem::take(&mut self.events);
+            self.queued.insert(0, FileWrite::Append { path: self.exp_dir.join(EVENTS), text });
+        }
         self.writer.write(std::mem::take(&mut self.queued));
     }
 
@@ -197,6 +214,10 @@ impl TrialFiles {
 impl crate::callback::Callback for TrialFiles {
     fn on_event(&mut self, event: &crate::callback::Event) -> Result<(), crate::callback::CallbackError> {
         use crate::callback::{Event, Status};
+        if let Some(line) = event.to_json() {
+            self.events.push_str(&line.to_string());
+            self.events.push('\n');
+        }
         match event {
             Event::TrialStarted { trial, .. } => {
                 self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(&trial.id), config: trial.config.clone() });

@@ -404,7 +404,8 @@ impl Tuner {
         let metric = file.experiment.metric.clone();
         let files = file.experiment.trial_files && durability == Durability::EveryBatch;
         let info = experiment_info(exp_dir.clone(), file, planned, resuming);
-        let callbacks = std::mem::take(&mut self.callbacks);
+        let mut callbacks: Vec<Box<dyn Callback>> = file.callbacks.iter().map(|c| c.build(&exp_dir)).collect();
+        callbacks.append(&mut self.callbacks);
         let reporter = Reporter::new(info, progress, files, finished, callbacks, self.callback_deadline);
         let settings = Settings {
             exp_dir: exp_dir.clone(),

@@ -26,7 +26,7 @@ use crate::text::{config_summary, headline};
 
 mod isolated;
 mod status;
-// pub mod tensorboard;
+pub mod tensorboard;
 
 pub(crate) use isolated::Isolated;
 pub use status::{Best, RunningTrial, Status};
@@ -263,6 +263,49 @@ impl Event {
     }
 }
 
+impl Event {
+    /// The event as one line of `events.jsonl` (the experiment's log of
+    /// what happened to its trials); `None` for results and status ticks,
+    /// which have files of their own.
+    pub fn to_json(&self) -> Option<serde_json::Value> {
+        use serde_json::json;
+        let at = crate::clock::now_unix();
+        let trial = |t: &TrialRecord| {
+            let nodes: Vec<&str> = t.resources.iter().map(|b| b.node.as_str()).collect();
+            json!({
+                "trial_id": t.id, "status": t.status.as_str(), "config": t.config, "nodes": nodes,
+                "iteration": t.last_result.as_ref().map_or(0, |r| r.training_iteration),
+                "restarts": t.restarts, "failures": t.failures, "exploits": t.exploits, "error": t.error,
+            })
+        };
+        let mut v = match self {
+            Event::Result(_) | Event::Status(_) => return None,
+            Event::ExperimentStarted(i) => serde_json::to_value(&**i).ok()?,
+            Event::TrialStarted { trial: t, resumed } => {
+                let mut v = trial(t);
+                v["resumed"] = json!(resumed);
+                v
+            }
+            Event::TrialPaused(t) | Event::TrialCompleted(t) | Event::TrialErrored(t) | Event::TrialInterrupted(t) => trial(t),
+            Event::CheckpointCommitted { trial_id, iteration, uri } => json!({"trial_id": trial_id, "iteration": iteration, "uri": uri}),
+            Event::TrialRestarted { trial_id, error, from, count, on_resume } => {
+                json!({"trial_id": trial_id, "error": error, "from": from, "count": count, "on_resume": on_resume})
+            }
+            Event::Exploited(e) => serde_json::to_value(&**e).ok()?,
+            Event::Resized { trial_id, was, workers, from } => json!({"trial_id": trial_id, "was": was, "workers": workers, "from": from}),
+            Event::NodeSetAside { node, why } => json!({"node": node, "why": why}),
+            Event::Stopping { reason, message } => json!({"reason": reason, "message": message}),
+            Event::Message(m) => json!({"message": m}),
+            Event::ExperimentEnded(s) => serde_json::to_value(&**s).ok()?,
+        };
+        if let Some(m) = v.as_object_mut() {
+            m.insert("event".into(), json!(self.kind()));
+            m.insert("at".into(), json!(at));
+        }
+        Some(v)
+    }
+}
+
 /// The line people read for an event worth a line of its own (restarts,
 /// exploits, nodes, stops); empty for the others.
 impl fmt::Display for Event {
@@ -287,14 +330,19 @@ impl fmt::Display for Event {
     }
 }
 
-/// The error of a callback that cannot be built from its `[[callbacks]]` table.
-#[derive(Debug, thiserror::Error)]
-#[error("callbacks[{index}] ({kind}): {message}")]
-pub struct SetupError {
-    /// Its place in the file.
-    pub index: usize,
-    /// Its `type`.
-    pub kind: String,
-    /// What is wrong.
-    pub message: String,
+/// One `[[callbacks]]` table of an experiment file: a logger by its `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum CallbackConfig {
+    /// TensorBoard event files per trial.
+    Tensorboard(tensorboard::TensorBoardConfig),
+}
+
+impl CallbackConfig {
+    /// The callback, for the experiment at `exp_dir`.
+    pub fn build(&self, exp_dir: &std::path::Path) -> Box<dyn Callback> {
+        match self {
+            CallbackConfig::Tensorboard(c) => Box::new(tensorboard::TensorBoardLogger::new(exp_dir, c.clone())),
+        }
+    }
 }
