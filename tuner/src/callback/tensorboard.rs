@@ -248,9 +248,12 @@ fn write_record(w: &mut impl Write, event: &proto::Event) -> Result<(), Callback
     Ok(())
 }
 
+/// One event's step and its scalars (tag, value).
+pub type Scalars = (i64, Vec<(String, f32)>);
+
 /// Reads the events of a file this logger wrote (for tests and checks):
 /// every record's CRCs are verified.
-pub fn read_events(path: &Path) -> Result<Vec<(i64, Vec<(String, f32)>)>, CallbackError> {
+pub fn read_events(path: &Path) -> Result<Vec<Scalars>, CallbackError> {
     use prost::Message;
     let bytes = std::fs::read(path)?;
     let mut out = Vec::new();
@@ -280,7 +283,7 @@ pub fn read_events(path: &Path) -> Result<Vec<(i64, Vec<(String, f32)>)>, Callba
 /// The messages of TensorFlow's `event.proto`, `summary.proto` and
 /// TensorBoard's hparams `plugin_data.proto` that the logger writes, with
 /// their field numbers.
-#[allow(missing_docs, clippy::derive_partial_eq_without_eq)]
+#[allow(missing_docs, clippy::derive_partial_eq_without_eq, clippy::enum_variant_names)]
 mod proto {
     use std::collections::BTreeMap;
 
