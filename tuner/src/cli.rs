@@ -55,6 +55,28 @@ enum Command {
         /// Print plain progress lines even on a terminal.
         #[arg(long)]
         plain: bool,
+        /// Serve the dashboard while the sweep runs, on loopback at this
+        /// port (8265 if no port is given).
+        #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "8265")]
+        dashboard: Option<u16>,
+    },
+    /// Serve a web dashboard of one or more experiments: the trial table,
+    /// learning curves, config against metric, each trial's detail. It
+    /// follows running sweeps live. Ctrl-C stops it.
+    Dashboard {
+        /// Experiment directories (<storage>/<name>).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// The port (0: any free one).
+        #[arg(long, default_value_t = 8265)]
+        port: u16,
+        /// The address to listen on. Beyond loopback a token is required
+        /// (made up and printed unless --token gives one).
+        #[arg(long, default_value = "127.0.0.1")]
+        host: std::net::IpAddr,
+        /// The token every request must carry (?token= or Authorization: Bearer).
+        #[arg(long)]
+        token: Option<String>,
     },
     /// Run an experiment file's sweep on recorded learning curves under a
     /// virtual clock (its real scheduler and searcher, no training), leaving
@@ -267,7 +289,7 @@ pub fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
-        Command::Run { file, sets, storage, plain } => {
+        Command::Run { file, sets, storage, plain, dashboard } => {
             let mut sets = sets;
             if let Some(s) = storage {
                 sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
@@ -275,6 +297,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let experiment = ExperimentFile::read(&file, &sets).map_err(TuneError::from)?;
             let tuner = Tuner::from_file(experiment, file.display().to_string(), None).progress(progress(plain));
             let dir = tuner.experiment_dir();
+            if let Some(port) = dashboard {
+                serve_beside(&dir, port)?;
+            }
             let grid = tuner.fit().map_err(|e| on_full_disk(e.into(), &dir))?;
             print_summary(&grid, &dir)
         }
@@ -318,12 +343,71 @@ fn run(cli: Cli) -> Result<(), Failure> {
             print_summary(&grid, &dir)
         }
         Command::Status { dir } => status(&dir),
+        Command::Dashboard { dirs, port, host, token } => dashboard(dirs, port, host, token),
         Command::Exploits { dir, json } => exploits(&dir, json),
         Command::Best { dir, metric, mode, scope, json } => best(&dir, metric.as_deref(), mode, scope, json),
         Command::Export { dir, format } => export(&dir, format),
         Command::Fetch { uri, dest } => fetch(&uri, &dest),
         Command::PutShard { dir, store, iteration, rank } => put_shard(&dir, &store, iteration, rank),
         Command::Sample { file, n, sets } => sample(&file, n, &sets),
+    }
+}
+
+/// `nestor dashboard`: serves until Ctrl-C.
+fn dashboard(dirs: Vec<PathBuf>, port: u16, host: std::net::IpAddr, token: Option<String>) -> Result<(), Failure> {
+    crate::dashboard::check_dirs(&dirs).map_err(|message| Failure { code: 2, message })?;
+    let token = token.or_else(|| (!host.is_loopback()).then(crate::dashboard::new_token));
+    let options = crate::dashboard::DashboardOptions { addr: std::net::SocketAddr::new(host, port), token: token.clone() };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure { code: 1, message: format!("dashboard: {e}") })?;
+    runtime
+        .block_on(async {
+            let served =
+                crate::dashboard::serve(dirs, options, |addr| println!("nestor dashboard: {}", dashboard_url(addr, token.as_deref())));
+            tokio::select! {
+                r = served => r,
+                _ = tokio::signal::ctrl_c() => Ok(()),
+            }
+        })
+        .map_err(|e| Failure { code: 1, message: format!("dashboard on {host}:{port}: {e}") })
+}
+
+fn dashboard_url(addr: std::net::SocketAddr, token: Option<&str>) -> String {
+    let host = if addr.ip().is_unspecified() { "localhost".to_string() } else { addr.ip().to_string() };
+    let query = token.map(|t| format!("?token={t}")).unwrap_or_default();
+    format!("http://{host}:{}/{query}", addr.port())
+}
+
+/// The dashboard of the sweep about to run in `dir`, on loopback, served
+/// from a thread of its own; its address is printed once it listens.
+fn serve_beside(dir: &Path, port: u16) -> Result<(), Failure> {
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("nestor-dashboard-server".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(r) => r,
+                Err(e) => return drop(tx.send(Err(e.to_string()))),
+            };
+            let options = crate::dashboard::DashboardOptions { addr, token: None };
+            let bound = tx.clone();
+            let served = runtime.block_on(crate::dashboard::serve(vec![dir], options, move |a| drop(bound.send(Ok(a)))));
+            if let Err(e) = served {
+                let _ = tx.send(Err(e.to_string()));
+            }
+        })
+        .map_err(out_err)?;
+    match rx.recv() {
+        Ok(Ok(a)) => {
+            eprintln!("nestor: dashboard at {}", dashboard_url(a, None));
+            Ok(())
+        }
+        Ok(Err(e)) => Err(Failure { code: 1, message: format!("--dashboard: cannot listen on {addr}: {e}") }),
+        Err(_) => Err(Failure { code: 1, message: "--dashboard: the server did not start".into() }),
     }
 }
 

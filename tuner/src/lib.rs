@@ -7,6 +7,7 @@ pub mod callback;
 pub mod cli;
 mod clock;
 mod config;
+pub mod dashboard;
 mod experiment;
 mod files;
 mod journal;

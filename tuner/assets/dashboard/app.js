@@ -1,0 +1,334 @@
+// nestor dashboard: one page, no build step. It asks the server for the
+// experiment list, one experiment's table, and the points it has not seen.
+"use strict";
+
+const token = new URLSearchParams(location.search).get("token");
+const STATES = ["RUNNING", "TERMINATED", "PAUSED", "ERROR", "PENDING"];
+const COLORS = { RUNNING: "#2563eb", TERMINATED: "#9ca3af", PAUSED: "#d97706", ERROR: "#dc2626", PENDING: "#d1d5db" };
+
+const st = {
+  exp: 0, info: null, rows: [], curves: new Map(), after: 0, epoch: -1, version: -1, metric: null,
+  sort: { key: "id", dir: 1 }, states: new Set(STATES), selected: null, plot: null, painted: false, updates: 0,
+};
+
+const $ = (id) => document.getElementById(id);
+
+async function api(path) {
+  const sep = path.includes("?") ? "&" : "?";
+  const r = await fetch("api/" + path + (token ? sep + "token=" + encodeURIComponent(token) : ""));
+  if (!r.ok) throw new Error(path + ": " + r.status + " " + (await r.text()));
+  return r.json();
+}
+
+function fmt(x) {
+  if (x === null || x === undefined || Number.isNaN(x)) return "";
+  if (typeof x !== "number") return String(x);
+  if (Number.isInteger(x) && Math.abs(x) < 1e9) return String(x);
+  const a = Math.abs(x);
+  if (a !== 0 && (a < 1e-3 || a >= 1e6)) return x.toExponential(3);
+  return String(+x.toFixed(4));
+}
+
+function flat(obj, prefix = "", out = {}) {
+  if (obj && typeof obj === "object" && !Array.isArray(obj)) {
+    for (const [k, v] of Object.entries(obj)) flat(v, prefix ? prefix + "." + k : k, out);
+  } else if (prefix) out[prefix] = obj;
+  return out;
+}
+
+function duration(s) {
+  s = Math.max(0, Math.round(s));
+  if (s < 60) return s + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s";
+  return Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
+}
+
+// Each trial's score: its best value of the metric under the mode.
+function scores() {
+  const max = st.info && st.info.mode === "max";
+  const out = new Map();
+  for (const [id, c] of st.curves) {
+    let best = null;
+    for (const v of c.val) if (v !== null && Number.isFinite(v) && (best === null || (max ? v > best : v < best))) best = v;
+    if (best !== null) out.set(id, best);
+  }
+  return out;
+}
+
+function bestTrial(sc) {
+  const max = st.info && st.info.mode === "max";
+  let best = null;
+  for (const [id, v] of sc) if (best === null || (max ? v > best[1] : v < best[1])) best = [id, v];
+  return best;
+}
+
+function visibleRows() {
+  const q = $("filter").value.trim().toLowerCase();
+  return st.rows.filter((r) => st.states.has(r.status) && (!q || r.id.includes(q) || JSON.stringify(r.config).toLowerCase().includes(q)));
+}
+
+function topIds(sc) {
+  const k = +$("topk").value || 0;
+  if (!k) return null;
+  const max = st.info && st.info.mode === "max";
+  const ids = [...sc.entries()].sort((a, b) => (max ? b[1] - a[1] : a[1] - b[1])).slice(0, k).map((e) => e[0]);
+  return new Set(ids);
+}
+
+function renderHeader() {
+  const i = st.info;
+  $("badge").innerHTML = i.live ? '<span class="live">live</span>' : '<span class="done">finished</span>';
+  const c = i.counts;
+  let s = `${i.trials} trials: ${c.RUNNING} running, ${c.TERMINATED} terminated, ${c.ERROR} error, ${c.PAUSED} paused, ${c.PENDING} pending · ${i.points} results`;
+  if (i.status) {
+    s += ` · ${duration(i.status.elapsed_s)}`;
+    if (i.status.eta_s !== null && i.status.eta_s !== undefined) s += `, ETA ${duration(i.status.eta_s)}`;
+  }
+  const b = bestTrial(scores());
+  if (b) s += ` · best ${st.metric}=${fmt(b[1])} (${b[0]})`;
+  $("summary").textContent = s;
+}
+
+function renderCurves() {
+  const sc = scores();
+  const best = bestTrial(sc);
+  const top = topIds(sc);
+  const shown = new Set(visibleRows().map((r) => r.id));
+  const byId = new Map(st.rows.map((r) => [r.id, r]));
+  const useTime = $("xaxis").value === "time";
+  const data = [null];
+  const series = [{}];
+  const ordered = [...st.curves.keys()].filter((id) => shown.has(id) && (!top || top.has(id)));
+  // The best is drawn last, on top.
+  ordered.sort((a, b) => (best && a === best[0]) - (best && b === best[0]));
+  for (const id of ordered) {
+    const c = st.curves.get(id);
+    const xs = [], ys = [];
+    for (let k = 0; k < c.val.length; k++) {
+      const x = useTime ? c.time[k] : c.iter[k];
+      const y = c.val[k];
+      if (x === null || y === null) continue;
+      if ($("logy").checked && !(y > 0)) continue;
+      xs.push(x); ys.push(y);
+    }
+    data.push([xs, ys]);
+    const isBest = best && id === best[0];
+    const status = (byId.get(id) || {}).status || "PENDING";
+    series.push({
+      label: id, stroke: isBest ? "#16a34a" : COLORS[status], width: isBest ? 3 : 1,
+      paths: uPlot.paths.linear(), points: { show: false },
+    });
+  }
+  const el = $("curves");
+  const width = Math.max(300, el.clientWidth);
+  const opts = {
+    mode: 2, width, height: 320, legend: { show: false }, cursor: { drag: { x: true, y: true } },
+    scales: { x: { time: false, auto: true }, y: { auto: true, distr: $("logy").checked ? 3 : 1 } },
+    axes: [{ label: useTime ? "time_total_s" : "training_iteration" }, { label: st.metric || "" }],
+    series,
+  };
+  if (st.plot) st.plot.destroy();
+  el.innerHTML = "";
+  st.plot = new uPlot(opts, data, el);
+  el.dataset.series = String(ordered.length);
+  el.dataset.points = String(data.slice(1).reduce((n, s) => n + s[0].length, 0));
+}
+
+function renderParcoords() {
+  const canvas = $("parcoords");
+  const width = Math.max(300, canvas.parentElement.clientWidth - 24);
+  const ratio = window.devicePixelRatio || 1;
+  canvas.width = width * ratio; canvas.height = 300 * ratio; canvas.style.width = width + "px"; canvas.style.height = "300px";
+  const ctx = canvas.getContext("2d");
+  ctx.scale(ratio, ratio);
+  ctx.clearRect(0, 0, width, 300);
+  const sc = scores();
+  const shown = new Set(visibleRows().map((r) => r.id));
+  const rows = st.rows.filter((r) => shown.has(r.id) && sc.has(r.id));
+  const configs = rows.map((r) => flat(r.config));
+  const keys = [...new Set(configs.flatMap((c) => Object.keys(c)))].filter((k) => new Set(configs.map((c) => JSON.stringify(c[k]))).size > 1);
+  const axes = keys.map((k) => {
+    const vals = configs.map((c) => c[k]);
+    const numeric = vals.every((v) => typeof v === "number");
+    const log = numeric && st.info.log_params.includes(k) && vals.every((v) => v > 0);
+    if (numeric) {
+      const t = vals.map((v) => (log ? Math.log10(v) : v));
+      return { name: k, pos: t, min: Math.min(...t), max: Math.max(...t), log };
+    }
+    const cats = [...new Set(vals.map((v) => JSON.stringify(v)))].sort();
+    return { name: k, pos: vals.map((v) => cats.indexOf(JSON.stringify(v))), min: 0, max: Math.max(1, cats.length - 1), cats };
+  });
+  const m = rows.map((r) => sc.get(r.id));
+  axes.push({ name: st.metric || "metric", pos: m, min: Math.min(...m), max: Math.max(...m), metric: true });
+  const left = 40, right = 60, top = 24, bottom = 20, h = 300 - top - bottom;
+  const step = axes.length > 1 ? (width - left - right) / (axes.length - 1) : 0;
+  const y = (a, v) => top + h - (a.max === a.min ? 0.5 : (v - a.min) / (a.max - a.min)) * h;
+  const max = st.info.mode === "max";
+  const best = bestTrial(sc);
+  const color = (v, a) => {
+    let t = a.max === a.min ? 0.5 : (v - a.min) / (a.max - a.min);
+    if (!max) t = 1 - t;
+    return `hsl(${220 - 180 * t}, 70%, ${45 + 10 * t}%)`;
+  };
+  const mAxis = axes[axes.length - 1];
+  ctx.globalAlpha = rows.length > 200 ? 0.35 : 0.7;
+  rows.forEach((r, i) => {
+    ctx.beginPath();
+    axes.forEach((a, j) => (j ? ctx.lineTo : ctx.moveTo).call(ctx, left + j * step, y(a, a.pos[i])));
+    ctx.strokeStyle = best && r.id === best[0] ? "#16a34a" : color(m[i], mAxis);
+    ctx.lineWidth = best && r.id === best[0] ? 3 : 1;
+    ctx.stroke();
+  });
+  ctx.globalAlpha = 1;
+  ctx.fillStyle = "#1d2430"; ctx.strokeStyle = "#111827"; ctx.font = "11px system-ui"; ctx.textAlign = "center";
+  axes.forEach((a, j) => {
+    const x = left + j * step;
+    ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.lineWidth = 1; ctx.stroke();
+    ctx.fillText(a.name + (a.log ? " (log)" : ""), x, 14);
+    const lab = (v) => (a.cats ? JSON.parse(a.cats[Math.round(v)] ?? "null") : fmt(a.log ? 10 ** v : v));
+    ctx.fillText(String(lab(a.max)), x, top - 2 + 12 > top ? top + 10 : top);
+    ctx.fillText(String(lab(a.min)), x, top + h + 14);
+  });
+  canvas.dataset.lines = String(rows.length);
+}
+
+function renderStates() {
+  const counts = {};
+  for (const r of st.rows) counts[r.status] = (counts[r.status] || 0) + 1;
+  $("states").innerHTML = STATES.map((s) => `<label><input type="checkbox" data-state="${s}" ${st.states.has(s) ? "checked" : ""}> <span class="s-${s}">${s}</span> ${counts[s] || 0}</label>`).join(" ");
+  for (const cb of $("states").querySelectorAll("input")) {
+    cb.onchange = () => { cb.checked ? st.states.add(cb.dataset.state) : st.states.delete(cb.dataset.state); renderAll(); };
+  }
+}
+
+function renderTable() {
+  const sc = scores();
+  const best = bestTrial(sc);
+  const params = [...new Set(st.rows.flatMap((r) => Object.keys(flat(r.config))))];
+  const cols = ["id", "status", "iteration", st.metric, "restarts", ...params];
+  $("trials").tHead.innerHTML = "<tr>" + cols.map((c) => `<th data-key="${c}">${c}${st.sort.key === c ? (st.sort.dir > 0 ? " ▲" : " ▼") : ""}</th>`).join("") + "</tr>";
+  for (const th of $("trials").tHead.querySelectorAll("th")) {
+    th.onclick = () => { st.sort = { key: th.dataset.key, dir: st.sort.key === th.dataset.key ? -st.sort.dir : 1 }; renderTable(); };
+  }
+  const value = (r, k) => (k === st.metric ? sc.get(r.id) : k in r && k !== "config" ? r[k] : flat(r.config)[k]);
+  const rows = visibleRows().sort((a, b) => {
+    const x = value(a, st.sort.key), y = value(b, st.sort.key);
+    if (x === y) return 0;
+    if (x === undefined || x === null) return 1;
+    if (y === undefined || y === null) return -1;
+    return (x < y ? -1 : 1) * st.sort.dir;
+  });
+  $("shown").textContent = `${rows.length} of ${st.rows.length} shown`;
+  $("trials").tBodies[0].innerHTML = rows.map((r) => {
+    const cf = flat(r.config);
+    const cls = [best && r.id === best[0] ? "best" : "", st.selected === r.id ? "selected" : ""].join(" ");
+    const cells = [r.id, `<span class="s-${r.status}">${r.status}</span>`, r.iteration, fmt(sc.get(r.id)), r.restarts, ...params.map((p) => fmt(cf[p]))];
+    return `<tr class="${cls}" data-id="${r.id}"><td>${cells.join("</td><td>")}</td></tr>`;
+  }).join("");
+  for (const tr of $("trials").tBodies[0].rows) tr.onclick = () => showTrial(tr.dataset.id);
+}
+
+async function renderImportance() {
+  if (!st.metric) return;
+  const imp = await api(`experiments/${st.exp}/importance?metric=${encodeURIComponent(st.metric)}`);
+  $("importance").innerHTML = imp.importance.length
+    ? imp.importance.map((p) => `<div class="imp"><span title="${p.param}">${p.param}</span><div class="bar" style="width:${(100 * p.importance).toFixed(1)}%"></div><span>${(100 * p.importance).toFixed(0)}%</span></div>`).join("") +
+      `<p class="muted">Share of the ${st.metric} spread over ${imp.trials} trials explained by each parameter (eta squared).</p>`
+    : '<span class="muted">Too few trials with results yet.</span>';
+}
+
+async function showTrial(id) {
+  st.selected = id;
+  renderTable();
+  const d = await api(`experiments/${st.exp}/trials/${encodeURIComponent(id)}`);
+  const t = d.trial;
+  const esc = (s) => String(s).replace(/[&<>]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;" })[c]);
+  let html = `<dl><dt>trial</dt><dd>${t.id}</dd><dt>status</dt><dd class="s-${t.status}">${t.status}</dd>
+    <dt>iteration</dt><dd>${t.iteration} (${d.points} results)</dd><dt>restarts</dt><dd>${t.restarts} (${t.failures} failures)</dd>
+    <dt>exploits</dt><dd>${t.exploits}</dd><dt>nodes</dt><dd>${t.nodes.join(", ") || "-"}</dd>
+    <dt>checkpoints</dt><dd>${t.checkpoints.map((c) => esc(c.split("/").pop())).join(", ") || "-"}</dd></dl>`;
+  html += `<h2 style="margin-top:10px">Config</h2><pre>${esc(JSON.stringify(t.config, null, 2))}</pre>`;
+  if (t.error) html += `<h2>Error</h2><pre>${esc(t.error)}</pre>`;
+  for (const e of d.exploits) html += `<p>${e.trial_id} took ${e.donor}'s checkpoint at iteration ${e.iteration}</p>`;
+  for (const [name, text] of Object.entries(d.logs)) html += `<h2>${esc(name)}</h2><pre>${esc(text)}</pre>`;
+  $("detail").innerHTML = html;
+  $("detail").classList.remove("muted");
+}
+
+function renderAll() {
+  renderHeader();
+  renderStates();
+  renderTable();
+  renderCurves();
+  renderParcoords();
+}
+
+async function fetchCurves() {
+  const c = await api(`experiments/${st.exp}/curves?metric=${encodeURIComponent(st.metric || "")}&after=${st.after}`);
+  if (c.epoch !== st.epoch) return false;
+  for (const [id, [iter, time, val]] of Object.entries(c.trials)) {
+    const cur = st.curves.get(id) || { iter: [], time: [], val: [] };
+    cur.iter.push(...iter); cur.time.push(...time); cur.val.push(...val);
+    st.curves.set(id, cur);
+  }
+  st.after = c.next;
+  return true;
+}
+
+async function loadExperiment(reset) {
+  const info = await api(`experiments/${st.exp}`);
+  if (reset || info.epoch !== st.epoch) {
+    st.curves = new Map(); st.after = 0; st.epoch = info.epoch;
+    if (!st.metric || !info.metrics.includes(st.metric)) st.metric = info.metric && info.metrics.includes(info.metric) ? info.metric : info.metrics[0] || null;
+    $("metric").innerHTML = info.metrics.map((m) => `<option ${m === st.metric ? "selected" : ""}>${m}</option>`).join("");
+  }
+  st.info = info; st.rows = info.trials_table; st.version = info.version;
+  if (!(await fetchCurves())) return loadExperiment(true);
+  renderAll();
+  renderImportance();
+  if (!st.painted) {
+    st.painted = true;
+    $("paint").dataset.ms = String(Math.round(performance.now()));
+    document.body.dataset.ready = "1";
+  } else {
+    st.updates += 1;
+    document.body.dataset.updates = String(st.updates);
+  }
+}
+
+async function loadList() {
+  const list = await api("experiments");
+  const sel = $("experiment");
+  if (sel.options.length !== list.length) {
+    sel.innerHTML = list.map((e) => `<option value="${e.index}">${e.name}</option>`).join("");
+    sel.value = String(st.exp);
+  }
+  $("all").hidden = list.length < 2;
+  if (list.length > 1) {
+    $("experiments").tBodies[0].innerHTML = list.map((e) => {
+      const c = e.counts || {};
+      const b = e.status && e.status.best ? fmt(e.status.best.value) : "";
+      return `<tr data-i="${e.index}"><td>${e.name}</td><td>${e.waiting ? "starting" : e.live ? "live" : "finished"}</td><td>${e.trials ?? ""}</td><td>${c.RUNNING ?? ""}</td><td>${c.TERMINATED ?? ""}</td><td>${c.ERROR ?? ""}</td><td>${e.points ?? ""}</td><td>${b}</td></tr>`;
+    }).join("");
+    for (const tr of $("experiments").tBodies[0].rows) tr.onclick = () => { sel.value = tr.dataset.i; sel.onchange(); };
+  }
+  return list;
+}
+
+async function poll() {
+  try {
+    const list = await loadList();
+    const e = list[st.exp];
+    if (e && !e.waiting && (e.version !== st.version || e.epoch !== st.epoch)) await loadExperiment(e.epoch !== st.epoch);
+  } catch (err) {
+    $("summary").textContent = String(err);
+  }
+  setTimeout(poll, 1000);
+}
+
+$("experiment").onchange = () => { st.exp = +$("experiment").value; st.metric = null; st.epoch = -1; st.version = -1; st.selected = null; };
+$("metric").onchange = () => { st.metric = $("metric").value; loadExperiment(true); };
+for (const id of ["xaxis", "logy", "topk"]) $(id).onchange = renderCurves;
+$("filter").oninput = () => { renderTable(); renderCurves(); renderParcoords(); };
+window.onresize = () => { if (st.info) { renderCurves(); renderParcoords(); } };
+poll();
