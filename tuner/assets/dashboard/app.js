@@ -79,7 +79,9 @@ function renderHeader() {
   const i = st.info;
   $("badge").innerHTML = i.live ? '<span class="live">live</span>' : '<span class="done">finished</span>';
   const c = i.counts;
-  let s = `${i.trials} trials: ${c.RUNNING} running, ${c.TERMINATED} terminated, ${c.ERROR} error, ${c.PAUSED} paused, ${c.PENDING} pending · ${i.points} results`;
+  const pending = i.status ? i.status.pending : c.PENDING;
+  const trials = i.status ? `${i.trials} of ${i.status.planned}` : `${i.trials}`;
+  let s = `${trials} trials: ${c.RUNNING} running, ${c.TERMINATED} terminated, ${c.ERROR} error, ${c.PAUSED} paused, ${pending} pending · ${i.points} results`;
   if (i.status) {
     s += ` · ${duration(i.status.elapsed_s)}`;
     if (i.status.eta_s !== null && i.status.eta_s !== undefined) s += `, ETA ${duration(i.status.eta_s)}`;
@@ -190,6 +192,7 @@ function renderParcoords() {
     ctx.fillText(String(lab(a.min)), x, top + h + 14);
   });
   canvas.dataset.lines = String(rows.length);
+  canvas.dataset.axes = axes.map((a) => a.name + (a.log ? " (log)" : "")).join(",");
 }
 
 function renderStates() {

@@ -1,0 +1,130 @@
+//! The dashboard, rendered by a real headless Chromium: while a sweep of
+//! real worker processes runs under `nestor run --dashboard`, and once it
+//! has finished, under `nestor dashboard`. The page's DOM says what it drew
+//! (rows, series, points, lines); screenshots are kept under target/.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+fn chromium() -> PathBuf {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .map(|n| Path::new("/usr/bin").join(n))
+        .find(|p| p.exists())
+        .expect("a headless Chromium (apt-get install chromium) renders the dashboard in this test");
+    found
+}
+
+/// Chromium's DOM of `url` after its scripts ran for `budget_ms` of virtual time; a screenshot to `png`.
+fn render(url: &str, budget_ms: u32, png: &Path) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let flags = |c: &mut Command| {
+        c.args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1400,1300"])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(format!("--virtual-time-budget={budget_ms}"));
+    };
+    let mut shot = Command::new(chromium());
+    flags(&mut shot);
+    let out = shot.arg(format!("--screenshot={}", png.display())).arg(url).output().unwrap();
+    assert!(png.exists(), "no screenshot: {}", String::from_utf8_lossy(&out.stderr));
+    let mut dump = Command::new(chromium());
+    flags(&mut dump);
+    let out = dump.arg("--dump-dom").arg(url).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The value of `attr="..."` on the element with `id`.
+fn attr(dom: &str, id: &str, attr: &str) -> Option<String> {
+    let at = dom.find(&format!("id=\"{id}\""))?;
+    let tag_start = dom[..at].rfind('<')?;
+    let tag = &dom[tag_start..tag_start + dom[tag_start..].find('>')?];
+    let key = format!("{attr}=\"");
+    let v = &tag[tag.find(&key)? + key.len()..];
+    Some(v[..v.find('"')?].to_string())
+}
+
+fn shots_dir() -> PathBuf {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("target/dashboard-shots");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn a_path_that_is_no_experiment_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    let out = nestor(dir.path(), &["dashboard", "empty", "--port", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("empty: not an experiment directory"), "{err}");
+}
+
+#[test]
+fn the_page_draws_a_running_sweep_live_and_a_finished_one() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        &sweep(
+            "dash",
+            "num_samples = 2\nmax_concurrent_trials = 2\nseed = 4",
+            "x = { uniform = [0.0, 1.0] }\nlr = { loguniform = [0.0001, 0.1] }\nsteps = 25\nsleep_ms = 200\nfail_at = { grid = [100, 100, 7] }",
+            "\n[failure]\nmax_failures = 0\n",
+        ),
+    );
+    let mut run = spawn_nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--dashboard", "0", "--plain"], &[]);
+    let mut lines = BufReader::new(run.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("nestor printed the dashboard's address").unwrap();
+        if let Some(u) = line.strip_prefix("nestor: dashboard at ") {
+            break u.to_string();
+        }
+    };
+    // Drain the rest, so the sweep never blocks on a full pipe.
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+
+    // While it runs: the running trials, their curves so far.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let live = render(&url, 3000, &shots_dir().join("live.png"));
+    assert_eq!(attr(&live, "badge", "id").as_deref(), Some("badge"));
+    assert!(live.contains("class=\"live\""), "the page says the sweep is live");
+    assert!(live.contains("RUNNING</span>"), "running trials are listed");
+    let live_points: usize = attr(&live, "curves", "data-points").unwrap().parse().unwrap();
+    assert!(live_points > 0, "curves of the running trials are drawn");
+    // Later, the same page shows more.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let later = render(&url, 3000, &shots_dir().join("live-later.png"));
+    let later_points: usize = attr(&later, "curves", "data-points").unwrap().parse().unwrap();
+    assert!(later_points > live_points, "{later_points} points now, {live_points} before");
+
+    assert!(run.wait().unwrap().success(), "{}", rest.join().unwrap());
+    // Finished: served from the store by `nestor dashboard`.
+    let mut server = spawn_nestor(dir.path(), &["dashboard", "runs/dash", "--port", "0"], &[]);
+    let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
+    let url = out.next().unwrap().unwrap().strip_prefix("nestor dashboard: ").unwrap().to_string();
+    let dom = render(&url, 3000, &shots_dir().join("finished.png"));
+    server.kill().unwrap();
+    let _ = server.wait();
+    assert_eq!(attr(&dom, "paint", "data-ms").map(|ms| ms.parse::<f64>().is_ok()), Some(true), "the page marks its first paint");
+    assert!(dom.contains("class=\"done\""), "finished");
+    for t in 0..6 {
+        assert!(dom.contains(&format!("data-id=\"trial_0000{t}\"")), "trial_0000{t} is in the table");
+    }
+    // Every trial's curve, every stored point of it.
+    let rows = export(dir.path(), "runs/dash");
+    assert_eq!(attr(&dom, "curves", "data-series").as_deref(), Some("6"));
+    assert_eq!(attr(&dom, "curves", "data-points").unwrap().parse::<usize>().unwrap(), rows.len());
+    assert_eq!(attr(&dom, "parcoords", "data-lines").as_deref(), Some("6"));
+    // The failed trials are marked ERROR, and the importance of x and lr is shown.
+    assert_eq!(dom.matches("<td><span class=\"s-ERROR\">ERROR</span></td>").count(), 2, "two trials fail at 7");
+    assert!(dom.contains("class=\"imp\""), "parameter importance is drawn");
+    let axes = attr(&dom, "parcoords", "data-axes").unwrap();
+    assert!(axes.contains("lr (log)") && axes.contains("x,") && axes.ends_with("loss"), "{axes}");
+}
