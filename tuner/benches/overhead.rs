@@ -5,7 +5,7 @@
 //! the driver's peak RSS.
 //!
 //! ```text
-//! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C --no-trial-files --asha]
+//! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C --no-trial-files --asha --tensorboard]
 //! ```
 //!
 //! `--asha` schedules with ASHA (stopping, `max_t` 4): a scheduler whose
@@ -87,6 +87,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             trial_files: !std::env::args().any(|a| a == "--no-trial-files"),
             ..Default::default()
         });
+    // `--tensorboard`: the TensorBoard logger writes every result as well.
+    let tensorboard = std::env::args().any(|a| a == "--tensorboard");
+    let tuner = if tensorboard {
+        let exp = dir.path().join("overhead");
+        tuner.callback(tuner::callback::tensorboard::TensorBoardLogger::new(exp, Default::default()))
+    } else {
+        tuner
+    };
     let start = Instant::now();
     let grid = tuner.fit()?;
     let end = Instant::now();
@@ -94,7 +102,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(grid.num_terminated() as u64, trials, "every trial must finish");
     // Rounds of `concurrency` trials each; the last may be part full.
     let ideal = trials.div_ceil(concurrency as u64) as f64 * sleep_ms as f64 / 1000.0;
-    let files = if std::env::args().any(|a| a == "--no-trial-files") { "no trial files" } else { "trial files written" };
+    let mut files = if std::env::args().any(|a| a == "--no-trial-files") { "no trial files" } else { "trial files written" }.to_string();
+    if tensorboard {
+        files.push_str(", TensorBoard logger on");
+    }
     let scheduler = if asha { "ASHA" } else { "FIFO" };
     println!("trials={trials} sleep={sleep_ms}ms concurrency={concurrency} scheduler={scheduler} ({files})");
     println!("total {elapsed:.3}s, ideal {ideal:.3}s, overhead {:.1}%", (elapsed / ideal - 1.0) * 100.0);
