@@ -140,6 +140,10 @@ enum Command {
         /// Print plain progress lines even on a terminal.
         #[arg(long)]
         plain: bool,
+        /// Serve the dashboard while the sweep runs, on loopback at this
+        /// port (8265 if no port is given).
+        #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "8265")]
+        dashboard: Option<u16>,
     },
     /// Show every trial: state, iteration, restarts, latest metrics.
     Status {
@@ -337,7 +341,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let job = SubmitJob { file: &file, nodes, gpus_per_node, partition, time, sets: &sets, sbatch_args: &sbatch_args };
             submit(&job, dry_run)
         }
-        Command::Resume { dir, plain } => {
+        Command::Resume { dir, plain, dashboard } => {
+            if let Some(port) = dashboard {
+                serve_beside(&dir, port)?;
+            }
             let tuner = Tuner::restore(&dir, None)?.progress(progress(plain));
             let grid = tuner.fit().map_err(|e| on_full_disk(e.into(), &dir))?;
             print_summary(&grid, &dir)
