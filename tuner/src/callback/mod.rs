@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use search::{Mode, TrialResult};
 
 use crate::store::{ExploitRecord, TrialRecord};
-use crate::text::{config_summary, headline};
+use crate::text::headline;
 
 mod isolated;
 mod status;
@@ -324,7 +324,6 @@ impl fmt::Display for Event {
             }
             Event::NodeSetAside { node, why } => write!(f, "node {node} is set aside for the rest of the sweep: {why}"),
             Event::Stopping { message, .. } | Event::Message(message) => f.write_str(message),
-            Event::TrialStarted { trial, .. } => write!(f, "{} RUNNING {}", trial.id, config_summary(&trial.config)),
             _ => Ok(()),
         }
     }

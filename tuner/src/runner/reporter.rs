@@ -45,7 +45,8 @@ pub(crate) struct Reporter {
     progress: Progress,
     /// The files for people (not in a replay).
     files: Option<TrialFiles>,
-    callbacks: Isolated,
+    /// Taken at the end, when they close.
+    callbacks: Option<Isolated>,
     /// Trials TERMINATED and ERROR so far (including before a resume).
     finished: (u64, u64),
     /// Those at the start of this session, for the pace.
@@ -74,7 +75,7 @@ impl Reporter {
             info: Arc::new(info),
             progress,
             files,
-            callbacks: Isolated::start(callbacks, deadline),
+            callbacks: Some(Isolated::start(callbacks, deadline)),
             finished,
             finished_at_start: finished.0 + finished.1,
             deferred: Vec::new(),
@@ -103,8 +104,8 @@ impl Reporter {
                 tracing::warn!(error = %e, "could not queue a trial file");
             }
         }
-        if !self.callbacks.is_empty() {
-            self.callbacks.send(&Arc::new(event));
+        if let Some(callbacks) = self.callbacks.as_mut().filter(|c| !c.is_empty()) {
+            callbacks.send(&Arc::new(event));
         }
     }
 
@@ -211,8 +212,9 @@ impl Reporter {
         if let Some(files) = self.files.take() {
             files.close().await;
         }
-        let callbacks = std::mem::replace(&mut self.callbacks, Isolated::start(Vec::new(), Duration::ZERO));
-        let _ = tokio::task::spawn_blocking(move || callbacks.close()).await;
+        if let Some(callbacks) = self.callbacks.take() {
+            let _ = tokio::task::spawn_blocking(move || callbacks.close()).await;
+        }
     }
 
     /// What `status.json` and the console show now.
