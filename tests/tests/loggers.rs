@@ -114,3 +114,130 @@ fn tensorboard_reads_every_point_the_store_holds() {
     }
     assert_eq!(failed, 4);
 }
+
+/// An MLflow tracking server on loopback, stopped when dropped.
+struct MlflowServer {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl MlflowServer {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(loggers_venv().join("bin/mlflow"))
+            .args(["server", "--host", "127.0.0.1", "--port", &port.to_string(), "--workers", "1"])
+            .arg("--backend-store-uri")
+            .arg(format!("sqlite:///{}", dir.path().join("mlflow.db").display()))
+            .arg("--default-artifact-root")
+            .arg(dir.path().join("artifacts"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("server.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let server = Self { child, url, _dir: dir };
+        // It takes some seconds to start on two cores.
+        wait_for("the mlflow server", 120.0, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        server
+    }
+}
+
+impl Drop for MlflowServer {
+    fn drop(&mut self) {
+        signal(self.child.id(), libc::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+/// MLflow's own client: the sweep's runs, their params, tags, status and `loss` history.
+const READ_MLFLOW: &str = r#"
+import json, sys
+from mlflow.tracking import MlflowClient
+c = MlflowClient(sys.argv[1])
+exp = c.get_experiment_by_name(sys.argv[2])
+runs = c.search_runs([exp.experiment_id], max_results=1000)
+out = {"runs": {}, "parents": []}
+for r in runs:
+    t = r.data.tags.get("nestor.trial_id")
+    if t is None:
+        out["parents"].append({"status": r.info.status, "name": r.info.run_name, "id": r.info.run_id})
+        continue
+    hist = sorted((m.step, m.value) for m in c.get_metric_history(r.info.run_id, "loss"))
+    out["runs"][t] = {"params": r.data.params, "state": r.data.tags.get("nestor.state"), "status": r.info.status,
+                      "parent": r.data.tags.get("mlflow.parentRunId"), "loss": hist, "metrics": sorted(r.data.metrics)}
+print(json.dumps(out))
+"#;
+
+#[test]
+fn mlflow_holds_a_run_per_trial_with_every_point() {
+    let server = MlflowServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "\n[failure]\nmax_failures = 1\n\n[[callbacks]]\ntype = \"mlflow\"\ntracking_uri = \"{}\"\nexperiment_name = \"nestor-test\"\n",
+        server.url
+    );
+    write(
+        dir.path(),
+        &sweep(
+            "ml",
+            "num_samples = 3\nmax_concurrent_trials = 2\nseed = 7",
+            "x = { uniform = [0.0, 1.0] }\nsteps = 5\ncheckpoint = true\nfail_at = { grid = [100, 3] }",
+            &extra,
+        ),
+    );
+    let out = nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]);
+    assert!(out.status.success() || out.status.code() == Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = export(dir.path(), "runs/ml");
+    let got = python_json(READ_MLFLOW, &[&server.url, "nestor-test"]);
+    let parents = got["parents"].as_array().unwrap();
+    assert_eq!(parents.len(), 1, "one parent run for the sweep: {got}");
+    assert_eq!(parents[0]["status"], "FINISHED");
+    let runs = got["runs"].as_object().unwrap();
+    assert_eq!(runs.len(), 6, "a run per trial: {got}");
+    let mut failed = 0;
+    for (trial, run) in runs {
+        assert_eq!(run["parent"], parents[0]["id"]);
+        let results: Vec<&Value> = rows.iter().filter(|r| r["trial_id"] == trial.as_str()).collect();
+        let stored: Vec<(u64, f64)> =
+            results.iter().map(|r| (r["training_iteration"].as_u64().unwrap(), r["loss"].as_f64().unwrap())).collect();
+        let logged: Vec<(u64, f64)> =
+            run["loss"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap())).collect();
+        assert_eq!(logged, stored, "{trial}: the full loss history");
+        for m in ["acc", "time_total_s", "time_this_iter_s"] {
+            assert!(run["metrics"].as_array().unwrap().iter().any(|k| k == m), "{trial} has {m}: {run}");
+        }
+        let config = &results[0]["config"];
+        assert_eq!(run["params"]["x"].as_str().unwrap().parse::<f64>().unwrap(), config["x"].as_f64().unwrap());
+        assert_eq!(run["params"]["steps"], "5");
+        if config["fail_at"] == 3 {
+            failed += 1;
+            assert_eq!((run["state"].as_str(), run["status"].as_str()), (Some("ERROR"), Some("FAILED")), "{run}");
+        } else {
+            assert_eq!((run["state"].as_str(), run["status"].as_str()), (Some("TERMINATED"), Some("FINISHED")), "{run}");
+        }
+    }
+    assert_eq!(failed, 3);
+    // The mapping of trials to runs is kept for a resume.
+    let kept: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("runs/ml/mlflow.json")).unwrap()).unwrap();
+    assert_eq!(kept["runs"].as_object().unwrap().len(), 6);
+}
+
+#[test]
+fn a_callback_without_its_settings_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        &sweep("bad", "num_samples = 1", "x = 0.5", "\n[[callbacks]]\ntype = \"mlflow\"\ntracking_uri = \"file:///tmp/x\"\n"),
+    );
+    let out = nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("callbacks[0].tracking_uri") && err.contains("not an http(s) URL"), "{err}");
+    assert!(!dir.path().join("runs/bad").exists(), "nothing is written");
+    write(dir.path(), &sweep("bad", "num_samples = 1", "x = 0.5", "\n[[callbacks]]\ntype = \"slack\"\n"));
+    let out = nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("slack"), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -291,6 +291,13 @@ impl ExperimentFile {
         if let Some(url) = e.storage_url() {
             trainer::Storage::parse(url).map_err(|err| invalid("experiment.storage", err.to_string()))?;
         }
+        for (i, cb) in self.callbacks.iter().enumerate() {
+            // Built once to check its settings; the sweep builds its own.
+            cb.build(Path::new("."), &e.name).map_err(|m| match m.split_once(": ") {
+                Some((key, msg)) if !key.contains(' ') => invalid(&format!("callbacks[{i}].{key}"), msg.to_string()),
+                _ => invalid(&format!("callbacks[{i}]"), format!("({}) {m}", cb.kind())),
+            })?;
+        }
         let c = &self.checkpoint;
         if c.num_to_keep == Some(0) {
             return Err(invalid("checkpoint.num_to_keep", "must be at least 1 (leave it out to keep every checkpoint)".into()));

@@ -21,6 +21,8 @@ pub(crate) enum FileWrite {
     Remove { path: PathBuf },
     /// Lines to append to a file.
     Append { path: PathBuf, text: String },
+    /// Bytes to append to a file of a trial's, its directory made if need be.
+    AppendBytes { path: PathBuf, bytes: Vec<u8> },
     /// One result line for `result.jsonl` and `progress.csv`.
     Result { trial_dir: std::sync::Arc<Path>, result: std::sync::Arc<TrialResult> },
 }
@@ -70,6 +72,7 @@ impl FileWriter {
             let shard = match &f {
                 FileWrite::Params { trial_dir, .. } => shard_of(trial_dir, shards.len()),
                 FileWrite::Result { trial_dir, .. } => shard_of(trial_dir, shards.len()),
+                FileWrite::AppendBytes { path, .. } => shard_of(path.parent().unwrap_or(path), shards.len()),
                 FileWrite::Snapshot { .. } | FileWrite::Remove { .. } | FileWrite::Append { .. } => 0,
             };
             shards[shard].push(f);
@@ -78,6 +81,14 @@ impl FileWriter {
             if !batch.is_empty() {
                 let _ = tx.send(batch);
             }
+        }
+    }
+
+    /// Waits for every queued file write, on this thread.
+    pub(crate) fn close_blocking(mut self) {
+        self.senders.clear();
+        for w in std::mem::take(&mut self.writers) {
+            let _ = w.join();
         }
     }
 
@@ -140,6 +151,18 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::i
             use std::io::Write;
             std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(text.as_bytes())
         }
+        FileWrite::AppendBytes { path, bytes } => {
+            use std::io::Write;
+            let open = || std::fs::OpenOptions::new().create(true).append(true).open(path);
+            let mut file = match open() {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    std::fs::create_dir_all(path.parent().unwrap_or(path))?;
+                    open()?
+                }
+                other => other?,
+            };
+            file.write_all(bytes)
+        }
         FileWrite::Remove { path } => match std::fs::remove_file(path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
@@ -167,78 +190,5 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::i
     }
 }
 
-/// The files for people as a consumer of the sweep's events: `params.json`
-/// when a trial starts or exploits, a line of `result.jsonl` and
-/// `progress.csv` per durable result, a line of `events.jsonl` per other
-/// event but the status ticks, `status.json` while the sweep runs (removed
-/// at its end). Writes are queued and handed to the writer
-/// threads once per turn of the loop ([`TrialFiles::flush`]).
-pub(crate) struct TrialFiles {
-    exp_dir: PathBuf,
-    writer: FileWriter,
-    queued: Vec<FileWrite>,
-    last_status: String,
-    /// `events.jsonl` lines not yet queued.
-    events: String,
-}
-
 /// The experiment's log of what happened to its trials, one JSON object a line.
 pub(crate) const EVENTS: &str = "events.jsonl";
-
-impl TrialFiles {
-    pub(crate) fn new(exp_dir: PathBuf) -> Self {
-        Self { exp_dir, writer: FileWriter::spawn(), queued: Vec::new(), last_status: String::new(), events: String::new() }
-    }
-
-    fn trial_dir(&self, id: &str) -> PathBuf {
-        self.exp_dir.join("trials").join(id)
-    }
-
-    /// Hands what is queued to the writer threads.
-    pub(crate) fn flush(&mut self) {
-        if !self.events.is_empty() {
-            // Before what follows it (the removal of status.json at the end).
-            let text = std::mem::take(&mut self.events);
-            self.queued.insert(0, FileWrite::Append { path: self.exp_dir.join(EVENTS), text });
-        }
-        self.writer.write(std::mem::take(&mut self.queued));
-    }
-
-    /// Waits for every write.
-    pub(crate) async fn close(mut self) {
-        self.flush();
-        self.writer.close().await;
-    }
-}
-
-impl crate::callback::Callback for TrialFiles {
-    fn on_event(&mut self, event: &crate::callback::Event) -> Result<(), crate::callback::CallbackError> {
-        use crate::callback::{Event, Status};
-        if let Some(line) = event.to_json() {
-            self.events.push_str(&line.to_string());
-            self.events.push('\n');
-        }
-        match event {
-            Event::TrialStarted { trial, .. } => {
-                self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(&trial.id), config: trial.config.clone() });
-            }
-            Event::Exploited(e) => {
-                self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(&e.trial_id), config: e.new_config.clone() });
-            }
-            Event::Result(result) => {
-                let trial_dir: std::sync::Arc<Path> = std::sync::Arc::from(self.trial_dir(&result.trial_id));
-                self.queued.push(FileWrite::Result { trial_dir, result: std::sync::Arc::clone(result) });
-            }
-            Event::Status(status) => {
-                let json = serde_json::to_string(&**status)?;
-                if json != self.last_status {
-                    self.queued.push(FileWrite::Snapshot { path: self.exp_dir.join(Status::FILE), json: json.clone() });
-                    self.last_status = json;
-                }
-            }
-            Event::ExperimentEnded(_) => self.queued.push(FileWrite::Remove { path: self.exp_dir.join(Status::FILE) }),
-            _ => {}
-        }
-        Ok(())
-    }
-}

@@ -404,7 +404,16 @@ impl Tuner {
         let metric = file.experiment.metric.clone();
         let files = file.experiment.trial_files && durability == Durability::EveryBatch;
         let info = experiment_info(exp_dir.clone(), file, planned, resuming);
-        let mut callbacks: Vec<Box<dyn Callback>> = file.callbacks.iter().map(|c| c.build(&exp_dir)).collect();
+        let mut callbacks = Vec::new();
+        for (i, c) in file.callbacks.iter().enumerate() {
+            callbacks.push(c.build(&exp_dir, &file.experiment.name).map_err(|message| {
+                TuneError::Experiment(crate::ExperimentError::Invalid {
+                    file: self.origin.clone(),
+                    key: format!("callbacks[{i}]"),
+                    message,
+                })
+            })?);
+        }
         callbacks.append(&mut self.callbacks);
         let reporter = Reporter::new(info, progress, files, finished, callbacks, self.callback_deadline);
         let settings = Settings {

@@ -25,11 +25,14 @@ use crate::store::{ExploitRecord, TrialRecord};
 use crate::text::headline;
 
 mod isolated;
+pub mod mlflow;
 mod status;
 pub mod tensorboard;
+mod trial_files;
 
 pub(crate) use isolated::Isolated;
 pub use status::{Best, RunningTrial, Status};
+pub(crate) use trial_files::TrialFiles;
 
 /// How long a callback may take over one event, or over closing, by default.
 pub const DEFAULT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -335,13 +338,25 @@ impl fmt::Display for Event {
 pub enum CallbackConfig {
     /// TensorBoard event files per trial.
     Tensorboard(tensorboard::TensorBoardConfig),
+    /// A run per trial on an MLflow tracking server.
+    Mlflow(mlflow::MlflowConfig),
 }
 
 impl CallbackConfig {
-    /// The callback, for the experiment at `exp_dir`.
-    pub fn build(&self, exp_dir: &std::path::Path) -> Box<dyn Callback> {
-        match self {
+    /// The callback, for the experiment `name` at `exp_dir`; what is wrong
+    /// with its settings, naming the key.
+    pub fn build(&self, exp_dir: &std::path::Path, name: &str) -> Result<Box<dyn Callback>, String> {
+        Ok(match self {
             CallbackConfig::Tensorboard(c) => Box::new(tensorboard::TensorBoardLogger::new(exp_dir, c.clone())),
+            CallbackConfig::Mlflow(c) => Box::new(mlflow::MlflowLogger::new(exp_dir, name, c)?),
+        })
+    }
+
+    /// Its `type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CallbackConfig::Tensorboard(_) => "tensorboard",
+            CallbackConfig::Mlflow(_) => "mlflow",
         }
     }
 }

@@ -16,8 +16,6 @@
 //! buffers; the messages are declared here with `prost`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -25,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use search::TrialResult;
 
 use super::{Callback, CallbackError, Event};
+use crate::files::{FileWrite, FileWriter};
 use crate::store::TrialRecord;
 
 /// `[[callbacks]] type = "tensorboard"`.
@@ -42,15 +41,25 @@ pub struct TensorBoardConfig {
 }
 
 /// Writes TensorBoard event files for a sweep's trials.
+///
+/// Records are encoded on the callback's thread and buffered per file;
+/// twice a second (at each status tick), at a trial's end and at the close
+/// they go to the writer threads the files for people use, a trial's
+/// files always to the same one: creating files is what costs on most
+/// disks, and several threads keep up with a thousand short trials a
+/// second where one cannot.
 pub struct TensorBoardLogger {
     exp_dir: PathBuf,
     config: TensorBoardConfig,
-    open: HashMap<String, File0>,
+    /// Each trial's current event file.
+    files: HashMap<String, PathBuf>,
+    /// Records not yet handed to the writers, per file.
+    pending: HashMap<PathBuf, Vec<u8>>,
+    writer: Option<FileWriter>,
+    host: String,
     /// Event files made by this process, for unique names.
     made: u64,
 }
-
-type File0 = BufWriter<File>;
 
 /// Metrics a result carries that are not curves.
 const NOT_SCALARS: [&str; 2] = ["training_iteration", "timestamp"];
@@ -58,7 +67,7 @@ const NOT_SCALARS: [&str; 2] = ["training_iteration", "timestamp"];
 impl TensorBoardLogger {
     /// A logger for the experiment at `exp_dir`.
     pub fn new(exp_dir: impl Into<PathBuf>, config: TensorBoardConfig) -> Self {
-        Self { exp_dir: exp_dir.into(), config, open: HashMap::new(), made: 0 }
+        Self { exp_dir: exp_dir.into(), config, files: HashMap::new(), pending: HashMap::new(), writer: None, host: hostname(), made: 0 }
     }
 
     /// The directory of `trial`'s event files.
@@ -69,48 +78,44 @@ impl TensorBoardLogger {
         }
     }
 
-    /// A new event file for `trial`, its version record written.
-    fn open_file(&mut self, trial: &str, wall_time: f64) -> Result<&mut File0, CallbackError> {
-        let dir = self.run_dir(trial);
-        std::fs::create_dir_all(&dir)?;
-        let host = hostname();
+    /// A new event file for `trial`, its version record first.
+    fn open_file(&mut self, trial: &str, wall_time: f64) -> &mut Vec<u8> {
         self.made += 1;
-        let name = format!("events.out.tfevents.{:010}.{host}.{}.{}", wall_time as u64, std::process::id(), self.made);
-        let mut w = BufWriter::new(File::create(dir.join(name))?);
-        write_record(&mut w, &proto::Event { wall_time, step: 0, what: Some(proto::What::FileVersion("brain.Event:2".into())) })?;
-        self.open.insert(trial.to_string(), w);
-        Ok(self.open.get_mut(trial).ok_or("an event file just opened")?)
+        let name = format!("events.out.tfevents.{:010}.{}.{}.{}", wall_time as u64, self.host, std::process::id(), self.made);
+        let path = self.run_dir(trial).join(name);
+        self.files.insert(trial.to_string(), path.clone());
+        let buf = self.pending.entry(path).or_default();
+        write_record(buf, &proto::Event { wall_time, step: 0, what: Some(proto::What::FileVersion("brain.Event:2".into())) });
+        buf
     }
 
-    fn file(&mut self, trial: &str, wall_time: f64) -> Result<&mut File0, CallbackError> {
-        if self.open.contains_key(trial) {
-            return Ok(self.open.get_mut(trial).ok_or("an open event file")?);
+    /// The buffer of `trial`'s current file (a new file if it has none).
+    fn file(&mut self, trial: &str, wall_time: f64) -> &mut Vec<u8> {
+        match self.files.get(trial) {
+            Some(path) => self.pending.entry(path.clone()).or_default(),
+            None => self.open_file(trial, wall_time),
         }
-        self.open_file(trial, wall_time)
     }
 
-    fn started(&mut self, trial: &TrialRecord) -> Result<(), CallbackError> {
+    fn started(&mut self, trial: &TrialRecord) {
         let now = crate::clock::now_unix();
         // A run after another (a restart, a resize, an exploit, a resume):
         // its own file, which tells TensorBoard where it goes on from.
         let again = trial.restarts + trial.resumes + trial.resizes + trial.exploits > 0 || trial.num_results > 0;
-        if let Some(mut w) = self.open.remove(&trial.id) {
-            w.flush()?;
-        }
-        let w = self.open_file(&trial.id, now)?;
+        let hparams =
+            hparams_event(now, "_hparams_/session_start_info", hparams_start(&trial.config, &trial.id, trial.started_at.unwrap_or(now)));
+        let from = trial.latest_checkpoint.as_ref().map_or(0, |c| c.iteration);
+        let buf = self.open_file(&trial.id, now);
         if again {
-            let from = trial.latest_checkpoint.as_ref().map_or(0, |c| c.iteration);
             let start = proto::SessionLog { status: 1, checkpoint_path: String::new(), msg: String::new() };
-            write_record(w, &proto::Event { wall_time: now, step: from as i64 + 1, what: Some(proto::What::SessionLog(start)) })?;
+            write_record(buf, &proto::Event { wall_time: now, step: from as i64 + 1, what: Some(proto::What::SessionLog(start)) });
         }
-        let hparams = hparams_start(&trial.config, &trial.id, trial.started_at.unwrap_or(now));
-        write_record(w, &hparams_event(now, "_hparams_/session_start_info", hparams))?;
-        Ok(())
+        write_record(buf, &hparams);
     }
 
-    fn result(&mut self, r: &TrialResult) -> Result<(), CallbackError> {
+    fn result(&mut self, r: &TrialResult) {
         let wall_time = r.metrics.get("timestamp").copied().unwrap_or_else(crate::clock::now_unix);
-        let prefix = self.config.prefix.clone();
+        let prefix = &self.config.prefix;
         let value: Vec<proto::Value> = r
             .metrics
             .iter()
@@ -119,33 +124,32 @@ impl TensorBoardLogger {
             .collect();
         let event =
             proto::Event { wall_time, step: r.training_iteration as i64, what: Some(proto::What::Summary(proto::Summary { value })) };
-        write_record(self.file(&r.trial_id, wall_time)?, &event)
+        write_record(self.file(&r.trial_id, wall_time), &event);
     }
 
-    fn exploited(&mut self, e: &crate::store::ExploitRecord) -> Result<(), CallbackError> {
-        let hparams = hparams_start(&e.new_config, &e.trial_id, e.at);
-        write_record(self.file(&e.trial_id, e.at)?, &hparams_event(e.at, "_hparams_/session_start_info", hparams))
+    fn exploited(&mut self, e: &crate::store::ExploitRecord) {
+        let event = hparams_event(e.at, "_hparams_/session_start_info", hparams_start(&e.new_config, &e.trial_id, e.at));
+        write_record(self.file(&e.trial_id, e.at), &event);
     }
 
-    fn ended(&mut self, trial: &TrialRecord, status: i32) -> Result<(), CallbackError> {
+    fn ended(&mut self, trial: &TrialRecord, status: i32) {
         let now = crate::clock::now_unix();
         let end = proto::HParamsPluginData {
             version: 0,
             data: Some(proto::HParamsData::SessionEndInfo(proto::SessionEndInfo { status, end_time_secs: trial.ended_at.unwrap_or(now) })),
         };
-        let w = self.file(&trial.id, now)?;
-        write_record(w, &hparams_event(now, "_hparams_/session_end_info", end))?;
-        if let Some(mut w) = self.open.remove(&trial.id) {
-            w.flush()?;
-        }
-        Ok(())
+        write_record(self.file(&trial.id, now), &hparams_event(now, "_hparams_/session_end_info", end));
+        // Its next run, if any, writes a file of its own.
+        self.files.remove(&trial.id);
     }
 
-    fn flush_all(&mut self) -> Result<(), CallbackError> {
-        for w in self.open.values_mut() {
-            w.flush()?;
+    /// Hands what is buffered to the writer threads.
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
         }
-        Ok(())
+        let writes = self.pending.drain().map(|(path, bytes)| FileWrite::AppendBytes { path, bytes }).collect();
+        self.writer.get_or_insert_with(FileWriter::spawn).write(writes);
     }
 }
 
@@ -160,14 +164,18 @@ impl Callback for TensorBoardLogger {
             // It runs again later, in a file of its own.
             Event::TrialPaused(t) | Event::TrialInterrupted(t) => self.ended(t, proto::STATUS_UNKNOWN),
             // Twice a second: what is written reaches the files.
-            Event::Status(_) => self.flush_all(),
-            _ => Ok(()),
+            Event::Status(_) => self.flush(),
+            _ => {}
         }
+        Ok(())
     }
 
+    /// Every record reaches its file before this returns.
     fn close(&mut self) -> Result<(), CallbackError> {
-        self.flush_all()?;
-        self.open.clear();
+        self.flush();
+        if let Some(w) = self.writer.take() {
+            w.close_blocking();
+        }
         Ok(())
     }
 
@@ -237,15 +245,14 @@ fn masked_crc(data: &[u8]) -> u32 {
 }
 
 /// One TFRecord: length, its CRC, the record, its CRC.
-fn write_record(w: &mut impl Write, event: &proto::Event) -> Result<(), CallbackError> {
+fn write_record(buf: &mut Vec<u8>, event: &proto::Event) {
     use prost::Message;
     let data = event.encode_to_vec();
     let len = (data.len() as u64).to_le_bytes();
-    w.write_all(&len)?;
-    w.write_all(&masked_crc(&len).to_le_bytes())?;
-    w.write_all(&data)?;
-    w.write_all(&masked_crc(&data).to_le_bytes())?;
-    Ok(())
+    buf.extend_from_slice(&len);
+    buf.extend_from_slice(&masked_crc(&len).to_le_bytes());
+    buf.extend_from_slice(&data);
+    buf.extend_from_slice(&masked_crc(&data).to_le_bytes());
 }
 
 /// One event's step and its scalars (tag, value).

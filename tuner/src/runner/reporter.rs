@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use schedulers::TrialStatus;
 use search::{Mode, TrialResult};
 
-use crate::callback::{Best, Callback, Event, ExperimentInfo, Isolated, RunningTrial, Status, StopReason, Summary};
-use crate::files::TrialFiles;
+use crate::callback::{Best, Callback, Event, ExperimentInfo, Isolated, RunningTrial, Status, StopReason, Summary, TrialFiles};
 use crate::progress::Progress;
 use crate::store::TrialRecord;
 
