@@ -241,3 +241,79 @@ fn a_callback_without_its_settings_is_refused_before_anything_runs() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("slack"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// W&B's offline run files, read with W&B's own record type
+/// (`wandb_internal_pb2.Record`) out of their log framing (a 7-byte file
+/// header, 32 KiB blocks of chunks with a CRC-32, a length and a type):
+/// per run, its name, config and every history row.
+const READ_WANDB: &str = r#"
+import glob, json, os, struct, sys, zlib
+from wandb.proto import wandb_internal_pb2 as pb
+def records(path):
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B", data[:7]
+    at, block, buf = 7, 32768, b""
+    while at + 7 <= len(data):
+        left = block - (at % block)
+        if left < 7:
+            at += left
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[at:at + 7])
+        chunk = data[at + 7:at + 7 + length]
+        assert zlib.crc32(bytes([kind]) + chunk) & 0xffffffff == crc, "CRC"
+        at += 7 + length
+        if length == 0 and kind == 0:
+            break
+        buf += chunk
+        if kind in (1, 4):
+            r = pb.Record(); r.ParseFromString(buf); buf = b""
+            yield r
+out = {}
+for f in glob.glob(os.path.join(sys.argv[1], "wandb", "offline-run-*", "*.wandb")):
+    name, config, rows = None, {}, []
+    for r in records(f):
+        kind = r.WhichOneof("record_type")
+        if kind == "run":
+            name = r.run.display_name
+            for item in r.run.config.update:
+                config[item.key] = json.loads(item.value_json)
+        elif kind == "history":
+            row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            rows.append(row)
+    out.setdefault(name, {"config": config, "rows": []})["rows"].extend(rows)
+print(json.dumps(out))
+"#;
+
+#[test]
+fn wandb_offline_runs_hold_every_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = loggers_venv().join("bin/python");
+    let extra = format!("\n[[callbacks]]\ntype = \"wandb\"\nmode = \"offline\"\npython = \"{}\"\n", python.display());
+    write(
+        dir.path(),
+        &sweep("wb", "num_samples = 4\nmax_concurrent_trials = 2\nseed = 9", "x = { uniform = [0.0, 1.0] }\nsteps = 5", &extra),
+    );
+    let out = nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = export(dir.path(), "runs/wb");
+    let got = python_json(READ_WANDB, &[&dir.path().join("runs/wb").display().to_string()]);
+    let runs = got.as_object().unwrap();
+    assert_eq!(runs.len(), 4, "a run per trial: {got}");
+    for (trial, run) in runs {
+        let stored: Vec<(u64, f64)> = rows
+            .iter()
+            .filter(|r| r["trial_id"] == trial.as_str())
+            .map(|r| (r["training_iteration"].as_u64().unwrap(), r["loss"].as_f64().unwrap()))
+            .collect();
+        let logged: Vec<(u64, f64)> = run["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|row| row.get("loss").is_some())
+            .map(|row| (row["_step"].as_u64().unwrap(), row["loss"].as_f64().unwrap()))
+            .collect();
+        assert_eq!(logged, stored, "{trial}: every point at its step");
+        let x = rows.iter().find(|r| r["trial_id"] == trial.as_str()).unwrap()["config"]["x"].as_f64();
+        assert_eq!(run["config"]["x"].as_f64(), x, "{run}");
+    }
+}

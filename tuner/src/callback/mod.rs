@@ -29,6 +29,7 @@ pub mod mlflow;
 mod status;
 pub mod tensorboard;
 mod trial_files;
+pub mod wandb;
 
 pub(crate) use isolated::Isolated;
 pub use status::{Best, RunningTrial, Status};
@@ -340,6 +341,8 @@ pub enum CallbackConfig {
     Tensorboard(tensorboard::TensorBoardConfig),
     /// A run per trial on an MLflow tracking server.
     Mlflow(mlflow::MlflowConfig),
+    /// A run per trial in Weights & Biases (through its Python package).
+    Wandb(wandb::WandbConfig),
 }
 
 impl CallbackConfig {
@@ -349,6 +352,7 @@ impl CallbackConfig {
         Ok(match self {
             CallbackConfig::Tensorboard(c) => Box::new(tensorboard::TensorBoardLogger::new(exp_dir, c.clone())),
             CallbackConfig::Mlflow(c) => Box::new(mlflow::MlflowLogger::new(exp_dir, name, c)?),
+            CallbackConfig::Wandb(c) => Box::new(wandb::WandbLogger::new(exp_dir, name, c)?),
         })
     }
 
@@ -357,6 +361,7 @@ impl CallbackConfig {
         match self {
             CallbackConfig::Tensorboard(_) => "tensorboard",
             CallbackConfig::Mlflow(_) => "mlflow",
+            CallbackConfig::Wandb(_) => "wandb",
         }
     }
 }
