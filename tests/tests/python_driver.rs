@@ -396,3 +396,33 @@ fn the_ray_pattern_on_nodes_sharing_no_directory_checkpoints_to_the_bucket() {
     let best = line(&stdout, "best checkpoint:");
     assert!(best.starts_with("s3://bucket/runs/tune-torch/trials/") && best.contains("(epoch "), "{stdout}");
 }
+
+#[test]
+fn rays_logger_callbacks_become_nestors_loggers() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = python(dir.path(), "tests/py/loggers_sweep.py", &["runs"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = passed(out);
+    assert_eq!(line(&stdout, "terminated:"), "3", "{stderr}");
+    let exp = dir.path().join("runs/loggers");
+    let toml = std::fs::read_to_string(exp.join("experiment.toml")).unwrap();
+    for t in ["tensorboard", "mlflow", "wandb"] {
+        assert!(toml.contains(&format!("type = \"{t}\"")), "{toml}");
+    }
+    // The loggers that cannot work say so, once each, and the sweep went on.
+    assert!(stderr.contains("callback mlflow failed"), "{stderr}");
+    assert!(stderr.contains("callback wandb failed") && stderr.contains("wandb"), "{stderr}");
+    // TensorBoard's files hold every result.
+    for t in trials(dir.path(), &exp) {
+        let id = t["trial_id"].as_str().unwrap();
+        let files: Vec<_> = std::fs::read_dir(exp.join("trials").join(id))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("events.out.tfevents."))
+            .collect();
+        assert_eq!(files.len(), 1, "{id}");
+        let events = tuner::callback::tensorboard::read_events(&files[0].path()).unwrap();
+        let steps: Vec<i64> = events.iter().filter(|(_, v)| v.iter().any(|(k, _)| k == "loss")).map(|(s, _)| *s).collect();
+        assert_eq!(steps, [1, 2, 3, 4, 5], "{id}");
+    }
+}

@@ -115,10 +115,12 @@ class RunConfig:
         if self.stop is not None and not isinstance(self.stop, dict):
             raise ValueError("RunConfig(stop=...): nestor takes the dict form ({metric: threshold}); "
                              "a function or Stopper runs in Python, where nestor's loop does not")
-        if self.callbacks:
-            names = ", ".join(type(c).__name__ for c in self.callbacks)
-            raise ValueError(f"RunConfig(callbacks=[{names}]): nestor has no Python callbacks yet; "
-                             "results are in the experiment's store (nestor export) and each trial's result.jsonl")
+        others = [c for c in self.callbacks or [] if not hasattr(c, "_table")]
+        if others:
+            names = ", ".join(type(c).__name__ for c in others)
+            raise ValueError(f"RunConfig(callbacks=[{names}]): nestor runs the loggers of nestor.tune.logger and "
+                             "nestor.air.integrations (TensorBoard, MLflow, W&B); other callbacks run no Python code in "
+                             "nestor yet: results are in the experiment's store (nestor export) and each trial's result.jsonl")
         for k in ("verbose", "progress_reporter", "log_to_file", "sync_config"):
             if getattr(self, k) is not None:
                 print(f"nestor: RunConfig({k}=...) is ignored: nestor shows its own progress and keeps every rank's log",

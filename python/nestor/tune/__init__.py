@@ -181,6 +181,9 @@ class Tuner:
         if rc.stop:
             doc["stop"] = {k: float(v) for k, v in rc.stop.items()}
         doc["trainer"] = trainer
+        tables = [t for t in (c._table() for c in rc.callbacks or []) if t]
+        if tables:
+            doc["callbacks"] = tables
         checkpoint = rc.checkpoint_config._table() if rc.checkpoint_config else {}
         stype = doc.get("scheduler", {}).get("type")
         if stype in ("hyperband", "hyperband_bohb", "pbt", "pb2", "resource_changing") and "frequency" not in checkpoint:

@@ -50,6 +50,8 @@ pub struct WandbLogger {
     name: String,
     config: WandbConfig,
     child: Option<(Child, BufWriter<ChildStdin>)>,
+    /// Why the helper could not start: it is not tried again.
+    failed: Option<String>,
 }
 
 impl WandbLogger {
@@ -60,12 +62,25 @@ impl WandbLogger {
                 return Err(format!("mode: {m:?} is not one of \"online\", \"offline\", \"disabled\""));
             }
         }
-        Ok(Self { exp_dir: exp_dir.into(), name: name.to_string(), config: config.clone(), child: None })
+        Ok(Self { exp_dir: exp_dir.into(), name: name.to_string(), config: config.clone(), child: None, failed: None })
     }
 
     /// The helper, started (and waited for until wandb is imported) on first use.
     fn helper(&mut self) -> Result<&mut BufWriter<ChildStdin>, CallbackError> {
+        if let Some(why) = &self.failed {
+            return Err(why.clone().into());
+        }
         if self.child.is_none() {
+            if let Err(e) = self.start() {
+                self.failed = Some(e.clone());
+                return Err(e.into());
+            }
+        }
+        Ok(&mut self.child.as_mut().ok_or("no helper")?.1)
+    }
+
+    fn start(&mut self) -> Result<(), String> {
+        {
             let opts = json!({
                 "project": self.config.project.clone().unwrap_or_else(|| self.name.clone()),
                 "entity": self.config.entity,
@@ -82,7 +97,7 @@ impl WandbLogger {
                 .arg(opts.to_string())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
-                .stderr(std::fs::File::create(&log)?)
+                .stderr(std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?)
                 .spawn()
                 .map_err(|e| format!("cannot start {python} for W&B: {e}"))?;
             let stdout = child.stdout.take().ok_or("no stdout")?;
@@ -97,12 +112,12 @@ impl WandbLogger {
                 let _ = child.kill();
                 let _ = child.wait();
                 let why = if line.is_empty() { format!("it did not start; see {}", log.display()) } else { line.trim().to_string() };
-                return Err(format!("W&B's helper ({python}): {why}").into());
+                return Err(format!("W&B's helper ({python}): {why}"));
             }
             let stdin = BufWriter::new(child.stdin.take().ok_or("no stdin")?);
             self.child = Some((child, stdin));
         }
-        Ok(&mut self.child.as_mut().ok_or("no helper")?.1)
+        Ok(())
     }
 
     fn send(&mut self, msg: Value) -> Result<(), CallbackError> {

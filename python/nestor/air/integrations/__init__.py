@@ -1,0 +1,1 @@
+"""Ray's experiment-tracking integrations (``ray.air.integrations``)."""
