@@ -1,5 +1,6 @@
 //! The dashboard, rendered by a real headless Chromium: while a sweep of
-//! real worker processes runs under `nestor run --dashboard`, and once it
+//! real worker processes runs under `nestor run --dashboard` (a page kept
+//! open through chromedriver redraws itself as results come), and once it
 //! has finished, under `nestor dashboard`. The page's DOM says what it drew
 //! (rows, series, points, lines); screenshots are kept under target/.
 
@@ -39,6 +40,61 @@ fn render(url: &str, budget_ms: u32, png: &Path) -> String {
     let out = dump.arg("--dump-dom").arg(url).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A page kept open in a real browser (chromedriver, W3C WebDriver over
+/// HTTP), in real time: what its scripts say, asked while it runs.
+struct OpenPage {
+    driver: std::process::Child,
+    base: String,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl OpenPage {
+    fn call(&self, method: &str, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let out = Command::new("curl")
+            .args(["-s", "-X", method, "-H", "Content-Type: application/json", "-d", &body.to_string()])
+            .arg(format!("{}{path}", self.base))
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    }
+
+    fn open(url: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("chromedriver (apt-get install chromium-driver) keeps the page open in this test");
+        wait_for("chromedriver", 20.0, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        let profile = tempfile::tempdir().unwrap();
+        let mut page = Self { driver, base: format!("http://127.0.0.1:{port}"), session: String::new(), _profile: profile };
+        let args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1300"];
+        let caps = serde_json::json!({"capabilities": {"alwaysMatch": {"goog:chromeOptions": {
+            "binary": chromium(), "args": args.iter().map(|a| a.to_string()).chain([format!("--user-data-dir={}", page._profile.path().display())]).collect::<Vec<_>>()
+        }}}});
+        let s = page.call("POST", "/session", &caps);
+        page.session = s["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("{s}")).to_string();
+        page.call("POST", &format!("/session/{}/url", page.session), &serde_json::json!({"url": url}));
+        page
+    }
+
+    /// The value `script` returns in the page.
+    fn eval(&self, script: &str) -> serde_json::Value {
+        let r = self.call("POST", &format!("/session/{}/execute/sync", self.session), &serde_json::json!({"script": script, "args": []}));
+        r["value"].clone()
+    }
+}
+
+impl Drop for OpenPage {
+    fn drop(&mut self) {
+        let _ = Command::new("curl").args(["-s", "-X", "DELETE"]).arg(format!("{}/session/{}", self.base, self.session)).output();
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
 }
 
 /// The value of `attr="..."` on the element with `id`.
@@ -91,7 +147,18 @@ fn the_page_draws_a_running_sweep_live_and_a_finished_one() {
     let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
 
     // While it runs: the running trials, their curves so far.
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    // The page, kept open: it redraws as results come, with no reload.
+    let page = OpenPage::open(&url);
+    let drawn = |page: &OpenPage| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        page.eval("return +(document.getElementById('curves').dataset.points || 0)").as_u64().unwrap_or(0)
+    };
+    wait_for("the open page's first drawing", 30.0, || drawn(&page) > 0);
+    let first = drawn(&page);
+    wait_for("the open page to redraw with more points", 30.0, || drawn(&page) > first);
+    let updates = page.eval("return +(document.getElementById('paint').dataset.updates || 0)").as_u64().unwrap_or(0);
+    assert!(updates >= 1, "it redrew itself {updates} times");
+    drop(page);
     let live = render(&url, 3000, &shots_dir().join("live.png"));
     assert_eq!(attr(&live, "badge", "id").as_deref(), Some("badge"));
     assert!(live.contains("class=\"live\""), "the page says the sweep is live");

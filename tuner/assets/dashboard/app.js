@@ -295,7 +295,7 @@ async function loadExperiment(reset) {
     document.body.dataset.ready = "1";
   } else {
     st.updates += 1;
-    document.body.dataset.updates = String(st.updates);
+    $("paint").dataset.updates = String(st.updates);
   }
 }
 
