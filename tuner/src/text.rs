@@ -1,23 +1,33 @@
 //! How nestor writes numbers, configs, errors and checkpoints for people:
 //! one place, so the console, `nestor status` and the dashboard agree.
 
-/// `lr=0.001 model.width=64`, shortened.
-pub(crate) fn config_summary(config: &serde_json::Value) -> String {
-    fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+/// A config's leaves, nested keys dotted (`model.width`), in key order.
+pub(crate) fn leaves(config: &serde_json::Value) -> Vec<(String, &serde_json::Value)> {
+    fn walk<'a>(prefix: &str, v: &'a serde_json::Value, out: &mut Vec<(String, &'a serde_json::Value)>) {
         match v {
             serde_json::Value::Object(m) => {
                 for (k, v) in m {
-                    let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                    walk(&p, v, out);
+                    walk(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, v, out);
                 }
             }
-            serde_json::Value::Number(n) => out.push(format!("{prefix}={}", fmt_num(n.as_f64().unwrap_or(f64::NAN)))),
-            other => out.push(format!("{prefix}={other}")),
+            other => out.push((prefix.to_string(), other)),
         }
     }
     let mut out = Vec::new();
     walk("", config, &mut out);
-    out.join(" ")
+    out
+}
+
+/// `lr=0.001 model.width=64`, shortened.
+pub(crate) fn config_summary(config: &serde_json::Value) -> String {
+    let shown: Vec<String> = leaves(config)
+        .into_iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::Number(n) => format!("{k}={}", fmt_num(n.as_f64().unwrap_or(f64::NAN))),
+            other => format!("{k}={other}"),
+        })
+        .collect();
+    shown.join(" ")
 }
 
 /// Four significant digits, no noise.

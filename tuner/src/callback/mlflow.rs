@@ -380,20 +380,13 @@ fn truncate(s: &str, max: usize) -> String {
 
 /// `model.width` -> `64`: a config's leaves as MLflow params (strings unquoted).
 fn flatten(config: &Value) -> Vec<(String, String)> {
-    fn walk(prefix: &str, v: &Value, out: &mut Vec<(String, String)>) {
-        match v {
-            Value::Object(m) => {
-                for (k, v) in m {
-                    walk(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, v, out);
-                }
-            }
-            Value::String(s) => out.push((prefix.to_string(), s.clone())),
-            other => out.push((prefix.to_string(), other.to_string())),
-        }
-    }
-    let mut out = Vec::new();
-    walk("", config, &mut out);
-    out
+    crate::text::leaves(config)
+        .into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => (k, s.clone()),
+            other => (k, other.to_string()),
+        })
+        .collect()
 }
 
 #[cfg(test)]

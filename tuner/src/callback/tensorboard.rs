@@ -199,25 +199,20 @@ fn hostname() -> String {
 
 /// The config, flattened (`model.width`), as HParams session start info.
 fn hparams_start(config: &serde_json::Value, trial: &str, start: f64) -> proto::HParamsPluginData {
-    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, proto::ProtoValue>) {
-        use proto::Kind;
-        let kind = match v {
-            serde_json::Value::Object(m) => {
-                for (k, v) in m {
-                    walk(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, v, out);
-                }
-                return;
-            }
-            serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
-            serde_json::Value::Bool(b) => Kind::BoolValue(*b),
-            serde_json::Value::String(s) => Kind::StringValue(s.clone()),
-            serde_json::Value::Null => return,
-            other => Kind::StringValue(other.to_string()),
-        };
-        out.insert(prefix.to_string(), proto::ProtoValue { kind: Some(kind) });
-    }
-    let mut hparams = BTreeMap::new();
-    walk("", config, &mut hparams);
+    use proto::Kind;
+    let hparams: BTreeMap<String, proto::ProtoValue> = crate::text::leaves(config)
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let kind = match v {
+                serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
+                serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+                serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+                serde_json::Value::Null => return None,
+                other => Kind::StringValue(other.to_string()),
+            };
+            Some((k, proto::ProtoValue { kind: Some(kind) }))
+        })
+        .collect();
     proto::HParamsPluginData {
         version: 0,
         data: Some(proto::HParamsData::SessionStartInfo(proto::SessionStartInfo {

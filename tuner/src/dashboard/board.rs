@@ -398,30 +398,11 @@ fn nodes<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
 /// ANOVA's eta squared; numbers in up to four quantile bins), normalised
 /// to sum to one. A quick, model-free cousin of fANOVA.
 pub(crate) fn importance(configs: &[&Value], scores: &[f64]) -> Vec<(String, f64)> {
-    fn flat(prefix: &str, v: &Value, out: &mut BTreeMap<String, Value>) {
-        match v {
-            Value::Object(m) => {
-                for (k, v) in m {
-                    flat(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, v, out);
-                }
-            }
-            other => {
-                out.insert(prefix.to_string(), other.clone());
-            }
-        }
-    }
     let n = scores.len();
     if n < 3 {
         return Vec::new();
     }
-    let flats: Vec<BTreeMap<String, Value>> = configs
-        .iter()
-        .map(|c| {
-            let mut m = BTreeMap::new();
-            flat("", c, &mut m);
-            m
-        })
-        .collect();
+    let flats: Vec<BTreeMap<String, &Value>> = configs.iter().map(|c| crate::text::leaves(c).into_iter().collect()).collect();
     let mean = scores.iter().sum::<f64>() / n as f64;
     let total: f64 = scores.iter().map(|s| (s - mean).powi(2)).sum();
     if total <= 0.0 {
@@ -430,7 +411,7 @@ pub(crate) fn importance(configs: &[&Value], scores: &[f64]) -> Vec<(String, f64
     let keys: BTreeSet<&String> = flats.iter().flat_map(|m| m.keys()).collect();
     let mut out = Vec::new();
     for key in keys {
-        let values: Vec<Option<&Value>> = flats.iter().map(|m| m.get(key)).collect();
+        let values: Vec<Option<&Value>> = flats.iter().map(|m| m.get(key).copied()).collect();
         let distinct: BTreeSet<String> = values.iter().map(|v| v.map(|v| v.to_string()).unwrap_or_default()).collect();
         if distinct.len() < 2 {
             continue;
