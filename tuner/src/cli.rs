@@ -99,6 +99,18 @@ enum Command {
         /// Print a line per trial start and end.
         #[arg(long)]
         plain: bool,
+        /// Count compute in this column of the curves (a cumulative cost
+        /// such as samples_seen; default: the curves' only column, else
+        /// iterations).
+        #[arg(long, value_name = "ATTR")]
+        cost: Option<String>,
+        /// Run the same curves through each of these schedulers (and FIFO)
+        /// and print compute and regret: fifo,asha,asha:asha_type=promotion,hyperband,...
+        #[arg(long, value_name = "SCHEDULERS")]
+        compare: Option<String>,
+        /// With --compare: how many seeds (orders of the configs).
+        #[arg(long, default_value_t = 5, requires = "compare")]
+        seeds: u64,
     },
     /// Submit the sweep as a Slurm batch job over `--nodes` nodes: writes
     /// the batch script next to the experiment (`<storage>/<name>.sbatch`)
@@ -307,7 +319,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let grid = tuner.fit().map_err(|e| on_full_disk(e.into(), &dir))?;
             print_summary(&grid, &dir)
         }
-        Command::Simulate { file, curves, workers, sets, storage, plain } => {
+        Command::Simulate { file, curves, workers, sets, storage, plain, cost, compare, seeds } => {
             let mut sets = sets;
             if let Some(s) = storage {
                 sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
@@ -322,15 +334,52 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     message: format!("{}: experiment.metric: required to simulate (the curves' values are that metric)", file.display()),
                 });
             };
-            let curves = crate::simulate::Curves::from_jsonl(&curves, metric).map_err(|e| Failure { code: 2, message: e.to_string() })?;
+            let bad = |message: String| Failure { code: 2, message };
+            let curves = crate::simulate::Curves::from_jsonl(&curves, metric).map_err(|e| bad(e.to_string()))?;
+            let columns = curves.attrs();
+            let cost = cost.or_else(|| (columns.len() == 1).then(|| columns[0].clone()));
+            let curves = match cost {
+                Some(c) => curves.cost(c).map_err(|e| bad(e.to_string()))?,
+                None => curves,
+            };
+            let origin = file.display().to_string();
+            if let Some(list) = compare {
+                let base = ExperimentFile::raw_table(&file, &sets).map_err(TuneError::from)?;
+                let entries = crate::simulate::compare::entries(&list, &base, &origin, &curves).map_err(bad)?;
+                let storage = experiment.experiment.storage.clone().unwrap_or_else(|| "runs".into());
+                let dir = std::path::Path::new(&storage).join(format!("{}-compare", experiment.experiment.name));
+                let started = std::time::Instant::now();
+                let rows = crate::simulate::compare::run(&entries, &curves, seeds, &dir, |label, seed, o| {
+                    if plain {
+                        println!("{label} seed {seed}: compute {:.4e}, chosen {:.4}, best {:.4}", o.spent, o.chosen, o.best);
+                    }
+                })?;
+                print!("{}", crate::simulate::compare::table(&rows, curves.cost_attr(), seeds));
+                println!("{} sweeps in {:.1} s; they are in {}", rows.len() as u64 * seeds, started.elapsed().as_secs_f64(), dir.display());
+                return Ok(());
+            }
             let started = std::time::Instant::now();
-            let tuner = Tuner::from_file(experiment, file.display().to_string(), Some(crate::Trainable::simulated(curves)))
-                .progress(if plain { ProgressMode::Plain } else { ProgressMode::Quiet });
+            let mode = experiment.experiment.mode.unwrap_or(search::Mode::Min);
+            let tuner = Tuner::from_file(experiment, origin, Some(crate::Trainable::simulated(curves.clone()))).progress(if plain {
+                ProgressMode::Plain
+            } else {
+                ProgressMode::Quiet
+            });
             let dir = tuner.experiment_dir();
             let grid = tuner.fit()?;
             print_summary(&grid, &dir)?;
             let iterations: u64 = grid.iter().map(|t| t.history.len() as u64).sum();
             println!("Simulated {} trials, {iterations} iterations, in {:.2} s", grid.len(), started.elapsed().as_secs_f64());
+            let scored = crate::simulate::compare::score(&grid, &curves, mode, None);
+            if let Some(attr) = curves.cost_attr() {
+                println!(
+                    "Compute: {} {attr}; the chosen config's final {} is {}, the best tried {}",
+                    crate::text::fmt_num(scored.spent),
+                    curves.metric(),
+                    crate::text::fmt_num(scored.chosen),
+                    crate::text::fmt_num(scored.best)
+                );
+            }
             Ok(())
         }
         Command::Submit { file, nodes, gpus_per_node, partition, time, sets, storage, dry_run, sbatch_args } => {

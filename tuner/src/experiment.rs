@@ -239,6 +239,19 @@ impl ExperimentFile {
         Self::from_toml(&text, &path.display().to_string(), sets)
     }
 
+    /// The file as a TOML table, `sets` applied, before defaults are filled
+    /// in: what the user wrote.
+    pub fn raw_table(path: &Path, sets: &[String]) -> Result<toml::Table, ExperimentError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Read { path: path.to_path_buf(), source })?;
+        let mut table: toml::Table =
+            text.parse().map_err(|e| ExperimentError::Parse { file: origin.clone(), message: one_line(&e, Some(&text)) })?;
+        for arg in sets {
+            apply_set(&mut table, arg)?;
+        }
+        Ok(table)
+    }
+
     /// [`ExperimentFile::read`] from TOML text (`origin` names it in errors).
     pub fn from_toml(text: &str, origin: &str, sets: &[String]) -> Result<ExperimentFile, ExperimentError> {
         let parse_err = |file: &str, e: toml::de::Error| ExperimentError::Parse { file: file.to_string(), message: one_line(&e, None) };

@@ -146,6 +146,13 @@ impl Tuner {
         }
     }
 
+    /// The configs to try first (in the search space's terms), in order,
+    /// as they are: not checked against the space.
+    pub(crate) fn points(mut self, points: Vec<search::Config>) -> Self {
+        self.points = Some(points);
+        self
+    }
+
     /// Sets what to tune and how. Settings it leaves at `None` (TPE's and
     /// BOHB's) keep what the experiment had, from its file or an earlier call.
     pub fn tune_config(mut self, c: TuneConfig) -> Self {

@@ -381,7 +381,7 @@ fn tpe_and_bohb_settings_set_in_rust_survive() {
     // HyperBand pauses trials: a replay of curves, whose checkpoints are names.
     let curves = tuner::simulate::Curves::from_fn("loss", |c| tuner::simulate::Curve {
         metrics: (1..=9).map(|t| c["x"].as_f64().unwrap_or(0.0).abs() + 1.0 / f64::from(t)).collect(),
-        seconds_per_iteration: 1.0,
+        ..Default::default()
     });
     let checkpoint = tuner::CheckpointConfig { frequency: Some(1), ..Default::default() };
     Tuner::new(Trainable::simulated(curves), space())

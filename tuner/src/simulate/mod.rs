@@ -4,11 +4,15 @@
 //! checkpoints) runs in well under a second.
 //!
 //! Each trial's curve comes from a Rust function of its config or from a
-//! JSON-lines file, one configuration per line:
+//! JSON-lines file (gzipped or not), one configuration per line:
 //! `{"config": {...}, "metrics": [v1, v2, ...], "seconds_per_iteration": s}`.
 //! A run reports iteration `i` at `start + i * seconds_per_iteration`
 //! (virtual seconds) with the curve's `i`-th value as the experiment's
-//! metric, and carries a checkpoint every `[checkpoint] frequency`
+//! metric. Other arrays on the line, one number per point, are columns:
+//! `"seconds": [...]` gives each iteration its own virtual duration, and
+//! any other name (`"samples_seen": [...]`) is reported with each result,
+//! so a scheduler can place its rungs in it (`time_attr`) and the
+//! simulation can count compute in it ([`Curves::cost`]). A run carries a checkpoint every `[checkpoint] frequency`
 //! iterations (`sim://<trial>/checkpoint_<i>`, a name with no files behind
 //! it), so a paused trial resumes where its checkpoint left off. A
 //! simulation writes the result store only: no per-trial files.
@@ -17,6 +21,8 @@
 //! acted on every event before it: the backend is also the loop's clock,
 //! and moves when the loop is idle. Decisions are made in virtual-time
 //! order, and the same seed gives the same sweep.
+
+pub mod compare;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -31,14 +37,55 @@ use trainer::{
     Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Reply, Report, StopLevel, TrialHandle,
 };
 
-/// One learning curve: the metric after each iteration, and how long an
-/// iteration takes.
+/// One learning curve: the metric after each iteration, how long each
+/// iteration takes, and other values reported with each point (what the
+/// training had cost by then: `samples_seen`, `flops`, ...).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Curve {
     /// The metric after iterations 1, 2, ...
     pub metrics: Vec<f64>,
-    /// Virtual seconds per iteration.
+    /// Virtual seconds per iteration (when `seconds` is empty).
     pub seconds_per_iteration: f64,
+    /// Each iteration's own virtual seconds, one per point (empty: every
+    /// iteration takes `seconds_per_iteration`).
+    pub seconds: Vec<f64>,
+    /// Other values reported with each point, by name, one per point.
+    /// A cost attribute (`samples_seen`) is cumulative: it never decreases.
+    pub attrs: BTreeMap<String, Vec<f64>>,
+}
+
+impl Default for Curve {
+    fn default() -> Self {
+        Self { metrics: Vec::new(), seconds_per_iteration: 1.0, seconds: Vec::new(), attrs: BTreeMap::new() }
+    }
+}
+
+impl Curve {
+    /// A curve of `metrics`, each iteration taking `seconds_per_iteration`.
+    pub fn new(metrics: Vec<f64>, seconds_per_iteration: f64) -> Self {
+        Self { metrics, seconds_per_iteration, ..Default::default() }
+    }
+
+    /// With a value of `name` reported at each point.
+    pub fn attr(mut self, name: impl Into<String>, values: Vec<f64>) -> Self {
+        self.attrs.insert(name.into(), values);
+        self
+    }
+
+    /// The virtual seconds iteration `i` (1-based) takes.
+    fn duration(&self, i: u64) -> f64 {
+        self.seconds.get(i as usize - 1).copied().unwrap_or(self.seconds_per_iteration)
+    }
+
+    /// What the curve had cost after `i` iterations (0 at the start): the
+    /// attribute `cost`, or the iterations when `cost` is none.
+    pub fn cost_at(&self, cost: Option<&str>, i: u64) -> f64 {
+        match cost {
+            None => i as f64,
+            Some(_) if i == 0 => 0.0,
+            Some(name) => self.attrs.get(name).and_then(|v| v.get(i as usize - 1)).copied().unwrap_or(f64::NAN),
+        }
+    }
 }
 
 type CurveFn = dyn Fn(&Config) -> Curve + Send + Sync;
@@ -48,6 +95,10 @@ type CurveFn = dyn Fn(&Config) -> Curve + Send + Sync;
 pub struct Curves {
     metric: String,
     source: Source,
+    /// The attribute compute is counted in (none: iterations).
+    cost: Option<String>,
+    /// The compute spent by the runs replayed from this value and its clones.
+    spent: Arc<Mutex<f64>>,
 }
 
 #[derive(Clone)]
@@ -58,6 +109,8 @@ enum Source {
 
 /// A table of curves, each found by its config in constant time.
 struct Table {
+    /// The file it was read from, for errors.
+    origin: String,
     rows: Vec<(Config, Curve)>,
     /// Canonical text of each config -> its row.
     index: HashMap<String, usize>,
@@ -70,7 +123,7 @@ impl Table {
         for (i, (config, _)) in rows.iter().enumerate() {
             index.entry(canonical(config)).or_insert(i);
         }
-        Self { rows, index }
+        Self { origin: "curves".into(), rows, index }
     }
 
     fn get(&self, config: &Config) -> Option<&Curve> {
@@ -134,29 +187,175 @@ pub struct CurvesError {
     pub message: String,
 }
 
+/// Names a curve line may not give an attribute: the metric and what
+/// every result carries already.
+const RESERVED: [&str; 7] =
+    ["config", "training_iteration", "time_total_s", "time_this_iter_s", "timestamp", "done", "iterations_since_restore"];
+
+/// One line of a curves file: its config and curve, or what is wrong.
+fn parse_line(line: &str, metric: &str) -> Result<(Config, Curve), String> {
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    let Value::Object(fields) = v else { return Err("not a JSON object".into()) };
+    let config = fields.get("config").filter(|c| c.is_object()).ok_or("`config` must be an object")?;
+    let numbers = |key: &str, m: &Value| -> Result<Vec<f64>, String> {
+        m.as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|m| match m {
+                        Value::Number(x) => x.as_f64(),
+                        Value::String(s) if s == "NaN" => Some(f64::NAN),
+                        Value::Null => Some(f64::NAN),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<f64>>>()
+            })
+            .ok_or_else(|| format!("`{key}` must be an array of numbers"))
+    };
+    let metrics = numbers("metrics", fields.get("metrics").unwrap_or(&Value::Null))?;
+    if metrics.is_empty() {
+        return Err("`metrics` is empty".into());
+    }
+    let spi = fields.get("seconds_per_iteration").map_or(Some(1.0), Value::as_f64);
+    let spi = spi.filter(|s| *s > 0.0 && s.is_finite()).ok_or("`seconds_per_iteration` must be a positive number")?;
+    let mut curve = Curve::new(metrics, spi);
+    for (key, value) in &fields {
+        if matches!(key.as_str(), "config" | "metrics" | "seconds_per_iteration") || !value.is_array() {
+            continue;
+        }
+        let values = numbers(key, value)?;
+        if values.len() != curve.metrics.len() {
+            return Err(format!("`{key}` has {} values for {} points of `metrics`", values.len(), curve.metrics.len()));
+        }
+        if key == "seconds" {
+            if values.iter().any(|s| !(*s >= 0.0 && s.is_finite())) {
+                return Err("`seconds` must be 0 or more, and finite".into());
+            }
+            curve.seconds = values;
+        } else if key == metric || RESERVED.contains(&key.as_str()) {
+            return Err(format!("`{key}` cannot be a column: every result carries it already"));
+        } else {
+            curve.attrs.insert(key.clone(), values);
+        }
+    }
+    Ok((config.clone(), curve))
+}
+
 impl Curves {
     /// Curves computed from each trial's config; `metric` names the values.
     pub fn from_fn<F>(metric: impl Into<String>, f: F) -> Self
     where
         F: Fn(&Config) -> Curve + Send + Sync + 'static,
     {
-        Self { metric: metric.into(), source: Source::Function(Arc::new(f)) }
+        Self::with_source(metric.into(), Source::Function(Arc::new(f)))
     }
 
     /// Curves from a table of configs and their curves (each config once).
     pub fn from_table(metric: impl Into<String>, table: Vec<(Config, Curve)>) -> Self {
-        Self { metric: metric.into(), source: Source::Table(Arc::new(Table::new(table))) }
+        Self::with_source(metric.into(), Source::Table(Arc::new(Table::new(table))))
     }
 
-    /// Curves from a JSON-lines file (see the module documentation).
+    fn with_source(metric: String, source: Source) -> Self {
+        Self { metric, source, cost: None, spent: Arc::new(Mutex::new(0.0)) }
+    }
+
+    /// Counts compute in the attribute `name` (a cumulative value every
+    /// curve reports at every point, such as `samples_seen`) rather than
+    /// in iterations. A table's curves are checked: each must carry it,
+    /// never decreasing.
+    pub fn cost(mut self, name: impl Into<String>) -> Result<Self, CurvesError> {
+        let name = name.into();
+        if let Source::Table(t) = &self.source {
+            for (config, curve) in &t.rows {
+                let values = curve.attrs.get(&name).ok_or_else(|| CurvesError {
+                    origin: t.origin.clone(),
+                    message: format!("the curve of config {config} has no `{name}` (the cost attribute) column"),
+                })?;
+                if values.windows(2).any(|w| w[1] < w[0]) || values.iter().any(|v| !v.is_finite() || *v < 0.0) {
+                    return Err(CurvesError {
+                        origin: t.origin.clone(),
+                        message: format!(
+                            "`{name}` of config {config} is not a cumulative cost: it must be finite, 0 or more, and never decrease"
+                        ),
+                    });
+                }
+            }
+        }
+        self.cost = Some(name);
+        Ok(self)
+    }
+
+    /// The attribute compute is counted in (none: iterations).
+    pub fn cost_attr(&self) -> Option<&str> {
+        self.cost.as_deref()
+    }
+
+    /// The same curves with a meter of their own, at zero.
+    pub fn metered(&self) -> Self {
+        Self { spent: Arc::new(Mutex::new(0.0)), ..self.clone() }
+    }
+
+    /// The compute the runs replayed so far have spent, in the cost
+    /// attribute's units: each reported point adds what it cost over the
+    /// point before it, so a trial resumed from a checkpoint pays again
+    /// for what it trains again.
+    pub fn spent(&self) -> f64 {
+        *self.spent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn charge(&self, amount: f64) {
+        *self.spent.lock().unwrap_or_else(|p| p.into_inner()) += amount;
+    }
+
+    /// The attribute names every curve of a table carries, sorted.
+    pub fn attrs(&self) -> Vec<String> {
+        match &self.source {
+            Source::Table(t) => {
+                let mut names: Vec<String> = t.rows.first().map(|(_, c)| c.attrs.keys().cloned().collect()).unwrap_or_default();
+                names.retain(|n| t.rows.iter().all(|(_, c)| c.attrs.contains_key(n)));
+                names
+            }
+            Source::Function(_) => Vec::new(),
+        }
+    }
+
+    /// Where a table's curves end in `attr` (`training_iteration`: their
+    /// length): the largest last value, or none for computed curves or an
+    /// attribute some curve lacks.
+    pub fn end(&self, attr: &str) -> Option<f64> {
+        let Source::Table(t) = &self.source else { return None };
+        t.rows
+            .iter()
+            .map(|(_, c)| match attr {
+                "training_iteration" => Some(c.metrics.len() as f64),
+                _ => c.attrs.get(attr).and_then(|v| v.last().copied()),
+            })
+            .try_fold(f64::NEG_INFINITY, |m, v| v.map(|v| m.max(v)))
+    }
+
+    /// The curve of `config`, if it has one.
+    pub fn lookup(&self, config: &Config) -> Option<Curve> {
+        self.curve(config).ok()
+    }
+
+    /// Curves from a JSON-lines file (see the module documentation),
+    /// gzipped or not.
     pub fn from_jsonl(path: &Path, metric: impl Into<String>) -> Result<Self, CurvesError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| CurvesError { origin: path.display().to_string(), message: format!("cannot read: {e}") })?;
-        Self::parse_jsonl(&text, &path.display().to_string(), metric)
+        let origin = path.display().to_string();
+        let cannot = |e: std::io::Error| CurvesError { origin: origin.clone(), message: format!("cannot read: {e}") };
+        let bytes = std::fs::read(path).map_err(cannot)?;
+        let text = if bytes.starts_with(&[0x1f, 0x8b]) {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(&bytes[..]), &mut text).map_err(cannot)?;
+            text
+        } else {
+            String::from_utf8(bytes).map_err(|e| CurvesError { origin: origin.clone(), message: format!("not UTF-8 text: {e}") })?
+        };
+        Self::parse_jsonl(&text, &origin, metric)
     }
 
     /// Curves from JSON-lines text; `origin` names it in errors.
     pub fn parse_jsonl(text: &str, origin: &str, metric: impl Into<String>) -> Result<Self, CurvesError> {
+        let metric = metric.into();
         let err = |line: usize, message: String| CurvesError { origin: origin.to_string(), message: format!("line {line}: {message}") };
         let mut table = Vec::new();
         let mut seen = std::collections::HashSet::new();
@@ -165,37 +364,18 @@ impl Curves {
             if line.trim().is_empty() {
                 continue;
             }
-            let v: Value = serde_json::from_str(line).map_err(|e| err(n, format!("not JSON: {e}")))?;
-            let config = v.get("config").filter(|c| c.is_object()).ok_or_else(|| err(n, "`config` must be an object".into()))?;
-            let metrics: Vec<f64> = v
-                .get("metrics")
-                .and_then(Value::as_array)
-                .ok_or_else(|| err(n, "`metrics` must be an array of numbers".into()))?
-                .iter()
-                .map(|m| match m {
-                    Value::Number(x) => x.as_f64(),
-                    Value::String(s) if s == "NaN" => Some(f64::NAN),
-                    Value::Null => Some(f64::NAN),
-                    _ => None,
-                })
-                .collect::<Option<_>>()
-                .ok_or_else(|| err(n, "`metrics` must be an array of numbers".into()))?;
-            if metrics.is_empty() {
-                return Err(err(n, "`metrics` is empty".into()));
-            }
-            let spi = v.get("seconds_per_iteration").map_or(Some(1.0), Value::as_f64);
-            let spi = spi
-                .filter(|s| *s > 0.0 && s.is_finite())
-                .ok_or_else(|| err(n, "`seconds_per_iteration` must be a positive number".into()))?;
-            if !seen.insert(canonical(config)) {
+            let (config, curve) = parse_line(line, &metric).map_err(|m| err(n, m))?;
+            if !seen.insert(canonical(&config)) {
                 return Err(err(n, format!("config {config} appears twice")));
             }
-            table.push((config.clone(), Curve { metrics, seconds_per_iteration: spi }));
+            table.push((config, curve));
         }
         if table.is_empty() {
             return Err(CurvesError { origin: origin.to_string(), message: "holds no curve".into() });
         }
-        Ok(Self { metric: metric.into(), source: Source::Table(Arc::new(Table::new(table))) })
+        let mut table = Table::new(table);
+        table.origin = origin.to_string();
+        Ok(Self::with_source(metric, Source::Table(Arc::new(table))))
     }
 
     /// The metric the curves are values of.
@@ -360,7 +540,7 @@ impl Backend for SimBackend {
         let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
         let id = clock.next_run;
         clock.next_run += 1;
-        let at = clock.now + curve.seconds_per_iteration;
+        let at = clock.now + curve.duration(spec.start_iteration + 1);
         let every = spec.checkpoint_frequency;
         let run = Run { trial_id: spec.trial_id, curve, next: spec.start_iteration + 1, every, events, stop };
         clock.runs.insert(id, run);
@@ -404,7 +584,7 @@ impl crate::clock::Clock for SimBackend {
                             c.exit(id, ExitOutcome::Completed);
                             acted = true;
                         } else {
-                            let at = c.now + r.curve.seconds_per_iteration;
+                            let at = c.now + r.curve.duration(r.next);
                             c.schedule(id, at);
                         }
                     }
@@ -430,11 +610,17 @@ impl crate::clock::Clock for SimBackend {
             }
             r.next += 1;
             let value = r.curve.metrics.get(iteration as usize - 1).copied().unwrap_or(f64::NAN);
+            let mut metrics = BTreeMap::from([(self.curves.metric.clone(), value)]);
+            for (name, values) in &r.curve.attrs {
+                metrics.insert(name.clone(), values.get(iteration as usize - 1).copied().unwrap_or(f64::NAN));
+            }
+            let cost = self.curves.cost_attr();
+            self.curves.charge(r.curve.cost_at(cost, iteration) - r.curve.cost_at(cost, iteration - 1));
             let (reply, rx) = Reply::channel();
             let report = Report {
                 rank: 0,
                 training_iteration: iteration,
-                metrics: BTreeMap::from([(self.curves.metric.clone(), value)]),
+                metrics,
                 extra: None,
                 checkpoint: (r.every > 0 && iteration.is_multiple_of(r.every)).then(|| CheckpointRef {
                     uri: format!("sim://{}/checkpoint_{iteration:06}", r.trial_id),
@@ -488,7 +674,7 @@ pub mod benchmark {
         let rate = (0.03f64.ln() + speed * (0.5f64.ln() - 0.03f64.ln())).exp();
         let start = 1.5 + rng.random_range(0.0..0.5);
         let metrics = (1..=81).map(|t| last + (start - last) * (-rate * t as f64).exp() + rng.random_range(-0.005..0.005)).collect();
-        (Curve { metrics, seconds_per_iteration: rng.random_range(1.0..3.0) }, rate)
+        (Curve::new(metrics, rng.random_range(1.0..3.0)), rate)
     }
 
     /// The same family over a continuous space, for model-based searchers:
@@ -615,7 +801,7 @@ mod tests {
     async fn the_simulator_passes_the_backend_conformance_suite() {
         let curves = Curves::from_fn("loss", |c| Curve {
             metrics: (1..=c["steps"].as_u64().unwrap_or(1)).map(|i| 1.0 / i as f64).collect(),
-            seconds_per_iteration: 1.0,
+            ..Default::default()
         });
         let dir = tempfile::tempdir().unwrap();
         trainer::conformance::check(&Simulated(Arc::new(SimBackend::new(curves))), dir.path()).await;
@@ -652,7 +838,7 @@ mod tests {
         assert_eq!(canonical(&Value::Object(a.clone())), canonical(&Value::Object(b.clone())));
         // 2 and 2.0 are different configs, as they are different JSON values.
         assert_ne!(canonical(&serde_json::json!({"a": 2})), canonical(&serde_json::json!({"a": 2.0})));
-        let curve = Curve { metrics: vec![1.0], seconds_per_iteration: 1.0 };
+        let curve = Curve::new(vec![1.0], 1.0);
         let table = Table::new(vec![(Value::Object(a), curve.clone())]);
         assert_eq!(table.get(&Value::Object(b)), Some(&curve));
         assert_eq!(table.get(&serde_json::json!({"a": 2})), None);
