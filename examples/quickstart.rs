@@ -52,17 +52,20 @@ struct Args {
 /// from a tenth of the run, keeping a third at each.
 fn scheduler(name: &str, epochs: u64) -> Result<SchedulerConfig> {
     let (max_t, grace) = (epochs as f64, (epochs / 10).max(1) as f64);
-    let asha = |asha_type| AshaConfig { asha_type, max_t, grace_period: grace, reduction_factor: 3.0, ..Default::default() };
+    let asha = |asha_type| AshaConfig { asha_type, max_t, grace_period: Some(grace), reduction_factor: 3.0, ..Default::default() };
     Ok(match name {
         "asha" => SchedulerConfig::Asha(asha(AshaType::Stopping)),
         "asha-promotion" => SchedulerConfig::Asha(asha(AshaType::Promotion)),
         "hyperband" => {
-            SchedulerConfig::Hyperband(HyperBandConfig { max_t, grace_period: grace, reduction_factor: 3.0, ..Default::default() })
+            SchedulerConfig::Hyperband(HyperBandConfig { max_t, grace_period: Some(grace), reduction_factor: 3.0, ..Default::default() })
         }
         // BOHB: HyperBand's brackets, configs from TPE models of each budget's results.
-        "bohb" => {
-            SchedulerConfig::HyperbandBohb(HyperBandConfig { max_t, grace_period: grace, reduction_factor: 3.0, ..Default::default() })
-        }
+        "bohb" => SchedulerConfig::HyperbandBohb(HyperBandConfig {
+            max_t,
+            grace_period: Some(grace),
+            reduction_factor: 3.0,
+            ..Default::default()
+        }),
         "median" => SchedulerConfig::MedianStopping(MedianStoppingConfig { grace_period: grace, ..Default::default() }),
         // Every trial trains to the end; every tenth of the run the bottom quarter
         // takes over a top trial's weights and explores its learning rate and weight decay.

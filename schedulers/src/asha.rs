@@ -16,7 +16,11 @@
 //!   better than its own: it is in the top 1/rf. Ties continue.
 //! - Promotion type: a trial pauses at each rung. A paused trial is
 //!   promotable when it is among the top `floor(n / reduction_factor)` of its
-//!   rung (ties broken by arrival) and was not promoted from it yet. Whenever
+//!   rung (ties broken by arrival) and was not promoted from it yet (the
+//!   paper's rule). Once no new trial can start (the searcher is done),
+//!   the top `ceil(n / reduction_factor)`: a rung of one or two trials
+//!   promotes its best, so the best trial of a small sweep reaches `max_t`
+//!   instead of ending paused at a low rung. Whenever
 //!   a slot is free, the promotable trial in the highest rung resumes; only
 //!   when there is none does a new trial start. A trial that is itself the
 //!   next promotion when it reaches its rung continues without pausing.
@@ -41,7 +45,7 @@ use crate::objective::{ranked, Objective, Score};
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
 use search::Mode;
 
-use crate::settings::{four, halving, hundred, invalid, objective, one, one_usize, training_iteration, ConfigError};
+use crate::settings::{four, halving, hundred, invalid, objective, one_usize, training_iteration, ConfigError};
 
 /// Which ASHA.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,6 +95,8 @@ pub struct Asha {
     brackets: Vec<Bracket>,
     assigned: Vec<u64>,
     trials: BTreeMap<String, TrialState>,
+    /// No new trial can start: the sweep is draining its paused trials.
+    draining: bool,
 }
 
 impl Asha {
@@ -108,7 +114,7 @@ impl Asha {
         let most = brackets.iter().map(|b| b.milestones.len()).max().unwrap_or(0) as f64;
         let weights = brackets.iter().map(|b| (b.milestones.len() as f64 - most).exp()).collect();
         let assigned = vec![0; brackets.len()];
-        Self { objective, max_t, rf: reduction_factor, kind, weights, brackets, assigned, trials: BTreeMap::new() }
+        Self { objective, max_t, rf: reduction_factor, kind, weights, brackets, assigned, trials: BTreeMap::new(), draining: false }
     }
 
     /// The rung milestones of each bracket.
@@ -133,6 +139,7 @@ impl Asha {
     /// brackets, the lower bracket index first on equal milestones), and in
     /// a rung its best unpromoted trial within the top floor(n/rf).
     fn next_promotion(&self, eligible: impl Fn(&str) -> bool) -> Option<(usize, usize, usize)> {
+        let draining = self.draining;
         let mut order: Vec<(usize, usize)> =
             self.brackets.iter().enumerate().flat_map(|(b, br)| (0..br.rungs.len()).map(move |k| (b, k))).collect();
         order.sort_by(|a, b| {
@@ -141,7 +148,10 @@ impl Asha {
         });
         for (b, k) in order {
             let rung = &self.brackets[b].rungs[k];
-            let top = (rung.len() as f64 / self.rf).floor() as usize;
+            // While new trials can start, the paper's floor(n / rf); once
+            // none can, ceil(n / rf): every rung's best goes on.
+            let share = rung.len() as f64 / self.rf;
+            let top = if draining { share.ceil() } else { share.floor() } as usize;
             let scores: Vec<Score> = rung.iter().map(|e| e.score).collect();
             for i in ranked(&scores).into_iter().take(top) {
                 let e = &rung[i];
@@ -169,11 +179,19 @@ struct Saved<'a> {
     brackets: &'a [Bracket],
     assigned: &'a [u64],
     trials: &'a BTreeMap<String, TrialState>,
+    draining: bool,
 }
 
 impl Asha {
     fn saved(&self) -> Saved<'_> {
-        Saved { version: 1, kind: "asha", brackets: &self.brackets, assigned: &self.assigned, trials: &self.trials }
+        Saved {
+            version: 1,
+            kind: "asha",
+            brackets: &self.brackets,
+            assigned: &self.assigned,
+            trials: &self.trials,
+            draining: self.draining,
+        }
     }
 }
 
@@ -253,11 +271,16 @@ impl Scheduler for Asha {
         if self.kind != AshaType::Promotion {
             return if paused.is_empty() || can_add { None } else { Some(0) };
         }
+        self.draining |= !can_add;
         let ids: std::collections::HashSet<&str> = paused.iter().map(|p| p.id).collect();
         let (b, k, i) = self.next_promotion(|id| ids.contains(id))?;
         let entry = &mut self.brackets[b].rungs[k][i];
         entry.promoted = true;
         paused.iter().position(|p| p.id == entry.trial)
+    }
+
+    fn on_no_more_trials(&mut self) {
+        self.draining = true;
     }
 
     fn required_metrics(&self) -> Vec<(String, String)> {
@@ -289,6 +312,7 @@ impl Scheduler for Asha {
         self.brackets = brackets;
         self.assigned = serde_json::from_value(state["assigned"].clone()).map_err(err)?;
         self.trials = serde_json::from_value(state["trials"].clone()).map_err(err)?;
+        self.draining = state["draining"].as_bool().unwrap_or(false);
         Ok(())
     }
 }
@@ -312,9 +336,11 @@ pub struct AshaConfig {
     /// Trials stop at this time (default 100).
     #[serde(default = "hundred")]
     pub max_t: f64,
-    /// The first rung (default 1).
-    #[serde(default = "one")]
-    pub grace_period: f64,
+    /// The first rung (default: 1 for `training_iteration`; for any other
+    /// `time_attr`, a cost, `max_t / reduction_factor^2`: two rungs, where
+    /// stopping saves the most).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period: Option<f64>,
     /// Keep 1 in this many at each rung (default 4).
     #[serde(default = "four")]
     pub reduction_factor: f64,
@@ -331,7 +357,7 @@ impl Default for AshaConfig {
             mode: None,
             time_attr: training_iteration(),
             max_t: hundred(),
-            grace_period: one(),
+            grace_period: None,
             reduction_factor: four(),
             brackets: 1,
         }
@@ -343,17 +369,18 @@ impl AshaConfig {
     pub(crate) fn build(&self, default_metric: Option<&str>, default_mode: Option<Mode>) -> Result<Asha, ConfigError> {
         let c = self;
         let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;
-        halving(c.max_t, c.grace_period, c.reduction_factor)?;
+        let grace = crate::settings::grace(c.grace_period, &c.time_attr, c.max_t, c.reduction_factor);
+        halving(c.max_t, grace, c.reduction_factor)?;
         if c.brackets == 0 {
             return Err(invalid("brackets", "must be at least 1"));
         }
-        let asha = Asha::new(obj, c.asha_type, c.max_t, c.grace_period, c.reduction_factor, c.brackets);
+        let asha = Asha::new(obj, c.asha_type, c.max_t, grace, c.reduction_factor, c.brackets);
         if let Some(s) = asha.milestones().iter().position(Vec::is_empty) {
             return Err(invalid(
                 "brackets",
                 format!(
                     "bracket {s} would have no rung: grace_period * reduction_factor^{s} = {} is not below max_t = {}",
-                    c.grace_period * c.reduction_factor.powi(s as i32),
+                    grace * c.reduction_factor.powi(s as i32),
                     c.max_t
                 ),
             ));

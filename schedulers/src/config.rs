@@ -12,6 +12,7 @@ use search::{Mode, Space};
 
 use crate::asha::AshaConfig;
 use crate::hyperband::HyperBandConfig;
+use crate::learning_curve::LearningCurveConfig;
 use crate::median::MedianStoppingConfig;
 use crate::objective::Objective;
 use crate::pbt_config::{Pb2Config, PbtConfig};
@@ -37,6 +38,9 @@ pub enum SchedulerConfig {
     HyperbandBohb(HyperBandConfig),
     /// The median stopping rule.
     MedianStopping(MedianStoppingConfig),
+    /// Stops trials whose extrapolated learning curve is unlikely to beat
+    /// the best (a curve-fit ensemble with a prior from finished trials).
+    LearningCurve(LearningCurveConfig),
     /// Population-based training.
     Pbt(PbtConfig),
     /// Population-based bandits: PBT exploring by GP-UCB.
@@ -54,6 +58,7 @@ impl SchedulerConfig {
             SchedulerConfig::Hyperband(_) => "hyperband",
             SchedulerConfig::HyperbandBohb(_) => "hyperband_bohb",
             SchedulerConfig::MedianStopping(_) => "median_stopping",
+            SchedulerConfig::LearningCurve(_) => "learning_curve",
             SchedulerConfig::Pbt(_) => "pbt",
             SchedulerConfig::Pb2(_) => "pb2",
             SchedulerConfig::ResourceChanging(_) => "resource_changing",
@@ -63,7 +68,7 @@ impl SchedulerConfig {
     /// Whether the scheduler pauses trials (and so resumes them from checkpoints).
     pub fn pauses_trials(&self) -> bool {
         match self {
-            SchedulerConfig::Fifo => false,
+            SchedulerConfig::Fifo | SchedulerConfig::LearningCurve(_) => false,
             SchedulerConfig::Asha(a) => a.asha_type == AshaType::Promotion,
             SchedulerConfig::Hyperband(_) | SchedulerConfig::HyperbandBohb(_) => true,
             SchedulerConfig::MedianStopping(m) => !m.hard_stop,
@@ -101,6 +106,7 @@ impl SchedulerConfig {
             SchedulerConfig::Asha(c) => Box::new(c.build(default_metric, default_mode)?),
             SchedulerConfig::Hyperband(c) | SchedulerConfig::HyperbandBohb(c) => Box::new(c.build(default_metric, default_mode)?),
             SchedulerConfig::MedianStopping(c) => Box::new(c.build(default_metric, default_mode)?),
+            SchedulerConfig::LearningCurve(c) => Box::new(c.build(default_metric, default_mode)?),
             SchedulerConfig::ResourceChanging(c) => Box::new(c.build(default_metric, default_mode)?),
             SchedulerConfig::Pb2(c) => Box::new(c.build(default_metric, default_mode)?),
             SchedulerConfig::Pbt(c) => Box::new(c.build(default_metric, default_mode)?),
@@ -187,7 +193,7 @@ mod tests {
         else {
             panic!("not asha")
         };
-        assert_eq!((a.asha_type, a.max_t, a.grace_period, a.reduction_factor, a.brackets), (AshaType::Promotion, 27.0, 1.0, 3.0, 1));
+        assert_eq!((a.asha_type, a.max_t, a.grace_period, a.reduction_factor, a.brackets), (AshaType::Promotion, 27.0, None, 3.0, 1));
         let err = parse("type = \"asha\"\nbracket = 2").unwrap_err();
         assert!(err.contains("unknown field `bracket`"), "{err}");
         let err = parse("type = \"asha\"\nasha_type = \"eager\"").unwrap_err();
@@ -205,7 +211,7 @@ mod tests {
         assert_eq!(asha(&|_| {}), None);
         assert!(asha(&|c| c.reduction_factor = 1.0).unwrap().starts_with("scheduler.reduction_factor: must be greater than 1"));
         assert!(asha(&|c| c.reduction_factor = 0.5).unwrap().starts_with("scheduler.reduction_factor"));
-        assert!(asha(&|c| c.grace_period = 200.0).unwrap().starts_with("scheduler.grace_period: 200 is greater than max_t = 100"));
+        assert!(asha(&|c| c.grace_period = Some(200.0)).unwrap().starts_with("scheduler.grace_period: 200 is greater than max_t = 100"));
         assert!(asha(&|c| c.max_t = -1.0).unwrap().starts_with("scheduler.max_t"));
         assert!(asha(&|c| c.brackets = 0).unwrap().starts_with("scheduler.brackets"));
         assert!(asha(&|c| {

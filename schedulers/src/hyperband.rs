@@ -29,7 +29,7 @@ use crate::objective::{ranked, Objective, Score};
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
 use search::Mode;
 
-use crate::settings::{eighty_one, halving, objective, one, three, training_iteration, ConfigError};
+use crate::settings::{eighty_one, halving, objective, three, training_iteration, ConfigError};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Bracket {
@@ -289,9 +289,10 @@ pub struct HyperBandConfig {
     /// The longest a trial runs (default 81).
     #[serde(default = "eighty_one")]
     pub max_t: f64,
-    /// The least a trial runs (default 1).
-    #[serde(default = "one")]
-    pub grace_period: f64,
+    /// The least a trial runs (default: 1 for `training_iteration`; for any
+    /// other `time_attr`, a cost, `max_t / reduction_factor^2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period: Option<f64>,
     /// Keep 1 in this many at each halving (default 3).
     #[serde(default = "three")]
     pub reduction_factor: f64,
@@ -304,7 +305,7 @@ impl Default for HyperBandConfig {
             mode: None,
             time_attr: training_iteration(),
             max_t: eighty_one(),
-            grace_period: one(),
+            grace_period: None,
             reduction_factor: three(),
         }
     }
@@ -315,7 +316,8 @@ impl HyperBandConfig {
     pub(crate) fn build(&self, default_metric: Option<&str>, default_mode: Option<Mode>) -> Result<HyperBand, ConfigError> {
         let c = self;
         let obj = objective(&c.metric, c.mode, &c.time_attr, default_metric, default_mode)?;
-        halving(c.max_t, c.grace_period, c.reduction_factor)?;
-        Ok(HyperBand::new(obj, c.max_t, c.grace_period, c.reduction_factor))
+        let grace = crate::settings::grace(c.grace_period, &c.time_attr, c.max_t, c.reduction_factor);
+        halving(c.max_t, grace, c.reduction_factor)?;
+        Ok(HyperBand::new(obj, c.max_t, grace, c.reduction_factor))
     }
 }

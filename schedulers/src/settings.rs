@@ -86,6 +86,19 @@ pub(crate) fn population(perturbation_interval: f64, burn_in_period: f64, quanti
     Ok(())
 }
 
+/// A halving scheduler's first rung: as set, else 1 for iterations (Ray's
+/// default) and, for a cost attribute, two rungs below `max_t`, at
+/// `max_t / rf^2` and `max_t / rf`: on learning curves in training size or
+/// compute, the early points cost almost nothing but rank poorly, and the
+/// last rungs hold most of the cost.
+pub(crate) fn grace(set: Option<f64>, time_attr: &str, max_t: f64, rf: f64) -> f64 {
+    match set {
+        Some(g) => g,
+        None if time_attr == "training_iteration" => 1.0,
+        None => max_t / (rf * rf),
+    }
+}
+
 pub(crate) fn halving(max_t: f64, grace_period: f64, rf: f64) -> Result<(), ConfigError> {
     positive("max_t", max_t)?;
     positive("grace_period", grace_period)?;

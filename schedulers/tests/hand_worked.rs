@@ -23,7 +23,7 @@ fn add_all(s: &mut dyn Scheduler, n: usize) {
 }
 
 fn asha(kind: AshaType, max_t: f64, rf: f64) -> SchedulerConfig {
-    SchedulerConfig::Asha(AshaConfig { asha_type: kind, max_t, reduction_factor: rf, grace_period: 1.0, ..Default::default() })
+    SchedulerConfig::Asha(AshaConfig { asha_type: kind, max_t, reduction_factor: rf, grace_period: Some(1.0), ..Default::default() })
 }
 
 /// Nine trials, rf = 3, grace 1, max_t 9: rungs at 1 and 3.

@@ -51,7 +51,9 @@ enum Event<'a> {
     /// `trial` reported `iteration`; the scheduler decided `decision`.
     Result { trial: &'a str, iteration: u64, loss: f64, decision: Decision },
     /// `choose_trial_to_run` over `paused` returned `chosen`.
-    Chose { paused: &'a [String], chosen: Option<usize> },
+    Chose { paused: &'a [String], chosen: Option<usize>, can_add: bool },
+    /// `on_no_more_trials` was called.
+    NoMore,
 }
 
 /// Drives `s` through `sw` as the Tuner would; returns the trials still
@@ -75,7 +77,7 @@ fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) ->
                 let names: Vec<String> = paused.iter().map(|(t, _)| ids[*t].clone()).collect();
                 let views: Vec<TrialView<'_>> = names.iter().map(|n| view(n)).collect();
                 let chosen = s.choose_trial_to_run(&views, can_add);
-                check(Event::Chose { paused: &names, chosen });
+                check(Event::Chose { paused: &names, chosen, can_add });
                 if let Some(i) = chosen {
                     running.push(paused.remove(i));
                     continue;
@@ -90,6 +92,7 @@ fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) ->
             if !told {
                 told = true;
                 s.on_no_more_trials();
+                check(Event::NoMore);
                 apply_stopped(s, &mut running, &mut paused);
                 continue;
             }
@@ -100,6 +103,7 @@ fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) ->
             if !told && !paused.is_empty() {
                 told = true;
                 s.on_no_more_trials();
+                check(Event::NoMore);
                 apply_stopped(s, &mut running, &mut paused);
                 continue;
             }
@@ -144,7 +148,7 @@ fn asha(kind: AshaType) -> SchedulerConfig {
     SchedulerConfig::Asha(AshaConfig {
         asha_type: kind,
         max_t: MAX_T as f64,
-        grace_period: 1.0,
+        grace_period: Some(1.0),
         reduction_factor: RF,
         ..Default::default()
     })
@@ -157,11 +161,13 @@ struct Rung {
 }
 
 impl Rung {
-    /// Indices of the top `floor(n / rf)`, best first, ties to the earlier.
-    fn top(&self) -> Vec<usize> {
+    /// Indices of the top `floor(n / rf)` (once no trial can start,
+    /// `ceil(n / rf)`), best first, ties to the earlier.
+    fn top(&self, draining: bool) -> Vec<usize> {
         let mut idx: Vec<usize> = (0..self.entries.len()).collect();
         idx.sort_by(|&a, &b| self.entries[b].1.value().total_cmp(&self.entries[a].1.value()));
-        idx.truncate((self.entries.len() as f64 / RF).floor() as usize);
+        let share = self.entries.len() as f64 / RF;
+        idx.truncate(if draining { share.ceil() } else { share.floor() } as usize);
         idx
     }
 }
@@ -211,20 +217,24 @@ proptest! {
         let mut s = build(asha(AshaType::Promotion));
         let mut rungs: [Rung; 2] = Default::default();
         let mut violations = Vec::new();
+        let mut draining = false;
+
         drive(&mut *s, &sw, &mut |e| match e {
+            Event::NoMore => draining = true,
             Event::Result { trial, iteration, loss, decision } => {
                 if let Some(k) = [1, 3].iter().position(|&m| m == iteration) {
                     rungs[k].entries.push((trial.to_string(), Score::of(Mode::Min, loss), decision == Decision::Continue));
-                    if decision == Decision::Continue && !rungs[k].top().iter().any(|&i| rungs[k].entries[i].0 == trial) {
+                    if decision == Decision::Continue && !rungs[k].top(draining).iter().any(|&i| rungs[k].entries[i].0 == trial) {
                         violations.push(format!("{trial} went on from rung {iteration} outside its top third"));
                     }
                 }
             }
-            Event::Chose { paused, chosen } => {
+            Event::Chose { paused, chosen, can_add } => {
+                draining |= !can_add;
                 // The paused trials promotable by the rules, highest rung first.
                 let promotable: Vec<(usize, usize)> = (0..2)
                     .rev()
-                    .flat_map(|k| rungs[k].top().into_iter().map(move |i| (k, i)))
+                    .flat_map(|k| rungs[k].top(draining).into_iter().map(move |i| (k, i)))
                     .filter(|&(k, i)| {
                         let (id, score, promoted) = &rungs[k].entries[i];
                         !promoted && score.is_finite() && paused.contains(id)
@@ -248,6 +258,13 @@ proptest! {
                 }
             }
         });
+        // Small rungs strand nobody: every rung's best (finite) trial went on.
+        for (k, rung) in rungs.iter().enumerate() {
+            // The first of the best: ties go to the earlier arrival.
+            if let Some((id, _, promoted)) = rung.entries.iter().filter(|e| e.1.is_finite()).min_by(|a, b| b.1.value().total_cmp(&a.1.value())) {
+                prop_assert!(*promoted, "{} is the best of rung {} but was never promoted", id, k);
+            }
+        }
         prop_assert!(violations.is_empty(), "{:?}", violations);
     }
 

@@ -173,7 +173,7 @@ def mlp_epochs(job):
     metrics, seen, seconds = [], [], []
     for epoch in range(1, 61):
         started = time.perf_counter()
-        net.partial_fit(xt, yt, classes)
+        net.partial_fit(xt, yt, classes=classes)
         err = 1.0 - float(np.mean(net.predict(xv) == yv))
         seconds.append(round(time.perf_counter() - started, 5))
         metrics.append(round(err, 5))

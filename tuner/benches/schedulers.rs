@@ -55,7 +55,7 @@ fn main() {
         SchedulerConfig::Asha(AshaConfig {
             asha_type: t,
             max_t: MAX_T as f64,
-            grace_period: 1.0,
+            grace_period: Some(1.0),
             reduction_factor: 3.0,
             ..Default::default()
         })

@@ -347,15 +347,18 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 let base = ExperimentFile::raw_table(&file, &sets).map_err(TuneError::from)?;
                 let entries = crate::simulate::compare::entries(&list, &base, &origin, &curves).map_err(bad)?;
                 let storage = experiment.experiment.storage.clone().unwrap_or_else(|| "runs".into());
-                let dir = std::path::Path::new(&storage).join(format!("{}-compare", experiment.experiment.name));
+                // The sweeps are scratch: a directory of their own, removed after.
+                let dir = std::path::Path::new(&storage).join(format!(".{}-compare-{}", experiment.experiment.name, std::process::id()));
                 let started = std::time::Instant::now();
                 let rows = crate::simulate::compare::run(&entries, &curves, seeds, &dir, |label, seed, o| {
                     if plain {
                         println!("{label} seed {seed}: compute {:.4e}, chosen {:.4}, best {:.4}", o.spent, o.chosen, o.best);
                     }
-                })?;
+                });
+                let _ = std::fs::remove_dir_all(&dir);
+                let rows = rows?;
                 print!("{}", crate::simulate::compare::table(&rows, curves.cost_attr(), seeds));
-                println!("{} sweeps in {:.1} s; they are in {}", rows.len() as u64 * seeds, started.elapsed().as_secs_f64(), dir.display());
+                println!("{} simulated sweeps in {:.1} s", rows.len() as u64 * seeds, started.elapsed().as_secs_f64());
                 return Ok(());
             }
             let started = std::time::Instant::now();

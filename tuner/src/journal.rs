@@ -640,7 +640,7 @@ mod tests {
             0 => SchedulerConfig::Asha(AshaConfig {
                 asha_type: AshaType::Promotion,
                 max_t: 9.0,
-                grace_period: 1.0,
+                grace_period: Some(1.0),
                 reduction_factor: 3.0,
                 brackets: 2,
                 ..Default::default()

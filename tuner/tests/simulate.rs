@@ -16,7 +16,7 @@ fn simulate(dir: &Path, name: &str, seed: u64, samples: u64, scheduler: Schedule
 }
 
 fn asha(kind: AshaType) -> SchedulerConfig {
-    SchedulerConfig::Asha(AshaConfig { asha_type: kind, max_t: 81.0, grace_period: 1.0, reduction_factor: 3.0, ..Default::default() })
+    SchedulerConfig::Asha(AshaConfig { asha_type: kind, max_t: 81.0, grace_period: Some(1.0), reduction_factor: 3.0, ..Default::default() })
 }
 
 fn hyperband() -> SchedulerConfig {
