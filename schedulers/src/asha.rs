@@ -300,18 +300,15 @@ impl Scheduler for Asha {
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {
-        if state["version"].as_u64() != Some(1) || state["kind"] != "asha" {
-            return Err(SchedulerError::State(format!("not a version-1 ASHA state: {state}")));
-        }
-        let err = |e: serde_json::Error| SchedulerError::State(format!("ASHA state: {e}"));
-        let brackets: Vec<Bracket> = serde_json::from_value(state["brackets"].clone()).map_err(err)?;
+        let saved = crate::scheduler::Saved::open(state, "asha", "ASHA")?;
+        let brackets: Vec<Bracket> = saved.field("brackets")?;
         let same = brackets.len() == self.brackets.len() && brackets.iter().zip(&self.brackets).all(|(a, b)| a.milestones == b.milestones);
         if !same {
             return Err(SchedulerError::State("the saved ASHA state has other rungs than these settings".into()));
         }
         self.brackets = brackets;
-        self.assigned = serde_json::from_value(state["assigned"].clone()).map_err(err)?;
-        self.trials = serde_json::from_value(state["trials"].clone()).map_err(err)?;
+        self.assigned = saved.field("assigned")?;
+        self.trials = saved.field("trials")?;
         self.draining = state["draining"].as_bool().unwrap_or(false);
         Ok(())
     }

@@ -262,13 +262,10 @@ impl Scheduler for HyperBand {
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {
-        if state["version"].as_u64() != Some(1) || state["kind"] != "hyperband" {
-            return Err(SchedulerError::State(format!("not a version-1 HyperBand state: {state}")));
-        }
-        let err = |e: serde_json::Error| SchedulerError::State(format!("HyperBand state: {e}"));
-        self.brackets = serde_json::from_value(state["brackets"].clone()).map_err(err)?;
-        self.trials = serde_json::from_value(state["trials"].clone()).map_err(err)?;
-        self.to_stop = serde_json::from_value(state["to_stop"].clone()).map_err(err)?;
+        let saved = crate::scheduler::Saved::open(state, "hyperband", "HyperBand")?;
+        self.brackets = saved.field("brackets")?;
+        self.trials = saved.field("trials")?;
+        self.to_stop = saved.field("to_stop")?;
         Ok(())
     }
 }

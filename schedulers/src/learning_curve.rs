@@ -263,17 +263,14 @@ impl Scheduler for LearningCurve {
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {
-        if state["version"].as_u64() != Some(1) || state["kind"] != "learning_curve" {
-            return Err(SchedulerError::State(format!("not a version-1 learning-curve state: {state}")));
-        }
-        let err = |e: serde_json::Error| SchedulerError::State(format!("learning-curve state: {e}"));
-        let checks: Vec<f64> = serde_json::from_value(state["checks"].clone()).map_err(err)?;
+        let saved = crate::scheduler::Saved::open(state, "learning_curve", "learning-curve")?;
+        let checks: Vec<f64> = saved.field("checks")?;
         if checks != self.checks {
             return Err(SchedulerError::State("the saved learning-curve state has other checks than these settings".into()));
         }
-        self.trials = serde_json::from_value(state["trials"].clone()).map_err(err)?;
-        self.residuals = serde_json::from_value(state["residuals"].clone()).map_err(err)?;
-        self.best = serde_json::from_value(state["best"].clone()).map_err(err)?;
+        self.trials = saved.field("trials")?;
+        self.residuals = saved.field("residuals")?;
+        self.best = saved.field("best")?;
         Ok(())
     }
 }

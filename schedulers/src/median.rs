@@ -180,11 +180,7 @@ impl Scheduler for MedianStopping {
     }
 
     fn restore(&mut self, state: &Value) -> Result<(), SchedulerError> {
-        if state["version"].as_u64() != Some(1) || state["kind"] != "median_stopping" {
-            return Err(SchedulerError::State(format!("not a version-1 median-stopping state: {state}")));
-        }
-        self.trials =
-            serde_json::from_value(state["trials"].clone()).map_err(|e| SchedulerError::State(format!("median-stopping state: {e}")))?;
+        self.trials = crate::scheduler::Saved::open(state, "median_stopping", "median-stopping")?.field("trials")?;
         for h in self.trials.values_mut() {
             h.rebuild();
         }

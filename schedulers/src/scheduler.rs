@@ -206,6 +206,28 @@ pub trait Scheduler: Send {
     }
 }
 
+/// A version-1 state a scheduler saved, read field by field; errors name
+/// the scheduler.
+pub(crate) struct Saved<'a> {
+    state: &'a Value,
+    what: &'a str,
+}
+
+impl<'a> Saved<'a> {
+    /// `state`, if it is a version-1 state of `kind` (`what` names it in errors).
+    pub(crate) fn open(state: &'a Value, kind: &str, what: &'a str) -> Result<Self, SchedulerError> {
+        if state["version"].as_u64() != Some(1) || state["kind"] != kind {
+            return Err(SchedulerError::State(format!("not a version-1 {what} state: {state}")));
+        }
+        Ok(Self { state, what })
+    }
+
+    /// Its field `key`.
+    pub(crate) fn field<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<T, SchedulerError> {
+        serde_json::from_value(self.state[key].clone()).map_err(|e| SchedulerError::State(format!("{} state: {e}", self.what)))
+    }
+}
+
 impl<S: Scheduler + ?Sized> Scheduler for Box<S> {
     fn on_trial_result(&mut self, trial: &TrialView<'_>, result: &TrialResult) -> Decision {
         (**self).on_trial_result(trial, result)
