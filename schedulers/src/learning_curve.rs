@@ -68,6 +68,15 @@ struct TrialState {
     finished: bool,
 }
 
+impl TrialState {
+    /// Ends the trial: its points go, its predictions are handed back.
+    fn end(&mut self) -> Vec<(usize, f64, f64)> {
+        self.finished = true;
+        self.points = Vec::new();
+        std::mem::take(&mut self.predictions)
+    }
+}
+
 /// The learning-curve scheduler; see the module documentation.
 #[derive(Debug, Clone)]
 pub struct LearningCurve {
@@ -137,14 +146,13 @@ impl LearningCurve {
         if state.finished {
             return;
         }
-        state.finished = true;
+        let predictions = state.end();
         if !final_loss.is_finite() {
             return;
         }
-        for &(k, mean, _) in &state.predictions {
+        for (k, mean, _) in predictions {
             self.residuals[k].push((mean, final_loss));
         }
-        state.points = Vec::new();
         if self.best.is_none_or(|b| final_loss < b) {
             self.best = Some(final_loss);
         }
@@ -212,7 +220,7 @@ impl Scheduler for LearningCurve {
         }
         state.next_check = k + 1;
         if !loss.is_finite() {
-            state.finished = true;
+            state.end();
             return Decision::Stop;
         }
         let Some(p) = predict(&state.points) else { return Decision::Continue };
@@ -228,8 +236,7 @@ impl Scheduler for LearningCurve {
         let chance = self.chance(k, p.mean, p.sd, best);
         if chance < self.threshold * ahead {
             if let Some(s) = self.trials.get_mut(trial.id) {
-                s.finished = true;
-                s.points = Vec::new();
+                s.end();
             }
             return Decision::Stop;
         }
@@ -245,8 +252,7 @@ impl Scheduler for LearningCurve {
 
     fn on_trial_error(&mut self, trial: &TrialView<'_>) {
         if let Some(s) = self.trials.get_mut(trial.id) {
-            s.finished = true;
-            s.points = Vec::new();
+            s.end();
         }
     }
 

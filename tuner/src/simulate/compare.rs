@@ -17,6 +17,7 @@ use std::path::Path;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use search::{Config, Mode};
+use serde::Deserialize as _;
 
 use super::{ArmSearcher, Curves};
 use crate::{ExperimentFile, ProgressMode, ResultGrid, Trainable, TuneError, Tuner};
@@ -156,8 +157,6 @@ fn accepts(table: &toml::Table, k: &str, v: &toml::Value) -> bool {
     }
 }
 
-use serde::Deserialize as _;
-
 /// Runs FIFO and every entry over `seeds` seeds into `dir`, calling
 /// `progress` after each sweep, and returns FIFO's row first.
 pub fn run(
@@ -231,14 +230,14 @@ pub fn score(grid: &ResultGrid, curves: &Curves, mode: Mode, given: Option<&[Con
         Mode::Min => a < b,
         Mode::Max => a > b,
     };
-    let final_of = |config: &Config| curves.lookup(config).and_then(|c| c.metrics.last().copied()).unwrap_or(f64::NAN);
+    let final_of = |config: &Config| curves.last_point(config).map_or(f64::NAN, |(_, v)| v);
     // The chosen config: the best of the trials that ran their whole curve.
     let mut complete: Option<(f64, &Config)> = None;
     let mut any: Option<(f64, &Config)> = None;
     for t in grid.iter() {
         let Some(last) = t.history.last() else { continue };
         let Some(v) = last.metrics.get(&metric).copied().filter(|v| v.is_finite()) else { continue };
-        let whole = curves.lookup(&t.config).is_some_and(|c| last.training_iteration as usize >= c.metrics.len());
+        let whole = curves.last_point(&t.config).is_some_and(|(n, _)| last.training_iteration >= n);
         let slot = if whole { &mut complete } else { &mut any };
         if slot.is_none_or(|(b, _)| better(v, b)) {
             *slot = Some((v, &t.config));

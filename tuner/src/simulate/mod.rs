@@ -332,9 +332,10 @@ impl Curves {
             .try_fold(f64::NEG_INFINITY, |m, v| v.map(|v| m.max(v)))
     }
 
-    /// The curve of `config`, if it has one.
-    pub fn lookup(&self, config: &Config) -> Option<Curve> {
-        self.curve(config).ok()
+    /// How many points the curve of `config` has, and its last value (its
+    /// final metric), if it has a curve.
+    pub fn last_point(&self, config: &Config) -> Option<(u64, f64)> {
+        self.with_curve(config, |c| (c.metrics.len() as u64, c.metrics.last().copied().unwrap_or(f64::NAN))).ok()
     }
 
     /// Curves from a JSON-lines file (see the module documentation),
@@ -392,6 +393,11 @@ impl Curves {
     }
 
     fn curve(&self, config: &Config) -> Result<Curve, String> {
+        self.with_curve(config, Curve::clone)
+    }
+
+    /// `f` of the curve of `config`, without copying a table's curve.
+    fn with_curve<R>(&self, config: &Config, f: impl FnOnce(&Curve) -> R) -> Result<R, String> {
         // A repeat's index is no part of the configuration the curve belongs to.
         let stripped;
         let config = match config.get(search::TRIAL_INDEX) {
@@ -406,8 +412,8 @@ impl Curves {
             None => config,
         };
         match &self.source {
-            Source::Function(f) => Ok(f(config)),
-            Source::Table(t) => t.get(config).cloned().ok_or_else(|| format!("the curves file has no curve for config {config}")),
+            Source::Function(make) => Ok(f(&make(config))),
+            Source::Table(t) => t.get(config).map(f).ok_or_else(|| format!("the curves file has no curve for config {config}")),
         }
     }
 }
