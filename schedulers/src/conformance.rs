@@ -142,6 +142,16 @@ mod tests {
                 }
                 .bound("lr", search::Domain::loguniform(1e-4, 1e-1)),
             ),
+            SchedulerConfig::Pbt(
+                crate::PbtConfig {
+                    time_attr: "training_iteration".into(),
+                    perturbation_interval: 2.0,
+                    synch: true,
+                    seed: Some(3),
+                    ..Default::default()
+                }
+                .mutate("lr", search::Domain::loguniform(1e-4, 1e-1)),
+            ),
             SchedulerConfig::ResourceChanging(crate::ResourceChangingConfig {
                 base: Box::new(SchedulerConfig::Asha(AshaConfig { max_t: 9.0, reduction_factor: 2.0, ..Default::default() })),
                 ..Default::default()

@@ -18,13 +18,30 @@
 //!
 //! Where Ray's users get hurt, this one is strict: a trial with no committed
 //! checkpoint is never a donor (the exploit would restart the recipient
-//! from nothing), the donor's checkpoint is the latest one it committed (the
-//! one the scheduler last saw with its results, never an older one), and a
+//! from nothing), the donor's checkpoint is the one it was ranked with (the
+//! latest the scheduler saw with its results, never an older one), and a
 //! recipient is not ranked again, nor chosen as a donor, until it has
 //! reported from its new state.
 //!
 //! The random draws are seeded per perturbation, so a restored scheduler
 //! makes the same choices as one that never stopped.
+//!
+//! **Synchronous** (`synch`, Ray's `synch=True`): a trial that reaches the
+//! next sync point (the first at `max(perturbation_interval,
+//! burn_in_period)`) pauses there until every live trial has, and until no
+//! new trial can join the population (the searcher has made its last). The
+//! last to arrive decides the round for all: the ranks are taken over the
+//! whole population at the same point of training, each of the bottom
+//! quantile, worst first, exploits one of the top (the paused ones through
+//! [`Scheduler::take_exploits`]), and the next sync point is `interval`
+//! further on (or the furthest trial's time, if later). Every trial pauses
+//! at the sync point, so a donor keeps the checkpoint it was ranked with
+//! until its recipients have copied it; the recipients resume first, then
+//! the least trained. The outcome depends on the seed and the results only,
+//! never on which trial happened to report first: asynchronous PBT ranks a
+//! trial against whatever results are in when it reaches its interval, so
+//! machine load changes its choices. The price is waiting: a straggler holds
+//! the population at each sync point.
 //!
 //! **PB2** (Parker-Holder et al. 2020, Ray's `PB2`) is the same scheduler
 //! with a model-based explore step. Every perturbation interval, each trial
@@ -118,6 +135,12 @@ struct Member {
     /// PB2: the time and score its current interval started from.
     #[serde(default)]
     base: Option<(f64, f64)>,
+    /// `time_attr` at its latest result (or at its donor's checkpoint).
+    #[serde(default)]
+    time: f64,
+    /// Synchronous: it exploited in the latest round and has not reported since.
+    #[serde(default)]
+    recipient: bool,
 }
 
 /// PB2: one interval of one trial's training.
@@ -146,6 +169,13 @@ const MAX_OBSERVATIONS: usize = 400;
 const FIT_WINDOW: usize = 80;
 
 impl Bandit {
+    fn observe(&mut self, o: Observation) {
+        self.data.push(o);
+        if self.data.len() > MAX_OBSERVATIONS {
+            self.data.remove(0);
+        }
+    }
+
     fn unit(&self, config: &Config) -> Vec<f64> {
         self.bounds.iter().map(|(path, d)| get(config, path).and_then(|v| d.to_unit(v)).unwrap_or(0.5)).collect()
     }
@@ -234,6 +264,22 @@ pub struct Pbt {
     perturbations: u64,
     added: u64,
     members: BTreeMap<String, Member>,
+    /// Synchronous rounds (see the module docs).
+    synch: Option<Synch>,
+}
+
+/// Synchronous PBT's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Synch {
+    /// The time every live trial must reach before the next round.
+    next: f64,
+    /// No new trial will join the population.
+    closed: bool,
+    /// Exploits of paused trials the latest round decided, not yet taken.
+    exploits: Vec<Exploit>,
+    /// PB2: the intervals that ended at this sync point, by trial.
+    #[serde(default)]
+    observed: Vec<(String, Observation)>,
 }
 
 impl Pbt {
@@ -266,7 +312,15 @@ impl Pbt {
             perturbations: 0,
             added: 0,
             members: BTreeMap::new(),
+            synch: None,
         }
+    }
+
+    /// Makes it synchronous (Ray's `synch=True`): see the module docs.
+    pub fn synchronous(mut self, synch: bool) -> Self {
+        self.synch =
+            synch.then(|| Synch { next: self.interval.max(self.burn_in), closed: false, exploits: Vec::new(), observed: Vec::new() });
+        self
     }
 
     /// A PB2 scheduler: PBT whose explore step picks the bounded numeric
@@ -307,6 +361,8 @@ impl Pbt {
                 checkpoint: None,
                 checkpoint_score: None,
                 base: None,
+                time: 0.0,
+                recipient: false,
             }
         })
     }
@@ -330,6 +386,86 @@ impl Pbt {
         }
         let ids: Vec<&str> = ranked.iter().map(|(id, _)| *id).collect();
         (ids[..k].to_vec(), ids[n - k..].to_vec())
+    }
+
+    /// `id` exploits one of `upper` (picked at random among those with a
+    /// committed checkpoint), at its `time`: the explored config, and the
+    /// member reset until it reports from its new state. `None` when no
+    /// donor has a checkpoint.
+    fn exploit(&mut self, id: &str, time: f64, upper: &[String]) -> Option<Exploit> {
+        // Only a trial with a committed checkpoint can give its state away.
+        let donors: Vec<&String> = upper.iter().filter(|d| d.as_str() != id && self.members[d.as_str()].checkpoint.is_some()).collect();
+        if donors.is_empty() {
+            return None;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ self.perturbations.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        self.perturbations += 1;
+        let donor = donors[rng.random_range(0..donors.len())].clone();
+        let d = &self.members[&donor];
+        let (uri, iteration, at) = d.checkpoint.clone()?;
+        let start = d.checkpoint_score;
+        let config = match &self.bandit {
+            Some(b) => {
+                let pending: Vec<Vec<f64>> =
+                    self.members.iter().filter(|(m, _)| m.as_str() != id).map(|(_, m)| b.unit(&m.config)).collect();
+                let before = start.or(d.score.and_then(|s| s.0)).unwrap_or(0.0);
+                b.explore(&d.config, time / self.interval, before, &pending, &mut rng)
+            }
+            None => self.explore(&d.config, &mut rng),
+        };
+        let synch = self.synch.is_some();
+        let m = self.members.get_mut(id)?;
+        // Not ranked, nor a donor, until it reports from its new state.
+        m.config = config.clone();
+        m.score = None;
+        m.checkpoint = None;
+        m.checkpoint_score = None;
+        m.last_perturbation = at;
+        m.time = at;
+        m.recipient = synch;
+        // Its next interval's gain counts from the donor's checkpoint.
+        m.base = start.map(|s| (at, s));
+        Some(Exploit { trial_id: id.to_string(), donor, checkpoint: uri, checkpoint_iteration: iteration, config })
+    }
+
+    /// Synchronous: whether the round is due (every live trial at the sync
+    /// point, and no new one to come).
+    fn round_due(&self) -> bool {
+        self.synch.as_ref().is_some_and(|s| s.closed && !self.members.is_empty() && self.members.values().all(|m| m.time >= s.next))
+    }
+
+    /// Synchronous: the round, over the whole population. Returns its exploits.
+    fn round(&mut self) -> Vec<Exploit> {
+        if let (Some(s), Some(b)) = (&mut self.synch, &mut self.bandit) {
+            let mut observed = std::mem::take(&mut s.observed);
+            observed.sort_by(|a, b| a.0.cmp(&b.0));
+            for (_, o) in observed {
+                b.observe(o);
+            }
+        }
+        let (lower, upper) = self.quantiles();
+        let (lower, upper): (Vec<String>, Vec<String>) =
+            (lower.into_iter().map(str::to_string).collect(), upper.into_iter().map(str::to_string).collect());
+        let furthest = self.members.values().map(|m| m.time).fold(f64::NEG_INFINITY, f64::max);
+        let mut out = Vec::new();
+        for id in &lower {
+            let time = self.members[id].time;
+            out.extend(self.exploit(id, time, &upper));
+        }
+        if let Some(s) = &mut self.synch {
+            s.next = (s.next + self.interval).max(furthest);
+        }
+        out
+    }
+
+    /// Synchronous: holds the round if it is due, its exploits kept for [`Scheduler::take_exploits`].
+    fn round_if_due(&mut self) {
+        if self.round_due() {
+            let exploits = self.round();
+            if let Some(s) = &mut self.synch {
+                s.exploits.extend(exploits);
+            }
+        }
     }
 
     /// The donor's config, explored (see the module docs).
@@ -401,6 +537,9 @@ struct Saved<'a> {
     /// PB2's observations.
     #[serde(skip_serializing_if = "Option::is_none")]
     observations: Option<&'a [Observation]>,
+    /// Synchronous rounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    synch: Option<&'a Synch>,
 }
 
 impl Pbt {
@@ -412,6 +551,7 @@ impl Pbt {
             perturbations: self.perturbations,
             added: self.added,
             observations: self.bandit.as_ref().map(|b| b.data.as_slice()),
+            synch: self.synch.as_ref(),
         }
     }
 }
@@ -424,14 +564,21 @@ impl Scheduler for Pbt {
     fn on_trial_result(&mut self, trial: &TrialView<'_>, result: &TrialResult) -> Decision {
         let Some((time, score)) = self.obj.read(result) else { return Decision::Continue };
         let (interval, burn_in) = (self.interval, self.burn_in);
+        let next_sync = self.synch.as_ref().map(|s| s.next);
         let m = self.member(trial);
         m.config = trial.config.clone();
         m.score = Some(score);
+        m.time = time;
+        m.recipient = false;
         if let Some(uri) = &result.checkpoint {
             m.checkpoint = Some((uri.clone(), result.training_iteration, time));
             m.checkpoint_score = score.0;
         }
-        if time < burn_in || time - m.last_perturbation < interval {
+        let due = match next_sync {
+            Some(next) => time >= next,
+            None => time >= burn_in && time - m.last_perturbation >= interval,
+        };
+        if !due {
             return Decision::Continue;
         }
         m.last_perturbation = time;
@@ -440,62 +587,90 @@ impl Scheduler for Pbt {
         m.base = score.0.map(|s| (time, s));
         if let Some(b) = &mut self.bandit {
             if let Some((before, gain)) = ended {
-                let h = b.unit(trial.config);
-                b.data.push(Observation { t: time / interval, before, h, gain });
-                if b.data.len() > MAX_OBSERVATIONS {
-                    b.data.remove(0);
+                let o = Observation { t: time / interval, before, h: b.unit(trial.config), gain };
+                match &mut self.synch {
+                    // Learnt at the round, in the order of the trials' ids, not of their arrival.
+                    Some(s) => s.observed.push((trial.id.to_string(), o)),
+                    None => b.observe(o),
                 }
             }
+        }
+        if self.synch.is_some() {
+            // It waits at the sync point for the rest of the population.
+            if !self.round_due() {
+                return Decision::Pause;
+            }
+            let mut exploits = self.round();
+            let mine = exploits.iter().position(|e| e.trial_id == trial.id).map(|i| exploits.remove(i));
+            if let Some(s) = &mut self.synch {
+                s.exploits.extend(exploits);
+            }
+            return mine.map_or(Decision::Pause, |e| Decision::Exploit(Box::new(e)));
         }
         let (lower, upper) = self.quantiles();
         if !lower.contains(&trial.id) {
             return Decision::Continue;
         }
-        // Only a trial with a committed checkpoint can give its state away.
-        let donors: Vec<String> =
-            upper.into_iter().filter(|d| *d != trial.id && self.members[*d].checkpoint.is_some()).map(str::to_string).collect();
-        if donors.is_empty() {
-            return Decision::Continue;
+        let upper: Vec<String> = upper.into_iter().map(str::to_string).collect();
+        match self.exploit(trial.id, time, &upper) {
+            Some(e) => Decision::Exploit(Box::new(e)),
+            None => Decision::Continue,
         }
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ self.perturbations.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        self.perturbations += 1;
-        let donor = donors[rng.random_range(0..donors.len())].clone();
-        let d = &self.members[&donor];
-        let Some((uri, iteration, at)) = d.checkpoint.clone() else { return Decision::Continue };
-        let start = d.checkpoint_score;
-        let config = match &self.bandit {
-            Some(b) => {
-                let pending: Vec<Vec<f64>> =
-                    self.members.iter().filter(|(id, _)| id.as_str() != trial.id).map(|(_, m)| b.unit(&m.config)).collect();
-                let before = start.or(d.score.and_then(|s| s.0)).unwrap_or(0.0);
-                b.explore(&d.config, time / interval, before, &pending, &mut rng)
-            }
-            None => self.explore(&d.config, &mut rng),
-        };
-        let m = self.member(trial);
-        // Not ranked, nor a donor, until it reports from its new state.
-        m.config = config.clone();
-        m.score = None;
-        m.checkpoint = None;
-        m.checkpoint_score = None;
-        m.last_perturbation = at;
-        // Its next interval's gain counts from the donor's checkpoint.
-        m.base = start.map(|s| (at, s));
-        Decision::Exploit(Box::new(Exploit {
-            trial_id: trial.id.to_string(),
-            donor,
-            checkpoint: uri,
-            checkpoint_iteration: iteration,
-            config,
-        }))
     }
 
     fn on_trial_complete(&mut self, trial: &TrialView<'_>, _result: Option<&TrialResult>) {
         self.members.remove(trial.id);
+        // The population may have been waiting for it.
+        self.round_if_due();
     }
 
     fn on_trial_error(&mut self, trial: &TrialView<'_>) {
         self.members.remove(trial.id);
+        self.round_if_due();
+    }
+
+    fn on_no_more_trials(&mut self) {
+        if let Some(s) = &mut self.synch {
+            s.closed = true;
+        }
+        self.round_if_due();
+    }
+
+    /// Asynchronous: new trials first, then the paused ones, oldest first.
+    /// Synchronous: new trials first; then, once the population is closed,
+    /// those behind the sync point: the round's recipients first (so their
+    /// donors stay at the checkpoint they were ranked with until copied),
+    /// then the least trained. A trial at the sync point waits for the round.
+    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
+        let Some(s) = &mut self.synch else {
+            return (!can_add && !paused.is_empty()).then_some(0);
+        };
+        if can_add {
+            return None;
+        }
+        if !s.closed {
+            s.closed = true;
+            self.round_if_due();
+            // The round's exploits are carried out before any trial resumes.
+            if self.synch.as_ref().is_some_and(|s| !s.exploits.is_empty()) {
+                return None;
+            }
+        }
+        let next = self.synch.as_ref().map_or(f64::INFINITY, |s| s.next);
+        paused
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| self.members.get(t.id).filter(|m| m.time < next).map(|m| (i, m)))
+            .min_by(|(_, a), (_, b)| b.recipient.cmp(&a.recipient).then(a.time.total_cmp(&b.time)).then(a.order.cmp(&b.order)))
+            .map(|(i, _)| i)
+    }
+
+    fn take_exploits(&mut self) -> Vec<Exploit> {
+        self.synch.as_mut().map(|s| std::mem::take(&mut s.exploits)).unwrap_or_default()
+    }
+
+    fn pauses_trials(&self) -> bool {
+        self.synch.is_some()
     }
 
     fn required_metrics(&self) -> Vec<(String, String)> {
@@ -519,6 +694,12 @@ impl Scheduler for Pbt {
         if let Some(b) = &mut self.bandit {
             b.data = serde_json::from_value(state["observations"].clone()).map_err(bad)?;
         }
+        if self.synch.is_some() {
+            // A state saved by the asynchronous scheduler starts the rounds afresh.
+            if let Some(saved) = state.get("synch") {
+                self.synch = Some(serde_json::from_value(saved.clone()).map_err(bad)?);
+            }
+        }
         self.members = serde_json::from_value(state["members"].clone()).map_err(bad)?;
         self.perturbations = state["perturbations"].as_u64().unwrap_or(0);
         self.added = state["added"].as_u64().unwrap_or(self.members.len() as u64);
@@ -529,6 +710,7 @@ impl Scheduler for Pbt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TrialStatus;
     use search::Mode;
 
     fn pbt(mutations: Vec<(&str, Mutation)>) -> Pbt {
@@ -589,5 +771,68 @@ mod tests {
             chosen.push(c["lr"].as_f64().unwrap());
         }
         assert!(chosen.iter().all(|lr| (lr - 0.7).abs() < 0.15), "{chosen:?}");
+    }
+
+    fn result(id: &str, iteration: u64, loss: f64) -> TrialResult {
+        TrialResult {
+            extra: None,
+            trial_id: id.into(),
+            seq: iteration,
+            training_iteration: iteration,
+            metrics: [("loss".to_string(), loss), ("training_iteration".to_string(), iteration as f64)].into_iter().collect(),
+            checkpoint: Some(format!("{id}/checkpoint_{iteration:06}")),
+        }
+    }
+
+    /// Synchronous: trials wait at the sync point until the whole
+    /// population has reached it and no new trial can join; the last to
+    /// arrive holds the round, in which the worst exploits the best (a paused
+    /// one through `take_exploits`); the recipient resumes first; and a
+    /// scheduler restored in the middle of the round decides the same.
+    #[test]
+    fn synchronous_rounds_wait_for_the_population_and_exploit_paused_trials() {
+        let make = || pbt(vec![("lr", Mutation::Domain(Domain::loguniform(1e-3, 1.0)))]).synchronous(true);
+        let ids = ["t0", "t1", "t2", "t3"];
+        let configs: Vec<Config> = (0..4).map(|i| json!({ "lr": 0.01 * (i + 1) as f64 })).collect();
+        let view = |i: usize, status| TrialView { id: ids[i], config: &configs[i], status, num_results: 0, num_workers: 1 };
+        let mut p = make();
+        for i in 0..4 {
+            p.on_trial_add(&view(i, TrialStatus::Pending));
+        }
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(p.on_trial_result(&view(i, TrialStatus::Running), &result(id, 1, 1.0)), Decision::Continue);
+        }
+        // t0 is the worst at the sync point, t1 the best.
+        let losses = [9.0, 1.0, 3.0, 2.0];
+        for (i, (id, loss)) in ids.iter().zip(losses).take(3).enumerate() {
+            assert_eq!(p.on_trial_result(&view(i, TrialStatus::Running), &result(id, 2, loss)), Decision::Pause, "{id} waits");
+        }
+        assert!(p.take_exploits().is_empty());
+        // New trials may still come: the one in line decides nothing yet.
+        assert_eq!(p.choose_trial_to_run(&[view(0, TrialStatus::Paused)], true), None);
+        p.on_no_more_trials();
+        assert!(p.take_exploits().is_empty(), "t3 has not reached the sync point");
+        let saved = p.save();
+        let mut restored = make();
+        restored.restore(&saved).unwrap();
+        for s in [&mut p, &mut restored] {
+            assert_eq!(s.on_trial_result(&view(3, TrialStatus::Running), &result(ids[3], 2, losses[3])), Decision::Pause);
+        }
+        let exploits = p.take_exploits();
+        assert_eq!(exploits, restored.take_exploits(), "a restored scheduler holds the same round");
+        assert_eq!(exploits.len(), 1, "{exploits:?}");
+        let e = &exploits[0];
+        assert_eq!(
+            (e.trial_id.as_str(), e.donor.as_str(), e.checkpoint.as_str(), e.checkpoint_iteration),
+            ("t0", "t1", "t1/checkpoint_000002", 2)
+        );
+        let lr = e.config["lr"].as_f64().unwrap_or(0.0);
+        assert!((lr - 0.024).abs() < 1e-12 || (lr - 0.016).abs() < 1e-12, "the donor's lr, perturbed: {e:?}");
+        // All paused at the sync point: the recipient resumes first.
+        let paused: Vec<TrialView<'_>> = [3, 1, 0, 2].iter().map(|&i| view(i, TrialStatus::Paused)).collect();
+        assert_eq!(p.choose_trial_to_run(&paused, false), Some(2), "t0 (the recipient) first");
+        // Nobody passes the next sync point (at 4) before the others.
+        assert_eq!(p.on_trial_result(&view(1, TrialStatus::Running), &result(ids[1], 3, 1.0)), Decision::Continue);
+        assert_eq!(p.on_trial_result(&view(1, TrialStatus::Running), &result(ids[1], 4, 1.0)), Decision::Pause);
     }
 }

@@ -68,6 +68,12 @@ pub struct PbtConfig {
     /// (dotted) config path. Every key must be a parameter of the search space.
     #[serde(default)]
     pub hyperparam_mutations: toml::Table,
+    /// Synchronous rounds (Ray's `synch`, default false): every trial waits
+    /// at each interval for the whole population, ranked together; the
+    /// outcome is the same whatever the machine's load. Asynchronous: each
+    /// trial is ranked when it reaches its interval, against the results in.
+    #[serde(default)]
+    pub synch: bool,
     /// Seeds the exploit and explore draws (default: the experiment's seed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
@@ -88,6 +94,7 @@ impl Default for PbtConfig {
             resample_probability: quarter(),
             perturbation_factors: factors(),
             hyperparam_mutations: toml::Table::new(),
+            synch: false,
             seed: None,
             custom_explore: None,
         }
@@ -221,6 +228,12 @@ pub struct Pb2Config {
     /// The explored hyperparameters' bounds, by (dotted) config path.
     #[serde(default)]
     pub hyperparam_bounds: toml::Table,
+    /// Synchronous rounds (Ray's `synch`, default false): every trial waits
+    /// at each interval for the whole population, ranked together; the
+    /// outcome is the same whatever the machine's load. Asynchronous: each
+    /// trial is ranked when it reaches its interval, against the results in.
+    #[serde(default)]
+    pub synch: bool,
     /// Seeds the exploit and explore draws (default: the experiment's seed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
@@ -236,6 +249,7 @@ impl Default for Pb2Config {
             burn_in_period: 0.0,
             quantile_fraction: quarter(),
             hyperparam_bounds: toml::Table::new(),
+            synch: false,
             seed: None,
         }
     }
@@ -407,7 +421,8 @@ impl PbtConfig {
             mutations,
             c.custom_explore.clone(),
             c.seed.unwrap_or(0),
-        ))
+        )
+        .synchronous(c.synch))
     }
 }
 
@@ -424,6 +439,6 @@ impl Pb2Config {
                 "required: the bounds of each explored hyperparameter, e.g. lr = { loguniform = [1e-4, 1e-1] }",
             ));
         }
-        Ok(Pbt::pb2(obj, c.perturbation_interval, c.burn_in_period, c.quantile_fraction, bounds, c.seed.unwrap_or(0)))
+        Ok(Pbt::pb2(obj, c.perturbation_interval, c.burn_in_period, c.quantile_fraction, bounds, c.seed.unwrap_or(0)).synchronous(c.synch))
     }
 }

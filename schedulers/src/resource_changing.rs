@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use search::TrialResult;
 
 use crate::objective::{Objective, Score};
-use crate::scheduler::{Capacity, Decision, Scheduler, SchedulerError, TrialView};
+use crate::scheduler::{Capacity, Decision, Exploit, Scheduler, SchedulerError, TrialView};
 
 /// How the free workers are shared out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,6 +145,10 @@ impl Scheduler for ResourceChanging {
 
     fn take_stopped(&mut self) -> Vec<String> {
         self.base.take_stopped()
+    }
+
+    fn take_exploits(&mut self) -> Vec<Exploit> {
+        self.base.take_exploits()
     }
 
     fn on_capacity(&mut self, capacity: Capacity) {

@@ -171,6 +171,15 @@ pub trait Scheduler: Send {
         Vec::new()
     }
 
+    /// Exploits of PAUSED trials decided as a consequence of a hook about
+    /// another trial (synchronous PBT's round, decided when the last of the
+    /// population reaches the interval). Polled with
+    /// [`Scheduler::take_stopped`]; each is carried out before its trial
+    /// runs again. An exploit naming a trial that is not PAUSED is dropped.
+    fn take_exploits(&mut self) -> Vec<Exploit> {
+        Vec::new()
+    }
+
     /// Called before trials start (and again on resume) with what the node holds.
     fn on_capacity(&mut self, _capacity: Capacity) {}
 
@@ -249,6 +258,9 @@ impl<S: Scheduler + ?Sized> Scheduler for Box<S> {
     }
     fn take_stopped(&mut self) -> Vec<String> {
         (**self).take_stopped()
+    }
+    fn take_exploits(&mut self) -> Vec<Exploit> {
+        (**self).take_exploits()
     }
     fn on_capacity(&mut self, capacity: Capacity) {
         (**self).on_capacity(capacity)

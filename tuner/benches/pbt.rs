@@ -1,106 +1,26 @@
-//! Population-based training (PBT and PB2) against random search (FIFO) on a problem
-//! whose best learning rate changes during training: noisy SGD on an
-//! ill-conditioned quadratic. A large rate descends fast but stalls at a high
-//! noise floor; a small one has a low floor but crawls. No constant rate does
-//! well; a decaying schedule does, and PBT and PB2 can find one.
+//! Population-based training (PBT and PB2, each asynchronous and
+//! synchronous) against random search (FIFO) on a problem whose best
+//! learning rate changes during training (`support/drifting.rs`): noisy SGD
+//! on an ill-conditioned quadratic, where a decaying rate wins.
 //!
-//! Each trial is a real in-process training function with real checkpoints
-//! (its weights, in a file) and the real loop and store. Every sweep has the
-//! same budget: `--trials` trials of `--iterations` iterations, 4 at a time.
-//! The table gives, as medians over `--seeds` seeds, the best final loss and
-//! the iterations actually run (an exploited trial continues from its
-//! donor's iteration, so PBT's count differs a little).
+//! Every sweep has the same budget: `--trials` trials of `--iterations`
+//! iterations, 4 at a time. The table gives, as medians over `--seeds`
+//! seeds, the best final loss and the iterations actually run (an exploited
+//! trial continues from its donor's iteration, so PBT's count differs a
+//! little), and how far apart the best losses of `--repeats` runs of the
+//! same seed are: asynchronous PBT's choices follow the machine's load,
+//! synchronous PBT's do not.
 //!
-//! `cargo bench -p nestor-tuner --bench pbt [-- --seeds 10 --trials 16 --iterations 200]`
+//! `cargo bench -p nestor-tuner --bench pbt [-- --seeds 10 --trials 16 --iterations 200 --repeats 3]`
 
+#[path = "support/drifting.rs"]
+mod drifting;
 mod support;
+use drifting::sweep;
 use support::arg;
 
-use std::path::Path;
-
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use schedulers::{Pb2Config, PbtConfig, SchedulerConfig};
-use tuner::{CheckpointConfig, Domain, Mode, NodeResources, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
-
-const DIM: usize = 10;
-const STEPS_PER_ITERATION: u64 = 10;
-const NOISE: f64 = 1.0;
-
-/// Curvatures log-spaced in [0.1, 1]: condition number 10.
-fn curvature(i: usize) -> f64 {
-    0.1 * 10f64.powf(i as f64 / (DIM - 1) as f64)
-}
-
-fn loss(w: &[f64]) -> f64 {
-    w.iter().enumerate().map(|(i, x)| 0.5 * curvature(i) * x * x).sum()
-}
-
-fn gaussian(rng: &mut ChaCha8Rng) -> f64 {
-    let (u, v): (f64, f64) = (rng.random::<f64>().max(1e-300), rng.random());
-    (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-}
-
-fn trainable(iterations: u64) -> Trainable {
-    Trainable::function(move |ctx| {
-        let lr: f64 = ctx.param("lr")?;
-        let mut w = vec![5.0; DIM];
-        if let Some(dir) = ctx.checkpoint() {
-            w = serde_json::from_slice(&std::fs::read(dir.join("w.json"))?)?;
-        }
-        let scratch = ctx.trial_dir().join("scratch");
-        let id: u64 = ctx.trial_id().trim_start_matches("trial_").parse().unwrap_or(0);
-        for it in ctx.start_iteration() + 1..=iterations {
-            // The noise depends on the trial and iteration only: a restart replays it.
-            let mut rng = ChaCha8Rng::seed_from_u64(id << 32 | it);
-            for _ in 0..STEPS_PER_ITERATION {
-                for (i, x) in w.iter_mut().enumerate() {
-                    let g = curvature(i) * *x + NOISE * gaussian(&mut rng);
-                    *x -= lr * g;
-                }
-            }
-            let ckpt = if ctx.should_checkpoint(it) {
-                std::fs::create_dir_all(&scratch)?;
-                std::fs::write(scratch.join("w.json"), serde_json::to_vec(&w)?)?;
-                Some(scratch.clone())
-            } else {
-                None
-            };
-            let l = loss(&w);
-            ctx.report([("loss", if l.is_finite() { l } else { f64::MAX })], ckpt.as_deref())?;
-        }
-        Ok(())
-    })
-}
-
-/// Best final loss and iterations run.
-fn sweep(dir: &Path, name: &str, seed: u64, trials: u64, iterations: u64, scheduler: SchedulerConfig) -> (f64, u64) {
-    let space = Space::builder().param("lr", Domain::loguniform(1e-3, 1.0)).build().unwrap_or_else(|e| panic!("{e}"));
-    let tuner = Tuner::new(trainable(iterations), space)
-        .resources(NodeResources::declared(4.0))
-        .tune_config(TuneConfig {
-            metric: Some("loss".into()),
-            mode: Some(Mode::Min),
-            num_samples: trials,
-            max_concurrent_trials: Some(4),
-            seed: Some(seed),
-            scheduler,
-            ..Default::default()
-        })
-        .run_config(RunConfig {
-            name: format!("{name}-{seed}"),
-            storage: dir.to_path_buf(),
-            progress: ProgressMode::Quiet,
-            checkpoint: CheckpointConfig { frequency: Some(10), num_to_keep: Some(2), ..Default::default() },
-            ..Default::default()
-        });
-    let grid = tuner.fit().unwrap_or_else(|e| panic!("{name}: {e}"));
-    let best = grid.iter().filter_map(|t| t.metrics.as_ref().map(|m| m["loss"])).fold(f64::INFINITY, f64::min);
-    let store = tuner::store::Store::open_existing(&dir.join(format!("{name}-{seed}/store"))).ok();
-    drop(grid);
-    let run = store.map_or(0, |s| s.all_results().map_or(0, |r| r.values().map(|v| v.len() as u64).sum()));
-    (best, run)
-}
+use tuner::Domain;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -109,6 +29,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let (seeds, trials, iterations) = (arg("--seeds", 10), arg("--trials", 16), arg("--iterations", 200));
+    let repeats = arg("--repeats", 3).max(1);
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let pbt = SchedulerConfig::Pbt(
         PbtConfig {
@@ -124,17 +45,35 @@ fn main() {
         Pb2Config { time_attr: "training_iteration".into(), perturbation_interval: 10.0, quantile_fraction: 0.25, ..Default::default() }
             .bound("lr", Domain::loguniform(1e-3, 1.0)),
     );
-    println!("noisy SGD on a {DIM}-D quadratic (condition 10), {trials} trials x {iterations} iterations, medians over {seeds} seeds");
-    println!("{:<16} {:>16} {:>16} {:>10}", "scheduler", "best final loss", "iterations run", "seconds");
-    for (name, scheduler) in [("fifo (random)", SchedulerConfig::Fifo), ("pbt", pbt), ("pb2", pb2)] {
+    let synch = |c: &SchedulerConfig| match c.clone() {
+        SchedulerConfig::Pbt(p) => SchedulerConfig::Pbt(PbtConfig { synch: true, ..p }),
+        SchedulerConfig::Pb2(p) => SchedulerConfig::Pb2(Pb2Config { synch: true, ..p }),
+        other => other,
+    };
+    let rows = [
+        ("fifo (random)", SchedulerConfig::Fifo),
+        ("pbt", pbt.clone()),
+        ("pbt synch", synch(&pbt)),
+        ("pb2", pb2.clone()),
+        ("pb2 synch", synch(&pb2)),
+    ];
+    println!(
+        "noisy SGD on a 10-D quadratic (condition 10), {trials} trials x {iterations} iterations, 4 at a time, medians over {seeds} seeds"
+    );
+    println!("{:<16} {:>16} {:>16} {:>22} {:>10}", "scheduler", "best final loss", "iterations run", "repeats differ by", "seconds");
+    for (name, scheduler) in rows {
         let started = std::time::Instant::now();
-        let (mut best, mut run) = (Vec::new(), Vec::new());
+        let (mut best, mut run, mut spread) = (Vec::new(), Vec::new(), 0.0f64);
         for seed in 0..seeds {
-            let (b, r) = sweep(dir.path(), name.split(' ').next().unwrap_or(name), seed, trials, iterations, scheduler.clone());
-            best.push(b);
-            run.push(r as f64);
+            let runs: Vec<(f64, u64)> = (0..repeats)
+                .map(|r| sweep(dir.path(), &format!("{}-{r}", name.replace(' ', "-")), seed, trials, iterations, scheduler.clone()))
+                .collect();
+            let (lo, hi) = runs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), (v, _)| (a.min(*v), b.max(*v)));
+            spread = spread.max(hi - lo);
+            best.push(runs[0].0);
+            run.push(runs[0].1 as f64);
         }
-        let secs = started.elapsed().as_secs_f64() / seeds as f64;
-        println!("{name:<16} {:>16.4} {:>16.0} {secs:>10.2}", median(best), median(run));
+        let secs = started.elapsed().as_secs_f64() / (seeds * repeats) as f64;
+        println!("{name:<16} {:>16.4} {:>16.0} {:>22.4} {secs:>10.2}", median(best), median(run), spread);
     }
 }

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use schedulers::{Capacity, Decision, Scheduler, TrialStatus, TrialView};
+use schedulers::{Capacity, Decision, Exploit, Scheduler, TrialStatus, TrialView};
 use search::{Config, TrialResult};
 
 use crate::store::{Store, StoreError};
@@ -88,6 +88,10 @@ enum Call {
     NoMore,
     /// `take_stopped` gave up on these trials.
     TakeStopped {
+        trials: Vec<String>,
+    },
+    /// `take_exploits` gave exploits of these (paused) trials.
+    TakeExploits {
         trials: Vec<String>,
     },
     Capacity {
@@ -277,6 +281,14 @@ impl Journaled {
             self.write(|_| Call::TakeStopped { trials: trials.clone() });
         }
         Ok(trials)
+    }
+
+    pub(crate) fn take_exploits(&mut self) -> Result<Vec<Exploit>, TuneError> {
+        let exploits = self.scheduler.take_exploits();
+        if !exploits.is_empty() {
+            self.write(|_| Call::TakeExploits { trials: exploits.iter().map(|e| e.trial_id.clone()).collect() });
+        }
+        Ok(exploits)
     }
 
     pub(crate) fn on_capacity(&mut self, capacity: Capacity) -> Result<(), TuneError> {
@@ -526,6 +538,12 @@ impl Replay<'_> {
                 let again = scheduler.take_stopped();
                 if again != trials {
                     tracing::warn!(?trials, ?again, "the scheduler gave up on other trials when its calls were replayed");
+                }
+            }
+            Call::TakeExploits { trials } => {
+                let again: Vec<String> = scheduler.take_exploits().into_iter().map(|e| e.trial_id).collect();
+                if again != trials {
+                    tracing::warn!(?trials, ?again, "the scheduler exploited other trials when its calls were replayed");
                 }
             }
             Call::Capacity { capacity } => scheduler.on_capacity(capacity),

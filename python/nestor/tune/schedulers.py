@@ -161,13 +161,11 @@ class PopulationBasedTraining(TrialScheduler):
                 "PopulationBasedTraining(custom_explore_fn=...): the binary explores configs and cannot call a Python "
                 "function; express the change with hyperparam_mutations and perturbation_factors"
             )
-        if synch:
-            raise ValueError("PopulationBasedTraining(synch=True) is not available yet: leave synch=False (asynchronous PBT)")
         super().__init__(
             time_attr=time_attr, metric=metric, mode=mode, perturbation_interval=float(perturbation_interval),
             burn_in_period=float(burn_in_period), quantile_fraction=float(quantile_fraction),
             resample_probability=float(resample_probability),
-            perturbation_factors=[float(f) for f in perturbation_factors],
+            perturbation_factors=[float(f) for f in perturbation_factors], synch=bool(synch),
         )
         self._settings["hyperparam_mutations"] = _mutations("PopulationBasedTraining", hyperparam_mutations)
 
@@ -190,11 +188,9 @@ class PB2(TrialScheduler):
         synch: bool = False,
         burn_in_period: float = 0.0,
     ):
-        if synch:
-            raise ValueError("PB2(synch=True) is not available yet: leave synch=False")
         super().__init__(
             time_attr=time_attr, metric=metric, mode=mode, perturbation_interval=float(perturbation_interval),
-            quantile_fraction=float(quantile_fraction), burn_in_period=float(burn_in_period),
+            quantile_fraction=float(quantile_fraction), burn_in_period=float(burn_in_period), synch=bool(synch),
         )
         self._settings["hyperparam_bounds"] = {k: [float(x) for x in v] for k, v in (hyperparam_bounds or {}).items()}
 

@@ -186,7 +186,7 @@ enum Ending {
 impl Ending {
     /// The decision on a result this ending carries out, as its trial's
     /// record keeps it until the run has exited.
-    fn decided(&self) -> Option<Decision> {
+    pub(super) fn decided(&self) -> Option<Decision> {
         match self {
             Ending::Stopped => Some(Decision::Stop),
             Ending::Paused => Some(Decision::Pause),

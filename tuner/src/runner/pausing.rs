@@ -24,9 +24,26 @@ impl Runner {
         Ok(Some(rec))
     }
 
-    /// Ends the trials the scheduler gave up on: PAUSED ones at once, running
-    /// ones through a graceful stop.
+    /// Carries out what the scheduler decided about trials other than the
+    /// one a hook was called for. The trials it gave up on end: PAUSED ones
+    /// at once, running ones through a graceful stop. A PAUSED trial it
+    /// exploits takes its donor's checkpoint before it runs again (written
+    /// into its record, so a crash loses nothing).
     pub(super) fn apply_stopped(&mut self) -> Result<(), TuneError> {
+        for e in self.scheduler.take_exploits()? {
+            if let Some(rec) = self.trials.paused.iter_mut().find(|p| p.id == e.trial_id) {
+                rec.pending_exploit = Some(e);
+                self.store.put_trial(rec)?;
+            } else if let Some(r) = self.trials.running.get_mut(&e.trial_id).filter(|r| matches!(r.ending, Some(Ending::Paused))) {
+                // Told to pause, not exited yet: it exploits instead, as if decided on its result.
+                let ending = Ending::Exploit(Box::new(e));
+                r.record.decided = ending.decided();
+                self.store.put_trial(&r.record)?;
+                r.ending = Some(ending);
+            } else {
+                tracing::warn!(trial = %e.trial_id, "ignoring an exploit of a trial that is not paused");
+            }
+        }
         for id in self.scheduler.take_stopped()? {
             if let Some(i) = self.trials.paused.iter().position(|p| p.id == id) {
                 let rec = self.trials.paused.remove(i);

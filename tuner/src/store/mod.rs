@@ -195,7 +195,7 @@ pub struct ExploitRecord {
     pub iteration: u64,
     /// The trial it took the checkpoint of.
     pub donor: String,
-    /// The donor's checkpoint (its latest committed one).
+    /// The donor's checkpoint (the one it was ranked with).
     pub donor_checkpoint: String,
     /// The iteration it was saved at, where the recipient continues.
     pub donor_iteration: u64,
