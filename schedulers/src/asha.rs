@@ -42,6 +42,7 @@ use serde_json::Value;
 use search::TrialResult;
 
 use crate::objective::{ranked, Objective, Score};
+use crate::ranked::Ranked;
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
 use search::Mode;
 
@@ -72,6 +73,9 @@ struct Bracket {
     milestones: Vec<f64>,
     /// Per rung, its results in arrival order.
     rungs: Vec<Vec<Entry>>,
+    /// Per rung, its finite scores in order (rebuilt on restore).
+    #[serde(skip)]
+    ranked: Vec<Ranked>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,7 +112,7 @@ impl Asha {
             .map(|s| {
                 let milestones: Vec<f64> =
                     (s..).map(|k| grace_period * reduction_factor.powi(k as i32)).take_while(|&m| m < max_t).take(64).collect();
-                Bracket { rungs: vec![Vec::new(); milestones.len()], milestones }
+                Bracket { rungs: vec![Vec::new(); milestones.len()], ranked: vec![Ranked::default(); milestones.len()], milestones }
             })
             .collect();
         let most = brackets.iter().map(|b| b.milestones.len()).max().unwrap_or(0) as f64;
@@ -122,17 +126,15 @@ impl Asha {
         self.brackets.iter().map(|b| b.milestones.clone()).collect()
     }
 
-    fn judge_stopping(&self, rung: &[Entry], score: Score) -> bool {
-        if !score.is_finite() {
-            return false;
-        }
-        let n = rung.len() + 1;
-        if (n as f64) < self.rf {
+    /// Whether `score` is in the top `ceil(n / rf)` of rung `k` of `bracket` with it.
+    fn judge_stopping(bracket: &Bracket, k: usize, rf: f64, score: Score) -> bool {
+        let Some(value) = score.0.filter(|v| v.is_finite()) else { return false };
+        let n = bracket.rungs[k].len() + 1;
+        if (n as f64) < rf {
             return true;
         }
-        let keep = (n as f64 / self.rf).ceil() as usize;
-        let better = rung.iter().filter(|e| e.score > score).count();
-        better < keep
+        let keep = (n as f64 / rf).ceil() as usize;
+        bracket.ranked[k].count_greater(value) < keep
     }
 
     /// The paused trial to promote next: the highest rung first (across
@@ -228,7 +230,7 @@ impl Scheduler for Asha {
         }
         let decision = match self.kind {
             AshaType::Stopping => {
-                if self.judge_stopping(&bracket.rungs[k], score) {
+                if Self::judge_stopping(bracket, k, self.rf, score) {
                     Decision::Continue
                 } else {
                     Decision::Stop
@@ -236,7 +238,11 @@ impl Scheduler for Asha {
             }
             AshaType::Promotion => Decision::Pause,
         };
-        self.brackets[state.bracket].rungs[k].push(Entry { trial: trial.id.to_string(), score, promoted: false });
+        let bracket = &mut self.brackets[state.bracket];
+        bracket.rungs[k].push(Entry { trial: trial.id.to_string(), score, promoted: false });
+        if let Some(v) = score.0 {
+            bracket.ranked[k].insert(v);
+        }
         if let Some(s) = self.trials.get_mut(trial.id) {
             s.next_rung = k + 1;
         }
@@ -307,6 +313,17 @@ impl Scheduler for Asha {
             return Err(SchedulerError::State("the saved ASHA state has other rungs than these settings".into()));
         }
         self.brackets = brackets;
+        for b in &mut self.brackets {
+            b.ranked = b
+                .rungs
+                .iter()
+                .map(|rung| {
+                    let mut r = Ranked::default();
+                    rung.iter().filter_map(|e| e.score.0).for_each(|v| r.insert(v));
+                    r
+                })
+                .collect();
+        }
         self.assigned = saved.field("assigned")?;
         self.trials = saved.field("trials")?;
         self.draining = state["draining"].as_bool().unwrap_or(false);

@@ -17,6 +17,7 @@ mod median;
 mod objective;
 mod pbt;
 mod pbt_config;
+mod ranked;
 mod resource_changing;
 mod scheduler;
 mod settings;

@@ -1,11 +1,14 @@
 //! The simulator at scale: `nestor simulate` of N trials (default 100,000)
-//! with ASHA (max_t 9, grace 1, rf 3) on 16 slots, one learning curve of 9
-//! values per config in a curves file, and no `[space]` (the search picks
-//! among the file's configs). Prints the time to load the curves, the
-//! sweep's time, the process's peak RSS and the store's size on disk.
+//! with ASHA (max_t 9, grace 1, rf 3) on 16 slots, K configs (default
+//! 10,000) with a learning curve of 9 values each in a curves file, and no
+//! `[space]` (the search picks among the file's configs, each many times
+//! when N > K). As the CLI does, the sweep runs without loading its result
+//! grid and is summed up trial by trial from the store. Prints the time to
+//! load the curves, the sweep's time, the process's peak RSS and the
+//! store's size on disk.
 //!
 //! ```text
-//! cargo bench -p nestor-tuner --bench simulate [-- --trials N]
+//! cargo bench -p nestor-tuner --bench simulate [-- --trials N --curves K]
 //! ```
 
 mod support;
@@ -14,8 +17,9 @@ use support::{arg, peak_rss_mb};
 use std::fmt::Write as _;
 use std::time::Instant;
 
+use tuner::simulate::summary::Summary;
 use tuner::simulate::Curves;
-use tuner::{ExperimentFile, ProgressMode, Trainable, Tuner};
+use tuner::{ExperimentFile, Mode, ProgressMode, Trainable, Tuner};
 
 // The allocator of the `nestor` binary, so the driver here is the one users run.
 #[global_allocator]
@@ -38,10 +42,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // As the `nestor` binary does.
     tuner::return_freed_memory_at_once();
     let trials = arg("--trials", 100_000);
+    let configs = arg("--curves", 10_000);
     let dir = tempfile::tempdir()?;
     // Curves that fall at a config-dependent rate towards a config-dependent floor.
-    let mut text = String::with_capacity(trials as usize * 120);
-    for i in 0..trials {
+    let mut text = String::with_capacity(configs as usize * 120);
+    for i in 0..configs {
         let h = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) as f64 / (1u64 << 53) as f64;
         let floor = 0.1 + 0.8 * h;
         let rate = 0.2 + 0.5 * ((i * 7919) % 1000) as f64 / 1000.0;
@@ -64,15 +69,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let experiment = ExperimentFile::read(&sweep, &[])?;
     let curves = Curves::from_jsonl(&curves_path, "loss")?;
     let loaded = started.elapsed().as_secs_f64();
-    let tuner = Tuner::from_file(experiment, sweep.display().to_string(), Some(Trainable::simulated(curves))).progress(ProgressMode::Quiet);
-    let exp = tuner.experiment_dir();
+    let tuner =
+        Tuner::from_file(experiment, sweep.display().to_string(), Some(Trainable::simulated(curves.clone()))).progress(ProgressMode::Quiet);
     let sweep_started = Instant::now();
-    let grid = tuner.fit()?;
+    let exp = tuner.run()?;
+    let sweep_peak = peak_rss_mb();
+    let store = tuner::store::Store::open_existing(&exp.join("store"))?;
+    let summary = Summary::read(&store, &curves, Mode::Min)?;
     let swept = sweep_started.elapsed().as_secs_f64();
-    assert_eq!(grid.len() as u64, trials, "every trial ran");
-    let iterations: u64 = grid.iter().map(|t| t.history.len() as u64).sum();
-    println!("trials={trials} (ASHA max_t 9, grace 1, rf 3; 16 slots)");
-    println!("curves loaded in {loaded:.2} s; sweep (with its result grid) {swept:.2} s; {iterations} iterations");
-    println!("peak RSS {:.1} MB; store on disk {:.1} MB", peak_rss_mb(), dir_size(&exp.join("store")) as f64 / 1e6);
+    assert_eq!(summary.trials(), trials, "every trial ran");
+    println!("trials={trials}, {configs} configs (ASHA max_t 9, grace 1, rf 3; 16 slots)");
+    println!("curves loaded in {loaded:.2} s; sweep (and its summary) {swept:.2} s; {} iterations", summary.iterations);
+    println!(
+        "peak RSS {sweep_peak:.1} MB during the sweep, {:.1} MB with the summary; store on disk {:.1} MB",
+        peak_rss_mb(),
+        dir_size(&exp.join("store")) as f64 / 1e6
+    );
     Ok(())
 }

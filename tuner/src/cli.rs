@@ -368,12 +368,18 @@ fn run(cli: Cli) -> Result<(), Failure> {
             } else {
                 ProgressMode::Quiet
             });
-            let dir = tuner.experiment_dir();
-            let grid = tuner.fit()?;
-            print_summary(&grid, &dir)?;
-            let iterations: u64 = grid.iter().map(|t| t.history.len() as u64).sum();
-            println!("Simulated {} trials, {iterations} iterations, in {:.2} s", grid.len(), started.elapsed().as_secs_f64());
-            let scored = crate::simulate::compare::score(&grid, &curves, mode, None);
+            // Read back trial by trial: a million trials' results need not fit in memory.
+            let dir = tuner.run()?;
+            let store = crate::store::Store::open_existing(&dir.join("store")).map_err(QueryError::from)?;
+            let summary = crate::simulate::summary::Summary::read(&store, &curves, mode).map_err(QueryError::from)?;
+            print_simulated(&summary, &store, &dir, mode)?;
+            println!(
+                "Simulated {} trials, {} iterations, in {:.2} s",
+                summary.trials(),
+                summary.iterations,
+                started.elapsed().as_secs_f64()
+            );
+            let scored = &summary.outcome;
             if let Some(attr) = curves.cost_attr() {
                 println!(
                     "Compute: {} {attr}; the chosen config's final {} is {}, the best tried {}",
@@ -554,6 +560,43 @@ fn print_summary(grid: &ResultGrid, dir: &Path) -> Result<(), Failure> {
     }
     for t in grid.errors() {
         writeln!(out, "  {} ERROR: {}", t.trial_id, headline(t.error.as_deref().unwrap_or(""))).map_err(out_err)?;
+    }
+    Ok(())
+}
+
+/// [`print_summary`]'s lines for a simulation, from its [`Summary`](crate::simulate::summary::Summary).
+fn print_simulated(
+    summary: &crate::simulate::summary::Summary,
+    store: &crate::store::Store,
+    dir: &Path,
+    mode: Mode,
+) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    let counts: Vec<String> = summary.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    writeln!(out, "Experiment {}: {} trials ({})", abs(dir), summary.trials(), counts.join(", ")).map_err(out_err)?;
+    match &summary.best {
+        Some((best, value)) => {
+            let metric = &summary.metric;
+            let iter = best.last_result.as_ref().map_or(0, |r| r.training_iteration);
+            writeln!(out, "Best trial {}: {metric}={} at iteration {iter}", best.id, fmt_num(*value)).map_err(out_err)?;
+            writeln!(out, "  config: {}", config_summary(&best.config)).map_err(out_err)?;
+            let best = crate::result_grid::TrialOutcome::from_record(
+                dir,
+                best.clone(),
+                store.results(&best.id).map_err(QueryError::from)?,
+                store.checkpoints(&best.id).map_err(QueryError::from)?,
+            );
+            let ck = best
+                .best_checkpoint(metric, mode)
+                .map(|c| c.uri.as_str())
+                .or(best.checkpoint())
+                .map_or_else(|| "none".to_string(), location);
+            writeln!(out, "  checkpoint: {ck}").map_err(out_err)?;
+        }
+        None => writeln!(out, "No best trial: no trial reported a finite value").map_err(out_err)?,
+    }
+    for (id, error) in &summary.errors {
+        writeln!(out, "  {id} ERROR: {}", headline(error)).map_err(out_err)?;
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use schedulers::TrialStatus;
 use search::{Config, Metrics, Mode, TrialResult};
 
-use crate::store::{effective_history, CheckpointRecord, ExploitRecord, Store, StoreError};
+use crate::store::{effective_history, CheckpointRecord, ExploitRecord, Store, StoreError, TrialRecord};
 
 /// How a trial's series is reduced to one score (Ray's `scope`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -98,6 +98,35 @@ impl TrialOutcome {
         self.checkpoints.last().map(|c| c.uri.as_str())
     }
 
+    /// The outcome of the trial `record` of the experiment in
+    /// `experiment_dir`, with its stored results and checkpoints.
+    pub(crate) fn from_record(
+        experiment_dir: &Path,
+        t: TrialRecord,
+        results: Vec<TrialResult>,
+        checkpoints: Vec<CheckpointRecord>,
+    ) -> Self {
+        let history = effective_history(results);
+        TrialOutcome {
+            metrics: history.last().map(|r| r.metrics.clone()),
+            path: experiment_dir.join("trials").join(&t.id),
+            trial_id: t.id,
+            config: t.config,
+            status: t.status,
+            error: t.error,
+            restarts: t.restarts,
+            resumes: t.resumes,
+            failures: t.failures,
+            infrastructure_failures: t.infrastructure_failures,
+            exploits: t.exploits,
+            resizes: t.resizes,
+            last_failure: t.last_failure.clone(),
+            resources: t.resources,
+            history,
+            checkpoints,
+        }
+    }
+
     /// The committed checkpoints, best on `metric` first (NaN or missing
     /// last; ties: the newer first), each with the metrics reported with it.
     pub fn best_checkpoints(&self, metric: &str, mode: Mode) -> Vec<&CheckpointRecord> {
@@ -184,30 +213,9 @@ impl ResultGrid {
         let mut trials = Vec::new();
         for t in store.each_trial() {
             let t = t?;
-            let history = effective_history(results.of(&t.id)?);
+            let history = results.of(&t.id)?;
             let checkpoints = all_checkpoints.of(&t.id)?;
-            let index = t.index;
-            trials.push((
-                index,
-                TrialOutcome {
-                    metrics: history.last().map(|r| r.metrics.clone()),
-                    path: experiment_dir.join("trials").join(&t.id),
-                    trial_id: t.id,
-                    config: t.config,
-                    status: t.status,
-                    error: t.error,
-                    restarts: t.restarts,
-                    resumes: t.resumes,
-                    failures: t.failures,
-                    infrastructure_failures: t.infrastructure_failures,
-                    exploits: t.exploits,
-                    resizes: t.resizes,
-                    last_failure: t.last_failure.clone(),
-                    resources: t.resources,
-                    history,
-                    checkpoints,
-                },
-            ));
+            trials.push((t.index, TrialOutcome::from_record(experiment_dir, t, history, checkpoints)));
         }
         // Creation order (ids need not sort so).
         trials.sort_by_key(|(index, _)| *index);

@@ -292,7 +292,22 @@ impl Tuner {
     }
 
     /// Runs the sweep inside an existing tokio runtime.
-    pub async fn fit_async(mut self) -> Result<ResultGrid, TuneError> {
+    pub async fn fit_async(self) -> Result<ResultGrid, TuneError> {
+        let (exp_dir, store) = self.sweep().await?;
+        Ok(ResultGrid::from_store(&exp_dir, &store)?)
+    }
+
+    /// Runs the sweep to the end without loading its results: memory stays
+    /// what the sweep needs, however many trials it ran (a `ResultGrid`
+    /// holds every result). Returns the experiment directory, which
+    /// [`ResultGrid::load`] and [`crate::store::Store::open_existing`] read.
+    pub fn run(self) -> Result<PathBuf, TuneError> {
+        let rt = trainer::driver_runtime().map_err(|source| TuneError::Io { path: PathBuf::from("<runtime>"), source })?;
+        rt.block_on(async { self.sweep().await.map(|(dir, _)| dir) })
+    }
+
+    /// The sweep: its experiment directory and store once it is over.
+    async fn sweep(mut self) -> Result<(PathBuf, Store), TuneError> {
         let resuming = self.restore_dir.is_some();
         if self.file.experiment.seed.is_none() {
             self.file.experiment.seed = Some(random_seed());
@@ -453,7 +468,7 @@ impl Tuner {
         });
         match runner.run(inputs).await? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
-            Finish::Done => Ok(ResultGrid::from_store(&exp_dir, &store)?),
+            Finish::Done => Ok((exp_dir, store)),
         }
     }
 }

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use search::{Config, Mode};
+use search::{Config, Mode, TrialResult};
 use serde::Deserialize as _;
 
 use super::{ArmSearcher, Curves};
@@ -225,35 +225,74 @@ fn sweep(entry: &Entry, curves: &Curves, seed: u64, storage: &Path) -> Result<Ou
 /// Scores a finished sweep: the config it chose against the best of
 /// `given` (or of its own trials' configs).
 pub fn score(grid: &ResultGrid, curves: &Curves, mode: Mode, given: Option<&[Config]>) -> Outcome {
-    let metric = curves.metric().to_string();
-    let better = |a: f64, b: f64| match mode {
-        Mode::Min => a < b,
-        Mode::Max => a > b,
-    };
-    let final_of = |config: &Config| curves.last_point(config).map_or(f64::NAN, |(_, v)| v);
-    // The chosen config: the best of the trials that ran their whole curve.
-    let mut complete: Option<(f64, &Config)> = None;
-    let mut any: Option<(f64, &Config)> = None;
+    let mut scorer = Scorer::new(curves, mode);
     for t in grid.iter() {
-        let Some(last) = t.history.last() else { continue };
-        let Some(v) = last.metrics.get(&metric).copied().filter(|v| v.is_finite()) else { continue };
-        let whole = curves.last_point(&t.config).is_some_and(|(n, _)| last.training_iteration >= n);
-        let slot = if whole { &mut complete } else { &mut any };
-        if slot.is_none_or(|(b, _)| better(v, b)) {
-            *slot = Some((v, &t.config));
+        scorer.add(&t.config, t.history.last());
+    }
+    scorer.finish(given)
+}
+
+/// [`score`], one trial at a time: what it keeps does not grow with the trials.
+pub struct Scorer<'a> {
+    curves: &'a Curves,
+    mode: Mode,
+    /// The best last value among trials that ran their whole curve, and its config.
+    complete: Option<(f64, Config)>,
+    /// The best last value among the others.
+    partial: Option<(f64, Config)>,
+    /// The best final value of the configs seen.
+    best: f64,
+}
+
+impl<'a> Scorer<'a> {
+    /// Nothing scored yet.
+    pub fn new(curves: &'a Curves, mode: Mode) -> Self {
+        Self { curves, mode, complete: None, partial: None, best: f64::NAN }
+    }
+
+    fn final_of(&self, config: &Config) -> f64 {
+        self.curves.last_point(config).map_or(f64::NAN, |(_, v)| v)
+    }
+
+    /// A trial of `config` whose last result was `last`.
+    pub fn add(&mut self, config: &Config, last: Option<&TrialResult>) {
+        let end = self.curves.last_point(config);
+        if let Some(v) = end.map(|(_, v)| v).filter(|v| v.is_finite()) {
+            if self.best.is_nan() || self.mode.better(v, self.best) {
+                self.best = v;
+            }
+        }
+        let Some(last) = last else { return };
+        let Some(v) = last.metrics.get(self.curves.metric()).copied().filter(|v| v.is_finite()) else { return };
+        // The chosen config: the best of the trials that ran their whole curve.
+        let whole = end.is_some_and(|(n, _)| last.training_iteration >= n);
+        let held = if whole { &self.complete } else { &self.partial };
+        if held.as_ref().is_none_or(|(b, _)| self.mode.better(v, *b)) {
+            let slot = if whole { &mut self.complete } else { &mut self.partial };
+            *slot = Some((v, config.clone()));
         }
     }
-    let chosen = complete.or(any).map_or(f64::NAN, |(_, c)| final_of(c));
-    let finals: Vec<f64> = match given {
-        Some(configs) => configs.iter().map(final_of).collect(),
-        None => grid.iter().map(|t| final_of(&t.config)).collect(),
-    };
-    let best = finals.iter().copied().filter(|v| v.is_finite()).fold(f64::NAN, |b, v| if b.is_nan() || better(v, b) { v } else { b });
-    let regret = match mode {
-        Mode::Min => chosen - best,
-        Mode::Max => best - chosen,
-    };
-    Outcome { spent: curves.spent(), chosen, best, regret: if regret.is_nan() { f64::INFINITY } else { regret.max(0.0) } }
+
+    /// The outcome: the chosen config's final value against the best of
+    /// `given` (or of the configs added).
+    pub fn finish(self, given: Option<&[Config]>) -> Outcome {
+        let chosen = self.complete.as_ref().or(self.partial.as_ref()).map_or(f64::NAN, |(_, c)| self.final_of(c));
+        let best = match given {
+            Some(configs) => configs.iter().map(|c| self.final_of(c)).filter(|v| v.is_finite()).fold(f64::NAN, |b, v| {
+                if b.is_nan() || self.mode.better(v, b) {
+                    v
+                } else {
+                    b
+                }
+            }),
+            None => self.best,
+        };
+        let regret = match self.mode {
+            Mode::Min => chosen - best,
+            Mode::Max => best - chosen,
+        };
+        Outcome { spent: self.curves.spent(), chosen, best, regret: if regret.is_nan() { f64::INFINITY } else { regret.max(0.0) } }
+    }
 }
 
 /// The comparison as a table: a row per scheduler.

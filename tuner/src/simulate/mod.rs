@@ -23,6 +23,7 @@
 //! order, and the same seed gives the same sweep.
 
 pub mod compare;
+pub mod summary;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};

@@ -1,0 +1,72 @@
+//! Scores kept in order, for "how many are better than this one" in far
+//! less than a pass over them all: a rung of ASHA at a million trials is
+//! asked that once per trial.
+//!
+//! Sorted blocks of at most `2 * BLOCK` values: an insert is a binary
+//! search and a shift within one block (split when full), a count is a
+//! binary search over the blocks, one within a block, and a sum over the
+//! blocks' lengths after it: O(n / BLOCK + BLOCK) each.
+
+/// A block's length before it splits in two.
+const BLOCK: usize = 512;
+
+/// Finite values in ascending order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Ranked {
+    blocks: Vec<Vec<f64>>,
+}
+
+impl Ranked {
+    /// Adds `v`; a value that is not finite is left out.
+    pub(crate) fn insert(&mut self, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        // The first block whose largest value is at least `v`, or the last.
+        let i = self.blocks.partition_point(|b| b.last().is_some_and(|&x| x < v)).min(self.blocks.len().saturating_sub(1));
+        let Some(block) = self.blocks.get_mut(i) else {
+            self.blocks.push(vec![v]);
+            return;
+        };
+        let at = block.partition_point(|&x| x < v);
+        block.insert(at, v);
+        if block.len() >= 2 * BLOCK {
+            let upper = block.split_off(BLOCK);
+            self.blocks.insert(i + 1, upper);
+        }
+    }
+
+    /// How many values are greater than `v`.
+    pub(crate) fn count_greater(&self, v: f64) -> usize {
+        let i = self.blocks.partition_point(|b| b.last().is_some_and(|&x| x <= v));
+        let Some(block) = self.blocks.get(i) else { return 0 };
+        let within = block.len() - block.partition_point(|&x| x <= v);
+        within + self.blocks[i + 1..].iter().map(Vec::len).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Counts agree with a pass over every value, ties and repeats
+        /// included, across many block splits.
+        #[test]
+        fn counts_agree_with_a_full_pass(values in proptest::collection::vec(prop_oneof![-50i32..50, -5000i32..5000], 0..3000), probes in proptest::collection::vec(-6000i32..6000, 1..20)) {
+            let mut r = Ranked::default();
+            let mut all = Vec::new();
+            for v in &values {
+                r.insert(f64::from(*v));
+                all.push(f64::from(*v));
+            }
+            r.insert(f64::NAN);
+            r.insert(f64::INFINITY);
+            for p in probes.iter().map(|p| f64::from(*p)).chain(all.iter().copied().take(5)) {
+                prop_assert_eq!(r.count_greater(p), all.iter().filter(|&&x| x > p).count(), "probe {}", p);
+            }
+        }
+    }
+}
