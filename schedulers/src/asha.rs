@@ -71,10 +71,14 @@ struct Entry {
 struct Bracket {
     /// Rung milestones, ascending, all below `max_t`.
     milestones: Vec<f64>,
-    /// Per rung, its results in arrival order.
+    /// Promotion type: per rung, its results in arrival order. The
+    /// stopping type keeps no ids: its rungs are `sizes` and `ranked`.
     rungs: Vec<Vec<Entry>>,
-    /// Per rung, its finite scores in order (rebuilt on restore).
-    #[serde(skip)]
+    /// Per rung, how many results it holds (finite or not).
+    #[serde(default)]
+    sizes: Vec<u64>,
+    /// Per rung, its finite scores in order.
+    #[serde(default)]
     ranked: Vec<Ranked>,
 }
 
@@ -112,7 +116,8 @@ impl Asha {
             .map(|s| {
                 let milestones: Vec<f64> =
                     (s..).map(|k| grace_period * reduction_factor.powi(k as i32)).take_while(|&m| m < max_t).take(64).collect();
-                Bracket { rungs: vec![Vec::new(); milestones.len()], ranked: vec![Ranked::default(); milestones.len()], milestones }
+                let n = milestones.len();
+                Bracket { rungs: vec![Vec::new(); n], sizes: vec![0; n], ranked: vec![Ranked::default(); n], milestones }
             })
             .collect();
         let most = brackets.iter().map(|b| b.milestones.len()).max().unwrap_or(0) as f64;
@@ -129,7 +134,7 @@ impl Asha {
     /// Whether `score` is in the top `ceil(n / rf)` of rung `k` of `bracket` with it.
     fn judge_stopping(bracket: &Bracket, k: usize, rf: f64, score: Score) -> bool {
         let Some(value) = score.0.filter(|v| v.is_finite()) else { return false };
-        let n = bracket.rungs[k].len() + 1;
+        let n = bracket.sizes[k] as usize + 1;
         if (n as f64) < rf {
             return true;
         }
@@ -166,8 +171,13 @@ impl Asha {
         None
     }
 
+    /// `id` ended. The promotion type remembers it (it is never promoted);
+    /// the stopping type lets go of it, so its memory follows the live
+    /// trials, not all of them.
     fn finish(&mut self, id: &str) {
-        if let Some(t) = self.trials.get_mut(id) {
+        if self.kind == AshaType::Stopping {
+            self.trials.remove(id);
+        } else if let Some(t) = self.trials.get_mut(id) {
             t.finished = true;
         }
     }
@@ -216,6 +226,10 @@ impl Scheduler for Asha {
     fn on_trial_result(&mut self, trial: &TrialView<'_>, result: &TrialResult) -> Decision {
         let Some((t, score)) = self.objective.read(result) else { return Decision::Continue };
         if !self.trials.contains_key(trial.id) {
+            if self.kind == AshaType::Stopping && trial.num_results > 1 {
+                // A trial this scheduler let go of (stopped or ended): its fate is decided.
+                return Decision::Stop;
+            }
             self.on_trial_add(trial);
         }
         if t >= self.max_t {
@@ -239,7 +253,10 @@ impl Scheduler for Asha {
             AshaType::Promotion => Decision::Pause,
         };
         let bracket = &mut self.brackets[state.bracket];
-        bracket.rungs[k].push(Entry { trial: trial.id.to_string(), score, promoted: false });
+        if self.kind == AshaType::Promotion {
+            bracket.rungs[k].push(Entry { trial: trial.id.to_string(), score, promoted: false });
+        }
+        bracket.sizes[k] += 1;
         if let Some(v) = score.0 {
             bracket.ranked[k].insert(v);
         }
@@ -314,15 +331,22 @@ impl Scheduler for Asha {
         }
         self.brackets = brackets;
         for b in &mut self.brackets {
-            b.ranked = b
-                .rungs
-                .iter()
-                .map(|rung| {
-                    let mut r = Ranked::default();
-                    rung.iter().filter_map(|e| e.score.0).for_each(|v| r.insert(v));
-                    r
-                })
-                .collect();
+            if b.sizes.len() != b.milestones.len() {
+                // A state written before rungs kept their scores in order: rebuilt from the entries.
+                b.sizes = b.rungs.iter().map(|r| r.len() as u64).collect();
+                b.ranked = b
+                    .rungs
+                    .iter()
+                    .map(|rung| {
+                        let mut r = Ranked::default();
+                        rung.iter().filter_map(|e| e.score.0).for_each(|v| r.insert(v));
+                        r
+                    })
+                    .collect();
+            }
+            if self.kind == AshaType::Stopping {
+                b.rungs.iter_mut().for_each(Vec::clear);
+            }
         }
         self.assigned = saved.field("assigned")?;
         self.trials = saved.field("trials")?;

@@ -10,10 +10,25 @@
 /// A block's length before it splits in two.
 const BLOCK: usize = 512;
 
-/// Finite values in ascending order.
+/// Finite values in ascending order; saved as one ascending list.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Ranked {
     blocks: Vec<Vec<f64>>,
+}
+
+impl serde::Serialize for Ranked {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.blocks.iter().flatten())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Ranked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut values: Vec<f64> = Vec::deserialize(d)?;
+        values.retain(|v| v.is_finite());
+        values.sort_by(f64::total_cmp);
+        Ok(Self { blocks: values.chunks(BLOCK).map(<[f64]>::to_vec).collect() })
+    }
 }
 
 impl Ranked {
@@ -64,8 +79,11 @@ mod tests {
             }
             r.insert(f64::NAN);
             r.insert(f64::INFINITY);
+            let back: Ranked = serde_json::from_str(&serde_json::to_string(&r).unwrap_or_default()).unwrap_or_default();
             for p in probes.iter().map(|p| f64::from(*p)).chain(all.iter().copied().take(5)) {
-                prop_assert_eq!(r.count_greater(p), all.iter().filter(|&&x| x > p).count(), "probe {}", p);
+                let want = all.iter().filter(|&&x| x > p).count();
+                prop_assert_eq!(r.count_greater(p), want, "probe {}", p);
+                prop_assert_eq!(back.count_greater(p), want, "probe {} after a save and restore", p);
             }
         }
     }

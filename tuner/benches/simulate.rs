@@ -72,9 +72,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tuner =
         Tuner::from_file(experiment, sweep.display().to_string(), Some(Trainable::simulated(curves.clone()))).progress(ProgressMode::Quiet);
     let sweep_started = Instant::now();
-    let exp = tuner.run()?;
+    let exp = tuner.experiment_dir();
+    let store = tuner.run()?;
     let sweep_peak = peak_rss_mb();
-    let store = tuner::store::Store::open_existing(&exp.join("store"))?;
     let summary = Summary::read(&store, &curves, Mode::Min)?;
     let swept = sweep_started.elapsed().as_secs_f64();
     assert_eq!(summary.trials(), trials, "every trial ran");

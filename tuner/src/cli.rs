@@ -369,8 +369,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 ProgressMode::Quiet
             });
             // Read back trial by trial: a million trials' results need not fit in memory.
-            let dir = tuner.run()?;
-            let store = crate::store::Store::open_existing(&dir.join("store")).map_err(QueryError::from)?;
+            let dir = tuner.experiment_dir();
+            let store = tuner.run()?;
             let summary = crate::simulate::summary::Summary::read(&store, &curves, mode).map_err(QueryError::from)?;
             print_simulated(&summary, &store, &dir, mode)?;
             println!(

@@ -299,11 +299,13 @@ impl Tuner {
 
     /// Runs the sweep to the end without loading its results: memory stays
     /// what the sweep needs, however many trials it ran (a `ResultGrid`
-    /// holds every result). Returns the experiment directory, which
-    /// [`ResultGrid::load`] and [`crate::store::Store::open_existing`] read.
-    pub fn run(self) -> Result<PathBuf, TuneError> {
+    /// holds every result). Returns the experiment's store, still open, to
+    /// read a trial at a time ([`Store::each_trial`]); the experiment
+    /// directory is its parent. Drop it before [`ResultGrid::load`] opens
+    /// the directory again.
+    pub fn run(self) -> Result<Store, TuneError> {
         let rt = trainer::driver_runtime().map_err(|source| TuneError::Io { path: PathBuf::from("<runtime>"), source })?;
-        rt.block_on(async { self.sweep().await.map(|(dir, _)| dir) })
+        rt.block_on(async { self.sweep().await.map(|(_, store)| store) })
     }
 
     /// The sweep: its experiment directory and store once it is over.
