@@ -361,6 +361,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 println!("{} simulated sweeps in {:.1} s", rows.len() as u64 * seeds, started.elapsed().as_secs_f64());
                 return Ok(());
             }
+            if let Some(note) = max_t_note(&ExperimentFile::raw_table(&file, &sets).map_err(TuneError::from)?, &experiment, &curves) {
+                eprintln!("{note}");
+            }
             let started = std::time::Instant::now();
             let mode = experiment.experiment.mode.unwrap_or(search::Mode::Min);
             let tuner = Tuner::from_file(experiment, origin, Some(crate::Trainable::simulated(curves.clone()))).progress(if plain {
@@ -562,6 +565,27 @@ fn print_summary(grid: &ResultGrid, dir: &Path) -> Result<(), Failure> {
         writeln!(out, "  {} ERROR: {}", t.trial_id, headline(t.error.as_deref().unwrap_or(""))).map_err(out_err)?;
     }
     Ok(())
+}
+
+/// A note when the file leaves the scheduler's `max_t` at its default and
+/// the curves go on past it in its `time_attr` (a cost such as
+/// `samples_seen` runs to thousands, where the default is 100): every
+/// trial would stop before its curve ends.
+fn max_t_note(raw: &toml::Table, experiment: &ExperimentFile, curves: &crate::simulate::Curves) -> Option<String> {
+    let given = raw.get("scheduler").and_then(toml::Value::as_table).is_some_and(|t| t.contains_key("max_t"));
+    let settings = serde_json::to_value(&experiment.scheduler).ok()?;
+    let max_t = settings["max_t"].as_f64().filter(|_| !given)?;
+    let attr = settings["time_attr"].as_str().unwrap_or("training_iteration");
+    let end = curves.end(attr)?;
+    (end > max_t).then(|| {
+        format!(
+            "note: scheduler.max_t is not set, so it is {} {attr} (the default), while the curves end at {}; \
+             set scheduler.max_t = {} to train the best configs to the end (--compare does)",
+            fmt_num(max_t),
+            fmt_num(end),
+            fmt_num(end)
+        )
+    })
 }
 
 /// [`print_summary`]'s lines for a simulation, from its [`Summary`](crate::simulate::summary::Summary).

@@ -161,6 +161,9 @@ fn nestor_simulate_leaves_a_normal_experiment() {
     let final_loss = table.get(&best["config"].to_string()).copied().unwrap();
     assert_eq!(best["metrics"]["training_iteration"], 81.0);
     assert!((best["metrics"]["loss"].as_f64().unwrap() - final_loss).abs() < 1e-12);
+    // The summary, read a trial at a time, names the same best trial as the whole grid does.
+    let id = best["trial_id"].as_str().unwrap_or("?");
+    assert!(summary.contains(&format!("Best trial {id}: loss=")), "{summary}");
     let status = nestor(&["status", "runs/sim"]);
     assert!(status.contains("200 TERMINATED"), "{status}");
     let csv = nestor(&["export", "runs/sim", "--format", "csv"]);
@@ -176,6 +179,39 @@ fn nestor_simulate_leaves_a_normal_experiment() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "error: bad.jsonl: line 2: `metrics` must be an array of numbers");
     assert!(!dir.path().join("runs2").exists());
+}
+
+/// Rungs in a cost column with `max_t` left at its default: the curves go
+/// on far past it, and `nestor simulate` says so, naming where they end.
+#[test]
+fn nestor_simulate_notes_a_default_max_t_below_the_curves_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    for (config, curve) in crossing_curves(20, 2, 0.5) {
+        let seen: Vec<f64> = (1..=curve.metrics.len()).map(|i| 50.0 * i as f64).collect();
+        lines.push_str(&format!("{}\n", serde_json::json!({ "config": config, "metrics": curve.metrics, "samples_seen": seen })));
+    }
+    std::fs::write(dir.path().join("curves.jsonl"), lines).unwrap();
+    let sweep = "[experiment]\nname = \"sim\"\nmetric = \"loss\"\nmode = \"min\"\nnum_samples = 20\nseed = 2\n\
+                 [scheduler]\ntype = \"asha\"\ntime_attr = \"samples_seen\"\n";
+    std::fs::write(dir.path().join("sweep.toml"), sweep).unwrap();
+    let run = |file: &str, storage: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_nestor"))
+            .args(["simulate", file, "--curves", "curves.jsonl", "--storage", storage])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let end = 50.0 * crossing_curves(20, 2, 0.5)[0].1.metrics.len() as f64;
+    let stderr = run("sweep.toml", "runs");
+    assert!(
+        stderr.contains(&format!("scheduler.max_t is not set, so it is 100 samples_seen (the default), while the curves end at {end}")),
+        "{stderr}"
+    );
+    std::fs::write(dir.path().join("set.toml"), format!("{sweep}max_t = {end}\n")).unwrap();
+    assert!(!run("set.toml", "runs2").contains("max_t"), "no note once max_t is set");
 }
 
 /// A simulation's time budget is virtual: the sweep stops at the budget on
