@@ -117,6 +117,28 @@ fn the_learning_curve_scheduler_saves_compute_on_real_curves_and_decides_the_sam
     assert_eq!(outcomes, again);
 }
 
+/// The issue's target (mean regret at most 0.001 for at most a quarter of
+/// FIFO's compute) on the held-out curves, which chose no setting:
+/// promotion ASHA with `reduction_factor = 5` and two brackets, its rungs
+/// in `samples_seen` at the default place (`max_t / 25`, `max_t / 5`, and
+/// the second bracket from `max_t / 5`). The sweeps are deterministic: the
+/// same 20 seeds give the same figures every run.
+#[test]
+fn promotion_asha_meets_the_efficiency_target_on_held_out_curves() {
+    let curves = Curves::from_jsonl(&curves_dir().join("heldout-cancer-sizes.jsonl.gz"), "error").unwrap().cost("samples_seen").unwrap();
+    let base: toml::Table = toml::from_str(
+        "[experiment]\nname = \"e\"\nmetric = \"error\"\nmode = \"min\"\nnum_samples = 100\nmax_concurrent_trials = 4\nseed = 0\n\
+         [scheduler]\ntype = \"fifo\"\ntime_attr = \"samples_seen\"\n[checkpoint]\nfrequency = 1\n",
+    )
+    .unwrap();
+    let list = entries("asha:asha_type=promotion:reduction_factor=5:brackets=2", &base, "e", &curves).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let rows = run(&list, &curves, 20, dir.path(), |_, _, _| {}).unwrap();
+    let asha = &rows[1];
+    assert!(asha.mean_share() <= 0.25, "compute {:?}", asha.shares);
+    assert!(asha.mean_regret() <= 0.001, "regret {:?}", asha.regrets);
+}
+
 #[test]
 fn nestor_simulate_compares_schedulers() {
     let dir = tempfile::tempdir().unwrap();

@@ -299,8 +299,9 @@ impl<'a> Scorer<'a> {
 pub fn table(rows: &[Row], cost: Option<&str>, seeds: u64) -> String {
     let mut out = String::new();
     let unit = cost.unwrap_or("iterations");
+    let w = rows.iter().map(|r| r.label.len()).max().unwrap_or(0).max(40);
     out.push_str(&format!(
-        "{:<40} {:>16} {:>12} {:>12} {:>8}\n",
+        "{:<w$} {:>16} {:>12} {:>12} {:>8}\n",
         "scheduler",
         "compute vs FIFO",
         "regret mean",
@@ -309,7 +310,7 @@ pub fn table(rows: &[Row], cost: Option<&str>, seeds: u64) -> String {
     ));
     for r in rows {
         out.push_str(&format!(
-            "{:<40} {:>16} {:>12.4} {:>12.4} {:>8}\n",
+            "{:<w$} {:>16} {:>12.4} {:>12.4} {:>8}\n",
             r.label,
             format!("{:.1}%", 100.0 * r.mean_share()),
             r.mean_regret(),
