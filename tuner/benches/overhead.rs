@@ -5,11 +5,13 @@
 //! the driver's peak RSS.
 //!
 //! ```text
-//! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C --no-trial-files --asha --tensorboard]
+//! cargo bench -p nestor-tuner --bench overhead [-- --trials N --sleep-ms MS --concurrency C --no-trial-files --asha --learning-curve --tensorboard]
 //! ```
 //!
 //! `--asha` schedules with ASHA (stopping, `max_t` 4): a scheduler whose
 //! state grows with every trial, where FIFO (the default) keeps none.
+//! `--learning-curve` with the learning-curve scheduler (`max_t` 4): a
+//! curve model fitted at its checks.
 
 mod support;
 use support::{arg, peak_rss_mb};
@@ -43,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sleep_ms = arg("--sleep-ms", 20);
     let concurrency = arg("--concurrency", 16) as usize;
     let asha = std::env::args().any(|a| a == "--asha");
+    let learning_curve = std::env::args().any(|a| a == "--learning-curve");
     let dir = tempfile::tempdir()?;
     let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build()?;
     let starts = Arc::new(Mutex::new(Vec::with_capacity(trials as usize)));
@@ -77,7 +80,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             num_samples: trials,
             max_concurrent_trials: Some(concurrency),
             seed: Some(0),
-            scheduler: if asha { SchedulerConfig::Asha(AshaConfig { max_t: 4.0, ..Default::default() }) } else { SchedulerConfig::Fifo },
+            scheduler: if asha {
+                SchedulerConfig::Asha(AshaConfig { max_t: 4.0, ..Default::default() })
+            } else if learning_curve {
+                SchedulerConfig::LearningCurve(schedulers::LearningCurveConfig { max_t: 4.0, ..Default::default() })
+            } else {
+                SchedulerConfig::Fifo
+            },
             ..Default::default()
         })
         .run_config(RunConfig {
@@ -106,7 +115,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if tensorboard {
         files.push_str(", TensorBoard logger on");
     }
-    let scheduler = if asha { "ASHA" } else { "FIFO" };
+    let scheduler = if asha {
+        "ASHA"
+    } else if learning_curve {
+        "learning curve"
+    } else {
+        "FIFO"
+    };
     println!("trials={trials} sleep={sleep_ms}ms concurrency={concurrency} scheduler={scheduler} ({files})");
     println!("total {elapsed:.3}s, ideal {ideal:.3}s, overhead {:.1}%", (elapsed / ideal - 1.0) * 100.0);
     println!("mean report round trip {:.0} us", REPORT_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / trials as f64 / 1000.0);
