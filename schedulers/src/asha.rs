@@ -34,15 +34,15 @@
 //!   weighted round-robin (Ray's weights, without its random draw), so the
 //!   same sweep always makes the same decisions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use search::TrialResult;
 
-use crate::objective::{ranked, Objective, Score};
-use crate::ranked::Ranked;
+use crate::objective::{Objective, Score};
+use crate::ranked::{key, Ranked};
 use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
 use search::Mode;
 
@@ -80,6 +80,46 @@ struct Bracket {
     /// Per rung, its finite scores in order.
     #[serde(default)]
     ranked: Vec<Ranked>,
+    /// Promotion type, per rung: its entries with a finite score in rank
+    /// order (best first, ties by arrival), as `(key(-score), index)`.
+    #[serde(skip)]
+    order: Vec<Ranked<(u64, usize)>>,
+    /// Promotion type, per rung: the entries not promoted yet, in the same
+    /// order (those of trials that ended are passed over).
+    #[serde(skip)]
+    waiting: Vec<BTreeSet<(u64, usize)>>,
+}
+
+impl Bracket {
+    /// Rebuilds `order` and `waiting` from the entries.
+    fn index(&mut self) {
+        self.order = vec![Ranked::default(); self.rungs.len()];
+        self.waiting = vec![BTreeSet::new(); self.rungs.len()];
+        for k in 0..self.rungs.len() {
+            for i in 0..self.rungs[k].len() {
+                self.index_entry(k, i);
+            }
+        }
+    }
+
+    fn index_entry(&mut self, k: usize, i: usize) {
+        let e = &self.rungs[k][i];
+        if let Some(v) = e.score.0.filter(|v| v.is_finite()) {
+            let at = (key(-v), i);
+            self.order[k].add(at);
+            if !e.promoted {
+                self.waiting[k].insert(at);
+            }
+        }
+    }
+
+    fn promote(&mut self, k: usize, i: usize) {
+        let e = &mut self.rungs[k][i];
+        e.promoted = true;
+        if let Some(v) = e.score.0 {
+            self.waiting[k].remove(&(key(-v), i));
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,7 +157,14 @@ impl Asha {
                 let milestones: Vec<f64> =
                     (s..).map(|k| grace_period * reduction_factor.powi(k as i32)).take_while(|&m| m < max_t).take(64).collect();
                 let n = milestones.len();
-                Bracket { rungs: vec![Vec::new(); n], sizes: vec![0; n], ranked: vec![Ranked::default(); n], milestones }
+                Bracket {
+                    rungs: vec![Vec::new(); n],
+                    sizes: vec![0; n],
+                    ranked: vec![Ranked::default(); n],
+                    order: vec![Ranked::default(); n],
+                    waiting: vec![BTreeSet::new(); n],
+                    milestones,
+                }
             })
             .collect();
         let most = brackets.iter().map(|b| b.milestones.len()).max().unwrap_or(0) as f64;
@@ -154,17 +201,21 @@ impl Asha {
             mb.total_cmp(&ma).then(a.0.cmp(&b.0))
         });
         for (b, k) in order {
-            let rung = &self.brackets[b].rungs[k];
+            let bracket = &self.brackets[b];
+            let rung = &bracket.rungs[k];
             // While new trials can start, the paper's floor(n / rf); once
             // none can, ceil(n / rf): every rung's best goes on.
             let share = rung.len() as f64 / self.rf;
             let top = if draining { share.ceil() } else { share.floor() } as usize;
-            let scores: Vec<Score> = rung.iter().map(|e| e.score).collect();
-            for i in ranked(&scores).into_iter().take(top) {
-                let e = &rung[i];
+            // The unpromoted entries best first, while they rank in the top.
+            for &at in &bracket.waiting[k] {
+                if bracket.order[k].count_less(at) >= top {
+                    break;
+                }
+                let e = &rung[at.1];
                 let live = self.trials.get(&e.trial).is_some_and(|t| !t.finished);
-                if !e.promoted && e.score.is_finite() && live && eligible(&e.trial) {
-                    return Some((b, k, i));
+                if live && eligible(&e.trial) {
+                    return Some((b, k, at.1));
                 }
             }
         }
@@ -255,6 +306,7 @@ impl Scheduler for Asha {
         let bracket = &mut self.brackets[state.bracket];
         if self.kind == AshaType::Promotion {
             bracket.rungs[k].push(Entry { trial: trial.id.to_string(), score, promoted: false });
+            bracket.index_entry(k, bracket.rungs[k].len() - 1);
         }
         bracket.sizes[k] += 1;
         if let Some(v) = score.0 {
@@ -268,7 +320,7 @@ impl Scheduler for Asha {
                 // Pausing only to resume it at once would cost a restart.
                 if let Some((b, k, i)) = self.next_promotion(|_| true) {
                     if self.brackets[b].rungs[k][i].trial == trial.id {
-                        self.brackets[b].rungs[k][i].promoted = true;
+                        self.brackets[b].promote(k, i);
                         return Decision::Continue;
                     }
                 }
@@ -297,8 +349,8 @@ impl Scheduler for Asha {
         self.draining |= !can_add;
         let ids: std::collections::HashSet<&str> = paused.iter().map(|p| p.id).collect();
         let (b, k, i) = self.next_promotion(|id| ids.contains(id))?;
-        let entry = &mut self.brackets[b].rungs[k][i];
-        entry.promoted = true;
+        self.brackets[b].promote(k, i);
+        let entry = &self.brackets[b].rungs[k][i];
         paused.iter().position(|p| p.id == entry.trial)
     }
 
@@ -347,6 +399,7 @@ impl Scheduler for Asha {
             if self.kind == AshaType::Stopping {
                 b.rungs.iter_mut().for_each(Vec::clear);
             }
+            b.index();
         }
         self.assigned = saved.field("assigned")?;
         self.trials = saved.field("trials")?;

@@ -8,8 +8,11 @@
 //! store's size on disk.
 //!
 //! ```text
-//! cargo bench -p nestor-tuner --bench simulate [-- --trials N --curves K]
+//! cargo bench -p nestor-tuner --bench simulate [-- --trials N --curves K --promotion]
 //! ```
+//!
+//! `--promotion`: promotion ASHA (trials pause at each rung and resume from
+//! their checkpoints when promoted).
 
 mod support;
 use support::{arg, peak_rss_mb};
@@ -43,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tuner::return_freed_memory_at_once();
     let trials = arg("--trials", 100_000);
     let configs = arg("--curves", 10_000);
+    let kind = if std::env::args().any(|a| a == "--promotion") { "promotion" } else { "stopping" };
     let dir = tempfile::tempdir()?;
     // Curves that fall at a config-dependent rate towards a config-dependent floor.
     let mut text = String::with_capacity(configs as usize * 120);
@@ -61,7 +65,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         format!(
             "[experiment]\nname = \"sim-scale\"\nmetric = \"loss\"\nmode = \"min\"\nnum_samples = {trials}\n\
              max_concurrent_trials = 16\nseed = 0\nstorage = {:?}\n\n\
-             [scheduler]\ntype = \"asha\"\nmax_t = 9\ngrace_period = 1\nreduction_factor = 3\n",
+             [scheduler]\ntype = \"asha\"\nasha_type = \"{kind}\"\nmax_t = 9\ngrace_period = 1\nreduction_factor = 3\n\n\
+             [checkpoint]\nfrequency = 1\n",
             dir.path().join("runs").display().to_string()
         ),
     )?;
@@ -78,7 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let summary = Summary::read(&store, &curves, Mode::Min)?;
     let swept = sweep_started.elapsed().as_secs_f64();
     assert_eq!(summary.trials(), trials, "every trial ran");
-    println!("trials={trials}, {configs} configs (ASHA max_t 9, grace 1, rf 3; 16 slots)");
+    println!("trials={trials}, {configs} configs (ASHA {kind}, max_t 9, grace 1, rf 3; 16 slots)");
     println!("curves loaded in {loaded:.2} s; sweep (and its summary) {swept:.2} s; {} iterations", summary.iterations);
     println!(
         "peak RSS {sweep_peak:.1} MB during the sweep, {:.1} MB with the summary; store on disk {:.1} MB",
