@@ -8,9 +8,11 @@
 //! store's size on disk.
 //!
 //! ```text
-//! cargo bench -p nestor-tuner --bench simulate [-- --trials N --curves K --promotion]
+//! cargo bench -p nestor-tuner --bench simulate [-- --trials N --curves K --keep M --promotion]
 //! ```
 //!
+//! `--keep M`: the store keeps the best M finished trials (`nestor simulate
+//! --keep`); the others are summed up as they end.
 //! `--promotion`: promotion ASHA (trials pause at each rung and resume from
 //! their checkpoints when promoted).
 
@@ -20,7 +22,9 @@ use support::{arg, peak_rss_mb};
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use tuner::simulate::summary::Summary;
+use std::sync::{Arc, Mutex};
+
+use tuner::simulate::summary::Summing;
 use tuner::simulate::Curves;
 use tuner::{ExperimentFile, Mode, ProgressMode, Trainable, Tuner};
 
@@ -46,6 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tuner::return_freed_memory_at_once();
     let trials = arg("--trials", 100_000);
     let configs = arg("--curves", 10_000);
+    let keep = arg("--keep", 0);
     let kind = if std::env::args().any(|a| a == "--promotion") { "promotion" } else { "stopping" };
     let dir = tempfile::tempdir()?;
     // Curves that fall at a config-dependent rate towards a config-dependent floor.
@@ -74,16 +79,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let experiment = ExperimentFile::read(&sweep, &[])?;
     let curves = Curves::from_jsonl(&curves_path, "loss")?;
     let loaded = started.elapsed().as_secs_f64();
-    let tuner =
+    let mut tuner =
         Tuner::from_file(experiment, sweep.display().to_string(), Some(Trainable::simulated(curves.clone()))).progress(ProgressMode::Quiet);
+    let summing = Arc::new(Mutex::new(Summing::new(&curves, Mode::Min)));
+    if keep > 0 {
+        let folding = summing.clone();
+        tuner = tuner.keep_best(keep as usize, move |record| folding.lock().unwrap_or_else(std::sync::PoisonError::into_inner).add(record));
+    }
     let sweep_started = Instant::now();
     let exp = tuner.experiment_dir();
     let store = tuner.run()?;
     let sweep_peak = peak_rss_mb();
-    let summary = Summary::read(&store, &curves, Mode::Min)?;
+    let mut summing = Arc::try_unwrap(summing).map_err(|_| "the fold outlived the sweep")?.into_inner()?;
+    summing.add_store(&store)?;
+    let summary = summing.finish();
     let swept = sweep_started.elapsed().as_secs_f64();
     assert_eq!(summary.trials(), trials, "every trial ran");
-    println!("trials={trials}, {configs} configs (ASHA {kind}, max_t 9, grace 1, rf 3; 16 slots)");
+    let kept = if keep > 0 { format!("; the best {keep} kept") } else { String::new() };
+    println!("trials={trials}, {configs} configs (ASHA {kind}, max_t 9, grace 1, rf 3; 16 slots{kept})");
     println!("curves loaded in {loaded:.2} s; sweep (and its summary) {swept:.2} s; {} iterations", summary.iterations);
     println!(
         "peak RSS {sweep_peak:.1} MB during the sweep, {:.1} MB with the summary; store on disk {:.1} MB",

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Map, Value};
@@ -111,6 +112,11 @@ enum Command {
         /// With --compare: how many seeds (orders of the configs).
         #[arg(long, default_value_t = 5, requires = "compare")]
         seeds: u64,
+        /// Keep only the best N finished trials in the store (the others are
+        /// summed up as they end, then deleted): memory stays that of N
+        /// trials however many run. Such a sweep cannot be resumed.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "compare")]
+        keep: Option<u64>,
     },
     /// Submit the sweep as a Slurm batch job over `--nodes` nodes: writes
     /// the batch script next to the experiment (`<storage>/<name>.sbatch`)
@@ -319,7 +325,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let grid = tuner.fit().map_err(|e| on_full_disk(e.into(), &dir))?;
             print_summary(&grid, &dir)
         }
-        Command::Simulate { file, curves, workers, sets, storage, plain, cost, compare, seeds } => {
+        Command::Simulate { file, curves, workers, sets, storage, plain, cost, compare, seeds, keep } => {
             let mut sets = sets;
             if let Some(s) = storage {
                 sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
@@ -366,16 +372,32 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             let started = std::time::Instant::now();
             let mode = experiment.experiment.mode.unwrap_or(search::Mode::Min);
-            let tuner = Tuner::from_file(experiment, origin, Some(crate::Trainable::simulated(curves.clone()))).progress(if plain {
+            let mut tuner = Tuner::from_file(experiment, origin, Some(crate::Trainable::simulated(curves.clone()))).progress(if plain {
                 ProgressMode::Plain
             } else {
                 ProgressMode::Quiet
             });
-            // Read back trial by trial: a million trials' results need not fit in memory.
+            // Summed up trial by trial: a million trials' results need not
+            // fit in memory; with --keep, those let go of as they end.
+            let summing = Arc::new(Mutex::new(crate::simulate::summary::Summing::new(&curves, mode)));
+            if let Some(n) = keep {
+                let folding = summing.clone();
+                let n = usize::try_from(n).unwrap_or(usize::MAX);
+                tuner = tuner.keep_best(n, move |record| folding.lock().unwrap_or_else(PoisonError::into_inner).add(record));
+            }
             let dir = tuner.experiment_dir();
             let store = tuner.run()?;
-            let summary = crate::simulate::summary::Summary::read(&store, &curves, mode).map_err(QueryError::from)?;
+            let mut summing = std::mem::replace(
+                &mut *summing.lock().unwrap_or_else(PoisonError::into_inner),
+                crate::simulate::summary::Summing::new(&curves, mode),
+            );
+            summing.add_store(&store).map_err(QueryError::from)?;
+            let summary = summing.finish();
             print_simulated(&summary, &store, &dir, mode)?;
+            if let Some(n) = keep {
+                let finished = summary.counts.iter().filter(|(s, _)| s.is_finished()).map(|(_, n)| n).sum::<u64>();
+                println!("The store keeps the best {} of the {finished} finished trials (--keep)", n.min(finished));
+            }
             println!(
                 "Simulated {} trials, {} iterations, in {:.2} s",
                 summary.trials(),
@@ -619,7 +641,7 @@ fn print_simulated(
         }
         None => writeln!(out, "No best trial: no trial reported a finite value").map_err(out_err)?,
     }
-    for (id, error) in &summary.errors {
+    for (_, id, error) in &summary.errors {
         writeln!(out, "  {id} ERROR: {}", headline(error)).map_err(out_err)?;
     }
     Ok(())

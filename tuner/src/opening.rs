@@ -80,6 +80,12 @@ pub(crate) async fn resume(
     let mut next_index = 0;
     let mut finished = (0, 0);
     let store = Store::open_existing(store_dir)?;
+    if let Some(n) = store.meta(crate::runner::keep::LET_GO)?.and_then(|v| v.as_u64()) {
+        return Err(TuneError::Corrupt(
+            store_dir.to_path_buf(),
+            format!("a simulation that kept only its best trials (it let go of {n}) cannot be resumed; run it again"),
+        ));
+    }
     store.recover_created()?;
     if let Some(state) = store.searcher()? {
         searcher.restore(&state)?;

@@ -57,6 +57,8 @@ pub struct Tuner {
     resources: Option<NodeResources>,
     callbacks: Vec<Box<dyn Callback>>,
     callback_deadline: Duration,
+    /// `keep_best`: how many finished trials, and the fold for the others.
+    keep: Option<(usize, crate::runner::keep::Fold)>,
 }
 
 /// Adds `config`'s keys that `space` lacks as constants (into nested tables
@@ -121,6 +123,7 @@ impl Tuner {
             resources: None,
             callbacks: Vec::new(),
             callback_deadline: crate::callback::DEFAULT_DEADLINE,
+            keep: None,
         }
     }
 
@@ -143,6 +146,7 @@ impl Tuner {
             resources: None,
             callbacks: Vec::new(),
             callback_deadline: crate::callback::DEFAULT_DEADLINE,
+            keep: None,
         }
     }
 
@@ -250,6 +254,18 @@ impl Tuner {
     /// [`Event`]: crate::callback::Event
     pub fn callback(mut self, callback: impl Callback + 'static) -> Self {
         self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// A simulation at scale: keeps the best `n` finished trials (by their
+    /// last value of the experiment's metric; at least 1) in the store and
+    /// hands each of the others to `fold`, in the order they are let go
+    /// of, once it ended; then deletes it. The store, and the memory it
+    /// takes, stay the size of `n` trials (plus those that may still run)
+    /// however many the sweep runs. For simulated trainables only; such a
+    /// sweep cannot be resumed.
+    pub fn keep_best(mut self, n: usize, fold: impl FnMut(crate::store::TrialRecord) + Send + 'static) -> Self {
+        self.keep = Some((n, Box::new(fold)));
         self
     }
 
@@ -382,6 +398,24 @@ impl Tuner {
         pool.check(&request)?;
         // A replay of recorded curves writes the scheduler's state at its end only.
         let journal = !matches!(trainable.kind, Kind::Simulated(_));
+        let keep = match self.keep.take() {
+            None => None,
+            Some((n, fold)) => {
+                let invalid = |message: &str| {
+                    TuneError::Experiment(crate::ExperimentError::Invalid {
+                        file: self.origin.clone(),
+                        key: "keep_best".into(),
+                        message: message.into(),
+                    })
+                };
+                if journal {
+                    return Err(invalid("for simulations only: a real trial's files and checkpoints would outlive its record"));
+                }
+                let metric = file.experiment.metric.clone().ok_or_else(|| invalid("needs experiment.metric to rank the trials"))?;
+                let mode = file.experiment.mode.unwrap_or(search::Mode::Min);
+                Some(crate::runner::keep::Keep::new(n, metric, mode, fold))
+            }
+        };
         let Opened { store, scheduler, pending, paused, next_index, finished } = if resuming {
             opening::resume(&store_dir, &storage, &mut *searcher, scheduler, journal).await?
         } else {
@@ -456,6 +490,7 @@ impl Tuner {
         let (runner, inputs) = Runner::new(Parts {
             settings,
             store: store.clone(),
+            keep,
             backend,
             clock,
             searcher,

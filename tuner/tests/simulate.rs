@@ -253,3 +253,67 @@ fn a_search_limiter_does_not_stall_a_pausing_scheduler() {
         assert!(grid.iter().all(|t| t.status == TrialStatus::Terminated), "{name}");
     }
 }
+
+/// `nestor simulate --keep N`: the store keeps the best N finished trials
+/// and the summary, summed up as the others were let go of, is the one the
+/// whole store gives. Such a sweep is refused a resume; a real sweep is
+/// refused `keep_best`.
+#[test]
+fn nestor_simulate_keep_sums_up_the_same_sweep_from_a_store_of_the_best() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    for (config, curve) in crossing_curves(60, 5, 0.5) {
+        let seen: Vec<f64> = (1..=curve.metrics.len()).map(|i| 50.0 * i as f64).collect();
+        lines.push_str(&format!("{}\n", serde_json::json!({ "config": config, "metrics": curve.metrics, "samples_seen": seen })));
+    }
+    std::fs::write(dir.path().join("curves.jsonl"), lines).unwrap();
+    let sweep = "[experiment]\nname = \"sim\"\nmetric = \"loss\"\nmode = \"min\"\nnum_samples = 300\nseed = 4\n\
+                 [scheduler]\ntype = \"asha\"\nmax_t = 27\ngrace_period = 1\n";
+    std::fs::write(dir.path().join("sweep.toml"), sweep).unwrap();
+    let nestor = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_nestor")).args(args).current_dir(dir.path()).output().unwrap();
+    let summary = |args: &[&str]| {
+        let out = nestor(args);
+        assert!(out.status.success(), "nestor {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        // Less the experiment's path and the time taken.
+        let lines: Vec<String> = text.lines().skip(1).map(|l| l.split(" in ").next().unwrap_or(l).to_string()).collect();
+        (text, lines)
+    };
+    let (_, all) = summary(&["simulate", "sweep.toml", "--curves", "curves.jsonl", "--storage", "all"]);
+    let (text, kept) = summary(&["simulate", "sweep.toml", "--curves", "curves.jsonl", "--storage", "kept", "--keep", "10"]);
+    assert!(text.contains("300 trials (300 TERMINATED)"), "{text}");
+    assert!(text.contains("The store keeps the best 10 of the 300 finished trials (--keep)"), "{text}");
+    assert!(all.iter().any(|l| l.starts_with("Compute: ")), "{all:?}");
+    let kept: Vec<String> = kept.into_iter().filter(|l| !l.starts_with("The store keeps")).collect();
+    assert_eq!(kept, all, "the same summary");
+    // The store holds the 10 best trials by their last loss (of equals, the earlier), with their results.
+    let whole = ResultGrid::load(&dir.path().join("all/sim")).unwrap();
+    let mut ranked: Vec<(f64, usize, String)> =
+        whole.iter().enumerate().map(|(i, t)| (t.metrics.as_ref().unwrap()["loss"], i, t.trial_id.clone())).collect();
+    ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let best10: Vec<String> = ranked.iter().take(10).map(|r| r.2.clone()).collect();
+    let store = ResultGrid::load(&dir.path().join("kept/sim")).unwrap();
+    let mut ids: Vec<String> = store.iter().map(|t| t.trial_id.clone()).collect();
+    ids.sort();
+    let mut expected = best10.clone();
+    expected.sort();
+    assert_eq!(ids, expected);
+    for t in store.iter() {
+        let same = whole.iter().find(|w| w.trial_id == t.trial_id).unwrap();
+        assert_eq!(t.history.len(), same.history.len(), "{}: all its results", t.trial_id);
+    }
+    let curves = tuner::simulate::Curves::from_jsonl(&dir.path().join("curves.jsonl"), "loss").unwrap();
+    let resumed = tuner::Tuner::restore(dir.path().join("kept/sim"), Some(tuner::Trainable::simulated(curves))).unwrap();
+    let err = resumed.progress(tuner::ProgressMode::Quiet).run().unwrap_err().to_string();
+    assert!(err.contains("let go of 290") && err.contains("cannot be resumed"), "{err}");
+    assert_eq!(ResultGrid::load(&dir.path().join("kept/sim")).unwrap().len(), 10, "the store as it was");
+    // A real sweep's trials have files and checkpoints: keep_best is refused before anything is written.
+    let space = search::Space::builder().param("x", search::Domain::uniform(0.0, 1.0)).build().unwrap();
+    let real = tuner::Tuner::new(tuner::Trainable::function(|_| Ok(())), space)
+        .tune_config(TuneConfig { metric: Some("loss".into()), mode: Some(tuner::Mode::Min), num_samples: 2, ..Default::default() })
+        .run_config(tuner::RunConfig { name: "real".into(), storage: dir.path().join("real"), ..Default::default() })
+        .keep_best(1, |_| {});
+    let err = real.run().unwrap_err().to_string();
+    assert!(err.contains("keep_best") && err.contains("simulations only"), "{err}");
+    assert!(!dir.path().join("real").exists());
+}

@@ -36,6 +36,7 @@ mod checkpoints;
 mod commits;
 mod exploits;
 mod failures;
+pub(crate) mod keep;
 mod pausing;
 mod reporter;
 #[cfg(test)]
@@ -128,6 +129,8 @@ pub(crate) struct Settings {
 pub(crate) struct Parts {
     pub settings: Settings,
     pub store: Store,
+    /// `Tuner::keep_best`: the finished trials kept in the store.
+    pub keep: Option<keep::Keep>,
     pub backend: Arc<dyn Backend>,
     pub clock: Arc<dyn Clock>,
     pub searcher: Box<dyn Searcher>,
@@ -291,6 +294,7 @@ pub(crate) struct Runner {
     restores: Restores,
     commits: Commits,
     reporter: Reporter,
+    keep: Option<keep::Keep>,
     phase: Phase,
     events_tx: mpsc::UnboundedSender<Event>,
     /// Tests: the next restore task panics.
@@ -318,6 +322,7 @@ impl Runner {
             restores: Restores::default(),
             commits,
             reporter: p.reporter,
+            keep: p.keep,
             phase: Phase::default(),
             events_tx,
             #[cfg(test)]
@@ -493,7 +498,11 @@ impl Runner {
                 self.terminate_paused(rec)?;
             }
         }
-        self.scheduler.finish()?;
+        // A sweep that keeps its best trials only cannot be resumed: its
+        // scheduler's state (ASHA's: a score per trial and rung) is not written.
+        if self.keep.is_none() {
+            self.scheduler.finish()?;
+        }
         self.commit_now()?;
         // A replay syncs here only (a real sweep synced every batch already).
         self.store.flush()?;
@@ -829,7 +838,7 @@ impl Runner {
             }
             self.reporter.report(Output::Result { result: &result, checkpoint: !at_end });
         }
-        self.show_ended(&mut batch.ended);
+        self.show_ended(&mut batch.ended)?;
         if at_end {
             return Ok(());
         }
@@ -857,13 +866,19 @@ impl Runner {
         Ok(())
     }
 
-    fn show_ended(&mut self, ended: &mut Vec<TrialRecord>) {
+    /// Trial ends are durable: shown, then (with `keep_best`) the worst
+    /// finished trials let go of.
+    fn show_ended(&mut self, ended: &mut Vec<TrialRecord>) -> Result<(), TuneError> {
         for r in ended.drain(..) {
             self.reporter.report(Output::Ended(&r));
+            if let Some(keep) = &mut self.keep {
+                keep.ended(&self.store, &r)?;
+            }
         }
         if !self.commits.ends_pending() {
             self.reporter.report(Output::EndsShown);
         }
+        Ok(())
     }
 
     /// A node the backend found lost leaves the pool for the rest of the

@@ -131,6 +131,7 @@ fn harness(o: Options) -> Harness {
     let (runner, inputs) = Runner::new(Parts {
         settings,
         store: store.clone(),
+        keep: None,
         backend: Arc::new(backend.clone()),
         clock: Arc::new(WallClock::new()),
         searcher: Box::new(BasicVariantGenerator::new(space, o.trials, 0)),

@@ -226,36 +226,39 @@ fn sweep(entry: &Entry, curves: &Curves, seed: u64, storage: &Path) -> Result<Ou
 /// `given` (or of its own trials' configs).
 pub fn score(grid: &ResultGrid, curves: &Curves, mode: Mode, given: Option<&[Config]>) -> Outcome {
     let mut scorer = Scorer::new(curves, mode);
-    for t in grid.iter() {
-        scorer.add(&t.config, t.history.last());
+    for (i, t) in grid.iter().enumerate() {
+        scorer.add(i as u64, &t.config, t.history.last());
     }
     scorer.finish(given)
 }
 
-/// [`score`], one trial at a time: what it keeps does not grow with the trials.
-pub struct Scorer<'a> {
-    curves: &'a Curves,
+/// [`score`], one trial at a time: what it keeps does not grow with the
+/// trials, and the trials may come in any order (of equals, the earlier
+/// trial is chosen).
+pub struct Scorer {
+    curves: Curves,
     mode: Mode,
-    /// The best last value among trials that ran their whole curve, and its config.
-    complete: Option<(f64, Config)>,
+    /// The best last value among trials that ran their whole curve, with
+    /// the trial's index and config.
+    complete: Option<(f64, u64, Config)>,
     /// The best last value among the others.
-    partial: Option<(f64, Config)>,
+    partial: Option<(f64, u64, Config)>,
     /// The best final value of the configs seen.
     best: f64,
 }
 
-impl<'a> Scorer<'a> {
+impl Scorer {
     /// Nothing scored yet.
-    pub fn new(curves: &'a Curves, mode: Mode) -> Self {
-        Self { curves, mode, complete: None, partial: None, best: f64::NAN }
+    pub fn new(curves: &Curves, mode: Mode) -> Self {
+        Self { curves: curves.clone(), mode, complete: None, partial: None, best: f64::NAN }
     }
 
     fn final_of(&self, config: &Config) -> f64 {
         self.curves.last_point(config).map_or(f64::NAN, |(_, v)| v)
     }
 
-    /// A trial of `config` whose last result was `last`.
-    pub fn add(&mut self, config: &Config, last: Option<&TrialResult>) {
+    /// Trial number `index`, of `config`, whose last result was `last`.
+    pub fn add(&mut self, index: u64, config: &Config, last: Option<&TrialResult>) {
         let end = self.curves.last_point(config);
         if let Some(v) = end.map(|(_, v)| v).filter(|v| v.is_finite()) {
             if self.best.is_nan() || self.mode.better(v, self.best) {
@@ -267,16 +270,16 @@ impl<'a> Scorer<'a> {
         // The chosen config: the best of the trials that ran their whole curve.
         let whole = end.is_some_and(|(n, _)| last.training_iteration >= n);
         let held = if whole { &self.complete } else { &self.partial };
-        if held.as_ref().is_none_or(|(b, _)| self.mode.better(v, *b)) {
+        if held.as_ref().is_none_or(|(b, i, _)| self.mode.better(v, *b) || (v == *b && index < *i)) {
             let slot = if whole { &mut self.complete } else { &mut self.partial };
-            *slot = Some((v, config.clone()));
+            *slot = Some((v, index, config.clone()));
         }
     }
 
     /// The outcome: the chosen config's final value against the best of
     /// `given` (or of the configs added).
     pub fn finish(self, given: Option<&[Config]>) -> Outcome {
-        let chosen = self.complete.as_ref().or(self.partial.as_ref()).map_or(f64::NAN, |(_, c)| self.final_of(c));
+        let chosen = self.complete.as_ref().or(self.partial.as_ref()).map_or(f64::NAN, |(_, _, c)| self.final_of(c));
         let best = match given {
             Some(configs) => configs.iter().map(|c| self.final_of(c)).filter(|v| v.is_finite()).fold(f64::NAN, |b, v| {
                 if b.is_nan() || self.mode.better(v, b) {

@@ -1,6 +1,7 @@
-//! A finished simulation, read trial by trial from its store: what
-//! `nestor simulate` prints, in memory that does not grow with the trials
-//! (a `ResultGrid` holds every result of every trial).
+//! A finished simulation, trial by trial: what `nestor simulate` prints,
+//! in memory that does not grow with the trials (a `ResultGrid` holds every
+//! result of every trial). The trials may come in any order: those a sweep
+//! let go of as it ran (`Tuner::keep_best`), then those its store kept.
 
 use std::collections::BTreeMap;
 
@@ -26,35 +27,76 @@ pub struct Summary {
     /// The best trial by its last value of the metric (ties: the earlier
     /// trial), with that value.
     pub best: Option<(TrialRecord, f64)>,
-    /// The first failed trials, with their errors.
-    pub errors: Vec<(String, String)>,
+    /// The first failed trials (by creation), with their errors.
+    pub errors: Vec<(u64, String, String)>,
     /// The chosen config's final value against the best tried, and the compute spent.
     pub outcome: Outcome,
 }
 
-impl Summary {
-    /// Reads `store`'s trials once, in creation order.
-    pub fn read(store: &Store, curves: &Curves, mode: Mode) -> Result<Self, StoreError> {
-        let metric = curves.metric().to_string();
-        let mut scorer = Scorer::new(curves, mode);
-        let (mut counts, mut iterations, mut errors) = (BTreeMap::new(), 0, Vec::new());
-        let mut best: Option<(TrialRecord, f64)> = None;
-        for record in store.each_trial() {
-            let record = record?;
-            *counts.entry(record.status).or_insert(0) += 1;
-            iterations += record.num_results;
-            scorer.add(&record.config, record.last_result.as_ref());
-            if record.status == TrialStatus::Error && errors.len() < ERRORS_LISTED {
-                errors.push((record.id.clone(), record.error.clone().unwrap_or_default()));
-            }
-            let value = record.last_result.as_ref().and_then(|r| r.metrics.get(&metric)).copied().filter(|v| v.is_finite());
-            if let Some(v) = value {
-                if best.as_ref().is_none_or(|(_, b)| mode.better(v, *b)) {
-                    best = Some((record, v));
-                }
+/// A [`Summary`] being summed up.
+pub struct Summing {
+    mode: Mode,
+    scorer: Scorer,
+    summary: Summary,
+}
+
+impl Summing {
+    /// No trial yet.
+    pub fn new(curves: &Curves, mode: Mode) -> Self {
+        let outcome = Outcome { spent: 0.0, chosen: f64::NAN, best: f64::NAN, regret: f64::INFINITY };
+        let summary = Summary {
+            metric: curves.metric().to_string(),
+            counts: BTreeMap::new(),
+            iterations: 0,
+            best: None,
+            errors: Vec::new(),
+            outcome,
+        };
+        Self { mode, scorer: Scorer::new(curves, mode), summary }
+    }
+
+    /// One more trial.
+    pub fn add(&mut self, record: TrialRecord) {
+        let s = &mut self.summary;
+        *s.counts.entry(record.status).or_insert(0) += 1;
+        s.iterations += record.num_results;
+        self.scorer.add(record.index, &record.config, record.last_result.as_ref());
+        if record.status == TrialStatus::Error {
+            let at = s.errors.partition_point(|(i, _, _)| *i < record.index);
+            if at < ERRORS_LISTED {
+                s.errors.insert(at, (record.index, record.id.clone(), record.error.clone().unwrap_or_default()));
+                s.errors.truncate(ERRORS_LISTED);
             }
         }
-        Ok(Self { metric, counts, iterations, best, errors, outcome: scorer.finish(None) })
+        let value = record.last_result.as_ref().and_then(|r| r.metrics.get(&s.metric)).copied().filter(|v| v.is_finite());
+        if let Some(v) = value {
+            let better = |(b, bv): &(TrialRecord, f64)| self.mode.better(v, *bv) || (v == *bv && record.index < b.index);
+            if s.best.as_ref().is_none_or(better) {
+                s.best = Some((record, v));
+            }
+        }
+    }
+
+    /// Adds `store`'s trials, in the order of their ids.
+    pub fn add_store(&mut self, store: &Store) -> Result<(), StoreError> {
+        for record in store.each_trial() {
+            self.add(record?);
+        }
+        Ok(())
+    }
+
+    /// The summary.
+    pub fn finish(self) -> Summary {
+        Summary { outcome: self.scorer.finish(None), ..self.summary }
+    }
+}
+
+impl Summary {
+    /// Reads `store`'s trials once.
+    pub fn read(store: &Store, curves: &Curves, mode: Mode) -> Result<Self, StoreError> {
+        let mut s = Summing::new(curves, mode);
+        s.add_store(store)?;
+        Ok(s.finish())
     }
 
     /// How many trials.

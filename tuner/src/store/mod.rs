@@ -534,6 +534,21 @@ impl Store {
         })
     }
 
+    /// Deletes a trial: its record, results, checkpoint and exploit records
+    /// (not the files they name). For a simulation that keeps only its best
+    /// trials (`Tuner::keep_best`).
+    pub fn remove_trial(&self, id: &str) -> Result<(), StoreError> {
+        let prefix = series_prefix(id);
+        for tree in [&self.results, &self.checkpoints, &self.exploits] {
+            let keys: Vec<sled::IVec> = tree.scan_prefix(&prefix).keys().collect::<Result<_, _>>().map_err(self.sled_err())?;
+            for k in keys {
+                tree.remove(k).map_err(self.sled_err())?;
+            }
+        }
+        self.trials.remove(id.as_bytes()).map_err(self.sled_err())?;
+        Ok(())
+    }
+
     /// Appends a result (its `seq` must be the trial's next sequence number).
     pub fn put_result(&self, result: &TrialResult) -> Result<(), StoreError> {
         self.results.insert(series_key(&result.trial_id, result.seq), Self::encode(result)).map_err(self.sled_err())?;
