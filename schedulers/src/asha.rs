@@ -43,7 +43,7 @@ use search::TrialResult;
 
 use crate::objective::{Objective, Score};
 use crate::ranked::{key, Ranked};
-use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
+use crate::scheduler::{Decision, Paused, Scheduler, SchedulerError, TrialView};
 use search::Mode;
 
 use crate::settings::{four, halving, hundred, invalid, objective, one_usize, training_iteration, ConfigError};
@@ -342,16 +342,14 @@ impl Scheduler for Asha {
         self.finish(trial.id);
     }
 
-    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
+    fn choose_trial_to_run(&mut self, paused: &dyn Paused, can_add: bool) -> Option<String> {
         if self.kind != AshaType::Promotion {
-            return if paused.is_empty() || can_add { None } else { Some(0) };
+            return if can_add { None } else { paused.oldest().map(|t| t.id.to_string()) };
         }
         self.draining |= !can_add;
-        let ids: std::collections::HashSet<&str> = paused.iter().map(|p| p.id).collect();
-        let (b, k, i) = self.next_promotion(|id| ids.contains(id))?;
+        let (b, k, i) = self.next_promotion(|id| paused.get(id).is_some())?;
         self.brackets[b].promote(k, i);
-        let entry = &self.brackets[b].rungs[k][i];
-        paused.iter().position(|p| p.id == entry.trial)
+        Some(self.brackets[b].rungs[k][i].trial.clone())
     }
 
     fn on_no_more_trials(&mut self) {

@@ -14,7 +14,7 @@ use crate::scheduler::{Decision, Scheduler, TrialStatus, TrialView};
 /// 2. the same results in the same order give the same decisions (invariant 7);
 /// 3. the saved state carries a `version` and restores into a fresh scheduler,
 ///    after which both decide the rest of the script alike;
-/// 4. `choose_trial_to_run` picks a candidate or none, never out of range;
+/// 4. `choose_trial_to_run` picks one of the paused trials or none;
 /// 5. `take_stopped` names only trials of the sweep.
 pub fn check_scheduler<S: Scheduler>(make: impl Fn() -> S, metric: &str, trials: usize, iterations: u64) {
     let config = serde_json::json!({});
@@ -98,10 +98,10 @@ pub fn check_scheduler<S: Scheduler>(make: impl Fn() -> S, metric: &str, trials:
     let candidates: Vec<TrialView<'_>> =
         ids.iter().map(|id| TrialView { id, config: &config, status: TrialStatus::Pending, num_results: 0, num_workers: 1 }).collect();
     for can_add in [true, false] {
-        if let Some(i) = a.choose_trial_to_run(&candidates, can_add) {
-            assert!(i < candidates.len(), "rule 4: choose_trial_to_run returned {i} of {} candidates", candidates.len());
+        if let Some(id) = a.choose_trial_to_run(&candidates, can_add) {
+            assert!(ids.contains(&id), "rule 4: choose_trial_to_run returned {id}, not one of the paused trials");
         }
-        assert_eq!(a.choose_trial_to_run(&[], can_add), None, "rule 4: nothing to choose from, nothing chosen");
+        assert_eq!(a.choose_trial_to_run(&Vec::new(), can_add), None, "rule 4: nothing to choose from, nothing chosen");
     }
 }
 

@@ -29,7 +29,7 @@ mod tests {
         assert_eq!(Fifo.on_trial_result(&v("a"), &r), Decision::Continue);
         // New trials first; then the paused ones, oldest first.
         assert_eq!(Fifo.choose_trial_to_run(&[v("a"), v("b")], true), None);
-        assert_eq!(Fifo.choose_trial_to_run(&[v("a"), v("b")], false), Some(0));
-        assert_eq!(Fifo.choose_trial_to_run(&[], false), None);
+        assert_eq!(Fifo.choose_trial_to_run(&[v("a"), v("b")], false).as_deref(), Some("a"));
+        assert_eq!(Fifo.choose_trial_to_run(&Vec::new(), false), None);
     }
 }

@@ -26,7 +26,7 @@ use serde_json::Value;
 use search::TrialResult;
 
 use crate::objective::{ranked, Objective, Score};
-use crate::scheduler::{Decision, Scheduler, SchedulerError, TrialView};
+use crate::scheduler::{Decision, Paused, Scheduler, SchedulerError, TrialView};
 use search::Mode;
 
 use crate::settings::{eighty_one, halving, objective, three, training_iteration, ConfigError};
@@ -221,14 +221,17 @@ impl Scheduler for HyperBand {
         self.on_trial_complete(trial, None);
     }
 
-    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], _can_add: bool) -> Option<usize> {
+    fn choose_trial_to_run(&mut self, paused: &dyn Paused, _can_add: bool) -> Option<String> {
         for br in &mut self.brackets {
-            if let Some(i) = paused.iter().position(|p| br.to_resume.contains(p.id)) {
-                br.to_resume.remove(paused[i].id);
-                if let Some(s) = self.trials.get_mut(paused[i].id) {
+            if br.to_resume.is_empty() {
+                continue;
+            }
+            if let Some(t) = paused.iter().find(|p| br.to_resume.contains(p.id)) {
+                br.to_resume.remove(t.id);
+                if let Some(s) = self.trials.get_mut(t.id) {
                     s.state = State::Running;
                 }
-                return Some(i);
+                return Some(t.id.to_string());
             }
         }
         None

@@ -33,6 +33,6 @@ pub use objective::{Objective, Score};
 pub use pbt::{CustomExplore, Mutation, Pbt};
 pub use pbt_config::{Pb2Config, PbtConfig};
 pub use resource_changing::{ResourceChanging, WorkerAllocation};
-pub use scheduler::{Capacity, Decision, Exploit, Scheduler, SchedulerError, TrialStatus, TrialView};
+pub use scheduler::{Capacity, Decision, Exploit, Paused, Scheduler, SchedulerError, TrialStatus, TrialView};
 pub use settings::ConfigError;
 pub use stopper::{CombinedStopper, FnStopper, MetricThresholds, Stopper};

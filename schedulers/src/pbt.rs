@@ -67,7 +67,7 @@ use search::{Config, Domain, TrialResult};
 
 use crate::gp::Gp;
 use crate::objective::{Objective, Score};
-use crate::{Decision, Exploit, Scheduler, SchedulerError, TrialView};
+use crate::{Decision, Exploit, Paused, Scheduler, SchedulerError, TrialView};
 
 /// What one hyperparameter may become when explored.
 #[derive(Debug, Clone, PartialEq)]
@@ -641,9 +641,9 @@ impl Scheduler for Pbt {
     /// those behind the sync point: the round's recipients first (so their
     /// donors stay at the checkpoint they were ranked with until copied),
     /// then the least trained. A trial at the sync point waits for the round.
-    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
+    fn choose_trial_to_run(&mut self, paused: &dyn Paused, can_add: bool) -> Option<String> {
         let Some(s) = &mut self.synch else {
-            return (!can_add && !paused.is_empty()).then_some(0);
+            return if can_add { None } else { paused.oldest().map(|t| t.id.to_string()) };
         };
         if can_add {
             return None;
@@ -659,10 +659,9 @@ impl Scheduler for Pbt {
         let next = self.synch.as_ref().map_or(f64::INFINITY, |s| s.next);
         paused
             .iter()
-            .enumerate()
-            .filter_map(|(i, t)| self.members.get(t.id).filter(|m| m.time < next).map(|m| (i, m)))
+            .filter_map(|t| self.members.get(t.id).filter(|m| m.time < next).map(|m| (t.id, m)))
             .min_by(|(_, a), (_, b)| b.recipient.cmp(&a.recipient).then(a.time.total_cmp(&b.time)).then(a.order.cmp(&b.order)))
-            .map(|(i, _)| i)
+            .map(|(id, _)| id.to_string())
     }
 
     fn take_exploits(&mut self) -> Vec<Exploit> {
@@ -830,7 +829,7 @@ mod tests {
         assert!((lr - 0.024).abs() < 1e-12 || (lr - 0.016).abs() < 1e-12, "the donor's lr, perturbed: {e:?}");
         // All paused at the sync point: the recipient resumes first.
         let paused: Vec<TrialView<'_>> = [3, 1, 0, 2].iter().map(|&i| view(i, TrialStatus::Paused)).collect();
-        assert_eq!(p.choose_trial_to_run(&paused, false), Some(2), "t0 (the recipient) first");
+        assert_eq!(p.choose_trial_to_run(&paused, false).as_deref(), Some("t0"), "the recipient first");
         // Nobody passes the next sync point (at 4) before the others.
         assert_eq!(p.on_trial_result(&view(1, TrialStatus::Running), &result(ids[1], 3, 1.0)), Decision::Continue);
         assert_eq!(p.on_trial_result(&view(1, TrialStatus::Running), &result(ids[1], 4, 1.0)), Decision::Pause);

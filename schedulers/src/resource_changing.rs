@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use search::TrialResult;
 
 use crate::objective::{Objective, Score};
-use crate::scheduler::{Capacity, Decision, Exploit, Scheduler, SchedulerError, TrialView};
+use crate::scheduler::{Capacity, Decision, Exploit, Paused, Scheduler, SchedulerError, TrialView};
 
 /// How the free workers are shared out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,7 +134,7 @@ impl Scheduler for ResourceChanging {
         self.base.on_trial_error(trial);
     }
 
-    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
+    fn choose_trial_to_run(&mut self, paused: &dyn Paused, can_add: bool) -> Option<String> {
         self.base.choose_trial_to_run(paused, can_add)
     }
 

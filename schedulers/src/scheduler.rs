@@ -88,6 +88,63 @@ pub struct TrialView<'a> {
     pub num_workers: u32,
 }
 
+/// The PAUSED trials [`Scheduler::choose_trial_to_run`] picks among:
+/// found by id, listed oldest first (by creation).
+pub trait Paused {
+    /// How many.
+    fn len(&self) -> usize;
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The paused trial `id`, if it is one.
+    fn get(&self, id: &str) -> Option<TrialView<'_>>;
+    /// Every paused trial, oldest first.
+    fn iter(&self) -> Box<dyn Iterator<Item = TrialView<'_>> + '_>;
+    /// The oldest paused trial.
+    fn oldest(&self) -> Option<TrialView<'_>> {
+        self.iter().next()
+    }
+}
+
+/// A list of views, oldest first (tests, the journal's replay): lookups
+/// are a pass over it.
+impl Paused for [TrialView<'_>] {
+    fn len(&self) -> usize {
+        <[TrialView<'_>]>::len(self)
+    }
+    fn get(&self, id: &str) -> Option<TrialView<'_>> {
+        <[TrialView<'_>]>::iter(self).find(|t| t.id == id).copied()
+    }
+    fn iter(&self) -> Box<dyn Iterator<Item = TrialView<'_>> + '_> {
+        Box::new(<[TrialView<'_>]>::iter(self).copied())
+    }
+}
+
+impl Paused for Vec<TrialView<'_>> {
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+    fn get(&self, id: &str) -> Option<TrialView<'_>> {
+        Paused::get(self.as_slice(), id)
+    }
+    fn iter(&self) -> Box<dyn Iterator<Item = TrialView<'_>> + '_> {
+        Paused::iter(self.as_slice())
+    }
+}
+
+impl<const N: usize> Paused for [TrialView<'_>; N] {
+    fn len(&self) -> usize {
+        N
+    }
+    fn get(&self, id: &str) -> Option<TrialView<'_>> {
+        Paused::get(self.as_slice(), id)
+    }
+    fn iter(&self) -> Box<dyn Iterator<Item = TrialView<'_>> + '_> {
+        Paused::iter(self.as_slice())
+    }
+}
+
 /// A population-based exploit: `trial_id` stops and restarts from the
 /// latest committed checkpoint of `donor` (the one the scheduler saw, at
 /// `checkpoint_iteration`), training on with `config`.
@@ -142,18 +199,21 @@ pub trait Scheduler: Send {
     /// Called once when a trial ends ERROR.
     fn on_trial_error(&mut self, _trial: &TrialView<'_>) {}
 
-    /// Picks which PAUSED trial gets a free slot; returns its index in
-    /// `paused`, or `None` to resume none now. Called whenever a slot is free
-    /// and some trial is paused: first with `can_add` true when the searcher
-    /// may still create a new trial (`None` then lets it), and again with
-    /// `can_add` false once it cannot. Trials restarting after a failure or a
-    /// resume start before any of these. By default: new trials first, then
-    /// the paused ones, oldest first.
-    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
-        if can_add || paused.is_empty() {
+    /// Picks which PAUSED trial gets a free slot; returns its id, or
+    /// `None` to resume none now. Called whenever a slot is free and some
+    /// trial is paused: first with `can_add` true when the searcher may
+    /// still create a new trial (`None` then lets it), and again with
+    /// `can_add` false once it cannot. Trials restarting after a failure or
+    /// a resume start before any of these. `paused` finds a trial by id
+    /// and lists them oldest first: a scheduler that knows which trial it
+    /// wants looks it up, so a choice need not cost a pass over every
+    /// paused trial. By default: new trials first, then the paused ones,
+    /// oldest first.
+    fn choose_trial_to_run(&mut self, paused: &dyn Paused, can_add: bool) -> Option<String> {
+        if can_add {
             None
         } else {
-            Some(0)
+            paused.oldest().map(|t| t.id.to_string())
         }
     }
 
@@ -250,7 +310,7 @@ impl<S: Scheduler + ?Sized> Scheduler for Box<S> {
     fn on_trial_error(&mut self, trial: &TrialView<'_>) {
         (**self).on_trial_error(trial)
     }
-    fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
+    fn choose_trial_to_run(&mut self, paused: &dyn Paused, can_add: bool) -> Option<String> {
         (**self).choose_trial_to_run(paused, can_add)
     }
     fn on_no_more_trials(&mut self) {

@@ -103,25 +103,25 @@ fn promotion_asha_nine_trials() {
         // Rung 1 holds t0 (5), then t1 (3): top floor(n/3) = 0: both pause.
         assert_eq!(feed(&mut *s, mode, &[(0, 1, 5.0), (1, 1, 3.0)]), vec![P, P]);
         // Nothing promotable yet: a new trial gets the slot.
-        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1])), true), None);
+        assert_eq!(choose(&mut s, &paused(&pick(&[0, 1])), true), None);
         // t2 (8): 3 in the rung, the top 1 is t1, not t2: t2 pauses, t1 is promoted.
         assert_eq!(feed(&mut *s, mode, &[(2, 1, 8.0)]), vec![P]);
-        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1, 2])), true), Some(1));
+        assert_eq!(choose(&mut s, &paused(&pick(&[0, 1, 2])), true), Some(1));
         // t3 (1): 4 in the rung, top 1 is t3 itself and nothing higher waits: it goes straight on.
         assert_eq!(feed(&mut *s, mode, &[(3, 1, 1.0)]), vec![C]);
         // Rung 3: t1 (1.0), then t3 (1/3): fewer than 3, nothing promotable: both pause.
         assert_eq!(feed(&mut *s, mode, &[(1, 3, 1.0), (3, 3, 1.0 / 3.0)]), vec![P, P]);
-        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1, 2, 3])), true), None);
+        assert_eq!(choose(&mut s, &paused(&pick(&[0, 1, 2, 3])), true), None);
         // t4 (9): top 1 of 5 is t3, already promoted: pause. t5 (2): top 2 of 6
         // are t3 (promoted) and t5: it goes straight on.
         assert_eq!(feed(&mut *s, mode, &[(4, 1, 9.0), (5, 1, 2.0)]), vec![P, C]);
         // t5 at rung 3 (2/3): the top 1 of 3 there is t3, paused: t5 pauses and t3 is promoted.
         assert_eq!(feed(&mut *s, mode, &[(5, 3, 2.0 / 3.0)]), vec![P]);
-        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1, 2, 3, 4, 5])), true), Some(3));
+        assert_eq!(choose(&mut s, &paused(&pick(&[0, 1, 2, 3, 4, 5])), true), Some(3));
         // t3 reaches max_t: done.
         assert_eq!(feed(&mut *s, mode, &[(3, 9, 0.1)]), vec![S]);
         // No trial is promotable any more, even with no new trials to come.
-        assert_eq!(s.choose_trial_to_run(&paused(&pick(&[0, 1, 2, 4, 5])), false), None);
+        assert_eq!(choose(&mut s, &paused(&pick(&[0, 1, 2, 4, 5])), false), None);
     }
 }
 
@@ -141,14 +141,14 @@ fn hyperband_brackets_by_hand() {
     stopped.sort();
     assert_eq!(stopped, vec!["t0", "t2", "t4", "t6", "t7"]);
     let waiting = [1, 3, 5];
-    assert_eq!(s.choose_trial_to_run(&paused(&pick(&waiting)), true), Some(0));
-    assert_eq!(s.choose_trial_to_run(&paused(&pick(&waiting[1..])), true), Some(0));
-    assert_eq!(s.choose_trial_to_run(&paused(&pick(&waiting[2..])), true), Some(0));
-    assert_eq!(s.choose_trial_to_run(&paused(&pick(&[])), true), None);
+    assert_eq!(choose(&mut s, &paused(&pick(&waiting)), true), Some(0));
+    assert_eq!(choose(&mut s, &paused(&pick(&waiting[1..])), true), Some(0));
+    assert_eq!(choose(&mut s, &paused(&pick(&waiting[2..])), true), Some(0));
+    assert_eq!(choose(&mut s, &paused(&pick(&[])), true), None);
     // Rung 3: three trials, keep max(1, 3/3) = 1: t3 (1/3). t5 arrives last and loses: stopped; t1 is handed back.
     assert_eq!(feed(&mut *s, Mode::Min, &[(1, 3, 1.0), (3, 3, 1.0 / 3.0), (5, 3, 2.0 / 3.0)]), vec![P, P, S]);
     assert_eq!(s.take_stopped(), vec!["t1"]);
-    assert_eq!(s.choose_trial_to_run(&paused(&pick(&[3])), true), Some(0));
+    assert_eq!(choose(&mut s, &paused(&pick(&[3])), true), Some(0));
     assert_eq!(feed(&mut *s, Mode::Min, &[(3, 9, 0.1)]), vec![S]);
     // The next bracket (s = 1: 5 trials, rungs 3 and 9) gets two trials before the searcher runs dry.
     add_all(&mut *s, 11);
@@ -170,7 +170,7 @@ fn hyperband_goes_on_without_a_failed_trial() {
     s.on_trial_error(&view("t2"));
     assert_eq!(s.take_stopped(), vec!["t1"]);
     let t0 = [view_in("t0", TrialStatus::Paused)];
-    assert_eq!(s.choose_trial_to_run(&t0, true), Some(0));
+    assert_eq!(choose(&mut s, &t0, true), Some(0));
 }
 
 #[test]
@@ -202,8 +202,8 @@ fn median_stopping_by_hand() {
     assert_eq!(d, vec![C, C, P, C, C]);
     // Paused trials wait for new ones, then go oldest first.
     let t2 = [view_in("t2", TrialStatus::Paused)];
-    assert_eq!(s.choose_trial_to_run(&t2, true), None);
-    assert_eq!(s.choose_trial_to_run(&t2, false), Some(0));
+    assert_eq!(choose(&mut s, &t2, true), None);
+    assert_eq!(choose(&mut s, &t2, false), Some(0));
 }
 
 #[test]

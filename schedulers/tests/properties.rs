@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{view, view_in};
+use common::{choose, view, view_in};
 use proptest::prelude::*;
 
 use schedulers::{
@@ -76,7 +76,7 @@ fn drive(s: &mut dyn Scheduler, sw: &Sweep, check: &mut dyn FnMut(Event<'_>)) ->
             if !paused.is_empty() {
                 let names: Vec<String> = paused.iter().map(|(t, _)| ids[*t].clone()).collect();
                 let views: Vec<TrialView<'_>> = names.iter().map(|n| view(n)).collect();
-                let chosen = s.choose_trial_to_run(&views, can_add);
+                let chosen = choose(s, &views, can_add);
                 check(Event::Chose { paused: &names, chosen, can_add });
                 if let Some(i) = chosen {
                     running.push(paused.remove(i));

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use schedulers::{Capacity, Decision, Exploit, Scheduler, TrialStatus, TrialView};
+use schedulers::{Capacity, Decision, Exploit, Paused, Scheduler, TrialStatus, TrialView};
 use search::{Config, TrialResult};
 
 use crate::store::{Store, StoreError};
@@ -80,10 +80,11 @@ enum Call {
     Error {
         trial: View,
     },
+    /// `chose`: the trial's id (before, its place in the list).
     Choose {
         paused: Vec<Piece>,
         can_add: bool,
-        chose: Option<usize>,
+        chose: Option<Value>,
     },
     NoMore,
     /// `take_stopped` gave up on these trials.
@@ -263,9 +264,15 @@ impl Journaled {
         Ok(())
     }
 
-    pub(crate) fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Result<Option<usize>, TuneError> {
+    /// A journaled choice records the paused list, a pass over it; a
+    /// replay of curves journals nothing, so its choices cost what the
+    /// scheduler makes them cost.
+    pub(crate) fn choose_trial_to_run(&mut self, paused: &dyn Paused, can_add: bool) -> Result<Option<String>, TuneError> {
         let chose = self.scheduler.choose_trial_to_run(paused, can_add);
-        self.write(|log| Call::Choose { paused: log.pieces(paused), can_add, chose });
+        self.write(|log| {
+            let views: Vec<TrialView<'_>> = paused.iter().collect();
+            Call::Choose { paused: log.pieces(&views), can_add, chose: chose.clone().map(Value::String) }
+        });
         Ok(chose)
     }
 
@@ -527,7 +534,15 @@ impl Replay<'_> {
                 }
                 let views: Vec<TrialView<'_>> = now.iter().map(|(v, c)| borrowed(v, c)).collect();
                 let again = scheduler.choose_trial_to_run(&views, can_add);
-                if again != chose {
+                // A journal written before choices were ids gave the place in the list.
+                let chose = chose.map(|c| match c {
+                    Value::Number(n) => n
+                        .as_u64()
+                        .and_then(|i| <[TrialView<'_>]>::get(&views, i as usize))
+                        .map_or(Value::Null, |t| Value::String(t.id.to_string())),
+                    other => other,
+                });
+                if again.clone().map(Value::String) != chose {
                     tracing::warn!(?chose, ?again, "the scheduler chose differently when its calls were replayed");
                 }
                 drop(views);
@@ -621,9 +636,10 @@ mod tests {
         fn on_trial_error(&mut self, trial: &TrialView<'_>) {
             self.mix(("error", trial));
         }
-        fn choose_trial_to_run(&mut self, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
-            let d = self.mix(("choose", paused, can_add));
-            (!d.is_multiple_of(3) && !paused.is_empty()).then(|| d as usize % paused.len())
+        fn choose_trial_to_run(&mut self, paused: &dyn schedulers::Paused, can_add: bool) -> Option<String> {
+            let views: Vec<TrialView<'_>> = paused.iter().collect();
+            let d = self.mix(("choose", &views, can_add));
+            (!d.is_multiple_of(3) && !views.is_empty()).then(|| views[d as usize % views.len()].id.to_string())
         }
         fn on_no_more_trials(&mut self) {
             let d = self.mix("no more");
@@ -755,7 +771,8 @@ mod tests {
                     let views: Vec<TrialView<'_>> = paused.iter().map(|&i| view(&trials[i])).collect();
                     let chose = journaled.choose_trial_to_run(&views, can_add).unwrap();
                     assert_eq!(chose, reference.choose_trial_to_run(&views, can_add), "choice at step {step}");
-                    if let Some(k) = chose {
+                    if let Some(id) = chose {
+                        let k = paused.iter().position(|&i| trials[i].id == id).unwrap();
                         let i = paused.remove(k);
                         trials[i].status = TrialStatus::Running;
                     }

@@ -23,6 +23,12 @@ pub fn paused(names: &[String]) -> Vec<TrialView<'_>> {
     names.iter().map(|n| view_in(n, TrialStatus::Paused)).collect()
 }
 
+/// `choose_trial_to_run`'s choice among `paused`, as its place in the list.
+pub fn choose(s: &mut dyn Scheduler, paused: &[TrialView<'_>], can_add: bool) -> Option<usize> {
+    let id = s.choose_trial_to_run(&paused.to_vec(), can_add)?;
+    Some(paused.iter().position(|t| t.id == id).unwrap_or_else(|| panic!("chose {id}, not a paused trial")))
+}
+
 /// Result `t` of trial `id`, with `loss`.
 pub fn result(id: &str, t: u64, loss: f64) -> TrialResult {
     TrialResult {

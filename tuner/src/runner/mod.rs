@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::{Id as TaskId, JoinError, JoinSet};
 
-use schedulers::{Capacity, Decision, Scheduler, Stopper, TrialStatus, TrialView};
+use schedulers::{Capacity, Decision, Paused as _, Scheduler, Stopper, TrialStatus, TrialView};
 use search::{Metrics, Searcher, Suggestion, TrialResult};
 use trainer::{
     Allocation, Backend, Directive, Event, EventKind, ExitOutcome, LaunchSpec, Report, Request, ResourcePool, StopLevel, Storage,
@@ -208,7 +208,7 @@ pub(crate) struct Trials {
     /// To (re)start before asking the searcher, first in line first.
     pending: VecDeque<TrialRecord>,
     /// PAUSED, oldest first: the scheduler picks which resumes.
-    paused: Vec<TrialRecord>,
+    paused: pausing::PausedTrials,
     /// Index of the next trial to create.
     next_index: u64,
     /// Trials whose last run failed: their storage may hold a checkpoint
@@ -306,7 +306,7 @@ impl Runner {
     pub(crate) fn new(p: Parts) -> (Self, Inputs) {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (commits, flushed) = Commits::new(p.store.clone(), p.settings.durability);
-        let trials = Trials { pending: p.pending, paused: p.paused, next_index: p.next_index, ..Default::default() };
+        let trials = Trials { pending: p.pending, paused: p.paused.into(), next_index: p.next_index, ..Default::default() };
         let checkpoints = Checkpoints::new(p.storage, p.settings.checkpoint.clone());
         let runner = Self {
             settings: p.settings,
@@ -493,7 +493,7 @@ impl Runner {
     async fn finish(mut self) -> Result<Finish, TuneError> {
         if self.phase.interrupts == 0 && !self.phase.stopping {
             // Nothing will resume them: the scheduler left them behind.
-            for rec in std::mem::take(&mut self.trials.paused) {
+            for rec in self.trials.paused.take() {
                 self.scheduler.on_trial_complete(&view(&rec), rec.last_result.as_ref())?;
                 self.terminate_paused(rec)?;
             }
@@ -928,8 +928,7 @@ impl Runner {
                 rec.status = TrialStatus::Paused;
                 self.store.put_trial(&rec)?;
                 self.searcher.on_trial_pause(&rec.id);
-                let at = self.trials.paused.partition_point(|p| p.index < rec.index);
-                self.trials.paused.insert(at, rec.clone());
+                self.trials.paused.insert(rec.clone());
                 self.commits.push_end(rec);
             }
             (Some(Ending::Resize(n)), ExitOutcome::Completed | ExitOutcome::Stopped) => {
