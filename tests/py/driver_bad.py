@@ -3,7 +3,7 @@
 import sys
 
 from nestor import tune
-from nestor.tune.schedulers import ASHAScheduler
+from nestor.tune.schedulers import ASHAScheduler, LearningCurveScheduler
 
 
 def trainable(config):
@@ -17,6 +17,8 @@ if case == "space":
     space = {"model": {"lr": tune.loguniform(0, 1)}}
 elif case == "scheduler":
     tc = tune.TuneConfig(metric="x", mode="min", scheduler=ASHAScheduler(grace_period=5, max_t=2))
+elif case == "learning_curve":
+    tc = tune.TuneConfig(metric="x", mode="min", scheduler=LearningCurveScheduler(time_attr="samples_seen", max_t=1000, threshold=1.5))
 elif case == "value":
     space = {"opt": object()}
 try:

@@ -160,6 +160,7 @@ fn bad_input_is_refused_naming_the_key_and_leaves_no_store() {
     for (case, needles) in [
         ("space", &["model.lr", "loguniform"][..]),
         ("scheduler", &["scheduler", "grace_period"][..]),
+        ("learning_curve", &["scheduler", "threshold", "1.5"][..]),
         ("value", &["param_space: opt", "with_parameters"][..]),
     ] {
         let dir = tempfile::tempdir().unwrap();

@@ -117,6 +117,32 @@ class MedianStoppingRule(TrialScheduler):
         )
 
 
+class LearningCurveScheduler(TrialScheduler):
+    """nestor's learning-curve scheduler (no Ray counterpart): at checks
+    ``grace_period * growth**k`` it fits the trial's curve so far, predicts
+    its value at ``max_t`` with its uncertainty, and stops it when its chance
+    of beating the best so far, scaled by the share of ``max_t`` still ahead
+    of it, is below ``threshold``. ``time_attr`` is best a cost
+    (``samples_seen``, ``flops``)."""
+
+    _type = "learning_curve"
+
+    def __init__(
+        self,
+        time_attr: str = "training_iteration",
+        metric: Optional[str] = None,
+        mode: Optional[str] = None,
+        max_t: float = 100,
+        grace_period: Optional[float] = None,
+        growth: float = 2,
+        threshold: float = 0.1,
+    ):
+        super().__init__(
+            time_attr=time_attr, metric=metric, mode=mode, max_t=float(max_t),
+            grace_period=None if grace_period is None else float(grace_period), growth=float(growth), threshold=float(threshold),
+        )
+
+
 def _mutations(name: str, mutations: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for key, v in (mutations or {}).items():
@@ -239,6 +265,7 @@ _NAMES = {
     "fifo": FIFOScheduler, "async_hyperband": ASHAScheduler, "asynchyperband": ASHAScheduler, "asha": ASHAScheduler,
     "median_stopping_rule": MedianStoppingRule, "medianstopping": MedianStoppingRule, "hyperband": HyperBandScheduler,
     "hb_bohb": HyperBandForBOHB, "pbt": PopulationBasedTraining, "pb2": PB2, "resource_changing": ResourceChangingScheduler,
+    "learning_curve": LearningCurveScheduler,
 }
 
 
@@ -252,6 +279,6 @@ def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:
 
 __all__ = [
     "TrialScheduler", "FIFOScheduler", "AsyncHyperBandScheduler", "ASHAScheduler", "HyperBandScheduler", "HyperBandForBOHB",
-    "MedianStoppingRule", "PopulationBasedTraining", "PB2", "ResourceChangingScheduler", "DistributeResources",
+    "MedianStoppingRule", "LearningCurveScheduler", "PopulationBasedTraining", "PB2", "ResourceChangingScheduler", "DistributeResources",
     "DistributeResourcesToTopJob", "create_scheduler",
 ]
