@@ -655,6 +655,9 @@ fn status(dir: &Path) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     let counts: Vec<String> = grid.counts().iter().map(|(s, n)| format!("{n} {s}")).collect();
     writeln!(out, "Experiment {}: {} trials ({})", abs(dir), grid.len(), counts.join(", ")).map_err(out_err)?;
+    if grid.let_go > 0 {
+        writeln!(out, "  and {} finished trials the simulation summed up and let go of (--keep)", grid.let_go).map_err(out_err)?;
+    }
     let metric = grid.metric.clone();
     writeln!(
         out,

@@ -187,6 +187,9 @@ pub struct ResultGrid {
     trials: Vec<TrialOutcome>,
     /// Every exploit carried out (PBT), in order.
     pub exploits: Vec<ExploitRecord>,
+    /// How many finished trials a simulation let go of (`nestor simulate
+    /// --keep`): summed up as they ended, not in the store.
+    pub let_go: u64,
 }
 
 impl ResultGrid {
@@ -220,7 +223,8 @@ impl ResultGrid {
         // Creation order (ids need not sort so).
         trials.sort_by_key(|(index, _)| *index);
         let trials = trials.into_iter().map(|(_, t)| t).collect();
-        Ok(Self { experiment_dir: experiment_dir.to_path_buf(), metric, mode, trials, exploits: store.exploits()? })
+        let let_go = store.meta(crate::runner::keep::LET_GO)?.and_then(|v| v.as_u64()).unwrap_or(0);
+        Ok(Self { experiment_dir: experiment_dir.to_path_buf(), metric, mode, trials, exploits: store.exploits()?, let_go })
     }
 
     /// Number of trials.
@@ -322,7 +326,14 @@ mod tests {
     }
 
     fn grid(trials: Vec<TrialOutcome>) -> ResultGrid {
-        ResultGrid { experiment_dir: PathBuf::new(), metric: Some("loss".into()), mode: Some(Mode::Min), trials, exploits: vec![] }
+        ResultGrid {
+            experiment_dir: PathBuf::new(),
+            metric: Some("loss".into()),
+            mode: Some(Mode::Min),
+            trials,
+            exploits: vec![],
+            let_go: 0,
+        }
     }
 
     #[test]

@@ -306,7 +306,14 @@ fn nestor_simulate_keep_sums_up_the_same_sweep_from_a_store_of_the_best() {
     let resumed = tuner::Tuner::restore(dir.path().join("kept/sim"), Some(tuner::Trainable::simulated(curves))).unwrap();
     let err = resumed.progress(tuner::ProgressMode::Quiet).run().unwrap_err().to_string();
     assert!(err.contains("let go of 290") && err.contains("cannot be resumed"), "{err}");
-    assert_eq!(ResultGrid::load(&dir.path().join("kept/sim")).unwrap().len(), 10, "the store as it was");
+    let grid = ResultGrid::load(&dir.path().join("kept/sim")).unwrap();
+    assert_eq!((grid.len(), grid.let_go), (10, 290), "the store as it was");
+    let status = nestor(&["status", "kept/sim"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains("10 trials (10 TERMINATED)\n  and 290 finished trials the simulation summed up and let go of (--keep)"),
+        "{status}"
+    );
     // A real sweep's trials have files and checkpoints: keep_best is refused before anything is written.
     let space = search::Space::builder().param("x", search::Domain::uniform(0.0, 1.0)).build().unwrap();
     let real = tuner::Tuner::new(tuner::Trainable::function(|_| Ok(())), space)
