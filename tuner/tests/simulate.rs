@@ -181,17 +181,23 @@ fn nestor_simulate_leaves_a_normal_experiment() {
     assert!(!dir.path().join("runs2").exists());
 }
 
+/// `dir/curves.jsonl`: `n` crossing curves (seed `seed`), each point 50
+/// more `samples_seen` than the one before.
+fn write_curves_with_cost(dir: &Path, n: usize, seed: u64) {
+    let mut lines = String::new();
+    for (config, curve) in crossing_curves(n, seed, 0.5) {
+        let seen: Vec<f64> = (1..=curve.metrics.len()).map(|i| 50.0 * i as f64).collect();
+        lines.push_str(&format!("{}\n", serde_json::json!({ "config": config, "metrics": curve.metrics, "samples_seen": seen })));
+    }
+    std::fs::write(dir.join("curves.jsonl"), lines).unwrap();
+}
+
 /// Rungs in a cost column with `max_t` left at its default: the curves go
 /// on far past it, and `nestor simulate` says so, naming where they end.
 #[test]
 fn nestor_simulate_notes_a_default_max_t_below_the_curves_end() {
     let dir = tempfile::tempdir().unwrap();
-    let mut lines = String::new();
-    for (config, curve) in crossing_curves(20, 2, 0.5) {
-        let seen: Vec<f64> = (1..=curve.metrics.len()).map(|i| 50.0 * i as f64).collect();
-        lines.push_str(&format!("{}\n", serde_json::json!({ "config": config, "metrics": curve.metrics, "samples_seen": seen })));
-    }
-    std::fs::write(dir.path().join("curves.jsonl"), lines).unwrap();
+    write_curves_with_cost(dir.path(), 20, 2);
     let sweep = "[experiment]\nname = \"sim\"\nmetric = \"loss\"\nmode = \"min\"\nnum_samples = 20\nseed = 2\n\
                  [scheduler]\ntype = \"asha\"\ntime_attr = \"samples_seen\"\n";
     std::fs::write(dir.path().join("sweep.toml"), sweep).unwrap();
@@ -261,12 +267,7 @@ fn a_search_limiter_does_not_stall_a_pausing_scheduler() {
 #[test]
 fn nestor_simulate_keep_sums_up_the_same_sweep_from_a_store_of_the_best() {
     let dir = tempfile::tempdir().unwrap();
-    let mut lines = String::new();
-    for (config, curve) in crossing_curves(60, 5, 0.5) {
-        let seen: Vec<f64> = (1..=curve.metrics.len()).map(|i| 50.0 * i as f64).collect();
-        lines.push_str(&format!("{}\n", serde_json::json!({ "config": config, "metrics": curve.metrics, "samples_seen": seen })));
-    }
-    std::fs::write(dir.path().join("curves.jsonl"), lines).unwrap();
+    write_curves_with_cost(dir.path(), 60, 5);
     let sweep = "[experiment]\nname = \"sim\"\nmetric = \"loss\"\nmode = \"min\"\nnum_samples = 300\nseed = 4\n\
                  [scheduler]\ntype = \"asha\"\nmax_t = 27\ngrace_period = 1\n";
     std::fs::write(dir.path().join("sweep.toml"), sweep).unwrap();
