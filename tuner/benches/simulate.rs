@@ -22,9 +22,7 @@ use support::{arg, peak_rss_mb};
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use std::sync::{Arc, Mutex};
-
-use tuner::simulate::summary::Summing;
+use tuner::simulate::summary;
 use tuner::simulate::Curves;
 use tuner::{ExperimentFile, Mode, ProgressMode, Trainable, Tuner};
 
@@ -79,27 +77,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let experiment = ExperimentFile::read(&sweep, &[])?;
     let curves = Curves::from_jsonl(&curves_path, "loss")?;
     let loaded = started.elapsed().as_secs_f64();
-    let mut tuner =
+    let tuner =
         Tuner::from_file(experiment, sweep.display().to_string(), Some(Trainable::simulated(curves.clone()))).progress(ProgressMode::Quiet);
-    let summing = Arc::new(Mutex::new(Summing::new(&curves, Mode::Min)));
-    if keep > 0 {
-        let folding = summing.clone();
-        tuner = tuner.keep_best(keep as usize, move |record| folding.lock().unwrap_or_else(std::sync::PoisonError::into_inner).add(record));
-    }
     let sweep_started = Instant::now();
     let exp = tuner.experiment_dir();
-    let store = tuner.run()?;
-    let sweep_peak = peak_rss_mb();
-    let mut summing = Arc::try_unwrap(summing).map_err(|_| "the fold outlived the sweep")?.into_inner()?;
-    summing.add_store(&store)?;
-    let summary = summing.finish();
+    let (_store, summary) = summary::run(tuner, &curves, Mode::Min, (keep > 0).then_some(keep as usize))?;
     let swept = sweep_started.elapsed().as_secs_f64();
     assert_eq!(summary.trials(), trials, "every trial ran");
     let kept = if keep > 0 { format!("; the best {keep} kept") } else { String::new() };
     println!("trials={trials}, {configs} configs (ASHA {kind}, max_t 9, grace 1, rf 3; 16 slots{kept})");
     println!("curves loaded in {loaded:.2} s; sweep (and its summary) {swept:.2} s; {} iterations", summary.iterations);
     println!(
-        "peak RSS {sweep_peak:.1} MB during the sweep, {:.1} MB with the summary; store on disk {:.1} MB",
+        "peak RSS {:.1} MB (the sweep and its summary); store on disk {:.1} MB",
         peak_rss_mb(),
         dir_size(&exp.join("store")) as f64 / 1e6
     );

@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Map, Value};
@@ -372,27 +371,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             let started = std::time::Instant::now();
             let mode = experiment.experiment.mode.unwrap_or(search::Mode::Min);
-            let mut tuner = Tuner::from_file(experiment, origin, Some(crate::Trainable::simulated(curves.clone()))).progress(if plain {
+            let tuner = Tuner::from_file(experiment, origin, Some(crate::Trainable::simulated(curves.clone()))).progress(if plain {
                 ProgressMode::Plain
             } else {
                 ProgressMode::Quiet
             });
             // Summed up trial by trial: a million trials' results need not
             // fit in memory; with --keep, those let go of as they end.
-            let summing = Arc::new(Mutex::new(crate::simulate::summary::Summing::new(&curves, mode)));
-            if let Some(n) = keep {
-                let folding = summing.clone();
-                let n = usize::try_from(n).unwrap_or(usize::MAX);
-                tuner = tuner.keep_best(n, move |record| folding.lock().unwrap_or_else(PoisonError::into_inner).add(record));
-            }
             let dir = tuner.experiment_dir();
-            let store = tuner.run()?;
-            let mut summing = std::mem::replace(
-                &mut *summing.lock().unwrap_or_else(PoisonError::into_inner),
-                crate::simulate::summary::Summing::new(&curves, mode),
-            );
-            summing.add_store(&store).map_err(QueryError::from)?;
-            let summary = summing.finish();
+            let keep_n = keep.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+            let (store, summary) = crate::simulate::summary::run(tuner, &curves, mode, keep_n)?;
             print_simulated(&summary, &store, &dir, mode)?;
             if let Some(n) = keep {
                 let finished = summary.counts.iter().filter(|(s, _)| s.is_finished()).map(|(_, n)| n).sum::<u64>();

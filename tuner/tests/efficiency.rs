@@ -92,14 +92,22 @@ fn a_curves_column_must_fit_its_curve() {
     assert!(err.contains("has no `flops` (the cost attribute) column"), "{err}");
 }
 
+/// The curves file `name` of tests/curves/, compute in `samples_seen`, and
+/// an experiment over `samples` of its configs, 4 at a time, to compare
+/// schedulers on (rungs in `samples_seen`).
+fn compared(name: &str, samples: u64, seed: u64) -> (Curves, toml::Table) {
+    let curves = Curves::from_jsonl(&curves_dir().join(name), "error").unwrap().cost("samples_seen").unwrap();
+    let base = toml::from_str(&format!(
+        "[experiment]\nname = \"e\"\nmetric = \"error\"\nmode = \"min\"\nnum_samples = {samples}\nmax_concurrent_trials = 4\nseed = {seed}\n\
+         [scheduler]\ntype = \"fifo\"\ntime_attr = \"samples_seen\"\n[checkpoint]\nfrequency = 1\n"
+    ))
+    .unwrap();
+    (curves, base)
+}
+
 #[test]
 fn the_learning_curve_scheduler_saves_compute_on_real_curves_and_decides_the_same_each_time() {
-    let curves = Curves::from_jsonl(&curves_dir().join("digits-sizes.jsonl.gz"), "error").unwrap().cost("samples_seen").unwrap();
-    let base: toml::Table = toml::from_str(
-        "[experiment]\nname = \"e\"\nmetric = \"error\"\nmode = \"min\"\nnum_samples = 60\nmax_concurrent_trials = 4\nseed = 1\n\
-         [scheduler]\ntype = \"fifo\"\ntime_attr = \"samples_seen\"\n[checkpoint]\nfrequency = 1\n",
-    )
-    .unwrap();
+    let (curves, base) = compared("digits-sizes.jsonl.gz", 60, 1);
     let list = entries("learning_curve", &base, "e", &curves).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut outcomes = Vec::new();
@@ -125,12 +133,7 @@ fn the_learning_curve_scheduler_saves_compute_on_real_curves_and_decides_the_sam
 /// same 20 seeds give the same figures every run.
 #[test]
 fn promotion_asha_meets_the_efficiency_target_on_held_out_curves() {
-    let curves = Curves::from_jsonl(&curves_dir().join("heldout-cancer-sizes.jsonl.gz"), "error").unwrap().cost("samples_seen").unwrap();
-    let base: toml::Table = toml::from_str(
-        "[experiment]\nname = \"e\"\nmetric = \"error\"\nmode = \"min\"\nnum_samples = 100\nmax_concurrent_trials = 4\nseed = 0\n\
-         [scheduler]\ntype = \"fifo\"\ntime_attr = \"samples_seen\"\n[checkpoint]\nfrequency = 1\n",
-    )
-    .unwrap();
+    let (curves, base) = compared("heldout-cancer-sizes.jsonl.gz", 100, 0);
     let list = entries("asha:asha_type=promotion:reduction_factor=5:brackets=2", &base, "e", &curves).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let rows = run(&list, &curves, 20, dir.path(), |_, _, _| {}).unwrap();

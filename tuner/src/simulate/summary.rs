@@ -4,6 +4,7 @@
 //! let go of as it ran (`Tuner::keep_best`), then those its store kept.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use schedulers::TrialStatus;
 use search::Mode;
@@ -11,6 +12,7 @@ use search::Mode;
 use super::compare::{Outcome, Scorer};
 use super::Curves;
 use crate::store::{Store, StoreError, TrialRecord};
+use crate::{TuneError, Tuner};
 
 /// Errors listed at most; the rest are counted.
 const ERRORS_LISTED: usize = 20;
@@ -89,6 +91,25 @@ impl Summing {
     pub fn finish(self) -> Summary {
         Summary { outcome: self.scorer.finish(None), ..self.summary }
     }
+}
+
+/// Runs `tuner`'s simulated sweep on `curves` and sums it up. With
+/// `keep`, the store keeps the best `keep` finished trials and the others
+/// are summed up as they end ([`Tuner::keep_best`]). Returns the store,
+/// still open, with the summary.
+pub fn run(tuner: Tuner, curves: &Curves, mode: Mode, keep: Option<usize>) -> Result<(Store, Summary), TuneError> {
+    let summing = Arc::new(Mutex::new(Summing::new(curves, mode)));
+    let tuner = match keep {
+        Some(n) => {
+            let folding = summing.clone();
+            tuner.keep_best(n, move |record| folding.lock().unwrap_or_else(PoisonError::into_inner).add(record))
+        }
+        None => tuner,
+    };
+    let store = tuner.run()?;
+    let mut summing = std::mem::replace(&mut *summing.lock().unwrap_or_else(PoisonError::into_inner), Summing::new(curves, mode));
+    summing.add_store(&store)?;
+    Ok((store, summing.finish()))
 }
 
 impl Summary {
