@@ -442,13 +442,40 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
         raise SystemExit(0)
 
 
-def init(*_args: Any, **_kwargs: Any) -> None:
-    """Ray's ``ray.init``: nestor has no cluster to start or join; a note, nothing else."""
-    print("nestor: init() does nothing: nestor needs no cluster (inside a Slurm allocation it uses the allocation)", file=sys.stderr)
+#: The resources ``init`` declared (``[resources]`` of the sweeps this process runs).
+_declared_resources: Dict[str, float] = {}
+
+#: ``ray.init`` arguments that only concern Ray's own processes.
+_INIT_QUIET = {"ignore_reinit_error", "include_dashboard", "log_to_driver", "logging_level", "configure_logging",
+               "runtime_env", "namespace", "dashboard_host", "dashboard_port", "local_mode", "_temp_dir"}
+
+
+def init(address: Optional[str] = None, *, num_cpus: Optional[float] = None, num_gpus: Optional[float] = None,
+         resources: Optional[Mapping[str, float]] = None, **kwargs: Any) -> None:
+    """Ray's ``ray.init``: nestor has no cluster to start or join. ``num_cpus``,
+    ``num_gpus`` and ``resources`` are the pool the sweeps of this process
+    schedule on (the experiment's ``[resources]``), as in Ray; other
+    arguments are ignored with a note."""
+    for name, value in (("CPU", num_cpus), ("GPU", num_gpus)):
+        if value is not None:
+            if not isinstance(value, numbers.Real) or value < 0:
+                raise ValueError(f"init(num_{name.lower()}s={value!r}): give a number >= 0")
+            _declared_resources[name] = float(value)
+    for name, value in (resources or {}).items():
+        if not isinstance(value, numbers.Real) or value < 0:
+            raise ValueError(f"init(resources={{{name!r}: {value!r}}}): give a number >= 0")
+        _declared_resources[str(name)] = float(value)
+    ignored = sorted(k for k in kwargs if k not in _INIT_QUIET)
+    if address not in (None, "auto", "local"):
+        ignored.insert(0, "address")
+    if ignored:
+        print(f"nestor: init({', '.join(ignored)}) ignored: nestor needs no cluster (inside a Slurm allocation "
+              "it uses the allocation)", file=sys.stderr)
 
 
 def shutdown() -> None:
-    """Ray's ``ray.shutdown``: nothing to stop."""
+    """Ray's ``ray.shutdown``: forgets what ``init`` declared."""
+    _declared_resources.clear()
 
 
 def is_initialized() -> bool:

@@ -59,6 +59,26 @@ def write_blob(exp_dir: str, payload: Dict[str, Any]) -> str:
     return path
 
 
+def write_run_settings(exp_dir: str, settings: Dict[str, Any]) -> None:
+    """Keeps what the workers need of the run config beside the blob, so a
+    ``Tuner.restore`` (given only the trainable) runs them the same way."""
+    import json
+
+    os.makedirs(os.path.join(exp_dir, "driver"), exist_ok=True)
+    with open(os.path.join(exp_dir, "driver", "run.json"), "w") as f:
+        json.dump(settings, f)
+
+
+def read_run_settings(exp_dir: str) -> Dict[str, Any]:
+    import json
+
+    try:
+        with open(os.path.join(exp_dir, "driver", "run.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
 def worker_env() -> Dict[str, str]:
     """PYTHONPATH for the workers: the script's directory and the working
     directory (so modules the function imports by name load there too), and

@@ -58,6 +58,16 @@ def run(blob: Dict[str, Any]) -> int:
     ctx = nestor.get_context()
     config = trial_config(blob, ctx.config)
     try:
+        if blob.get("kind") == "class":
+            from .tune import trainable
+
+            trainable.run(blob["cls"], blob.get("kwargs") or {}, blob.get("stop") or {}, bool(blob.get("checkpoint_at_end")))
+            return 0
+        if blob.get("backend") == "torch":
+            # Ray Train sets the process group up before the training function runs, for any number of workers.
+            from . import torch as nestor_torch
+
+            nestor_torch.init_process_group(always=True)
         out = call(blob["fn"], config)
         if isinstance(out, dict) and out:
             # Ray's function trainables may return their final metrics.
@@ -143,6 +153,9 @@ def serve(blob: Dict[str, Any]) -> None:
     import grpc  # noqa: F401
 
     from . import _proto  # noqa: F401
+
+    if blob.get("backend") == "torch":
+        from . import torch as _torch  # noqa: F401  (torch and its process group helpers)
 
     out = os.dup(1)
     os.dup2(2, 1)  # stray prints go to stderr; the protocol has its own fd

@@ -48,20 +48,25 @@ def enable_reproducibility(seed: int = 0) -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-def init_process_group() -> None:
+def init_process_group(always: bool = False) -> None:
     """Joins the trial's process group, with the backend and timeout nestor was
-    configured with: through ``NESTOR_RENDEZVOUS_FILE`` when nestor gives one,
-    through the driver where the nodes share no file
+    configured with (``TorchConfig``): through ``NESTOR_RENDEZVOUS_FILE`` when
+    nestor gives one, through the driver where the nodes share no file
     (``NESTOR_RENDEZVOUS=driver``), else at ``MASTER_ADDR``/``MASTER_PORT``.
-    A no-op with one worker or when already joined."""
+    A no-op when already joined, and with one worker unless ``always``
+    (a ``TorchTrainer`` joins before its training function runs, whatever the
+    number of workers, as Ray Train does: one rank meets itself in memory)."""
     ctx = get_context()
-    if ctx.world_size <= 1 or not dist.is_available() or dist.is_initialized():
+    if not dist.is_available() or dist.is_initialized() or (ctx.world_size <= 1 and not always):
         return
     device = get_device()
     backend = os.environ.get("NESTOR_TORCH_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
     timeout = datetime.timedelta(seconds=float(os.environ.get("NESTOR_COLLECTIVE_TIMEOUT_S", "1800")))
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if ctx.world_size <= 1:
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        return
     # nestor names a fresh file per launch when all ranks share a node: a file
     # store meets at once, where the TCP store's clients back off (up to about
     # half a second) when they come before rank 0 listens.

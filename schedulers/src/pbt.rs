@@ -26,6 +26,14 @@
 //! The random draws are seeded per perturbation, so a restored scheduler
 //! makes the same choices as one that never stopped.
 //!
+//! **Fair share** (Ray's, so a population larger than the slots takes part
+//! as a whole): at its perturbation check, a trial that goes on but whose
+//! result carries a checkpoint pauses there when another trial is paused
+//! or new trials may still join; a free slot goes to a new trial first, then
+//! to the paused trial with the least `time_attr` (Ray's
+//! `choose_trial_to_run`). A result without a checkpoint never pauses: the
+//! trial would lose what it trained since its last one.
+//!
 //! **Synchronous** (`synch`, Ray's `synch=True`): a trial that reaches the
 //! next sync point (the first at `max(perturbation_interval,
 //! burn_in_period)`) pauses there until every live trial has, and until no
@@ -141,6 +149,9 @@ struct Member {
     /// Synchronous: it exploited in the latest round and has not reported since.
     #[serde(default)]
     recipient: bool,
+    /// Asynchronous: paused at its check, to let the waiting trials run.
+    #[serde(default)]
+    paused: bool,
 }
 
 /// PB2: one interval of one trial's training.
@@ -264,6 +275,9 @@ pub struct Pbt {
     perturbations: u64,
     added: u64,
     members: BTreeMap<String, Member>,
+    /// No new trial will join the population (`on_no_more_trials`, or
+    /// asked to choose with `can_add` false).
+    closed: bool,
     /// Synchronous rounds (see the module docs).
     synch: Option<Synch>,
 }
@@ -312,6 +326,7 @@ impl Pbt {
             perturbations: 0,
             added: 0,
             members: BTreeMap::new(),
+            closed: false,
             synch: None,
         }
     }
@@ -363,6 +378,7 @@ impl Pbt {
                 base: None,
                 time: 0.0,
                 recipient: false,
+                paused: false,
             }
         })
     }
@@ -570,6 +586,7 @@ impl Scheduler for Pbt {
         m.score = Some(score);
         m.time = time;
         m.recipient = false;
+        m.paused = false;
         if let Some(uri) = &result.checkpoint {
             m.checkpoint = Some((uri.clone(), result.training_iteration, time));
             m.checkpoint_score = score.0;
@@ -608,13 +625,20 @@ impl Scheduler for Pbt {
             return mine.map_or(Decision::Pause, |e| Decision::Exploit(Box::new(e)));
         }
         let (lower, upper) = self.quantiles();
-        if !lower.contains(&trial.id) {
-            return Decision::Continue;
+        if lower.contains(&trial.id) {
+            let upper: Vec<String> = upper.into_iter().map(str::to_string).collect();
+            if let Some(e) = self.exploit(trial.id, time, &upper) {
+                return Decision::Exploit(Box::new(e));
+            }
         }
-        let upper: Vec<String> = upper.into_iter().map(str::to_string).collect();
-        match self.exploit(trial.id, time, &upper) {
-            Some(e) => Decision::Exploit(Box::new(e)),
-            None => Decision::Continue,
+        // Fair share: it yields its slot to the trials waiting for one.
+        let waiting = !self.closed || self.members.iter().any(|(id, m)| m.paused && id != trial.id);
+        match self.members.get_mut(trial.id) {
+            Some(m) if waiting && result.checkpoint.is_some() => {
+                m.paused = true;
+                Decision::Pause
+            }
+            _ => Decision::Continue,
         }
     }
 
@@ -630,20 +654,36 @@ impl Scheduler for Pbt {
     }
 
     fn on_no_more_trials(&mut self) {
+        self.closed = true;
         if let Some(s) = &mut self.synch {
             s.closed = true;
         }
         self.round_if_due();
     }
 
-    /// Asynchronous: new trials first, then the paused ones, oldest first.
+    /// Asynchronous: new trials first, then the paused one with the least
+    /// `time_attr` (of equals, the oldest).
     /// Synchronous: new trials first; then, once the population is closed,
     /// those behind the sync point: the round's recipients first (so their
     /// donors stay at the checkpoint they were ranked with until copied),
     /// then the least trained. A trial at the sync point waits for the round.
     fn choose_trial_to_run(&mut self, paused: &dyn Paused, can_add: bool) -> Option<String> {
+        if !can_add {
+            self.closed = true;
+        }
         let Some(s) = &mut self.synch else {
-            return if can_add { None } else { paused.oldest().map(|t| t.id.to_string()) };
+            if can_add {
+                return None;
+            }
+            let least = paused
+                .iter()
+                .map(|t| (t.id, self.members.get(t.id).map_or((f64::NEG_INFINITY, 0), |m| (m.time, m.order))))
+                .min_by(|(_, a), (_, b)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+                .map(|(id, _)| id.to_string());
+            if let Some(m) = least.as_ref().and_then(|id| self.members.get_mut(id)) {
+                m.paused = false;
+            }
+            return least;
         };
         if can_add {
             return None;
@@ -669,7 +709,7 @@ impl Scheduler for Pbt {
     }
 
     fn pauses_trials(&self) -> bool {
-        self.synch.is_some()
+        true
     }
 
     fn required_metrics(&self) -> Vec<(String, String)> {

@@ -19,13 +19,17 @@ pub trait Stopper: Send {
 /// Ray Tune's dict form: stop a trial once any named metric is `>=` its
 /// threshold (`training_iteration = 20`, `val_accuracy = 0.99`). As in Ray,
 /// the comparison is always `>=`, whatever the experiment's mode; a NaN
-/// metric never meets a threshold.
+/// metric never meets a threshold. `done` (Ray's `stop={"done": True}`)
+/// is the result's `done` flag when no metric has that name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MetricThresholds(pub BTreeMap<String, f64>);
 
 impl Stopper for MetricThresholds {
     fn should_stop_trial(&mut self, _trial_id: &str, result: &TrialResult) -> bool {
-        self.0.iter().any(|(k, &t)| result.metric(k).is_some_and(|v| v >= t))
+        self.0.iter().any(|(k, &t)| match result.metric(k) {
+            Some(v) => v >= t,
+            None => k == "done" && f64::from(u8::from(result.done())) >= t,
+        })
     }
 }
 
@@ -74,6 +78,21 @@ mod tests {
         assert!(s.should_stop_trial("t", &result(3, 0.5)));
         assert!(s.should_stop_trial("t", &result(1, 0.9)));
         assert!(!s.should_stop_trial("t", &result(1, f64::NAN)));
+    }
+
+    #[test]
+    fn done_is_the_results_flag() {
+        let mut s = MetricThresholds([("done".to_string(), 1.0)].into_iter().collect());
+        let mut r = result(1, 0.5);
+        assert!(!s.should_stop_trial("t", &r));
+        r.extra = Some(serde_json::json!({"done": false}));
+        assert!(!s.should_stop_trial("t", &r));
+        r.extra = Some(serde_json::json!({"done": true}));
+        assert!(s.should_stop_trial("t", &r));
+        assert!(r.done());
+        // A metric named `done` is a metric like any other.
+        r.metrics.insert("done".into(), 0.0);
+        assert!(!s.should_stop_trial("t", &r));
     }
 
     #[test]

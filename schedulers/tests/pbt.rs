@@ -68,6 +68,8 @@ fn the_bottom_quarter_exploits_the_top_quarter_at_each_interval_and_never_a_tria
     for i in 0..4 {
         s.on_trial_add(&pop.view(i));
     }
+    // The whole population runs: nobody waits for a slot, so nobody yields one.
+    s.on_no_more_trials();
     // Iteration 1: less than an interval since the start, nobody is judged.
     for (i, loss) in [(0, 0.1), (1, 0.2), (2, 0.3), (3, 0.4)] {
         assert_eq!(feed(&mut *s, &mut pop, i, 1, loss, true), (Decision::Continue, vec![]));
@@ -111,6 +113,7 @@ fn the_bottom_quarter_exploits_the_top_quarter_at_each_interval_and_never_a_tria
 fn no_exploit_when_no_top_trial_has_a_checkpoint() {
     let mut s = pbt(1);
     let mut pop = Population::new(4);
+    s.on_no_more_trials();
     for t in 1..=6 {
         for (i, loss) in [(0, 0.1), (1, 0.2), (2, 0.3), (3, 0.4)] {
             // Only the bottom three checkpoint: the top one never does.
@@ -118,6 +121,61 @@ fn no_exploit_when_no_top_trial_has_a_checkpoint() {
             assert_eq!((d, e), (Decision::Continue, vec![]), "iteration {t}, trial {i}");
         }
     }
+}
+
+/// The paused trials of a test: views over the population's configs.
+struct PausedSet<'a> {
+    pop: &'a Population,
+    ids: Vec<usize>,
+}
+
+impl schedulers::Paused for PausedSet<'_> {
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+    fn get(&self, id: &str) -> Option<TrialView<'_>> {
+        self.ids.iter().map(|&i| self.pop.view(i)).find(|v| v.id == id)
+    }
+    fn iter(&self) -> Box<dyn Iterator<Item = TrialView<'_>> + '_> {
+        Box::new(self.ids.iter().map(|&i| self.pop.view(i)))
+    }
+}
+
+#[test]
+fn a_trial_yields_its_slot_at_its_check_while_others_wait_and_the_least_trained_goes_next() {
+    let mut s = pbt(4);
+    let mut pop = Population::new(4);
+    // Two of four started; more may come (the searcher has not said it is done).
+    s.on_trial_add(&pop.view(0));
+    s.on_trial_add(&pop.view(1));
+    assert_eq!(feed(&mut *s, &mut pop, 0, 1, 0.1, true).0, Decision::Continue, "not at an interval yet");
+    // At its check t0 goes on in the ranking but yields: trials wait for a slot.
+    assert_eq!(feed(&mut *s, &mut pop, 0, 2, 0.1, true).0, Decision::Pause);
+    // Without a checkpoint it would lose what it trained since its last one: it goes on.
+    assert_eq!(feed(&mut *s, &mut pop, 1, 2, 0.05, false).0, Decision::Continue);
+    // A free slot: new trials first, while they may come.
+    let paused = PausedSet { pop: &pop, ids: vec![0] };
+    assert_eq!(s.choose_trial_to_run(&paused, true), None);
+    s.on_trial_add(&pop.view(2));
+    s.on_trial_add(&pop.view(3));
+    // t2 reaches its check while t0 is paused: it yields too.
+    assert_eq!(feed(&mut *s, &mut pop, 2, 2, 0.3, true).0, Decision::Pause);
+    // No new trial can come: the paused one with the least training goes next (t2 at 2 before t0 at 2 by age: t0).
+    let paused = PausedSet { pop: &pop, ids: vec![0, 2] };
+    assert_eq!(s.choose_trial_to_run(&paused, false).as_deref(), Some("t0"));
+    // t0 ran on to 4 and yields again, since t2 still waits.
+    assert_eq!(feed(&mut *s, &mut pop, 0, 4, 0.05, true).0, Decision::Pause);
+    let paused = PausedSet { pop: &pop, ids: vec![0, 2] };
+    assert_eq!(s.choose_trial_to_run(&paused, false).as_deref(), Some("t2"), "t2 trained less");
+    // t3 reaches its check while t0 waits: it yields, and trained less than t0.
+    assert_eq!(feed(&mut *s, &mut pop, 3, 2, 0.25, true).0, Decision::Pause);
+    let paused = PausedSet { pop: &pop, ids: vec![0, 3] };
+    assert_eq!(s.choose_trial_to_run(&paused, false).as_deref(), Some("t3"));
+    let paused = PausedSet { pop: &pop, ids: vec![0] };
+    assert_eq!(s.choose_trial_to_run(&paused, false).as_deref(), Some("t0"));
+    // Nobody waits any more: each goes on at its check.
+    assert_eq!(feed(&mut *s, &mut pop, 3, 4, 0.25, true).0, Decision::Continue);
+    assert_eq!(feed(&mut *s, &mut pop, 2, 4, 0.2, true).0, Decision::Continue);
 }
 
 #[test]

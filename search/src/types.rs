@@ -95,6 +95,12 @@ impl TrialResult {
         }
         self.metrics.get(name).copied()
     }
+
+    /// Whether the trainable said it is finished (`done: true` in its
+    /// report, Ray's flag): the trial ends TERMINATED with this result.
+    pub fn done(&self) -> bool {
+        self.extra.as_ref().and_then(|e| e.get("done")).and_then(serde_json::Value::as_bool).unwrap_or(false)
+    }
 }
 
 /// Serde for [`Metrics`] that keeps non-finite values: JSON has no NaN or

@@ -14,11 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use common::python::{line, nestor_child, passed, repo, torch_python, torch_venv, trials};
 use common::*;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
 
 /// A new virtualenv with `pip install ./python` done (once per test run).
 fn venv() -> &'static Path {
@@ -59,21 +56,6 @@ fn python(cwd: &Path, script: &str, args: &[&str], env: &[(&str, String)]) -> Ou
         .envs(env.iter().map(|(k, v)| (*k, v)))
         .output()
         .expect("run the script")
-}
-
-fn passed(out: Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "the script failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    stdout
-}
-
-/// `nestor export EXP --format trials`: a JSON object per trial.
-fn trials(cwd: &Path, exp: &Path) -> Vec<serde_json::Value> {
-    ok(nestor(cwd, &["export", exp.to_str().unwrap(), "--format", "trials"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-fn line<'a>(out: &'a str, key: &str) -> &'a str {
-    out.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} line in:\n{out}")).trim()
 }
 
 #[test]
@@ -174,15 +156,6 @@ fn bad_input_is_refused_naming_the_key_and_leaves_no_store() {
     }
 }
 
-/// The pid of the `nestor` binary started by the script `driver` (its child).
-fn nestor_child(driver: u32) -> Option<u32> {
-    let children = std::fs::read_to_string(format!("/proc/{driver}/task/{driver}/children")).unwrap_or_default();
-    children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()).find(|p| {
-        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-        String::from_utf8_lossy(&cmd).split('\0').next().is_some_and(|a| a.ends_with("/nestor"))
-    })
-}
-
 #[test]
 fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
@@ -233,35 +206,11 @@ fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknow
     }
 }
 
-/// The cached environment with torch (examples/torch_ddp/venv.sh), whose
-/// `nestor` package is this checkout's python/ and whose binary is the one
-/// cargo built.
-fn torch_venv() -> PathBuf {
-    // Once per test run: the tests that use it run at once.
-    static VENV: OnceLock<PathBuf> = OnceLock::new();
-    VENV.get_or_init(|| {
-        let out = Command::new("bash").arg(repo().join("examples/torch_ddp/venv.sh")).output().expect("run venv.sh");
-        assert!(out.status.success(), "examples/torch_ddp/venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-    .clone()
-}
-
-fn torch_python(cwd: &Path, script: &str, env: &[(&str, String)]) -> Output {
-    Command::new(torch_venv().join("bin/python"))
-        .arg(repo().join(script))
-        .current_dir(cwd)
-        .env("NESTOR_BIN", nestor_bin())
-        .envs(env.iter().map(|(k, v)| (*k, v)))
-        .output()
-        .expect("run the script")
-}
-
 #[test]
 fn the_ray_train_and_tune_pattern_runs_with_its_imports_changed() {
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");
-    let out = passed(torch_python(dir.path(), "examples/python/tune_torch.py", &[("EXAMPLE_STORAGE", storage.display().to_string())]));
+    let out = passed(torch_python(dir.path(), "examples/python/tune_torch.py", &[], &[("EXAMPLE_STORAGE", storage.display().to_string())]));
     let exp = storage.join("tune-torch");
     let trials = trials(dir.path(), &exp);
     assert_eq!(trials.len(), 4);

@@ -124,8 +124,9 @@ pub enum ProgressMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointConfig {
-    /// Committed checkpoints kept per trial (default: all). The latest is
-    /// always kept; beyond it, the best by `score_attribute` (or the newest).
+    /// Committed checkpoints kept per trial (default: all): the best by
+    /// `score_attribute` (or the newest), and the latest besides, which a
+    /// restart needs (Ray's rule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_to_keep: Option<usize>,
     /// The metric that ranks checkpoints (default: their age).

@@ -156,17 +156,31 @@ impl Default for ExperimentSection {
 
 impl ExperimentSection {
     /// Where the experiment's local directory goes: `storage` when it is a
-    /// path, else `local_dir`.
+    /// path, else `local_dir`; a leading `~` is the home directory, as in
+    /// a shell (and in Ray's `storage_path="~/ray_results"`).
     pub fn local_root(&self) -> String {
-        match &self.storage {
-            Some(s) if !s.contains("://") => s.clone(),
-            _ => self.local_dir.clone().unwrap_or_else(|| "nestor-runs".into()),
-        }
+        let root = match &self.storage {
+            Some(s) if !s.contains("://") => s.as_str(),
+            _ => self.local_dir.as_deref().unwrap_or("nestor-runs"),
+        };
+        expand_home(root)
     }
 
     /// The object-store URL checkpoints go to, when `storage` is one.
     pub fn storage_url(&self) -> Option<&str> {
         self.storage.as_deref().filter(|s| s.contains("://") && !s.starts_with("file://"))
+    }
+}
+
+/// `path` with a leading `~` (alone or before a `/`) replaced by `$HOME`.
+fn expand_home(path: &str) -> String {
+    let rest = match path.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
+        _ => return path.to_string(),
+    };
+    match std::env::var_os("HOME") {
+        Some(home) if !home.is_empty() => format!("{}{rest}", home.to_string_lossy()),
+        _ => path.to_string(),
     }
 }
 
@@ -478,6 +492,20 @@ training_iteration = 5
 [trainer]
 command = ["worker"]
 "#;
+
+    #[test]
+    fn a_leading_tilde_in_storage_is_the_home_directory() {
+        let home = std::env::var("HOME").unwrap();
+        let at = |storage: Option<&str>, local_dir: Option<&str>| {
+            ExperimentSection { storage: storage.map(Into::into), local_dir: local_dir.map(Into::into), ..Default::default() }.local_root()
+        };
+        assert_eq!(at(Some("~/ray_results"), None), format!("{home}/ray_results"));
+        assert_eq!(at(Some("~"), None), home);
+        assert_eq!(at(Some("runs/~x"), None), "runs/~x");
+        assert_eq!(at(Some("~other/x"), None), "~other/x", "another user's home is not ours");
+        assert_eq!(at(Some("s3://b/p"), Some("~/local")), format!("{home}/local"));
+        assert_eq!(at(None, None), "nestor-runs");
+    }
 
     fn err(text: &str, sets: &[&str]) -> String {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();

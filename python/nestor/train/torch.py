@@ -4,6 +4,7 @@ helpers a training function calls on each worker (``prepare_model``,
 ``nestor.torch`` and are imported from there on first use, so the driver
 process never imports torch."""
 
+import sys
 from typing import Any, Optional
 
 from ._trainer import _Trainer
@@ -13,13 +14,20 @@ class TorchConfig:
     """The collective's backend (``gloo``/``nccl``) and timeout."""
 
     def __init__(self, backend: Optional[str] = None, init_method: str = "env", timeout_s: int = 1800):
+        if backend not in (None, "gloo", "nccl", "mpi", "ucc"):
+            raise ValueError(f"TorchConfig(backend={backend!r}): give 'gloo', 'nccl' (or None: nccl on GPUs, gloo on CPUs)")
+        if init_method not in ("env", "tcp"):
+            raise ValueError(f"TorchConfig(init_method={init_method!r}): Ray takes 'env' or 'tcp'")
+        if init_method != "env":
+            print(f"nestor: TorchConfig(init_method={init_method!r}) is ignored: nestor chooses how the ranks meet "
+                  "(a file on one machine, the driver across nodes)", file=sys.stderr)
         self.backend, self.init_method, self.timeout_s = backend, init_method, timeout_s
 
 
 class TorchTrainer(_Trainer):
     """``train_loop_per_worker(config)`` on ``scaling_config.num_workers``
-    workers, in one torch process group once ``prepare_model`` (or
-    ``nestor.torch.init_process_group``) is called."""
+    workers, in one torch process group (``TorchConfig``'s backend and
+    timeout) that is up before the function runs and torn down after it."""
 
     def __init__(self, train_loop_per_worker: Any, *, train_loop_config: Any = None, torch_config: Optional[TorchConfig] = None,
                  scaling_config: Any = None, run_config: Any = None, datasets: Any = None, **kwargs: Any):
@@ -29,6 +37,7 @@ class TorchTrainer(_Trainer):
 
     def _parts(self) -> Any:
         parts = super()._parts()
+        parts["blob"]["backend"] = "torch"
         parts["trainer_extra"] = {}
         if self.torch_config.backend:
             parts["trainer_extra"]["backend"] = self.torch_config.backend

@@ -17,6 +17,7 @@ from ..train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ..train import get_checkpoint, get_context, report
 from ..train._checkpoint import Checkpoint
 from . import schedulers, search
+from .trainable import Trainable
 from ._space import (
     Domain, choice, grid_search, lograndint, loguniform, qlograndint, qloguniform, qrandint, qrandn, quniform,
     randint, randn, sample_from, to_space, uniform,
@@ -95,17 +96,29 @@ def _split(trainable: Any) -> Dict[str, Any]:
 
     if isinstance(trainable, _Trainer):
         return trainable._parts()
-    if isinstance(trainable, type):
-        raise TypeError(
-            f"{trainable.__name__}: class trainables (tune.Trainable) are not supported; write a function "
-            "`def train(config): ... tune.report(metrics)`"
-        )
-    if not callable(trainable):
-        raise TypeError(f"Tuner: trainable must be a function or a TorchTrainer, not {type(trainable).__name__}")
+    # Unwrap with_resources / with_parameters (in either order) down to the function or class.
+    resources: Optional[Dict[str, float]] = None
+    kwargs: Dict[str, Any] = {}
+    inner = trainable
+    while isinstance(inner, _WithParameters):
+        if isinstance(inner, _WithResources):
+            resources = resources or inner.resources
+        else:
+            kwargs = {**inner.kwargs, **kwargs}
+        inner = inner.fn
     scaling = ScalingConfig()
-    if isinstance(trainable, _WithResources):
-        scaling.resources_per_worker = trainable.resources
-        scaling.use_gpu = any(k.lower() == "gpu" and v for k, v in trainable.resources.items())
+    if resources:
+        scaling.resources_per_worker = resources
+        scaling.use_gpu = any(k.lower() == "gpu" and v for k, v in resources.items())
+    if isinstance(inner, type):
+        if not issubclass(inner, Trainable):
+            raise TypeError(f"Tuner: {inner.__name__} is a class but not a tune.Trainable subclass; give a function "
+                            "`def train(config): ... tune.report(metrics)` or subclass tune.Trainable")
+        blob = {"kind": "class", "cls": inner, "kwargs": kwargs}
+        return {"blob": blob, "scaling": scaling, "run_config": None, "train_loop_config": None}
+    if not callable(trainable):
+        raise TypeError(f"Tuner: trainable must be a function, a tune.Trainable subclass or a TorchTrainer, "
+                        f"not {type(trainable).__name__}")
     return {"blob": {"kind": "function", "fn": trainable}, "scaling": scaling, "run_config": None, "train_loop_config": None}
 
 
@@ -171,9 +184,14 @@ class Tuner:
         trainer.update(parts.get("trainer_extra") or {})
         env = _driver.worker_env()
         env["NESTOR_EXPERIMENT_NAME"] = name
-        env["NESTOR_STORAGE_PATH"] = rc.storage_path or os.path.dirname(exp_dir)
+        env["NESTOR_STORAGE_PATH"] = os.path.expanduser(rc.storage_path) if rc.storage_path else os.path.dirname(exp_dir)
         trainer["env"] = env
         doc: Dict[str, Any] = {"experiment": experiment, "space": self._space}
+        from .. import _declared_resources
+
+        if _declared_resources:
+            # ray.init(num_cpus=, num_gpus=, resources=): the pool the sweep schedules on.
+            doc["resources"] = dict(_declared_resources)
         if alg is not None:
             doc["search"] = alg._table()
         if sched is not None:
@@ -201,12 +219,24 @@ class Tuner:
             doc["failure"] = failure
         return doc
 
+    def _run_settings(self) -> Dict[str, Any]:
+        """What a class trainable's runs need of the run config (kept for ``Tuner.restore``)."""
+        rc = self._run_config
+        cc = rc.checkpoint_config
+        at_end = bool(cc and cc.checkpoint_at_end)
+        if self._parts["blob"].get("kind") != "class":
+            if at_end:
+                print("nestor: CheckpointConfig(checkpoint_at_end=True) is ignored for a function trainable: it saves "
+                      "its checkpoints itself with report(..., checkpoint=...)", file=sys.stderr)
+            return {}
+        return {"stop": {k: float(v) for k, v in (rc.stop or {}).items()}, "checkpoint_at_end": at_end}
+
     def fit(self) -> ResultGrid:
         """Runs the sweep (or continues a restored one) and returns every trial's result."""
         tc = self._tune_config
         if self._restore_path:
             exp_dir = self._restore_path
-            _driver.write_blob(exp_dir, self._parts["blob"])
+            _driver.write_blob(exp_dir, {**self._parts["blob"], **_driver.read_run_settings(exp_dir)})
             _driver.run_binary(["resume", exp_dir])
         else:
             rc = self._run_config
@@ -215,7 +245,9 @@ class Tuner:
             if os.path.exists(os.path.join(exp_dir, "store")):
                 raise ValueError(f"experiment directory {exp_dir} already exists; continue it with Tuner.restore({exp_dir!r}, "
                                  "trainable) or pick another RunConfig(name=...)")
-            blob = _driver.write_blob(exp_dir, self._parts["blob"])
+            settings = self._run_settings()
+            _driver.write_run_settings(exp_dir, settings)
+            blob = _driver.write_blob(exp_dir, {**self._parts["blob"], **settings})
             sweep = _driver.write_experiment(exp_dir, self._experiment(name, blob, exp_dir))
             _driver.run_binary(["run", sweep])
         metric = tc.metric or (tc.scheduler.metric if tc.scheduler else None)
@@ -235,7 +267,7 @@ def run(*_a: Any, **_k: Any) -> Any:
 
 __all__ = [
     "Checkpoint", "CheckpointConfig", "Domain", "FailureConfig", "Result", "ResultGrid", "RunConfig", "ScalingConfig",
-    "TrainingFailedError", "TuneConfig", "TuneError", "Tuner", "choice", "get_checkpoint", "get_context", "grid_search",
+    "Trainable", "TrainingFailedError", "TuneConfig", "TuneError", "Tuner", "choice", "get_checkpoint", "get_context", "grid_search",
     "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform", "randint", "randn",
     "report", "sample_from", "schedulers", "search", "uniform", "with_parameters", "with_resources",
 ]

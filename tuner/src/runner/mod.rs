@@ -1030,7 +1030,8 @@ impl Runner {
             return Ok(Directive::Stop);
         }
         let decision = self.scheduler.on_trial_result(&view(&r.record), result)?;
-        let stop = self.stopper.should_stop_trial(&result.trial_id, result);
+        // `done: true` in a report ends its trial, as in Ray.
+        let stop = self.stopper.should_stop_trial(&result.trial_id, result) | result.done();
         self.searcher.on_trial_result(&result.trial_id, result);
         let directive = if r.ending.is_some() {
             Directive::Stop

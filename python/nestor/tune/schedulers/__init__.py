@@ -4,8 +4,8 @@ the binary's scheduler of that type decides (no scheduling in Python)."""
 
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from .._toml import Inline
-from ._space import Domain, _constant
+from ..._toml import Inline
+from .._space import Domain, _constant
 
 
 def _note(what: str) -> None:

@@ -1,0 +1,5 @@
+"""Ray's module path `ray.tune.schedulers.async_hyperband`."""
+
+from . import AsyncHyperBandScheduler, ASHAScheduler
+
+__all__ = ["AsyncHyperBandScheduler", "ASHAScheduler"]

@@ -1,0 +1,71 @@
+//! Python for the tests: the checkout, the cached environment with torch
+//! (examples/torch_ddp/venv.sh: torch, grpcio, cloudpickle, pandas, and this
+//! checkout's `nestor` package), scripts run in it with the cargo-built
+//! binary, and what they print.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use super::{nestor, nestor_bin, ok};
+
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The cached environment with torch, whose `nestor` package is this
+/// checkout's python/ (created on first use; several GB the first time).
+pub fn torch_venv() -> &'static Path {
+    // Once per test binary: the tests that use it run at once.
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
+    VENV.get_or_init(|| {
+        let out = Command::new("bash").arg(repo().join("examples/torch_ddp/venv.sh")).output().expect("run venv.sh");
+        assert!(out.status.success(), "examples/torch_ddp/venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+/// `python SCRIPT ARGS` (a path in the repository) in the torch
+/// environment, from `cwd`, with the cargo-built binary.
+pub fn torch_python_cmd(cwd: &Path, script: &str, args: &[&str], env: &[(&str, String)]) -> Command {
+    let mut c = Command::new(torch_venv().join("bin/python"));
+    c.arg(repo().join(script))
+        .args(args)
+        .current_dir(cwd)
+        .env("NESTOR_BIN", nestor_bin())
+        .env("PYTHONPATH", repo().join("tests/py"))
+        .envs(env.iter().map(|(k, v)| (*k, v)));
+    c
+}
+
+/// [`torch_python_cmd`], run to its end.
+pub fn torch_python(cwd: &Path, script: &str, args: &[&str], env: &[(&str, String)]) -> Output {
+    torch_python_cmd(cwd, script, args, env).output().expect("run the script")
+}
+
+/// The script's stdout, after checking it succeeded.
+pub fn passed(out: Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "the script failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+/// The rest of the line of `out` that starts with `key`.
+pub fn line<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} line in:\n{out}")).trim()
+}
+
+/// `nestor export EXP --format trials`: a JSON object per trial.
+pub fn trials(cwd: &Path, exp: &Path) -> Vec<serde_json::Value> {
+    ok(nestor(cwd, &["export", exp.to_str().unwrap(), "--format", "trials"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The pid of the `nestor` binary a script's driver process started (its child).
+pub fn nestor_child(driver: u32) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{driver}/task/{driver}/children")).unwrap_or_default();
+    children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()).find(|p| {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmd).split('\0').next().is_some_and(|a| a.ends_with("/nestor"))
+    })
+}

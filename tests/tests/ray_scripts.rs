@@ -1,0 +1,254 @@
+//! Ray Tune + Ray Train scripts in the shapes Ray's own examples and user
+//! guides take, run for real with their imports changed (the scripts are
+//! tests/py/ray_class.py and tests/py/ray_behaviours.py): class trainables
+//! under HyperBand, BOHB and PBT (paused, resumed, exploited through their
+//! checkpoints), `done=True`, `~` in storage paths, `init(num_cpus=)`,
+//! `num_to_keep` with a score, the torch process group before the training
+//! function, and a class-trainable sweep whose driver is SIGKILLed and
+//! restored.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use common::python::{line, nestor_child, passed, torch_python, torch_python_cmd, trials};
+use common::*;
+use serde_json::Value;
+
+fn class_script(dir: &Path, scenario: &str) -> BTreeMap<String, Value> {
+    let storage = dir.join("runs");
+    let out = passed(torch_python(dir, "tests/py/ray_class.py", &[storage.to_str().unwrap(), scenario], &[]));
+    serde_json::from_str(line(&out, "TRIALS")).unwrap()
+}
+
+/// (iteration, seen, score) of each result.
+fn history(t: &Value) -> Vec<(u64, u64, f64)> {
+    t["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h[0].as_f64().unwrap() as u64, h[1].as_f64().unwrap() as u64, h[2].as_f64().unwrap()))
+        .collect()
+}
+
+/// Every result's state went through exactly as many steps as the trial
+/// has trained: nothing lost or repeated across pauses and restarts.
+fn assert_state_carried(id: &str, t: &Value) {
+    for (iteration, seen, _) in history(t) {
+        assert_eq!(iteration, seen, "{id}: the state of iteration {iteration} had seen {seen} steps: {t}");
+    }
+}
+
+/// How many runs of `trial` ended with `cleanup()` (one file per run).
+fn cleanups(exp: &Path, trial: &str) -> usize {
+    std::fs::read_dir(exp.join("trials").join(trial).join("cleanups")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn a_class_trainable_under_hyperband_is_paused_and_resumed_with_its_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = class_script(dir.path(), "hyperband");
+    let exp = dir.path().join("runs/hyperband");
+    let stored = trials(dir.path(), &exp);
+    assert_eq!(got.len(), 9);
+    let resumed: Vec<&Value> = stored.iter().filter(|t| t["resumes"].as_u64().unwrap() > 0).collect();
+    assert!(!resumed.is_empty(), "HyperBand resumed no trial: {stored:?}");
+    for (id, t) in &got {
+        assert_eq!(t["status"], "TERMINATED", "{id}: {t}");
+        assert_state_carried(id, t);
+        // The score is the rate times the steps: the state was this trial's own.
+        let rate = t["config"]["rate"].as_f64().unwrap();
+        for (iteration, _, score) in history(t) {
+            assert!((score - rate * iteration as f64).abs() < 1e-9, "{id}: {t}");
+        }
+    }
+    for t in &resumed {
+        let id = t["trial_id"].as_str().unwrap();
+        // A run per start: the first and each resume, every one cleaned up.
+        assert_eq!(cleanups(&exp, id), 1 + t["resumes"].as_u64().unwrap() as usize, "{id}");
+        assert!(got[id]["history"].as_array().unwrap().len() > 1);
+    }
+    assert!(got.values().any(|t| t["history"].as_array().unwrap().len() == 9), "no trial reached max_t");
+}
+
+#[test]
+fn a_class_trainable_under_bohb_restores_from_files_it_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = class_script(dir.path(), "bohb");
+    assert_eq!(got.len(), 8);
+    for (id, t) in &got {
+        assert_eq!(t["status"], "TERMINATED", "{id}: {t}");
+        assert_state_carried(id, t);
+    }
+    let exp = dir.path().join("runs/bohb");
+    assert!(trials(dir.path(), &exp).iter().any(|t| t["resumes"].as_u64().unwrap() > 0), "BOHB's HyperBand resumed no trial");
+}
+
+#[test]
+fn pbt_with_more_samples_than_slots_runs_the_whole_population_and_exploits_through_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = class_script(dir.path(), "pbt");
+    let exp = dir.path().join("runs/pbt");
+    let stored = trials(dir.path(), &exp);
+    assert_eq!(got.len(), 8);
+    // init(num_cpus=2) is the pool the sweep scheduled on.
+    assert!(read(&exp.join("experiment.toml")).contains("[resources]\nCPU = 2.0"));
+    for (id, t) in &got {
+        assert_eq!(t["status"], "TERMINATED", "{id}: {t}");
+        // Every member trained to the end: none was left behind by the two that happened to run first.
+        assert_eq!(history(t).last().unwrap().0, 24, "{id}: {t}");
+    }
+    // Every trial yielded its slot at some interval (8 trials, 2 slots).
+    for t in &stored {
+        assert!(t["resumes"].as_u64().unwrap() >= 1, "{} never paused: {t}", t["trial_id"]);
+    }
+    let exploits: Vec<Value> =
+        ok(nestor(dir.path(), &["exploits", exp.to_str().unwrap(), "--json"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(exploits.len() >= 4, "{exploits:?}");
+    let recipients: BTreeSet<&str> = exploits.iter().map(|e| e["trial_id"].as_str().unwrap()).collect();
+    let donors: BTreeSet<&str> = exploits.iter().map(|e| e["donor"].as_str().unwrap()).collect();
+    assert!(recipients.len() >= 3 && donors.len() >= 2, "a population of 8 took part in {exploits:?}");
+    // A recipient's state after the exploit is the donor's at its checkpoint: the
+    // steps seen still match the iteration, though the score came from another trial.
+    for (id, t) in &got {
+        assert_state_carried(id, t);
+    }
+}
+
+#[test]
+fn done_ends_a_class_trainables_trial_where_it_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = class_script(dir.path(), "done");
+    let ends: BTreeSet<u64> = got.values().map(|t| history(t).last().unwrap().0).collect();
+    assert_eq!(ends, BTreeSet::from([2, 5]), "{got:?}");
+    assert!(got.values().all(|t| t["status"] == "TERMINATED"));
+}
+
+#[test]
+fn done_in_a_functions_report_ends_its_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_behaviours.py", &[storage.to_str().unwrap(), "done"], &[]));
+    for key in ["DONE-PLAIN", "DONE-STOP"] {
+        let got: BTreeMap<String, Value> = serde_json::from_str(line(&out, key)).unwrap();
+        let mut ends: Vec<(u64, usize)> =
+            got.values().map(|t| (t["config"]["done_at"].as_u64().unwrap(), t["history"].as_array().unwrap().len())).collect();
+        ends.sort_unstable();
+        // done_at 3 ends at its third result; done_at 20 runs its 10 steps out.
+        assert_eq!(ends, vec![(3, 3), (20, 10)], "{key}: {got:?}");
+        assert!(got.values().all(|t| t["status"] == "TERMINATED"), "{key}: {got:?}");
+    }
+}
+
+#[test]
+fn a_tilde_storage_path_is_the_home_directory_for_the_driver_and_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    let out = passed(torch_python(&cwd, "tests/py/ray_behaviours.py", &["unused", "home"], &[("HOME", home.display().to_string())]));
+    let got: Value = serde_json::from_str(line(&out, "HOME")).unwrap();
+    assert_eq!(got["path"], home.join("tilde-runs/tilde").display().to_string());
+    assert_eq!(got["trials"].as_object().unwrap().len(), 1, "{got}");
+    assert!(home.join("tilde-runs/tilde/store").is_dir());
+    assert!(!cwd.join("~").exists(), "a literal ~ directory was made");
+}
+
+#[test]
+fn init_num_cpus_is_the_pool_the_sweep_schedules_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_behaviours.py", &[storage.to_str().unwrap(), "init"], &[]));
+    let spans: Vec<(f64, f64)> = serde_json::from_str(line(&out, "INIT")).unwrap();
+    assert_eq!(spans.len(), 3);
+    // init(num_cpus=1) on a machine with more: one trial at a time.
+    let mut sorted = spans.clone();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for w in sorted.windows(2) {
+        assert!(w[1].0 >= w[0].1, "two trials ran at once on one CPU: {sorted:?}");
+    }
+}
+
+#[test]
+fn num_to_keep_with_a_score_keeps_the_best_checkpoint_and_the_latest() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_behaviours.py", &[storage.to_str().unwrap(), "keep"], &[]));
+    let got: Value = serde_json::from_str(line(&out, "KEEP")).unwrap();
+    assert_eq!(got["best_step"], "3", "{got}");
+    assert_eq!(got["latest_step"], "6", "{got}");
+    let t = got["trials"].as_object().unwrap().values().next().unwrap();
+    let kept: Vec<&str> = t["checkpoints"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(kept.len(), 2, "{t}");
+    assert!(kept[0].ends_with("checkpoint_000003") && kept[1].ends_with("checkpoint_000006"), "{kept:?}");
+    // The others are gone from the disk too.
+    let trial_dir = Path::new(kept[0]).parent().unwrap();
+    let on_disk: BTreeSet<String> = std::fs::read_dir(trial_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint_"))
+        .collect();
+    assert_eq!(on_disk, BTreeSet::from(["checkpoint_000003".to_string(), "checkpoint_000006".to_string()]));
+}
+
+#[test]
+fn a_torch_trainers_process_group_is_up_before_its_function_with_one_worker_and_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_behaviours.py", &[storage.to_str().unwrap(), "torch"], &[]));
+    for (key, world, sum) in [("TORCH1", 1.0, 1.0), ("TORCH2", 2.0, 3.0)] {
+        let history: Vec<Value> = serde_json::from_str(line(&out, key)).unwrap();
+        assert_eq!(history.len(), 3, "{key}: {history:?}");
+        for h in &history {
+            assert_eq!(h["world"], world, "{key}: {h}");
+            assert_eq!(h["sum"], sum, "{key}: all_reduce over the ranks: {h}");
+            assert_eq!(h["backend"], "gloo", "{key}: {h}");
+        }
+        let first = history[0]["loss"].as_f64().unwrap();
+        let last = history[2]["loss"].as_f64().unwrap();
+        assert!(last < first, "{key}: the FSDP-sharded model learnt nothing: {history:?}");
+    }
+}
+
+#[test]
+fn a_class_trainable_sweep_killed_with_its_driver_is_restored_losing_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let acks = dir.path().join("acks.txt");
+    let env = [("ACKS", acks.display().to_string())];
+    let mut driver = torch_python_cmd(dir.path(), "tests/py/ray_class.py", &[storage.to_str().unwrap(), "crash", "run"], &env)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_run("12 acknowledged results", 90.0, &mut driver, || read(&acks).lines().count() >= 12);
+    let binary = nestor_child(driver.id()).expect("the driver's nestor process");
+    signal(driver.id(), libc::SIGKILL);
+    signal(binary, libc::SIGKILL);
+    let _ = driver.wait();
+    wait_for("the killed sweep's workers to go", 10.0, || processes_mentioning(storage.to_str().unwrap()).is_empty());
+    let acked: BTreeSet<(String, u64)> = read(&acks)
+        .lines()
+        .map(|l| {
+            let (t, i) = l.split_once(' ').unwrap();
+            (t.to_string(), i.parse().unwrap())
+        })
+        .collect();
+    let out = passed(torch_python(dir.path(), "tests/py/ray_class.py", &[storage.to_str().unwrap(), "crash", "restore"], &env));
+    let got: BTreeMap<String, Value> = serde_json::from_str(line(&out, "TRIALS")).unwrap();
+    assert_eq!(got.len(), 4);
+    for (id, t) in &got {
+        assert_eq!(t["status"], "TERMINATED", "{id}: {t}");
+        let iterations: Vec<u64> = history(t).iter().map(|h| h.0).collect();
+        assert_eq!(iterations, (1..=30).collect::<Vec<u64>>(), "{id}: every iteration once, in order");
+        assert_state_carried(id, t);
+    }
+    for (trial, iteration) in &acked {
+        assert!(history(&got[trial]).iter().any(|h| h.0 == *iteration), "acknowledged {trial} {iteration} is missing");
+    }
+}
