@@ -110,11 +110,18 @@ def _set_pdeathsig() -> None:
     os.setpgid(0, 0)
 
 
-def run_binary(args: List[str]) -> None:
+def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
     """Runs ``nestor ARGS`` with the terminal's stdout, relaying its stderr;
     Ctrl-C here reaches it once per press (once: a graceful stop; twice:
-    kill), as with ``nestor run``. Raises on its failure codes."""
-    proc = subprocess.Popen([_binary.find(), *args], stderr=subprocess.PIPE, preexec_fn=_set_pdeathsig)
+    kill), as with ``nestor run``. ``hooks`` (a ``_hooks.HookServer``) serves
+    the sweep's Python code meanwhile. Raises on its failure codes."""
+    env = None
+    if hooks is not None:
+        env = {**os.environ, **hooks.env()}
+    proc = subprocess.Popen([_binary.find(), *args], stderr=subprocess.PIPE, preexec_fn=_set_pdeathsig, env=env,
+                            pass_fds=hooks.child_fds() if hooks is not None else ())
+    if hooks is not None:
+        hooks.start()
     last: List[str] = []
 
     def relay() -> None:
@@ -140,6 +147,8 @@ def run_binary(args: List[str]) -> None:
         for s, h in old.items():
             signal.signal(s, h)
         t.join(timeout=5)
+        if hooks is not None:
+            hooks.finish()
     message = last[-1] if last else f"nestor {args[0]} exited with code {code}"
     if code == 0:
         return
@@ -148,6 +157,35 @@ def run_binary(args: List[str]) -> None:
     if code == 2:
         raise ValueError(message)
     raise TuneError(message)
+
+
+def write_hooks(exp_dir: str, hooks: Dict[str, Any]) -> None:
+    """Pickles the sweep's Python hooks (callbacks, stop, explore) by value, for ``Tuner.restore``."""
+    import cloudpickle
+
+    path = os.path.join(exp_dir, "driver", "hooks.pkl")
+    try:
+        data = cloudpickle.dumps({"version": BLOB_VERSION, **hooks})
+    except Exception as e:
+        raise TypeError(f"the sweep's callbacks and stop function cannot be saved for Tuner.restore: {type(e).__name__}: {e}") from None
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
+
+
+def read_hooks(exp_dir: str) -> Optional[Dict[str, Any]]:
+    """The hooks ``write_hooks`` saved, or None when the sweep has none."""
+    import pickle
+
+    path = os.path.join(exp_dir, "driver", "hooks.pkl")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception as e:
+        raise ValueError(f"Tuner.restore: the sweep's callbacks and stop function in {path} cannot be loaded "
+                         f"({type(e).__name__}: {e}); restore it from the script that ran it") from None
 
 
 def write_experiment(exp_dir: str, doc: Dict[str, Any]) -> str:

@@ -65,9 +65,12 @@ def run(blob: Dict[str, Any]) -> int:
             return 0
         if blob.get("backend") == "torch":
             # Ray Train sets the process group up before the training function runs, for any number of workers.
-            from . import torch as nestor_torch
-
-            nestor_torch.init_process_group(always=True)
+            try:
+                from . import torch as nestor_torch
+            except ImportError as e:
+                print(f"nestor: no torch process group: {e}", file=sys.stderr, flush=True)
+            else:
+                nestor_torch.init_process_group(always=True)
         out = call(blob["fn"], config)
         if isinstance(out, dict) and out:
             # Ray's function trainables may return their final metrics.
@@ -155,7 +158,10 @@ def serve(blob: Dict[str, Any]) -> None:
     from . import _proto  # noqa: F401
 
     if blob.get("backend") == "torch":
-        from . import torch as _torch  # noqa: F401  (torch and its process group helpers)
+        try:
+            from . import torch as _torch  # noqa: F401  (torch and its process group helpers)
+        except ImportError:
+            pass  # each rank says so
 
     out = os.dup(1)
     os.dup2(2, 1)  # stray prints go to stderr; the protocol has its own fd

@@ -91,6 +91,9 @@ pub struct ExperimentFile {
     /// `[[callbacks]]`: loggers fed the sweep's events (`type = "tensorboard"`, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub callbacks: Vec<crate::callback::CallbackConfig>,
+    /// `[python]`: Python code the sweep calls, served by the Python driver (crate::hooks).
+    #[serde(default, skip_serializing_if = "crate::hooks::PythonHooks::is_empty")]
+    pub python: crate::hooks::PythonHooks,
 }
 
 /// `[experiment]`.

@@ -10,6 +10,7 @@ mod config;
 pub mod dashboard;
 mod experiment;
 mod files;
+pub mod hooks;
 mod journal;
 mod opening;
 mod placement;
@@ -89,6 +90,9 @@ pub enum TuneError {
     /// A trial failed and fail_fast is set.
     #[error("fail_fast: {0}")]
     FailFast(String),
+    /// The sweep calls Python code that no driver serves here.
+    #[error("python: {0}")]
+    Hooks(String),
     /// Ctrl-C: the sweep stopped early; resume it later.
     #[error("interrupted; resume with `nestor resume {}`", .0.display())]
     Interrupted(PathBuf),

@@ -330,6 +330,27 @@ impl Tuner {
         if self.file.experiment.seed.is_none() {
             self.file.experiment.seed = Some(random_seed());
         }
+        // Python code the sweep calls is served by the driver that runs it.
+        let hooks = self.file.python.clone();
+        let channel = if hooks.is_empty() {
+            None
+        } else {
+            let channel = crate::hooks::Channel::from_env().map_err(TuneError::Hooks)?;
+            let channel = channel.ok_or_else(|| {
+                TuneError::Hooks(format!(
+                    "this sweep calls Python code ({}); run or resume it from its script (Tuner(...).fit(), \
+                     Tuner.restore(path, trainable).fit()), which serves it, not with the nestor command",
+                    hooks.describe()
+                ))
+            })?;
+            if hooks.explore && !crate::hooks::give_explore(&mut self.file.scheduler, &channel) {
+                return Err(TuneError::Hooks("explore = true needs a pbt scheduler".into()));
+            }
+            if let Some(s) = hooks.callback_deadline_s.filter(|s| s.is_finite() && *s > 0.0) {
+                self.callback_deadline = Duration::from_secs_f64(s);
+            }
+            Some(channel)
+        };
         // Check everything before anything is written: settings made in Rust
         // get the checks a file gets, and the sweep runs what was checked
         // (a Rust space as it was built, not read back from its TOML).
@@ -438,6 +459,9 @@ impl Tuner {
         };
         let mut stoppers: Vec<Box<dyn Stopper>> = vec![Box::new(MetricThresholds(file.stop.clone()))];
         stoppers.extend(self.custom_stop.take());
+        if let (true, Some(channel)) = (hooks.stop, &channel) {
+            stoppers.push(Box::new(crate::hooks::PythonStopper::new(Arc::clone(channel))));
+        }
         // Trials run as the node's resources allow, capped by max_concurrent_trials.
         let fit = {
             let mut probe = pool.clone();
@@ -473,6 +497,9 @@ impl Tuner {
             })?);
         }
         callbacks.append(&mut self.callbacks);
+        if let Some(channel) = channel.as_ref().filter(|_| !hooks.callbacks.is_empty()) {
+            callbacks.extend(channel.callback(&hooks.callbacks));
+        }
         let reporter = Reporter::new(info, progress, files, finished, callbacks, self.callback_deadline);
         let settings = Settings {
             exp_dir: exp_dir.clone(),

@@ -112,15 +112,16 @@ class RunConfig:
         if self.storage_filesystem is not None:
             raise ValueError("RunConfig(storage_filesystem=...): give storage_path as a URL (s3://bucket/prefix) instead; "
                              "credentials come from the provider's environment variables")
-        if self.stop is not None and not isinstance(self.stop, dict):
-            raise ValueError("RunConfig(stop=...): nestor takes the dict form ({metric: threshold}); "
-                             "a function or Stopper runs in Python, where nestor's loop does not")
-        others = [c for c in self.callbacks or [] if not hasattr(c, "_table")]
+        if self.stop is not None and not isinstance(self.stop, dict) and not callable(self.stop):
+            raise ValueError(f"RunConfig(stop={self.stop!r}): give a dict ({{metric: threshold}}), a function "
+                             "(trial_id, result) -> bool or a tune.stopper.Stopper")
+        from ..tune.callback import Callback
+
+        others = [c for c in self.callbacks or [] if not isinstance(c, Callback)]
         if others:
             names = ", ".join(type(c).__name__ for c in others)
-            raise ValueError(f"RunConfig(callbacks=[{names}]): nestor runs the loggers of nestor.tune.logger and "
-                             "nestor.air.integrations (TensorBoard, MLflow, W&B); other callbacks run no Python code in "
-                             "nestor yet: results are in the experiment's store (nestor export) and each trial's result.jsonl")
+            raise ValueError(f"RunConfig(callbacks=[{names}]): give tune.Callback (or tune.logger.LoggerCallback) "
+                             "subclasses, or nestor's loggers (nestor.tune.logger, nestor.air.integrations)")
         for k in ("verbose", "progress_reporter", "log_to_file", "sync_config"):
             if getattr(self, k) is not None:
                 print(f"nestor: RunConfig({k}=...) is ignored: nestor shows its own progress and keeps every rank's log",

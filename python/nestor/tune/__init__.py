@@ -17,6 +17,9 @@ from ..train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ..train import get_checkpoint, get_context, report
 from ..train._checkpoint import Checkpoint
 from . import schedulers, search
+from . import stopper
+from .callback import Callback
+from .stopper import Stopper
 from .trainable import Trainable
 from ._space import (
     Domain, choice, grid_search, lograndint, loguniform, qlograndint, qloguniform, qrandint, qrandn, quniform,
@@ -196,12 +199,24 @@ class Tuner:
             doc["search"] = alg._table()
         if sched is not None:
             doc["scheduler"] = sched._table()
-        if rc.stop:
+        if isinstance(rc.stop, dict) and rc.stop:
             doc["stop"] = {k: float(v) for k, v in rc.stop.items()}
         doc["trainer"] = trainer
-        tables = [t for t in (c._table() for c in rc.callbacks or []) if t]
+        tables = [t for t in (c._table() for c in rc.callbacks or [] if hasattr(c, "_table")) if t]
         if tables:
             doc["callbacks"] = tables
+        hooks = self._hooks()
+        python: Dict[str, Any] = {}
+        if hooks["callbacks"]:
+            python["callbacks"] = [type(c).__name__ for c in hooks["callbacks"]]
+        if hooks["stop"] is not None:
+            python["stop"] = True
+        if hooks["explore"] is not None:
+            python["explore"] = True
+        if python:
+            if hooks["callbacks"] and os.environ.get("NESTOR_CALLBACK_DEADLINE_S"):
+                python["callback_deadline_s"] = float(os.environ["NESTOR_CALLBACK_DEADLINE_S"])
+            doc["python"] = python
         checkpoint = rc.checkpoint_config._table() if rc.checkpoint_config else {}
         stype = doc.get("scheduler", {}).get("type")
         if stype in ("hyperband", "hyperband_bohb", "pbt", "pb2", "resource_changing") and "frequency" not in checkpoint:
@@ -218,6 +233,19 @@ class Tuner:
         if failure:
             doc["failure"] = failure
         return doc
+
+    def _hooks(self) -> Dict[str, Any]:
+        """The Python code the binary calls: callbacks, a stop function or Stopper, PBT's explore step."""
+        rc, sched = self._run_config, self._tune_config.scheduler
+        callbacks = [c for c in rc.callbacks or [] if not hasattr(c, "_table")]
+        stop = rc.stop if rc.stop is not None and not isinstance(rc.stop, dict) else None
+        if stop is not None and not hasattr(stop, "stop_all"):
+            from .stopper import FunctionStopper
+
+            stop = FunctionStopper(stop)
+        base = getattr(sched, "_base", sched)
+        explore = base._explore() if hasattr(base, "_explore") else None
+        return {"callbacks": callbacks, "stop": stop, "explore": explore}
 
     def _run_settings(self) -> Dict[str, Any]:
         """What a class trainable's runs need of the run config (kept for ``Tuner.restore``)."""
@@ -237,7 +265,7 @@ class Tuner:
         if self._restore_path:
             exp_dir = self._restore_path
             _driver.write_blob(exp_dir, {**self._parts["blob"], **_driver.read_run_settings(exp_dir)})
-            _driver.run_binary(["resume", exp_dir])
+            _driver.run_binary(["resume", exp_dir], hooks=_serve(exp_dir, _driver.read_hooks(exp_dir)))
         else:
             rc = self._run_config
             name = rc.name or _driver.default_name(self._trainable)
@@ -249,7 +277,10 @@ class Tuner:
             _driver.write_run_settings(exp_dir, settings)
             blob = _driver.write_blob(exp_dir, {**self._parts["blob"], **settings})
             sweep = _driver.write_experiment(exp_dir, self._experiment(name, blob, exp_dir))
-            _driver.run_binary(["run", sweep])
+            hooks = self._hooks()
+            if any(v for v in hooks.values()):
+                _driver.write_hooks(exp_dir, hooks)
+            _driver.run_binary(["run", sweep], hooks=_serve(exp_dir, hooks))
         metric = tc.metric or (tc.scheduler.metric if tc.scheduler else None)
         mode = tc.mode or (tc.scheduler.mode if tc.scheduler else None)
         return ResultGrid(exp_dir, metric, mode)
@@ -261,12 +292,21 @@ class Tuner:
         return ResultGrid(self._restore_path)
 
 
+def _serve(exp_dir: str, hooks: Optional[Dict[str, Any]]) -> Any:
+    """The server of the sweep's Python hooks, or None when it has none."""
+    if not hooks or not any(hooks.get(k) for k in ("callbacks", "stop", "explore")):
+        return None
+    from .._hooks import HookServer
+
+    return HookServer(exp_dir, list(hooks.get("callbacks") or []), hooks.get("stop"), hooks.get("explore"))
+
+
 def run(*_a: Any, **_k: Any) -> Any:
     raise NotImplementedError("tune.run was replaced by tune.Tuner(...).fit() in Ray 2.0; nestor has only Tuner")
 
 
 __all__ = [
-    "Checkpoint", "CheckpointConfig", "Domain", "FailureConfig", "Result", "ResultGrid", "RunConfig", "ScalingConfig",
+    "Callback", "Checkpoint", "CheckpointConfig", "Domain", "Stopper", "FailureConfig", "Result", "ResultGrid", "RunConfig", "ScalingConfig",
     "Trainable", "TrainingFailedError", "TuneConfig", "TuneError", "Tuner", "choice", "get_checkpoint", "get_context", "grid_search",
     "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform", "randint", "randn",
     "report", "sample_from", "schedulers", "search", "uniform", "with_parameters", "with_resources",

@@ -7,17 +7,59 @@ needed); nestor always writes ``result.jsonl`` and ``progress.csv``, so the
 JSON and CSV loggers need nothing done.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
+
+from .callback import Callback, Trial
 
 
-class LoggerCallback:
-    """A logger that nestor runs: it becomes one ``[[callbacks]]`` table."""
+class LoggerCallback(Callback):
+    """Ray's base of loggers: a subclass's ``log_trial_*`` methods run in the
+    script's process, fed by the callback hooks (``nestor.tune.callback``).
+    nestor's own loggers below run in the binary instead (each becomes a
+    ``[[callbacks]]`` table)."""
+
+    def log_trial_start(self, trial: Trial) -> None:
+        """The trial's first run started."""
+
+    def log_trial_restore(self, trial: Trial) -> None:
+        """The trial runs again from a checkpoint."""
+
+    def log_trial_save(self, trial: Trial) -> None:
+        """A checkpoint of the trial was committed."""
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: Dict[str, Any]) -> None:
+        """A result, durable in the store."""
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        """The trial ended (``failed``: in ERROR)."""
+
+    def on_trial_start(self, iteration: int, trials: List[Trial], trial: Trial, **info: Any) -> None:
+        self.log_trial_start(trial)
+
+    def on_trial_restore(self, iteration: int, trials: List[Trial], trial: Trial, **info: Any) -> None:
+        self.log_trial_restore(trial)
+
+    def on_trial_save(self, iteration: int, trials: List[Trial], trial: Trial, **info: Any) -> None:
+        self.log_trial_save(trial)
+
+    def on_trial_result(self, iteration: int, trials: List[Trial], trial: Trial, result: Dict[str, Any], **info: Any) -> None:
+        self.log_trial_result(iteration, trial, result)
+
+    def on_trial_complete(self, iteration: int, trials: List[Trial], trial: Trial, **info: Any) -> None:
+        self.log_trial_end(trial, failed=False)
+
+    def on_trial_error(self, iteration: int, trials: List[Trial], trial: Trial, **info: Any) -> None:
+        self.log_trial_end(trial, failed=True)
+
+
+class _BinaryLogger(LoggerCallback):
+    """A logger nestor runs in the binary: it becomes one ``[[callbacks]]`` table."""
 
     def _table(self) -> Optional[Dict[str, Any]]:
         raise NotImplementedError
 
 
-class TBXLoggerCallback(LoggerCallback):
+class TBXLoggerCallback(_BinaryLogger):
     """TensorBoard event files per trial: ``tensorboard --logdir <experiment>``."""
 
     def __init__(self, prefix: str = "") -> None:
@@ -30,14 +72,14 @@ class TBXLoggerCallback(LoggerCallback):
         return t
 
 
-class JsonLoggerCallback(LoggerCallback):
+class JsonLoggerCallback(_BinaryLogger):
     """Each trial's ``result.jsonl``: nestor writes it always."""
 
     def _table(self) -> None:
         return None
 
 
-class CSVLoggerCallback(LoggerCallback):
+class CSVLoggerCallback(_BinaryLogger):
     """Each trial's ``progress.csv``: nestor writes it always."""
 
     def _table(self) -> None:

@@ -4,10 +4,10 @@ tracking server's REST API."""
 
 from typing import Any, Dict, Optional
 
-from ...tune.logger import LoggerCallback
+from ...tune.logger import _BinaryLogger
 
 
-class MLflowLoggerCallback(LoggerCallback):
+class MLflowLoggerCallback(_BinaryLogger):
     """A run per trial: params, every metric with its step, state and status."""
 
     def __init__(self, tracking_uri: Optional[str] = None, *, registry_uri: Optional[str] = None,

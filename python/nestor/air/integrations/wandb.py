@@ -5,10 +5,10 @@ W&B run per trial, logged by W&B's own package in one helper process
 import sys
 from typing import Any, Dict, List, Optional
 
-from ...tune.logger import LoggerCallback
+from ...tune.logger import _BinaryLogger
 
 
-class WandbLoggerCallback(LoggerCallback):
+class WandbLoggerCallback(_BinaryLogger):
     """A run per trial; ``mode="offline"`` (or ``WANDB_MODE``) needs no network."""
 
     def __init__(self, project: Optional[str] = None, group: Optional[str] = None, api_key_file: Optional[str] = None,

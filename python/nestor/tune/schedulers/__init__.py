@@ -143,18 +143,20 @@ class LearningCurveScheduler(TrialScheduler):
         )
 
 
-def _mutations(name: str, mutations: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+def _mutations(name: str, mutations: Optional[Mapping[str, Any]], callables: Dict[str, Any],
+               prefix: str = "") -> Dict[str, Any]:
+    """The mutations the binary explores itself (domains, lists); functions go
+    to ``callables`` by dotted path, for the driver's explore step."""
     out: Dict[str, Any] = {}
     for key, v in (mutations or {}).items():
         if isinstance(v, Domain):
             out[key] = v._toml()
         elif callable(v):
-            raise ValueError(
-                f"{name}: hyperparam_mutations[{key!r}] is a function, which the binary cannot call: "
-                "give a domain (tune.uniform, tune.loguniform, ...) or a list of values"
-            )
+            callables[prefix + key] = v
         elif isinstance(v, Mapping):
-            out[key] = _mutations(name, v)
+            inner = _mutations(name, v, callables, prefix + key + ".")
+            if inner:
+                out[key] = inner
         else:
             out[key] = _constant(f"hyperparam_mutations.{key}", v)
     return out
@@ -182,18 +184,27 @@ class PopulationBasedTraining(TrialScheduler):
         require_attrs: bool = True,
         synch: bool = False,
     ):
-        if custom_explore_fn is not None:
-            raise ValueError(
-                "PopulationBasedTraining(custom_explore_fn=...): the binary explores configs and cannot call a Python "
-                "function; express the change with hyperparam_mutations and perturbation_factors"
-            )
+        if custom_explore_fn is not None and not callable(custom_explore_fn):
+            raise ValueError(f"PopulationBasedTraining(custom_explore_fn={custom_explore_fn!r}): give a function config -> config")
         super().__init__(
             time_attr=time_attr, metric=metric, mode=mode, perturbation_interval=float(perturbation_interval),
             burn_in_period=float(burn_in_period), quantile_fraction=float(quantile_fraction),
             resample_probability=float(resample_probability),
             perturbation_factors=[float(f) for f in perturbation_factors], synch=bool(synch),
         )
-        self._settings["hyperparam_mutations"] = _mutations("PopulationBasedTraining", hyperparam_mutations)
+        callables: Dict[str, Any] = {}
+        self._settings["hyperparam_mutations"] = _mutations("PopulationBasedTraining", hyperparam_mutations, callables)
+        self._callables = callables
+        self._custom_explore = custom_explore_fn
+
+    def _explore(self) -> Any:
+        """The driver's part of the explore step (callable mutations, custom_explore_fn), or None."""
+        if not self._callables and self._custom_explore is None:
+            return None
+        from ..._hooks import Explore
+
+        return Explore(self._callables, self._custom_explore, self._settings["resample_probability"],
+                       list(self._settings["perturbation_factors"]))
 
 
 class PB2(TrialScheduler):

@@ -1,0 +1,218 @@
+"""The Python code a sweep calls, served from the driver's own process
+while the binary runs (the other side is the binary's ``tuner/src/hooks.rs``).
+
+Three pipes: the binary writes every durable event to the first (JSON
+lines), fed to the ``tune.Callback``s on a thread of their own; it writes
+requests to the second (a stop after a result, PBT's explore step) and
+reads each answer from the third, answered on another thread, so a slow
+callback never holds up a stop. A hook that raises is logged with its
+traceback and the sweep goes on (a stop that raises counts as "go on", an
+explore that raises keeps the built-in step's config).
+"""
+
+import json
+import os
+import random
+import sys
+import threading
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+
+def _log_raised(what: str) -> None:
+    print(f"nestor: {what} raised (the sweep goes on):\n{traceback.format_exc().rstrip()}", file=sys.stderr, flush=True)
+
+
+class Explore:
+    """PBT's explore step for what the binary cannot do itself: the callable
+    ``hyperparam_mutations`` (Ray's rule: resample with
+    ``resample_probability``, else a number times one of
+    ``perturbation_factors``, else a fresh draw), then ``custom_explore_fn``.
+    The draws are seeded by the binary, per perturbation."""
+
+    def __init__(self, callables: Dict[str, Callable[[], Any]], custom: Optional[Callable[[Dict], Dict]],
+                 resample_probability: float, factors: List[float]):
+        self.callables, self.custom = callables, custom
+        self.resample_probability, self.factors = resample_probability, factors
+
+    def __call__(self, config: Dict[str, Any], seed: int) -> Dict[str, Any]:
+        state = random.getstate()
+        random.seed(seed)  # the user's `lambda: random.uniform(...)` draws from this stream too
+        try:
+            for path, fn in self.callables.items():
+                parent, key = _walk(config, path)
+                old = parent.get(key)
+                if random.random() < self.resample_probability or not isinstance(old, (int, float)) or isinstance(old, bool):
+                    parent[key] = fn()
+                else:
+                    new = old * random.choice(self.factors)
+                    parent[key] = int(new) if isinstance(old, int) else new
+            if self.custom is not None:
+                out = self.custom(config)
+                if isinstance(out, dict):
+                    config = out
+        finally:
+            random.setstate(state)
+        return config
+
+
+def _walk(config: Dict[str, Any], path: str):
+    parts = path.split("/") if "/" in path else path.split(".")
+    node = config
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    return node, parts[-1]
+
+
+class _Events:
+    """Turns the binary's events into Ray's callback hooks."""
+
+    def __init__(self, callbacks: List[Any], experiment_path: str):
+        from .tune.callback import Trial
+
+        self.callbacks, self.experiment_path, self.Trial = callbacks, experiment_path, Trial
+        self.trials: Dict[str, Any] = {}
+        self.iteration = 0
+
+    def trial(self, trial_id: str) -> Any:
+        t = self.trials.get(trial_id)
+        if t is None:
+            t = self.trials[trial_id] = self.Trial(trial_id, self.experiment_path)
+        return t
+
+    def _update(self, t: Any, ev: Dict[str, Any]) -> None:
+        if isinstance(ev.get("config"), dict):
+            t.config = ev["config"]
+        if ev.get("status"):
+            t.status = ev["status"]
+        if ev.get("error"):
+            t.error = ev["error"]
+        t.num_failures = ev.get("failures", t.num_failures)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> None:
+        for cb in self.callbacks:
+            try:
+                getattr(cb, name)(*args, **kwargs)
+            except Exception:
+                _log_raised(f"callback {type(cb).__name__}.{name}")
+
+    def handle(self, ev: Dict[str, Any]) -> None:
+        kind = ev.get("event")
+        self.iteration += 1
+        trials = list(self.trials.values())
+        it = self.iteration
+        if kind == "experiment_started":
+            self.call("setup", stop=None, num_samples=ev.get("planned"), total_num_samples=ev.get("planned"))
+        elif kind == "status":
+            self.call("on_step_begin", iteration=it, trials=trials)
+            self.call("on_step_end", iteration=it, trials=trials)
+        elif kind == "trial_started":
+            t = self.trial(ev["trial_id"])
+            self._update(t, ev)
+            t.status = "RUNNING"
+            again = ev.get("resumed") or ev.get("restarts") or ev.get("exploits")
+            self.call("on_trial_restore" if again else "on_trial_start", iteration=it, trials=list(self.trials.values()), trial=t)
+        elif kind == "result":
+            t = self.trial(ev["trial_id"])
+            t.last_result = ev["result"]
+            self.call("on_trial_result", iteration=it, trials=trials, trial=t, result=ev["result"])
+        elif kind == "checkpoint_committed":
+            from .train._checkpoint import Checkpoint
+
+            t = self.trial(ev["trial_id"])
+            t.checkpoint = Checkpoint(ev["uri"])
+            self.call("on_trial_save", iteration=it, trials=trials, trial=t)
+            self.call("on_checkpoint", iteration=it, trials=trials, trial=t, checkpoint=t.checkpoint)
+        elif kind in ("trial_completed", "trial_errored", "trial_paused", "trial_interrupted"):
+            t = self.trial(ev["trial_id"])
+            self._update(t, ev)
+            if kind == "trial_completed":
+                self.call("on_trial_complete", iteration=it, trials=trials, trial=t)
+            elif kind == "trial_errored":
+                self.call("on_trial_error", iteration=it, trials=trials, trial=t)
+        elif kind == "trial_restarted":
+            t = self.trial(ev["trial_id"])
+            t.num_failures += 1
+            self.call("on_trial_recover", iteration=it, trials=trials, trial=t)
+        elif kind == "experiment_ended":
+            self.call("on_experiment_end", trials=trials)
+
+
+class HookServer:
+    """Serves a sweep's Python hooks while the binary runs."""
+
+    def __init__(self, experiment_path: str, callbacks: List[Any], stop: Optional[Any], explore: Optional[Explore]):
+        self.events = _Events(callbacks, experiment_path)
+        self.stop, self.explore = stop, explore
+        self._ev_r, self._ev_w = os.pipe()
+        self._rq_r, self._rq_w = os.pipe()
+        self._rs_r, self._rs_w = os.pipe()
+        self._threads: List[threading.Thread] = []
+
+    def child_fds(self) -> List[int]:
+        """The ends the binary keeps (``pass_fds``)."""
+        return [self._ev_w, self._rq_w, self._rs_r]
+
+    def env(self) -> Dict[str, str]:
+        return {"NESTOR_HOOKS": f"{self._ev_w},{self._rq_w},{self._rs_r}"}
+
+    def start(self) -> None:
+        """After the binary started: our copies of its ends closed (so its exit is our end of file), the threads up."""
+        for fd in self.child_fds():
+            os.close(fd)
+        for target, name in ((self._serve_events, "nestor-callbacks"), (self._serve_requests, "nestor-hooks")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def finish(self, timeout: Optional[float] = None) -> None:
+        """Waits (at most ``timeout``: the callbacks' deadline, ``NESTOR_CALLBACK_DEADLINE_S``
+        or 30 s) for the callbacks to take the last events."""
+        if timeout is None:
+            timeout = float(os.environ.get("NESTOR_CALLBACK_DEADLINE_S") or 30)
+        for t in self._threads:
+            t.join(timeout=timeout)
+
+    def _serve_events(self) -> None:
+        with os.fdopen(self._ev_r, "rb") as f:
+            for raw in f:
+                try:
+                    ev = json.loads(raw)
+                except ValueError:
+                    continue
+                self.events.handle(ev)
+
+    def _serve_requests(self) -> None:
+        with os.fdopen(self._rq_r, "rb") as requests, os.fdopen(self._rs_w, "wb") as replies:
+            for raw in requests:
+                try:
+                    answer = self._answer(json.loads(raw))
+                except Exception as e:
+                    answer = {"error": f"{type(e).__name__}: {e}"}
+                try:
+                    replies.write((json.dumps(answer) + "\n").encode())
+                    replies.flush()
+                except (BrokenPipeError, ValueError):
+                    return
+
+    def _answer(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        hook = req.get("hook")
+        if hook == "stop":
+            if self.stop is None:
+                return {"stop": False}
+            try:
+                stop = bool(self.stop(req["trial_id"], req["result"]))
+                stop_all = bool(self.stop.stop_all()) if hasattr(self.stop, "stop_all") else False
+            except Exception:
+                _log_raised("the stop function")
+                raise
+            return {"stop": stop, "stop_all": stop_all}
+        if hook == "explore":
+            if self.explore is None:
+                return {"config": req["config"]}
+            try:
+                return {"config": self.explore(req["config"], int(req["seed"]))}
+            except Exception:
+                _log_raised("PBT's explore step")
+                raise
+        return {"error": f"unknown hook {hook!r}"}
