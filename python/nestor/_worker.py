@@ -57,6 +57,13 @@ def run(blob: Dict[str, Any]) -> int:
 
     ctx = nestor.get_context()
     config = trial_config(blob, ctx.config)
+    resume = blob.get("resume_from_checkpoint")
+    if resume and not os.environ.get("NESTOR_CHECKPOINT") and os.environ.get("NESTOR_CHECKPOINT_FETCH") != "1":
+        # A trainer's resume_from_checkpoint: its first run starts from it (this rank's shard, else rank 0's).
+        for d in (os.path.join(resume, f"rank-{ctx.world_rank}"), os.path.join(resume, "rank-0"), resume):
+            if os.path.isdir(d):
+                os.environ["NESTOR_CHECKPOINT"] = d
+                break
     try:
         if blob.get("kind") == "class":
             from .tune import trainable

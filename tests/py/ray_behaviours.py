@@ -8,6 +8,7 @@ Usage: ray_behaviours.py STORAGE SCENARIO
   torch     TorchTrainer: the process group is up before the training function runs (1 and 2 workers),
             which calls torch.distributed itself and shards its model with FSDP's fully_shard
   init      init(num_cpus=1): one trial at a time, each reporting when it ran
+  errored   a trial fails on its first run; Tuner.restore(resume_errored=True) / (restart_errored=True)
   scaling   a ScalingConfig inside param_space: each trial its own number of workers
 """
 
@@ -70,12 +71,31 @@ def spans(config):
     train.report({"start": start, "end": time.time()})
 
 
+def flaky(config):
+    """Fails at step 3 of its first run (a marker file says it has); checkpoints every step."""
+    start = 0
+    ckpt = train.get_checkpoint()
+    if ckpt:
+        with ckpt.as_directory() as d:
+            start = int(open(os.path.join(d, "step")).read())
+    marker = os.path.join(config["dir"], "failed-once")
+    for step in range(start + 1, 6):
+        if step == 3 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("a failure the restore gets past")
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "step"), "w") as f:
+                f.write(str(step))
+            train.report({"score": float(step), "start": float(start)}, checkpoint=train.Checkpoint.from_directory(d))
+
+
 def dump(grid):
     out = {}
     for r in grid:
         out[r.trial_id] = {
             "status": r.status, "config": r.config, "error": str(r.error) if r.error else None,
-            "history": [{k: v for k, v in h.items() if k in ("training_iteration", "score", "done", "sum", "world", "loss", "backend")}
+            "history": [{k: v for k, v in h.items()
+                         if k in ("training_iteration", "score", "done", "sum", "world", "loss", "backend", "start")}
                         for h in r.metrics_history],
             "checkpoints": [c.path for c, _ in r.best_checkpoints],
             "latest": r.checkpoint.path if r.checkpoint else None,
@@ -102,6 +122,17 @@ def main():
         grid = tune.Tuner(spans, param_space={"i": tune.grid_search([0, 1, 2])},
                           run_config=tune.RunConfig(name="init", storage_path=storage)).fit()
         print("INIT", json.dumps([[r.metrics["start"], r.metrics["end"]] for r in grid]))
+    elif scenario in ("errored-resume", "errored-restart"):
+        name = scenario
+        marks = os.path.join(storage, f"{name}-marks")
+        os.makedirs(marks, exist_ok=True)
+        grid = tune.Tuner(flaky, param_space={"dir": marks}, tune_config=tune.TuneConfig(metric="score", mode="max"),
+                          run_config=tune.RunConfig(name=name, storage_path=storage)).fit()
+        first = dump(grid)
+        path = os.path.join(storage, name)
+        flag = {"resume_errored": True} if scenario == "errored-resume" else {"restart_errored": True}
+        grid = tune.Tuner.restore(path, flaky, **flag).fit()
+        print("ERRORED", json.dumps({"first": first, "then": dump(grid)}))
     elif scenario == "keep":
         grid = tune.Tuner(peaked, tune_config=tune.TuneConfig(metric="score", mode="max"),
                           run_config=tune.RunConfig(name="keep", storage_path=storage, checkpoint_config=train.CheckpointConfig(

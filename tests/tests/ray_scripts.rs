@@ -174,6 +174,27 @@ fn init_num_cpus_is_the_pool_the_sweep_schedules_on() {
 }
 
 #[test]
+fn tuner_restore_resumes_or_restarts_the_trials_in_error() {
+    for (scenario, starts) in [("errored-resume", [0.0, 0.0, 2.0, 2.0, 2.0]), ("errored-restart", [0.0; 5])] {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = dir.path().join("runs");
+        let out = passed(torch_python(dir.path(), "tests/py/ray_behaviours.py", &[storage.to_str().unwrap(), scenario], &[]));
+        let got: Value = serde_json::from_str(line(&out, "ERRORED")).unwrap();
+        let first = &got["first"]["trial_00000"];
+        assert_eq!(first["status"], "ERROR", "{scenario}: {first}");
+        assert_eq!(first["history"].as_array().unwrap().len(), 2, "{scenario}: {first}");
+        let then = &got["then"]["trial_00000"];
+        assert_eq!(then["status"], "TERMINATED", "{scenario}: {then}");
+        let history = then["history"].as_array().unwrap();
+        let iterations: Vec<u64> = history.iter().map(|h| h["training_iteration"].as_u64().unwrap()).collect();
+        assert_eq!(iterations, vec![1, 2, 3, 4, 5], "{scenario}: each iteration once: {then}");
+        // Where each result's run started: from checkpoint 2 (resume) or from nothing (restart).
+        let from: Vec<f64> = history.iter().map(|h| h["start"].as_f64().unwrap()).collect();
+        assert_eq!(from, starts, "{scenario}: {then}");
+    }
+}
+
+#[test]
 fn num_to_keep_with_a_score_keeps_the_best_checkpoint_and_the_latest() {
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");

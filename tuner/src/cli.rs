@@ -161,6 +161,12 @@ enum Command {
         /// port (8265 if no port is given).
         #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "8265")]
         dashboard: Option<u16>,
+        /// Run the trials in ERROR on from their latest checkpoint.
+        #[arg(long, conflicts_with = "restart_errored")]
+        resume_errored: bool,
+        /// Run the trials in ERROR again from the start (their results and checkpoints deleted).
+        #[arg(long)]
+        restart_errored: bool,
     },
     /// Show every trial: state, iteration, restarts, latest metrics.
     Status {
@@ -412,11 +418,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let job = SubmitJob { file: &file, nodes, gpus_per_node, partition, time, sets: &sets, sbatch_args: &sbatch_args };
             submit(&job, dry_run)
         }
-        Command::Resume { dir, plain, dashboard } => {
+        Command::Resume { dir, plain, dashboard, resume_errored, restart_errored } => {
             if let Some(port) = dashboard {
                 serve_beside(&dir, port)?;
             }
-            let tuner = Tuner::restore(&dir, None)?.progress(progress(plain));
+            let errored = match (resume_errored, restart_errored) {
+                (true, _) => crate::Errored::Resume,
+                (_, true) => crate::Errored::Restart,
+                _ => crate::Errored::Keep,
+            };
+            let tuner = Tuner::restore(&dir, None)?.progress(progress(plain)).errored(errored);
             let grid = tuner.fit().map_err(|e| on_full_disk(e.into(), &dir))?;
             print_summary(&grid, &dir)
         }

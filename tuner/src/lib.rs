@@ -33,7 +33,7 @@ pub use schedulers::{
     AshaConfig, AshaType, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, ResourceChangingConfig, TrialStatus,
     WorkerAllocation,
 };
-pub use tuner::Tuner;
+pub use tuner::{Errored, Tuner};
 
 /// Re-exports for writing trainables without naming the other crates.
 pub use search::{Algorithm, BohbOptions, Domain, Mode, SearchConfig, Space, TpeOptions};

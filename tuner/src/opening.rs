@@ -67,13 +67,15 @@ pub(crate) async fn create(
 /// The experiment whose store is `store_dir`, as it was left: the searcher
 /// restored, the scheduler from its journal and squared with the store,
 /// unfinished trials pending (PAUSED ones paused), and the checkpoints a
-/// crash left uncommitted deleted before any trial runs again.
+/// crash left uncommitted deleted before any trial runs again. Trials in
+/// ERROR run again when `errored` says so.
 pub(crate) async fn resume(
     store_dir: &Path,
     storage: &Storage,
     searcher: &mut dyn Searcher,
     scheduler: Box<dyn Scheduler>,
     journal: bool,
+    errored: crate::Errored,
 ) -> Result<Opened, TuneError> {
     let mut pending = VecDeque::new();
     let mut paused = Vec::new();
@@ -104,6 +106,11 @@ pub(crate) async fn resume(
     // Trials that ended after the journal ends: ended for the scheduler too (below).
     let mut ended = Vec::new();
     for mut t in trials {
+        if t.status == schedulers::TrialStatus::Error && errored != crate::Errored::Keep {
+            revive(&store, &mut t, errored)?;
+            // The scheduler ended it; it joins again.
+            scheduler.on_trial_add(&view(&t))?;
+        }
         if !t.status.is_finished() {
             store.refresh_trial(&mut t)?;
         } else if scheduler.is_live(&t.id) {
@@ -130,6 +137,25 @@ pub(crate) async fn resume(
     // num_to_keep but not yet deleted) go before any trial runs again.
     collect_garbage(&store, storage).await?;
     Ok(Opened { store, scheduler, pending, paused, next_index, finished })
+}
+
+/// A trial in ERROR made PENDING again: from its latest committed
+/// checkpoint, or from the start with its results and checkpoints deleted
+/// (their files go with the uncommitted ones, below).
+fn revive(store: &Store, t: &mut crate::store::TrialRecord, errored: crate::Errored) -> Result<(), TuneError> {
+    if errored == crate::Errored::Restart {
+        store.clear_series(&t.id)?;
+        t.num_results = 0;
+        t.last_result = None;
+        t.latest_checkpoint = None;
+        t.time_total_s = 0.0;
+    }
+    t.status = schedulers::TrialStatus::Pending;
+    t.error = None;
+    t.ended_at = None;
+    t.failures = 0;
+    store.put_trial(t)?;
+    Ok(())
 }
 
 /// The trials of a resumed sweep, by what happens to them next.

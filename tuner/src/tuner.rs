@@ -51,6 +51,7 @@ pub struct Tuner {
     custom_stop: Option<Box<dyn Stopper>>,
     progress: ProgressMode,
     restore_dir: Option<PathBuf>,
+    errored: Errored,
     origin: String,
     custom_searcher: Option<Box<dyn Searcher>>,
     custom_scheduler: Option<Box<dyn Scheduler>>,
@@ -117,6 +118,7 @@ impl Tuner {
             custom_stop: None,
             progress: ProgressMode::Auto,
             restore_dir: None,
+            errored: Errored::Keep,
             origin: "experiment".into(),
             custom_searcher: None,
             custom_scheduler: None,
@@ -140,6 +142,7 @@ impl Tuner {
             custom_stop: None,
             progress: ProgressMode::Auto,
             restore_dir: None,
+            errored: Errored::Keep,
             origin: origin.into(),
             custom_searcher: None,
             custom_scheduler: None,
@@ -300,6 +303,15 @@ impl Tuner {
         Ok(t)
     }
 
+    /// What a restored sweep does with its trials in ERROR (Ray's
+    /// `resume_errored` and `restart_errored`): keep them (the default),
+    /// run them on from their latest checkpoint, or run them again from
+    /// the start (their results and checkpoints deleted).
+    pub fn errored(mut self, errored: Errored) -> Self {
+        self.errored = errored;
+        self
+    }
+
     /// Runs the sweep to the end and returns its results. Blocks; builds its
     /// own tokio runtime (use [`Tuner::fit_async`] inside one).
     pub fn fit(self) -> Result<ResultGrid, TuneError> {
@@ -438,7 +450,7 @@ impl Tuner {
             }
         };
         let Opened { store, scheduler, pending, paused, next_index, finished } = if resuming {
-            opening::resume(&store_dir, &storage, &mut *searcher, scheduler, journal).await?
+            opening::resume(&store_dir, &storage, &mut *searcher, scheduler, journal, self.errored).await?
         } else {
             opening::create(&exp_dir, &storage, file, &*searcher, scheduler, journal).await?
         };
@@ -535,6 +547,18 @@ impl Tuner {
             Finish::Done => Ok((exp_dir, store)),
         }
     }
+}
+
+/// What a restored sweep does with its trials in ERROR.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Errored {
+    /// They stay in ERROR.
+    #[default]
+    Keep,
+    /// They run on from their latest committed checkpoint (Ray's `resume_errored`).
+    Resume,
+    /// They run again from the start, their results and checkpoints deleted (Ray's `restart_errored`).
+    Restart,
 }
 
 fn random_seed() -> u64 {

@@ -195,7 +195,20 @@ def report(metrics: Dict[str, Any], checkpoint: Optional[Union[Checkpoint, str]]
     metrics are the trial's), and a checkpoint directory, copied into the
     trial's storage before this returns. Raises ``SystemExit(0)`` when the
     scheduler stops the trial; nestor ends the worker cleanly then."""
+    if checkpoint_dir_name is not None:
+        _note_once("report(checkpoint_dir_name=...) is ignored: nestor names checkpoints checkpoint_NNNNNN by iteration")
+    for key in _ignored:
+        _note_once(f"report({key}=...) is ignored")
     _worker_report(metrics, checkpoint=checkpoint)
+
+
+_noted: set = set()
+
+
+def _note_once(what: str) -> None:
+    if what not in _noted:
+        _noted.add(what)
+        print(f"nestor: {what}", file=sys.stderr)
 
 
 def get_dataset_shard(name: Optional[str] = None) -> Any:

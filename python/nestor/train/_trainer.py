@@ -1,6 +1,8 @@
 """The trainers' common part: a training function run on every worker of
 one run, ``fit()`` as a sweep of one trial."""
 
+import os
+import sys
 from typing import Any, Callable, Dict, Optional
 
 from . import RunConfig, ScalingConfig
@@ -21,8 +23,17 @@ class _Trainer:
                 "datasets= takes Ray Data datasets, which nestor does not have: load the data inside "
                 "train_loop_per_worker (nestor.train.torch.prepare_data_loader shards a DataLoader across the workers)"
             )
+        for name, value in (("metadata", metadata), ("dataset_config", dataset_config)):
+            if value is not None:
+                print(f"nestor: {type(self).__name__}({name}=...) is ignored: "
+                      + ("checkpoints carry no metadata in nestor" if name == "metadata" else "nestor has no Ray Data"),
+                      file=sys.stderr)
+        self.resume_from_checkpoint: Optional[str] = None
         if resume_from_checkpoint is not None:
-            raise ValueError("resume_from_checkpoint= was removed from Ray Train; continue a run with Tuner.restore instead")
+            path = os.fspath(getattr(resume_from_checkpoint, "path", resume_from_checkpoint))
+            if "://" not in path and not os.path.isdir(path):
+                raise ValueError(f"resume_from_checkpoint={path!r} is not a directory")
+            self.resume_from_checkpoint = path
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = dict(train_loop_config or {})
         self.scaling_config = scaling_config or ScalingConfig()
@@ -31,7 +42,8 @@ class _Trainer:
 
     def _parts(self) -> Dict[str, Any]:
         return {
-            "blob": {"kind": "trainer", "fn": self.train_loop_per_worker, "train_loop_config": self.train_loop_config},
+            "blob": {"kind": "trainer", "fn": self.train_loop_per_worker, "train_loop_config": self.train_loop_config,
+                     "resume_from_checkpoint": self.resume_from_checkpoint},
             "scaling": self.scaling_config,
             "run_config": self.run_config,
             "train_loop_config": self.train_loop_config,
@@ -41,8 +53,20 @@ class _Trainer:
         """Runs the training function once on every worker; returns its
         result, or raises ``TrainingFailedError`` naming the failed rank, its
         node and its traceback."""
+        from .. import _driver
         from ..tune import TuneConfig, Tuner
 
+        rc = self.run_config
+        if rc is not None and rc.name:
+            path = _driver.experiment_dirs(rc.storage_path, rc.name)
+            if Tuner.can_restore(path):
+                # Ray Train's rule: a run of the same name and storage continues from its latest checkpoint.
+                print(f"nestor: {path} holds this run already: it goes on from its latest checkpoint", file=sys.stderr)
+                grid = Tuner.restore(path, self).fit()
+                result = grid[0]
+                if result.error is not None:
+                    raise result.error
+                return result
         grid = Tuner(self, tune_config=TuneConfig(num_samples=1)).fit()
         result = grid[0]
         if result.error is not None:

@@ -9,7 +9,7 @@ returns the ``ResultGrid`` read from the experiment's store."""
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from .. import _driver
 from .._results import Result, ResultGrid, TrainingFailedError
@@ -135,6 +135,7 @@ class Tuner:
         self._param_space = dict(param_space or {})
         self._tune_config = tune_config or TuneConfig()
         self._restore_path = _restore_path
+        self._errored: List[str] = []
         parts = _split(trainable)
         self._parts = parts
         self._run_config = run_config or parts["run_config"] or RunConfig()
@@ -149,11 +150,16 @@ class Tuner:
         ``trainable`` is the same function (pass it again, as in Ray)."""
         if not resume_unfinished:
             raise ValueError("Tuner.restore(resume_unfinished=False) is not supported: unfinished trials always resume")
-        if resume_errored or restart_errored:
-            raise ValueError("Tuner.restore(resume_errored/restart_errored=True) is not supported yet: errored trials stay ERROR")
+        if resume_errored and restart_errored:
+            raise ValueError("Tuner.restore: give resume_errored or restart_errored, not both")
         if not cls.can_restore(path):
             raise ValueError(f"Tuner.restore: {path} is not a nestor experiment (no store/ and experiment.toml in it)")
-        return cls(trainable, _restore_path=os.path.abspath(path))
+        if param_space is not None:
+            print("nestor: Tuner.restore(param_space=...) is ignored: the restored sweep keeps its space (its "
+                  "configs are in the store)", file=sys.stderr)
+        tuner = cls(trainable, _restore_path=os.path.abspath(os.path.expanduser(path)))
+        tuner._errored = ["--resume-errored"] if resume_errored else ["--restart-errored"] if restart_errored else []
+        return tuner
 
     @staticmethod
     def can_restore(path: str) -> bool:
@@ -265,7 +271,7 @@ class Tuner:
         if self._restore_path:
             exp_dir = self._restore_path
             _driver.write_blob(exp_dir, {**self._parts["blob"], **_driver.read_run_settings(exp_dir)})
-            _driver.run_binary(["resume", exp_dir], hooks=_serve(exp_dir, _driver.read_hooks(exp_dir)))
+            _driver.run_binary(["resume", exp_dir, *self._errored], hooks=_serve(exp_dir, _driver.read_hooks(exp_dir)))
         else:
             rc = self._run_config
             name = rc.name or _driver.default_name(self._trainable)

@@ -538,6 +538,13 @@ impl Store {
     /// (not the files they name). For a simulation that keeps only its best
     /// trials (`Tuner::keep_best`).
     pub fn remove_trial(&self, id: &str) -> Result<(), StoreError> {
+        self.clear_series(id)?;
+        self.trials.remove(id.as_bytes()).map_err(self.sled_err())?;
+        Ok(())
+    }
+
+    /// Deletes a trial's results, checkpoint and exploit rows (its record stays).
+    pub fn clear_series(&self, id: &str) -> Result<(), StoreError> {
         let prefix = series_prefix(id);
         for tree in [&self.results, &self.checkpoints, &self.exploits] {
             let keys: Vec<sled::IVec> = tree.scan_prefix(&prefix).keys().collect::<Result<_, _>>().map_err(self.sled_err())?;
@@ -545,7 +552,6 @@ impl Store {
                 tree.remove(k).map_err(self.sled_err())?;
             }
         }
-        self.trials.remove(id.as_bytes()).map_err(self.sled_err())?;
         Ok(())
     }
 
