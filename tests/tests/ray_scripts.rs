@@ -195,6 +195,38 @@ fn tuner_restore_resumes_or_restarts_the_trials_in_error() {
 }
 
 #[test]
+fn a_trainers_fit_run_again_after_a_kill_goes_on_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let acks = dir.path().join("acks.txt");
+    let env = [("ACKS", acks.display().to_string())];
+    let mut driver = torch_python_cmd(dir.path(), "tests/py/ray_trainer.py", &[storage.to_str().unwrap(), "fit"], &env)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_run("5 acknowledged steps", 90.0, &mut driver, || read(&acks).lines().count() >= 5);
+    let binary = nestor_child(driver.id()).expect("the driver's nestor process");
+    signal(driver.id(), libc::SIGKILL);
+    signal(binary, libc::SIGKILL);
+    let _ = driver.wait();
+    wait_for("the killed run's workers to go", 10.0, || processes_mentioning(storage.to_str().unwrap()).is_empty());
+    let acked: BTreeSet<u64> = read(&acks).lines().map(|l| l.parse().unwrap()).collect();
+    // The same script again: the run goes on, it does not start over.
+    let out = passed(torch_python(dir.path(), "tests/py/ray_trainer.py", &[storage.to_str().unwrap(), "fit"], &env));
+    let history: Vec<(u64, u64, u64)> = serde_json::from_str(line(&out, "HISTORY")).unwrap();
+    assert_eq!(history.iter().map(|h| h.0).collect::<Vec<_>>(), (1..=30).collect::<Vec<u64>>(), "{history:?}");
+    assert!(history.iter().all(|h| h.0 == h.1), "{history:?}");
+    assert!(history.last().unwrap().2 > 0, "the second run started from nothing: {history:?}");
+    assert!(acked.iter().all(|a| history.iter().any(|h| h.1 == *a)), "{acked:?} {history:?}");
+    // resume_from_checkpoint=: a new run starts from the first one's latest checkpoint (step 30).
+    let out = passed(torch_python(dir.path(), "tests/py/ray_trainer.py", &[storage.to_str().unwrap(), "from"], &[]));
+    let history: Vec<(u64, u64, u64)> = serde_json::from_str(line(&out, "HISTORY")).unwrap();
+    assert_eq!(history.iter().map(|h| h.1).collect::<Vec<_>>(), (31..=35).collect::<Vec<u64>>(), "{history:?}");
+    assert!(history.iter().all(|h| h.2 == 30), "{history:?}");
+}
+
+#[test]
 fn num_to_keep_with_a_score_keeps_the_best_checkpoint_and_the_latest() {
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");
