@@ -134,7 +134,7 @@ fn main() -> Result<()> {
             storage: storage.into(),
             stop: Stop::new().iterations(epochs),
             // A checkpoint at every rung, so paused trials resume where they stopped.
-            checkpoint: CheckpointConfig { frequency: Some((epochs / 10).max(1)), ..Default::default() },
+            checkpoint: CheckpointConfig { frequency: Some((epochs / 10).max(1).into()), ..Default::default() },
             ..Default::default()
         })
         .fit()?;

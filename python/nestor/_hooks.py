@@ -28,24 +28,23 @@ class Explore:
     ``hyperparam_mutations`` (Ray's rule: resample with
     ``resample_probability``, else a number times one of
     ``perturbation_factors``, else a fresh draw), then ``custom_explore_fn``.
-    The draws are seeded by the binary, per perturbation."""
+    The draws are seeded by the binary, per perturbation, which also sends
+    the scheduler's resolved settings with each request."""
 
-    def __init__(self, callables: Dict[str, Callable[[], Any]], custom: Optional[Callable[[Dict], Dict]],
-                 resample_probability: float, factors: List[float]):
+    def __init__(self, callables: Dict[str, Callable[[], Any]], custom: Optional[Callable[[Dict], Dict]]):
         self.callables, self.custom = callables, custom
-        self.resample_probability, self.factors = resample_probability, factors
 
-    def __call__(self, config: Dict[str, Any], seed: int) -> Dict[str, Any]:
+    def __call__(self, config: Dict[str, Any], seed: int, resample_probability: float, factors: List[float]) -> Dict[str, Any]:
         state = random.getstate()
         random.seed(seed)  # the user's `lambda: random.uniform(...)` draws from this stream too
         try:
             for path, fn in self.callables.items():
                 parent, key = _walk(config, path)
                 old = parent.get(key)
-                if random.random() < self.resample_probability or not isinstance(old, (int, float)) or isinstance(old, bool):
+                if random.random() < resample_probability or not isinstance(old, (int, float)) or isinstance(old, bool):
                     parent[key] = fn()
                 else:
-                    new = old * random.choice(self.factors)
+                    new = old * random.choice(factors)
                     parent[key] = int(new) if isinstance(old, int) else new
             if self.custom is not None:
                 out = self.custom(config)
@@ -211,7 +210,8 @@ class HookServer:
             if self.explore is None:
                 return {"config": req["config"]}
             try:
-                return {"config": self.explore(req["config"], int(req["seed"]))}
+                return {"config": self.explore(req["config"], int(req["seed"]), float(req["resample_probability"]),
+                                               [float(f) for f in req["perturbation_factors"]])}
             except Exception:
                 _log_raised("PBT's explore step")
                 raise

@@ -226,6 +226,51 @@ fn a_trainers_fit_run_again_after_a_kill_goes_on_from_its_checkpoint() {
     assert!(history.iter().all(|h| h.2 == 30), "{history:?}");
 }
 
+/// The tables of an experiment's resolved file that say what the sweep does
+/// (not how its trials are launched, nor where it is).
+fn what_it_does(exp: &Path) -> String {
+    let text = read(&exp.join("experiment.toml"));
+    let mut doc: toml::Table = text.parse().unwrap();
+    doc.remove("trainer");
+    let e = doc.get_mut("experiment").unwrap().as_table_mut().unwrap();
+    e.remove("name");
+    e.remove("storage");
+    toml::to_string(&doc).unwrap()
+}
+
+#[test]
+fn python_and_toml_build_the_same_sweep_from_the_same_settings() {
+    let space = "lr = { loguniform = [1e-4, 1e-1] }\nlayers = { randint = [1, 4] }\nact = { choice = [\"relu\", \"tanh\"] }\n";
+    for (which, scheduler) in [
+        ("asha", "type = \"asha\"\ntime_attr = \"samples\"\nmax_t = 300\nreduction_factor = 3\n"),
+        ("hyperband", "type = \"hyperband\"\nmax_t = 3\n"),
+        (
+            "pbt",
+            "type = \"pbt\"\ntime_attr = \"training_iteration\"\nperturbation_interval = 1\n\
+             [scheduler.hyperparam_mutations]\nlr = { loguniform = [1e-4, 1e-1] }\n",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = dir.path().join("runs");
+        passed(torch_python(dir.path(), "tests/py/ray_frontends.py", &[storage.to_str().unwrap(), which], &[]));
+        // The TOML a user writes for the same sweep: Ray's defaults are the binary's; the
+        // checkpoint frequency is the scheduler's business.
+        let pausing = if which == "asha" { "" } else { "frequency = 1\n" };
+        let toml = format!(
+            "[experiment]\nname = \"t\"\nmetric = \"loss\"\nmode = \"min\"\nnum_samples = 4\nseed = 3\n\n[space]\n{space}\n\
+             [stop]\ntraining_iteration = 3\n\n[checkpoint]\nnum_to_keep = 2\n{pausing}\n[scheduler]\n{scheduler}\n\
+             [trainer]\ncommand = [\"{}\"]\n",
+            worker()
+        );
+        write(dir.path(), &toml);
+        // Only its resolved file matters here (the fixture's trials report no `samples`).
+        let _ = nestor(dir.path(), &["run", "sweep.toml", "--storage", "toml", "--plain"]);
+        let from_python = what_it_does(&storage.join(which));
+        let from_toml = what_it_does(&dir.path().join("toml/t"));
+        assert_eq!(from_python, from_toml, "{which}: the Python sweep differs from the TOML one");
+    }
+}
+
 #[test]
 fn num_to_keep_with_a_score_keeps_the_best_checkpoint_and_the_latest() {
     let dir = tempfile::tempdir().unwrap();

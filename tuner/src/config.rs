@@ -138,12 +138,49 @@ pub struct CheckpointConfig {
     /// How often, in iterations, trials save a checkpoint (Ray's
     /// `checkpoint_frequency`). Workers read it as `ctx.checkpoint_frequency()`
     /// (`NESTOR_CHECKPOINT_FREQUENCY`); schedulers that pause trials need it.
+    /// `"auto"`: every iteration when the scheduler pauses trials, else
+    /// as the trials choose (what the Python driver asks for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub frequency: Option<u64>,
+    pub frequency: Option<Frequency>,
     /// Directories workers may checkpoint from, besides the trial directory,
     /// the temporary directory and the workers' working directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_dirs: Vec<PathBuf>,
+}
+
+/// `[checkpoint] frequency`: a number of iterations, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Frequency {
+    /// Every this many iterations.
+    Every(u64),
+    /// Every iteration when the scheduler pauses trials, else none asked for
+    /// (settled when the experiment is resolved).
+    Auto(AutoWord),
+}
+
+/// The word `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoWord {
+    /// `"auto"`.
+    Auto,
+}
+
+impl From<u64> for Frequency {
+    fn from(n: u64) -> Self {
+        Frequency::Every(n)
+    }
+}
+
+impl CheckpointConfig {
+    /// Every how many iterations trials save a checkpoint, when that is asked of them.
+    pub fn every(&self) -> Option<u64> {
+        match self.frequency {
+            Some(Frequency::Every(n)) => Some(n),
+            _ => None,
+        }
+    }
 }
 
 fn max_mode() -> Mode {

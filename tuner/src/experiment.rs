@@ -294,7 +294,11 @@ impl ExperimentFile {
     /// [`ExperimentFile::resolve`] with the space already built (in Rust):
     /// it is checked against the rest of the file and used as it is, not
     /// read back from the file's `[space]`.
-    pub fn resolve_with(self, origin: &str, space: Option<Space>) -> Result<Resolved, ExperimentError> {
+    pub fn resolve_with(mut self, origin: &str, space: Option<Space>) -> Result<Resolved, ExperimentError> {
+        // `frequency = "auto"`: the scheduler's need decides (the same rule for every front end).
+        if let Some(crate::config::Frequency::Auto(_)) = self.checkpoint.frequency {
+            self.checkpoint.frequency = self.scheduler.pauses_trials().then_some(crate::config::Frequency::Every(1));
+        }
         let invalid = |key: &str, message: String| ExperimentError::Invalid { file: origin.to_string(), key: key.to_string(), message };
         let e = &self.experiment;
         if e.name.is_empty() || e.name.contains('/') || e.name == "." || e.name == ".." {
@@ -355,7 +359,7 @@ impl ExperimentFile {
                 return Err(invalid("failure.hang_timeout_s", format!("must be a positive number of seconds, got {t}")));
             }
         }
-        if c.frequency == Some(0) {
+        if c.every() == Some(0) {
             return Err(invalid("checkpoint.frequency", "must be at least 1 (leave it out when trials checkpoint as they choose)".into()));
         }
         // The scheduler is built (and so checked) here, once, to refuse it before anything is written.

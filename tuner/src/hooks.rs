@@ -300,7 +300,8 @@ impl Stopper for PythonStopper {
 pub(crate) fn give_explore(scheduler: &mut schedulers::SchedulerConfig, channel: &Arc<Channel>) -> bool {
     match scheduler {
         schedulers::SchedulerConfig::Pbt(c) => {
-            c.custom_explore = Some(schedulers::CustomExplore::new(explore(Arc::clone(channel))));
+            let settings = json!({"resample_probability": c.resample_probability, "perturbation_factors": c.perturbation_factors});
+            c.custom_explore = Some(schedulers::CustomExplore::new(explore(Arc::clone(channel), settings)));
             true
         }
         schedulers::SchedulerConfig::ResourceChanging(r) => give_explore(&mut r.base, channel),
@@ -309,11 +310,16 @@ pub(crate) fn give_explore(scheduler: &mut schedulers::SchedulerConfig, channel:
 }
 
 /// PBT's explore step in Python: the explored config, with a seed drawn
-/// from the perturbation's generator (so the draws are the same again).
-pub(crate) fn explore(channel: Arc<Channel>) -> impl Fn(&mut search::Config, &mut dyn rand::RngCore) + Send + Sync + 'static {
+/// from the perturbation's generator (so the draws are the same again) and
+/// the scheduler's `settings` the step needs (resample probability, factors).
+fn explore(channel: Arc<Channel>, settings: Value) -> impl Fn(&mut search::Config, &mut dyn rand::RngCore) + Send + Sync + 'static {
     move |config: &mut search::Config, rng: &mut dyn rand::RngCore| {
         let seed = rng.next_u64() >> 11;
-        match channel.call(json!({"hook": "explore", "config": config, "seed": seed})) {
+        let mut request = json!({"hook": "explore", "config": config, "seed": seed});
+        if let (Some(r), Some(s)) = (request.as_object_mut(), settings.as_object()) {
+            r.extend(s.clone());
+        }
+        match channel.call(request) {
             Ok(v) => match v.get("config") {
                 Some(new @ Value::Object(_)) => *config = new.clone(),
                 _ => tracing::warn!("the Python explore step answered no config: {v}"),

@@ -26,7 +26,9 @@ mod tuner;
 use std::path::PathBuf;
 
 pub use alloc::return_freed_memory_at_once;
-pub use config::{CheckpointConfig, FailureConfig, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig};
+pub use config::{
+    AutoWord, CheckpointConfig, FailureConfig, Frequency, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig,
+};
 pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved};
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
 pub use schedulers::{

@@ -383,7 +383,7 @@ fn tpe_and_bohb_settings_set_in_rust_survive() {
         metrics: (1..=9).map(|t| c["x"].as_f64().unwrap_or(0.0).abs() + 1.0 / f64::from(t)).collect(),
         ..Default::default()
     });
-    let checkpoint = tuner::CheckpointConfig { frequency: Some(1), ..Default::default() };
+    let checkpoint = tuner::CheckpointConfig { frequency: Some(1.into()), ..Default::default() };
     Tuner::new(Trainable::simulated(curves), space())
         .tune_config(TuneConfig { search: Algorithm::Bohb, bohb: Some(bohb), scheduler: hyperband, ..tune(3, 1) })
         .run_config(RunConfig { checkpoint, ..run(dir.path(), "bohb", Stop::new()) })

@@ -224,10 +224,8 @@ class Tuner:
                 python["callback_deadline_s"] = float(os.environ["NESTOR_CALLBACK_DEADLINE_S"])
             doc["python"] = python
         checkpoint = rc.checkpoint_config._table() if rc.checkpoint_config else {}
-        stype = doc.get("scheduler", {}).get("type")
-        if stype in ("hyperband", "hyperband_bohb", "pbt", "pb2", "resource_changing") and "frequency" not in checkpoint:
-            # Pausing schedulers restart trials from checkpoints; Ray's functions save when they like.
-            checkpoint["frequency"] = 1
+        # Every iteration when the scheduler pauses trials (the binary knows which do); Ray's functions save when they like.
+        checkpoint.setdefault("frequency", "auto")
         if checkpoint:
             doc["checkpoint"] = checkpoint
         fc = rc.failure_config

@@ -90,7 +90,7 @@ pub fn sweep(dir: &Path, name: &str, seed: u64, trials: u64, iterations: u64, sc
             name: format!("{name}-{seed}"),
             storage: dir.to_path_buf(),
             progress: ProgressMode::Quiet,
-            checkpoint: CheckpointConfig { frequency: Some(10), num_to_keep: Some(2), ..Default::default() },
+            checkpoint: CheckpointConfig { frequency: Some(10.into()), num_to_keep: Some(2), ..Default::default() },
             ..Default::default()
         });
     let grid = tuner.fit().unwrap_or_else(|e| panic!("{name}: {e}"));

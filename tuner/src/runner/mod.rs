@@ -774,7 +774,7 @@ impl Runner {
             trial_dir: self.trial_dir(&record.id),
             checkpoint,
             start_iteration: record.latest_checkpoint.as_ref().map_or(0, |c| c.iteration),
-            checkpoint_frequency: self.settings.checkpoint.frequency.unwrap_or(0),
+            checkpoint_frequency: self.settings.checkpoint.every().unwrap_or(0),
             workers: allocation.workers.clone(),
             storage: self.checkpoints.of_trial(&record.id),
             checkpoint_roots: self.settings.checkpoint.allowed_dirs.clone(),

@@ -733,7 +733,7 @@ pub mod benchmark {
             .run_config(crate::RunConfig {
                 name: name.into(),
                 storage: dir.to_path_buf(),
-                checkpoint: crate::CheckpointConfig { frequency: Some(1), ..Default::default() },
+                checkpoint: crate::CheckpointConfig { frequency: Some(1.into()), ..Default::default() },
                 progress: crate::ProgressMode::Quiet,
                 ..Default::default()
             })

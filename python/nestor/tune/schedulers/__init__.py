@@ -2,6 +2,8 @@
 a description the driver writes into the experiment's ``[scheduler]`` table;
 the binary's scheduler of that type decides (no scheduling in Python)."""
 
+import functools
+import inspect
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from ..._toml import Inline
@@ -14,13 +16,29 @@ def _note(what: str) -> None:
     print(f"nestor: {what}", file=sys.stderr)
 
 
+def _sends_what_is_set(init: Callable[..., None]) -> Callable[..., None]:
+    """Makes a scheduler's table hold only the arguments its caller gave:
+    the binary fills in the rest, so a Python and a TOML sweep of the same
+    settings are the same sweep (its defaults are Ray's)."""
+    sig = inspect.signature(init)
+    params = set(sig.parameters) - {"self"}
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        self._unset = params - set(sig.bind(self, *args, **kwargs).arguments)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
 class TrialScheduler:
     """The base of every scheduler here."""
 
     _type = "fifo"
 
     def __init__(self, **settings: Any):
-        self._settings = {k: v for k, v in settings.items() if v is not None}
+        unset = getattr(self, "_unset", set())
+        self._settings = {k: v for k, v in settings.items() if v is not None and k not in unset}
 
     def _table(self) -> Dict[str, Any]:
         return {"type": self._type, **self._settings}
@@ -47,6 +65,7 @@ class AsyncHyperBandScheduler(TrialScheduler):
 
     _type = "asha"
 
+    @_sends_what_is_set
     def __init__(
         self,
         time_attr: str = "training_iteration",
@@ -74,6 +93,7 @@ class HyperBandScheduler(TrialScheduler):
 
     _type = "hyperband"
 
+    @_sends_what_is_set
     def __init__(
         self,
         time_attr: str = "training_iteration",
@@ -127,6 +147,7 @@ class LearningCurveScheduler(TrialScheduler):
 
     _type = "learning_curve"
 
+    @_sends_what_is_set
     def __init__(
         self,
         time_attr: str = "training_iteration",
@@ -168,6 +189,7 @@ class PopulationBasedTraining(TrialScheduler):
 
     _type = "pbt"
 
+    @_sends_what_is_set
     def __init__(
         self,
         time_attr: str = "time_total_s",
@@ -203,8 +225,7 @@ class PopulationBasedTraining(TrialScheduler):
             return None
         from ..._hooks import Explore
 
-        return Explore(self._callables, self._custom_explore, self._settings["resample_probability"],
-                       list(self._settings["perturbation_factors"]))
+        return Explore(self._callables, self._custom_explore)
 
 
 class PB2(TrialScheduler):
@@ -212,6 +233,7 @@ class PB2(TrialScheduler):
 
     _type = "pb2"
 
+    @_sends_what_is_set
     def __init__(
         self,
         time_attr: str = "time_total_s",
