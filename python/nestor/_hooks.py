@@ -67,16 +67,25 @@ class _Events:
     """Turns the binary's events into Ray's callback hooks."""
 
     def __init__(self, callbacks: List[Any], experiment_path: str):
-        from .tune.callback import Trial
+        from .tune.callback import Callback, Trial
 
         self.callbacks, self.experiment_path, self.Trial = callbacks, experiment_path, Trial
         self.trials: Dict[str, Any] = {}
+        #: The trials seen, in order: the list every hook gets (kept, not copied per event).
+        self.seen: List[Any] = []
         self.iteration = 0
+        # Per hook, the callbacks that define it: a hook nobody overrides costs nothing.
+        self.hooks: Dict[str, List[Any]] = {}
+        for name in dir(Callback):
+            if name.startswith(("on_", "setup")):
+                base = getattr(Callback, name)
+                self.hooks[name] = [cb for cb in callbacks if getattr(type(cb), name, base) is not base]
 
     def trial(self, trial_id: str) -> Any:
         t = self.trials.get(trial_id)
         if t is None:
             t = self.trials[trial_id] = self.Trial(trial_id, self.experiment_path)
+            self.seen.append(t)
         return t
 
     def _update(self, t: Any, ev: Dict[str, Any]) -> None:
@@ -89,7 +98,7 @@ class _Events:
         t.num_failures = ev.get("failures", t.num_failures)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> None:
-        for cb in self.callbacks:
+        for cb in self.hooks.get(name, ()):
             try:
                 getattr(cb, name)(*args, **kwargs)
             except Exception:
@@ -98,7 +107,7 @@ class _Events:
     def handle(self, ev: Dict[str, Any]) -> None:
         kind = ev.get("event")
         self.iteration += 1
-        trials = list(self.trials.values())
+        trials = self.seen
         it = self.iteration
         if kind == "experiment_started":
             self.call("setup", stop=None, num_samples=ev.get("planned"), total_num_samples=ev.get("planned"))
@@ -110,18 +119,17 @@ class _Events:
             self._update(t, ev)
             t.status = "RUNNING"
             again = ev.get("resumed") or ev.get("restarts") or ev.get("exploits")
-            self.call("on_trial_restore" if again else "on_trial_start", iteration=it, trials=list(self.trials.values()), trial=t)
+            self.call("on_trial_restore" if again else "on_trial_start", iteration=it, trials=trials, trial=t)
         elif kind == "result":
             t = self.trial(ev["trial_id"])
             t.last_result = ev["result"]
             self.call("on_trial_result", iteration=it, trials=trials, trial=t, result=ev["result"])
         elif kind == "checkpoint_committed":
-            from .train._checkpoint import Checkpoint
-
             t = self.trial(ev["trial_id"])
-            t.checkpoint = Checkpoint(ev["uri"])
+            t.checkpoint_uri = ev["uri"]
             self.call("on_trial_save", iteration=it, trials=trials, trial=t)
-            self.call("on_checkpoint", iteration=it, trials=trials, trial=t, checkpoint=t.checkpoint)
+            if self.hooks.get("on_checkpoint"):
+                self.call("on_checkpoint", iteration=it, trials=trials, trial=t, checkpoint=t.checkpoint)
         elif kind in ("trial_completed", "trial_errored", "trial_paused", "trial_interrupted"):
             t = self.trial(ev["trial_id"])
             self._update(t, ev)

@@ -7,7 +7,8 @@
 //! - Events (one way, JSON lines): every event of the durable stream, fed
 //!   to the callbacks by an [`Isolated`](crate::callback) consumer, so a
 //!   callback never slows the loop: one that falls behind or hangs past its
-//!   deadline is cut off and the sweep goes on.
+//!   deadline is cut off and the sweep goes on. Results are written in
+//!   batches (at most half a second late: a status tick flushes them).
 //! - Requests (JSON lines, one reply each, in order): a stop after a result,
 //!   an explore step. The loop waits for the answer (it decides with it); a
 //!   driver that does not answer within [`REPLY_TIMEOUT`] is taken as "no
@@ -210,7 +211,11 @@ impl Callback for PythonCallbacks {
         let Some(v) = event_json(event) else { return Ok(()) };
         serde_json::to_writer(&mut self.out, &v)?;
         self.out.write_all(b"\n")?;
-        self.out.flush()?;
+        // Results go out in batches (the buffer's size, or at the next other
+        // event: a status tick comes twice a second); the rest at once.
+        if !matches!(event, Event::Result(_)) {
+            self.out.flush()?;
+        }
         Ok(())
     }
 

@@ -25,7 +25,7 @@ class Trial:
         self.config: Dict[str, Any] = {}
         self.status = "PENDING"
         self.last_result: Dict[str, Any] = {}
-        self.checkpoint: Optional[Any] = None
+        self.checkpoint_uri: Optional[str] = None
         self.error: Optional[str] = None
         self.path = os.path.join(experiment_path, "trials", trial_id)
         self.local_path = self.path
@@ -33,6 +33,13 @@ class Trial:
         self.storage = None
         self.num_failures = 0
         self.experiment_tag = trial_id
+
+    @property
+    def checkpoint(self) -> Optional[Any]:
+        """The latest committed checkpoint, a ``Checkpoint`` (None before the first)."""
+        from ..train._checkpoint import Checkpoint
+
+        return Checkpoint(self.checkpoint_uri) if self.checkpoint_uri else None
 
     @property
     def evaluated_params(self) -> Dict[str, Any]:
