@@ -9,7 +9,7 @@ Usage: ray_behaviours.py STORAGE SCENARIO
             which calls torch.distributed itself and shards its model with FSDP's fully_shard
   init      init(num_cpus=1): one trial at a time, each reporting when it ran
   errored   a trial fails on its first run; Tuner.restore(resume_errored=True) / (restart_errored=True)
-  scaling   a ScalingConfig inside param_space: each trial its own number of workers
+  scaling   a ScalingConfig inside param_space: each trial its own number of workers (1, 2; 5 cannot fit)
 """
 
 import json
@@ -155,9 +155,9 @@ def main():
     elif scenario == "scaling":
         from nestor.train.torch import TorchTrainer
 
-        trainer = TorchTrainer(sized, scaling_config=train.ScalingConfig(num_workers=1))
+        trainer = TorchTrainer(sized, scaling_config=train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}))
         grid = tune.Tuner(trainer, param_space={
-            "scaling_config": train.ScalingConfig(num_workers=tune.grid_search([1, 2])),
+            "scaling_config": train.ScalingConfig(num_workers=tune.grid_search([1, 2, 5])),
             "train_loop_config": {"lr": tune.grid_search([0.1, 0.01])},
         }, run_config=tune.RunConfig(name="scaling", storage_path=storage)).fit()
         print("SCALING", json.dumps(dump(grid)))

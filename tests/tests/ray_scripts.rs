@@ -272,6 +272,28 @@ fn python_and_toml_build_the_same_sweep_from_the_same_settings() {
 }
 
 #[test]
+fn a_scaling_config_in_param_space_gives_each_trial_its_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_behaviours.py", &[storage.to_str().unwrap(), "scaling"], &[]));
+    let got: BTreeMap<String, Value> = serde_json::from_str(line(&out, "SCALING")).unwrap();
+    assert_eq!(got.len(), 6);
+    for (id, t) in &got {
+        let asked = t["config"]["scaling_config"]["num_workers"].as_u64().unwrap();
+        if asked == 5 {
+            // 5 x 0.5 CPU on a 2-CPU node: refused by name, not left waiting.
+            assert_eq!(t["status"], "ERROR", "{id}: {t}");
+            let error = t["error"].as_str().unwrap();
+            assert!(error.contains("5 workers (config scaling_config.num_workers)") && error.contains("can never start"), "{error}");
+        } else {
+            assert_eq!(t["status"], "TERMINATED", "{id}: {t}");
+            // Every rank of the trial saw the trial's own world size.
+            assert_eq!(t["history"][0]["world"].as_f64(), Some(asked as f64), "{id}: {t}");
+        }
+    }
+}
+
+#[test]
 fn num_to_keep_with_a_score_keeps_the_best_checkpoint_and_the_latest() {
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");

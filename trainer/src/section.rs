@@ -60,6 +60,11 @@ pub struct TrainerConfig {
     /// that do not see them (the Python driver's pickled function).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<PathBuf>,
+    /// Each trial's number of workers is the integer at this dotted path of
+    /// its config (Ray's `ScalingConfig` in `param_space`:
+    /// `scaling_config.num_workers`); `num_workers` is the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_workers_from: Option<String>,
 }
 
 fn default_grace() -> f64 {
@@ -92,6 +97,7 @@ impl TrainerConfig {
             report_bind: None,
             warm: false,
             files: Vec::new(),
+            num_workers_from: None,
         }
     }
 

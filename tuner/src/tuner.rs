@@ -525,6 +525,7 @@ impl Tuner {
             failure: file.failure.clone(),
             stop_thresholds: MetricThresholds(file.stop.clone()),
             durability,
+            workers_from: file.trainer.as_ref().and_then(|t| t.num_workers_from.clone()),
         };
         let (runner, inputs) = Runner::new(Parts {
             settings,

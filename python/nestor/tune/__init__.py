@@ -139,7 +139,33 @@ class Tuner:
         parts = _split(trainable)
         self._parts = parts
         self._run_config = run_config or parts["run_config"] or RunConfig()
+        self._workers_from: Optional[str] = None
+        scaling = self._param_space.get("scaling_config")
+        if isinstance(scaling, ScalingConfig):
+            self._param_space = dict(self._param_space)
+            self._param_space["scaling_config"] = self._scaling_in_space(scaling)
         self._space = to_space(self._param_space)
+
+    def _scaling_in_space(self, scaling: ScalingConfig) -> Dict[str, Any]:
+        """A ``ScalingConfig`` in ``param_space`` (Ray's Train + Tune pattern):
+        its fixed fields replace the trainer's, a domain for ``num_workers``
+        gives each trial its own number of workers (the binary reads it from
+        the trial's config)."""
+        import dataclasses
+
+        base = self._parts["scaling"]
+        fields = {f.name: getattr(scaling, f.name) for f in dataclasses.fields(scaling)}
+        defaults = {f.name: f.default for f in dataclasses.fields(scaling)}
+        merged = {k: (v if v != defaults[k] else getattr(base, k)) for k, v in fields.items()}
+        for k, v in merged.items():
+            if k != "num_workers" and isinstance(v, Domain):
+                raise ValueError(f"param_space['scaling_config'].{k}: only num_workers may vary between trials")
+        workers = fields["num_workers"]
+        if isinstance(workers, Domain):
+            self._workers_from = "scaling_config.num_workers"
+            merged["num_workers"] = 1
+        self._parts = {**self._parts, "scaling": ScalingConfig(**merged)}
+        return {"num_workers": workers} if isinstance(workers, Domain) else {"num_workers": int(workers)}
 
     @classmethod
     def restore(cls, path: str, trainable: Any, resume_unfinished: bool = True, resume_errored: bool = False,
@@ -190,6 +216,8 @@ class Tuner:
         trainer: Dict[str, Any] = {"command": [sys.executable, "-m", "nestor._worker", blob_path], "working_dir": os.getcwd(),
                                    "warm": os.environ.get("NESTOR_WARM", "1") != "0", "files": [blob_path]}
         trainer.update(parts["scaling"]._trainer())
+        if self._workers_from:
+            trainer["num_workers_from"] = self._workers_from
         trainer.update(parts.get("trainer_extra") or {})
         env = _driver.worker_env()
         env["NESTOR_EXPERIMENT_NAME"] = name

@@ -123,6 +123,8 @@ pub(crate) struct Settings {
     /// When results are made durable. A replay (`AtEnd`) also writes no
     /// files for people and no checkpoint markers: its checkpoints are names only.
     pub durability: Durability,
+    /// `[trainer] num_workers_from`: the config path that gives each new trial its number of workers.
+    pub workers_from: Option<String>,
 }
 
 /// Everything a sweep's loop is built from.
@@ -559,6 +561,11 @@ impl Runner {
             };
             // A trial whose number of workers was changed needs its own bundles.
             let request = self.request_for(&record);
+            if let Some(why) = self.cannot_run(&record, &request) {
+                self.pool.release(&allocation);
+                self.give_up(record, why)?;
+                continue;
+            }
             let allocation = if request == self.settings.request {
                 allocation
             } else {
@@ -591,7 +598,8 @@ impl Runner {
             let id = trial_id(self.trials.next_index);
             match self.searcher.suggest(&id) {
                 Suggestion::Config(config) => {
-                    let record = TrialRecord::new(id, self.trials.next_index, config, self.clock.unix_now());
+                    let mut record = TrialRecord::new(id, self.trials.next_index, config, self.clock.unix_now());
+                    record.num_workers = self.settings.workers_from.as_deref().map(|path| workers_in(&record.config, path));
                     self.trials.next_index += 1;
                     self.store.create_trial(&record, &self.searcher.save())?;
                     self.scheduler.on_trial_add(&view(&record))?;
@@ -1098,6 +1106,21 @@ impl Runner {
         }
     }
 
+    /// Why `record` can never run with `request`, if so: a number of workers
+    /// from its config that is not one, or bundles the node can never hold.
+    fn cannot_run(&self, record: &TrialRecord, request: &Request) -> Option<String> {
+        if let (Some(path), Some(0)) = (&self.settings.workers_from, record.num_workers) {
+            let value = config_at(&record.config, path).map_or("nothing".to_string(), |v| v.to_string());
+            return Some(format!("trainer.num_workers_from: its config's {path} is {value}, not a number of workers (an integer >= 1)"));
+        }
+        if request == &self.settings.request {
+            return None;
+        }
+        self.pool.check(request).err().map(|e| {
+            format!("{} workers (config {}): {e}", request.workers.len(), self.settings.workers_from.as_deref().unwrap_or("num_workers"))
+        })
+    }
+
     /// Tells the scheduler how many workers of the experiment's size the node holds.
     fn tell_capacity(&mut self) -> Result<(), TuneError> {
         let request = &self.settings.request;
@@ -1165,5 +1188,22 @@ pub(crate) fn view(record: &TrialRecord) -> TrialView<'_> {
         status: record.status,
         num_results: record.num_results,
         num_workers: record.num_workers.unwrap_or(record.resources.len().max(1) as u32),
+    }
+}
+
+/// The value at dotted `path` of `config`.
+fn config_at<'a>(config: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
+    path.split('.').try_fold(config, |v, key| v.get(key))
+}
+
+/// The number of workers at `path` of `config`: 0 when it is not a whole number >= 1 (refused at admission).
+fn workers_in(config: &serde_json::Value, path: &str) -> u32 {
+    match config_at(config, path) {
+        Some(v) => v
+            .as_u64()
+            .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0 && *f >= 1.0).map(|f| f as u64))
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0),
+        None => 0,
     }
 }

@@ -117,6 +117,7 @@ fn harness(o: Options) -> Harness {
         failure: o.failure,
         stop_thresholds: MetricThresholds::default(),
         durability: Durability::EveryBatch,
+        workers_from: None,
     };
     let info = crate::callback::ExperimentInfo {
         name: "t".into(),
