@@ -55,6 +55,65 @@ class Explore:
         return config
 
 
+class _Spec(dict):
+    """Ray's ``spec`` for a ``sample_from`` function: ``spec.config.x`` and ``spec["config"]["x"]`` alike."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            value = self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        return _Spec(value) if isinstance(value, dict) and not isinstance(value, _Spec) else value
+
+
+class Sample:
+    """Computes a new trial's ``tune.sample_from`` values from the rest of
+    its config, in the order they were given, again for those that read a
+    value not computed yet; ``random`` (and NumPy's generator, when loaded)
+    seeded by the binary per trial."""
+
+    def __init__(self, functions: Dict[str, Callable[..., Any]]):
+        self.functions = functions
+
+    def __call__(self, config: Dict[str, Any], seed: int) -> Dict[str, Any]:
+        import inspect
+
+        state = random.getstate()
+        np = sys.modules.get("numpy")
+        np_state = np.random.get_state() if np is not None else None
+        random.seed(seed)
+        if np is not None:
+            np.random.seed(seed % (2 ** 32))
+        try:
+            todo = list(self.functions.items())
+            for _ in range(len(todo) + 1):
+                left = []
+                for path, fn in todo:
+                    try:
+                        takes = len(inspect.signature(fn).parameters) > 0
+                    except (TypeError, ValueError):
+                        takes = True
+                    try:
+                        value = fn(_Spec({"config": _Spec(config)})) if takes else fn()
+                    except (KeyError, AttributeError):
+                        left.append((path, fn))
+                        continue
+                    parent, key = _walk(config, path)
+                    parent[key] = value.item() if hasattr(value, "item") and callable(value.item) else value
+                if not left or len(left) == len(todo):
+                    todo = left
+                    break
+                todo = left
+            if todo:
+                path, fn = todo[0]
+                fn(_Spec({"config": _Spec(config)}))  # raises its own error, naming what it reads
+        finally:
+            random.setstate(state)
+            if np is not None and np_state is not None:
+                np.random.set_state(np_state)
+        return config
+
+
 def _walk(config: Dict[str, Any], path: str):
     parts = path.split("/") if "/" in path else path.split(".")
     node = config
@@ -148,9 +207,10 @@ class _Events:
 class HookServer:
     """Serves a sweep's Python hooks while the binary runs."""
 
-    def __init__(self, experiment_path: str, callbacks: List[Any], stop: Optional[Any], explore: Optional[Explore]):
+    def __init__(self, experiment_path: str, callbacks: List[Any], stop: Optional[Any], explore: Optional[Explore],
+                 sample: Optional[Sample] = None):
         self.events = _Events(callbacks, experiment_path)
-        self.stop, self.explore = stop, explore
+        self.stop, self.explore, self.sample = stop, explore, sample
         self._ev_r, self._ev_w = os.pipe()
         self._rq_r, self._rq_w = os.pipe()
         self._rs_r, self._rs_w = os.pipe()
@@ -222,5 +282,13 @@ class HookServer:
                                                [float(f) for f in req["perturbation_factors"]])}
             except Exception:
                 _log_raised("PBT's explore step")
+                raise
+        if hook == "sample":
+            if self.sample is None:
+                return {"config": req["config"]}
+            try:
+                return {"config": self.sample(req["config"], int(req["seed"]))}
+            except Exception:
+                _log_raised("a tune.sample_from function")
                 raise
         return {"error": f"unknown hook {hook!r}"}

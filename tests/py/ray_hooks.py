@@ -9,6 +9,7 @@ Usage: ray_hooks.py STORAGE SCENARIO [run|restore]
   stop_fn    stop=lambda trial_id, result: ...
   stopper    a Stopper subclass whose stop_all ends the sweep
   pbt        PBT with lambda mutations and a custom_explore_fn
+  sample     tune.sample_from: of the spec, of nothing, nested, and one reading another
   crash      callbacks writing to $HOOKS_LOG, for a kill and a restore ($ACKS as ray_class.py)
 """
 
@@ -163,6 +164,23 @@ def main():
         grid = tune.Tuner(steps, param_space={"lr": tune.uniform(0.001, 0.1), "steps": 8},
                           tune_config=tune.TuneConfig(metric="score", mode="max", num_samples=4, seed=2, scheduler=pbt),
                           run_config=tune.RunConfig(name=scenario, storage_path=storage)).fit()
+    elif scenario == "sample":
+        import numpy as np
+
+        def report_config(config):
+            train.report({"score": 1.0})
+
+        space = {
+            "width": tune.choice([16, 32, 64]),
+            "depth": tune.sample_from(lambda spec: spec.config.width // 16),   # reads a sampled value
+            "noise": tune.sample_from(lambda: np.random.uniform(0, 1)),       # a fresh draw per trial
+            "opt": {"lr": tune.loguniform(1e-4, 1e-1), "decay": tune.sample_from(lambda spec: spec["config"]["opt"]["lr"] / 10)},
+            "last": tune.sample_from(lambda spec: spec.config.depth + 100),   # reads another sample_from value
+        }
+        grid = tune.Tuner(report_config, param_space=space,
+                          tune_config=tune.TuneConfig(num_samples=6, seed=int(os.environ.get("SEED", "4"))),
+                          run_config=tune.RunConfig(name=scenario + os.environ.get("SEED", "4") + os.environ.get("RUN", ""),
+                                                    storage_path=storage)).fit()
     elif scenario == "crash":
         path = os.path.join(storage, scenario)
         trainable = tune.with_resources(steps, {"cpu": 0.5})

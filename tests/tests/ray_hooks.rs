@@ -123,6 +123,30 @@ fn pbts_lambda_mutations_and_custom_explore_run_in_the_script() {
 }
 
 #[test]
+fn sample_from_functions_run_per_trial_reading_the_rest_of_the_config_and_repeat_with_the_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = |run: &str| -> Vec<Value> {
+        let (out, _) = hooks(dir.path(), "sample", &[("RUN", run.into())]);
+        out["trials"].as_object().unwrap().values().map(|t| t["config"].clone()).collect()
+    };
+    let first = configs("a");
+    assert_eq!(first.len(), 6);
+    for c in &first {
+        let width = c["width"].as_u64().unwrap();
+        assert_eq!(c["depth"].as_u64(), Some(width / 16), "{c}");
+        assert_eq!(c["last"].as_u64(), Some(width / 16 + 100), "a value read from another sample_from: {c}");
+        let (lr, decay) = (c["opt"]["lr"].as_f64().unwrap(), c["opt"]["decay"].as_f64().unwrap());
+        assert!((decay - lr / 10.0).abs() < 1e-15, "{c}");
+        let noise = c["noise"].as_f64().unwrap();
+        assert!((0.0..1.0).contains(&noise), "{c}");
+    }
+    let noises: BTreeSet<String> = first.iter().map(|c| c["noise"].to_string()).collect();
+    assert_eq!(noises.len(), 6, "a function of nothing is drawn again for each trial: {first:?}");
+    // The same seed, the same configs, sample_from's draws included.
+    assert_eq!(configs("b"), first);
+}
+
+#[test]
 fn a_sweep_with_callbacks_killed_with_its_driver_is_restored_with_them() {
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");

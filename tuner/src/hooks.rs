@@ -47,6 +47,9 @@ pub struct PythonHooks {
     /// PBT's explore step runs Python: callable `hyperparam_mutations`, `custom_explore_fn`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub explore: bool,
+    /// Values of each new config computed by Python (`tune.sample_from`), after the searcher's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sample: bool,
     /// Seconds a callback may take over one event before it is cut off (default 30).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_deadline_s: Option<f64>,
@@ -55,7 +58,7 @@ pub struct PythonHooks {
 impl PythonHooks {
     /// Whether the sweep has no Python hook.
     pub fn is_empty(&self) -> bool {
-        self.callbacks.is_empty() && !self.stop && !self.explore
+        self.callbacks.is_empty() && !self.stop && !self.explore && !self.sample
     }
 
     /// What the hooks are, for an error message.
@@ -69,6 +72,9 @@ impl PythonHooks {
         }
         if self.explore {
             what.push("PBT's Python mutations".to_string());
+        }
+        if self.sample {
+            what.push("tune.sample_from functions".to_string());
         }
         what.join(", ")
     }
@@ -331,6 +337,71 @@ fn explore(channel: Arc<Channel>, settings: Value) -> impl Fn(&mut search::Confi
             },
             Err(e) => tracing::warn!("the Python explore step failed (the built-in one stands): {e}"),
         }
+    }
+}
+
+/// A searcher whose suggestions the driver completes: the values of
+/// `tune.sample_from` functions, computed from the rest of the config (Ray's
+/// `spec.config`), with Python's generators seeded by the experiment's seed
+/// and the trial's id. Everything else passes through: the searcher learns
+/// from the parameters it sampled, and its state is its own.
+pub(crate) struct PythonSampled {
+    inner: Box<dyn search::Searcher>,
+    channel: Arc<Channel>,
+    seed: u64,
+}
+
+impl PythonSampled {
+    pub(crate) fn new(inner: Box<dyn search::Searcher>, channel: Arc<Channel>, seed: u64) -> Self {
+        Self { inner, channel, seed }
+    }
+}
+
+impl search::Searcher for PythonSampled {
+    fn suggest(&mut self, trial_id: &str) -> search::Suggestion {
+        match self.inner.suggest(trial_id) {
+            search::Suggestion::Config(config) => {
+                // FNV-1a of the trial's id: its own draws, the same on every run of the sweep.
+                let id_hash = trial_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+                let seed = (self.seed ^ id_hash) >> 11;
+                match self.channel.call(json!({"hook": "sample", "trial_id": trial_id, "config": config, "seed": seed})) {
+                    Ok(v) => match v.get("config") {
+                        Some(c @ Value::Object(_)) => search::Suggestion::Config(c.clone()),
+                        _ => {
+                            tracing::error!(trial = trial_id, "tune.sample_from answered no config: {v}");
+                            search::Suggestion::Config(config)
+                        }
+                    },
+                    Err(e) => {
+                        // A config without its sample_from values would run silently wrong: none is made.
+                        tracing::error!(trial = trial_id, "tune.sample_from failed, no more trials start: {e}");
+                        search::Suggestion::Finished
+                    }
+                }
+            }
+            other => other,
+        }
+    }
+    fn on_trial_result(&mut self, trial_id: &str, result: &TrialResult) {
+        self.inner.on_trial_result(trial_id, result);
+    }
+    fn on_trial_complete(&mut self, trial_id: &str, result: Option<&TrialResult>, error: bool) {
+        self.inner.on_trial_complete(trial_id, result, error);
+    }
+    fn on_trial_pause(&mut self, trial_id: &str) {
+        self.inner.on_trial_pause(trial_id);
+    }
+    fn on_trial_resume(&mut self, trial_id: &str) {
+        self.inner.on_trial_resume(trial_id);
+    }
+    fn total_trials(&self) -> Option<u64> {
+        self.inner.total_trials()
+    }
+    fn save(&self) -> Value {
+        self.inner.save()
+    }
+    fn restore(&mut self, state: &Value) -> Result<(), search::SearchError> {
+        self.inner.restore(state)
     }
 }
 

@@ -407,6 +407,9 @@ impl Tuner {
             Some(custom) => custom,
             None => file.search.around(basic),
         };
+        if let (true, Some(channel)) = (hooks.sample, &channel) {
+            searcher = Box::new(crate::hooks::PythonSampled::new(searcher, Arc::clone(channel), seed));
+        }
         let scheduler: Box<dyn Scheduler> = self.custom_scheduler.take().unwrap_or(configured);
         trainable.scaling.validate()?;
         // Absolute, so workers with another working directory find their trial directory.

@@ -144,7 +144,8 @@ class Tuner:
         if isinstance(scaling, ScalingConfig):
             self._param_space = dict(self._param_space)
             self._param_space["scaling_config"] = self._scaling_in_space(scaling)
-        self._space = to_space(self._param_space)
+        self._sampled: Dict[str, Callable[..., Any]] = {}
+        self._space = to_space(self._param_space, sampled=self._sampled)
 
     def _scaling_in_space(self, scaling: ScalingConfig) -> Dict[str, Any]:
         """A ``ScalingConfig`` in ``param_space`` (Ray's Train + Tune pattern):
@@ -247,6 +248,8 @@ class Tuner:
             python["stop"] = True
         if hooks["explore"] is not None:
             python["explore"] = True
+        if hooks["sample"] is not None:
+            python["sample"] = True
         if python:
             if hooks["callbacks"] and os.environ.get("NESTOR_CALLBACK_DEADLINE_S"):
                 python["callback_deadline_s"] = float(os.environ["NESTOR_CALLBACK_DEADLINE_S"])
@@ -277,7 +280,12 @@ class Tuner:
             stop = FunctionStopper(stop)
         base = getattr(sched, "_base", sched)
         explore = base._explore() if hasattr(base, "_explore") else None
-        return {"callbacks": callbacks, "stop": stop, "explore": explore}
+        sample = None
+        if self._sampled:
+            from .._hooks import Sample
+
+            sample = Sample(self._sampled)
+        return {"callbacks": callbacks, "stop": stop, "explore": explore, "sample": sample}
 
     def _run_settings(self) -> Dict[str, Any]:
         """What a class trainable's runs need of the run config (kept for ``Tuner.restore``)."""
@@ -326,11 +334,11 @@ class Tuner:
 
 def _serve(exp_dir: str, hooks: Optional[Dict[str, Any]]) -> Any:
     """The server of the sweep's Python hooks, or None when it has none."""
-    if not hooks or not any(hooks.get(k) for k in ("callbacks", "stop", "explore")):
+    if not hooks or not any(hooks.get(k) for k in ("callbacks", "stop", "explore", "sample")):
         return None
     from .._hooks import HookServer
 
-    return HookServer(exp_dir, list(hooks.get("callbacks") or []), hooks.get("stop"), hooks.get("explore"))
+    return HookServer(exp_dir, list(hooks.get("callbacks") or []), hooks.get("stop"), hooks.get("explore"), hooks.get("sample"))
 
 
 def run(*_a: Any, **_k: Any) -> Any:

@@ -3,7 +3,7 @@ domain the driver writes into the experiment's ``[space]`` table, where the
 binary checks it (an impossible domain is refused naming its key) and
 samples it: no sampling happens in Python."""
 
-from typing import Any, Callable, Dict, Mapping, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from .._toml import Inline
 
@@ -92,15 +92,17 @@ class _SampleFrom:
 
 
 def sample_from(func: Callable[..., Any]) -> Any:
-    """Ray's escape hatch for values computed by a Python function. nestor
-    samples in the binary, where Python does not run; a function of no
-    arguments is called once here and its value becomes a constant; one that
-    reads the spec (``lambda spec: ...``) is refused with what to do."""
+    """Ray's escape hatch for values computed by a Python function, of no
+    arguments or of the spec (``lambda spec: spec.config.width * 2``): called
+    for every new trial, in the script's process, once the binary has
+    sampled the rest of its config (``nestor._hooks``)."""
     return _SampleFrom(func)
 
 
-def to_space(space: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """The ``[space]`` table of a ``param_space`` dict (nested dicts nest)."""
+def to_space(space: Mapping[str, Any], prefix: str = "", sampled: Optional[Dict[str, Callable[..., Any]]] = None) -> Dict[str, Any]:
+    """The ``[space]`` table of a ``param_space`` dict (nested dicts nest).
+    ``tune.sample_from`` functions go to ``sampled`` by dotted path (the
+    driver computes their values per trial)."""
     if not isinstance(space, Mapping):
         raise TypeError(f"param_space must be a dict, not {type(space).__name__}")
     out: Dict[str, Any] = {}
@@ -111,28 +113,18 @@ def to_space(space: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
         if isinstance(v, Domain):
             out[key] = v._toml()
         elif isinstance(v, _SampleFrom):
-            out[key] = _sample_from(path, v.func)
+            if sampled is None:
+                raise ValueError(f"param_space: {path}: tune.sample_from is not allowed here")
+            if not callable(v.func):
+                raise ValueError(f"param_space: {path}: tune.sample_from needs a function, not {v.func!r}")
+            sampled[path] = v.func
         elif isinstance(v, Mapping):
-            out[key] = to_space(v, path + ".")
+            inner = to_space(v, path + ".", sampled)
+            if inner or not any(isinstance(x, _SampleFrom) for x in v.values()):
+                out[key] = inner
         else:
             out[key] = _constant(path, v)
     return out
-
-
-def _sample_from(path: str, func: Callable[..., Any]) -> Any:
-    import inspect
-
-    try:
-        needs_spec = len(inspect.signature(func).parameters) > 0
-    except (TypeError, ValueError):
-        needs_spec = True
-    if needs_spec:
-        raise ValueError(
-            f"param_space: {path}: tune.sample_from with a function of the spec cannot be expressed in nestor "
-            "(spaces are sampled by the binary): use a domain (uniform, choice, ...) and derive the value from "
-            "the config inside the trainable"
-        )
-    return _constant(path, func())
 
 
 def _constant(path: str, v: Any) -> Any:
