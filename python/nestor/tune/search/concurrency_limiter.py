@@ -1,0 +1,5 @@
+"""Ray's module path ``ray.tune.search.concurrency_limiter``."""
+
+from . import ConcurrencyLimiter
+
+__all__ = ["ConcurrencyLimiter"]

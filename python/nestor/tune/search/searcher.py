@@ -1,0 +1,5 @@
+"""Ray's module path ``ray.tune.search.searcher``."""
+
+from . import Searcher
+
+__all__ = ["Searcher"]
