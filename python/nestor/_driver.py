@@ -86,7 +86,9 @@ def worker_env() -> Dict[str, str]:
     paths: List[str] = []
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)
-    if main_file:
+    package = os.path.dirname(os.path.abspath(__file__))
+    # Not nestor's own directory (a run started inside a trial, whose main is nestor._worker).
+    if main_file and os.path.dirname(os.path.abspath(main_file)) != package:
         paths.append(os.path.dirname(os.path.abspath(main_file)))
     paths.append(os.getcwd())
     paths.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -97,6 +99,16 @@ def worker_env() -> Dict[str, str]:
         if p and p not in seen:
             seen.append(p)
     return {"PYTHONPATH": os.pathsep.join(seen)}
+
+
+#: A trial's variables that a run inside it keeps (settings of the user's, not of the trial).
+_KEPT = {"NESTOR_BIN", "NESTOR_WARM", "NESTOR_CALLBACK_DEADLINE_S", "NESTOR_PY_CACHE", "NESTOR_CONNECT_TIMEOUT_S"}
+_TORCHRUN = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+             "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"}
+
+
+def _trial_variable(name: str) -> bool:
+    return (name.startswith("NESTOR_") and name not in _KEPT) or name in _TORCHRUN
 
 
 def _set_pdeathsig() -> None:
@@ -116,8 +128,12 @@ def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
     kill), as with ``nestor run``. ``hooks`` (a ``_hooks.HookServer``) serves
     the sweep's Python code meanwhile. Raises on its failure codes."""
     env = None
+    if os.environ.get("NESTOR_TRIAL_ID"):
+        # A run started inside a trial (Train V2's Tune pattern): its workers
+        # get their own variables, none of the trial's.
+        env = {k: v for k, v in os.environ.items() if not _trial_variable(k)}
     if hooks is not None:
-        env = {**os.environ, **hooks.env()}
+        env = {**(env if env is not None else os.environ), **hooks.env()}
     proc = subprocess.Popen([_binary.find(), *args], stderr=subprocess.PIPE, preexec_fn=_set_pdeathsig, env=env,
                             pass_fds=hooks.child_fds() if hooks is not None else ())
     if hooks is not None:

@@ -294,6 +294,33 @@ fn a_scaling_config_in_param_space_gives_each_trial_its_workers() {
 }
 
 #[test]
+fn train_v2s_tune_pattern_runs_a_trainer_per_trial_and_asha_stops_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_v2.py", &[storage.to_str().unwrap()], &[]));
+    let got: BTreeMap<String, Value> = serde_json::from_str(line(&out, "TRIALS")).unwrap();
+    assert_eq!(got.len(), 4);
+    let mut stopped_early = 0;
+    for (id, t) in &got {
+        assert_eq!(t["status"], "TERMINATED", "{id}: {t}");
+        let history = t["history"].as_array().unwrap();
+        // Every result came from the trainer's two ranks, through TuneReportCallback.
+        assert!(history.iter().all(|h| h[2] == 2.0), "{id}: {t}");
+        let inner = storage.join("v2/trials").join(id).join("train/train");
+        let inner_results = trials(dir.path(), &inner)[0]["history"].as_array().unwrap().len();
+        if history.len() < 8 {
+            stopped_early += 1;
+            // ASHA stopped the trial: its trainer's run was stopped too, not run to its end.
+            assert!(inner_results < 8, "{id}: its trainer ran on to {inner_results} results");
+        } else {
+            assert_eq!(inner_results, 8, "{id}");
+        }
+    }
+    assert!(stopped_early >= 2, "ASHA stopped {stopped_early} trials: {got:?}");
+    assert!(processes_mentioning(dir.path().to_str().unwrap()).is_empty(), "a process of a trainer's run outlived it");
+}
+
+#[test]
 fn num_to_keep_with_a_score_keeps_the_best_checkpoint_and_the_latest() {
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");

@@ -218,7 +218,32 @@ def get_dataset_shard(name: Optional[str] = None) -> Any:
     )
 
 
+# Last: tune's package imports this one's names above.
+from ..tune.callback import Callback as _TuneCallback  # noqa: E402
+
+
+class UserCallback(_TuneCallback):
+    """Ray Train V2's callback (``ray.train.UserCallback``) for a trainer's
+    ``RunConfig(callbacks=[...])``: ``after_report`` gets each result
+    (``metrics`` holds rank 0's, as the trial's) with its checkpoint,
+    ``after_exception`` the failure. It runs in the script's process like
+    Tune's callbacks (``nestor.tune.callback``)."""
+
+    def after_report(self, run_context: Any, metrics: List[Dict[str, Any]], checkpoint: Optional[Checkpoint]) -> None:
+        """A result of the run, durable, with its checkpoint (None without)."""
+
+    def after_exception(self, run_context: Any, worker_exceptions: Dict[int, Exception]) -> None:
+        """The run failed: the failure, by rank (the rank is 0 when nestor does not know it)."""
+
+    def on_trial_result(self, iteration: int, trials: List[Any], trial: Any, result: Dict[str, Any], **info: Any) -> None:
+        checkpoint = Checkpoint(result["checkpoint"]) if result.get("checkpoint") else None
+        self.after_report(None, [result], checkpoint)
+
+    def on_trial_error(self, iteration: int, trials: List[Any], trial: Any, **info: Any) -> None:
+        self.after_exception(None, {0: TrainingFailedError(f"trial {trial.trial_id} failed: {trial.error}")})
+
+
 __all__ = [
     "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext",
-    "TrainingFailedError", "get_checkpoint", "get_context", "get_dataset_shard", "report", "ReportError",
+    "TrainingFailedError", "UserCallback", "get_checkpoint", "get_context", "get_dataset_shard", "report", "ReportError",
 ]

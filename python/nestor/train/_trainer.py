@@ -56,6 +56,39 @@ class _Trainer:
         from .. import _driver
         from ..tune import TuneConfig, Tuner
 
+        if os.environ.get("NESTOR_TRIAL_ID") and os.environ.get("NESTOR_ADDR"):
+            return self._fit_in_trial()
+        return self._fit()
+
+    def _fit_in_trial(self) -> Result:
+        """``fit()`` inside a Tune trial (Ray Train V2's pattern): the run
+        lives under the trial's directory (named ``train`` unless named), and
+        ends cleanly when ``TuneReportCallback`` saw the trial stopped."""
+        import dataclasses
+
+        from ..tune.integration.ray_train import TuneReportCallback
+
+        rc = self.run_config or RunConfig()
+        changes: Dict[str, Any] = {}
+        if not rc.storage_path:
+            changes["storage_path"] = os.path.join(os.environ.get("NESTOR_TRIAL_DIR") or os.getcwd(), "train")
+        if not rc.name:
+            changes["name"] = "train"
+        if changes:
+            rc = dataclasses.replace(rc, **changes)
+        self.run_config = rc
+        reporters = [c for c in rc.callbacks or [] if isinstance(c, TuneReportCallback)]
+        try:
+            return self._fit()
+        except KeyboardInterrupt:
+            if any(c.stopped for c in reporters):
+                raise SystemExit(0) from None  # the trial was stopped: its function ends cleanly
+            raise
+
+    def _fit(self) -> Result:
+        from .. import _driver
+        from ..tune import TuneConfig, Tuner
+
         rc = self.run_config
         if rc is not None and rc.name:
             path = _driver.experiment_dirs(rc.storage_path, rc.name)
