@@ -15,6 +15,7 @@ use std::process::Command;
 use common::*;
 
 fn chromium() -> PathBuf {
+    apt_install("/usr/bin/chromedriver", &["chromium", "chromium-driver"], "a headless Chromium renders the dashboard in these tests");
     let found = ["chromium", "chromium-browser", "google-chrome"]
         .iter()
         .map(|n| Path::new("/usr/bin").join(n))
@@ -62,6 +63,7 @@ impl OpenPage {
     }
 
     fn open(url: &str) -> Self {
+        chromium();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))

@@ -39,6 +39,26 @@ pub fn conformance_config(case: &trainer::conformance::Case) -> serde_json::Valu
     config
 }
 
+/// Installs Debian's `packages` once (as root, with apt-get), unless `file` exists already.
+pub fn apt_install(file: &str, packages: &[&str], why: &str) {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if Path::new(file).exists() {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(root, "{why}: install {} (apt-get install {})", packages.join(", "), packages.join(" "));
+    let apt = |args: &[&str]| {
+        let out = Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").output().expect("run apt-get");
+        assert!(out.status.success(), "apt-get {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    apt(&["update", "-q"]);
+    let mut install = vec!["install", "-y", "-q"];
+    install.extend_from_slice(packages);
+    apt(&install);
+}
+
 /// Runs nestor in `dir`.
 pub fn nestor(dir: &Path, args: &[&str]) -> Output {
     Command::new(nestor_bin()).args(args).current_dir(dir).output().expect("run nestor")

@@ -7,7 +7,6 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A running cluster; [`SlurmCluster::cmd`] runs a Slurm client against it.
@@ -22,21 +21,7 @@ pub struct SlurmCluster {
 
 /// Installs the daemons once, when they are missing.
 fn ensure_installed() {
-    static DONE: Mutex<bool> = Mutex::new(false);
-    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if *done || Path::new("/usr/sbin/slurmctld").exists() {
-        *done = true;
-        return;
-    }
-    let root = unsafe { libc::geteuid() } == 0;
-    assert!(root, "these tests run a Slurm cluster on loopback: install slurm-wlm (apt-get install slurm-wlm)");
-    let apt = |args: &[&str]| {
-        let out = Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive").output().expect("run apt-get");
-        assert!(out.status.success(), "apt-get {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    apt(&["update", "-q"]);
-    apt(&["install", "-y", "-q", "slurm-wlm"]);
-    *done = true;
+    super::apt_install("/usr/sbin/slurmctld", &["slurm-wlm"], "these tests run a Slurm cluster on loopback");
 }
 
 fn free_port() -> u16 {
