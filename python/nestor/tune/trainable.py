@@ -158,7 +158,8 @@ def run(cls: type, kwargs: Dict[str, Any], stop: Dict[str, float], checkpoint_at
     """One run of a class trainable on this rank: setup, restore, then a
     report per ``step()`` (with a checkpoint every ``checkpoint_frequency``
     iterations, and at the end with ``checkpoint_at_end``) until the trial is
-    stopped (``report`` raises ``SystemExit``) or is done."""
+    stopped (``report`` raises ``SystemExit``) or is done. A result with
+    ``should_checkpoint: True`` is saved with a checkpoint too (Ray's key)."""
     import shutil
     import tempfile
 
@@ -174,7 +175,11 @@ def run(cls: type, kwargs: Dict[str, Any], stop: Dict[str, float], checkpoint_at
         while True:
             result = trainable.train()
             done = bool(result.get("done")) or _meets(stop, result, trainable.iteration)
-            save = (frequency > 0 and trainable.iteration % frequency == 0) or (checkpoint_at_end and done)
+            save = (
+                (frequency > 0 and trainable.iteration % frequency == 0)
+                or (checkpoint_at_end and done)
+                or bool(result.pop("should_checkpoint", False))
+            )
             if not save:
                 report(result)
             else:
