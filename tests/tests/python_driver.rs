@@ -9,12 +9,12 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::python::{line, nestor_child, passed, repo, torch_python, torch_venv, trials};
+use common::python::{kill_driver_midway, line, passed, repo, torch_python, torch_venv, trial_iterations, trials};
 use common::*;
 
 /// A new virtualenv with `pip install ./python` done (once per test run).
@@ -162,30 +162,14 @@ fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknow
     let storage = dir.path().join("runs");
     let acks = dir.path().join("acks.txt");
     let path = format!("{}:{}", venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
-    let mut driver = Command::new(venv().join("bin/python"))
-        .arg(repo().join("tests/py/driver_crash.py"))
+    let mut cmd = Command::new(venv().join("bin/python"));
+    cmd.arg(repo().join("tests/py/driver_crash.py"))
         .args([storage.to_str().unwrap(), "run"])
         .current_dir(dir.path())
         .env("PATH", &path)
         .env_remove("NESTOR_BIN")
-        .env("ACKS", &acks)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_run("10 acknowledged reports", 60.0, &mut driver, || read(&acks).lines().count() >= 10);
-    let binary = nestor_child(driver.id()).expect("the driver's nestor process");
-    signal(driver.id(), libc::SIGKILL);
-    signal(binary, libc::SIGKILL);
-    let _ = driver.wait();
-    wait_for("the killed binary's workers to go", 10.0, || processes_mentioning(dir.path().to_str().unwrap()).is_empty());
-    let acked: BTreeSet<(String, u64)> = read(&acks)
-        .lines()
-        .map(|l| {
-            let (t, i) = l.split_once(' ').unwrap();
-            (t.to_string(), i.parse().unwrap())
-        })
-        .collect();
+        .env("ACKS", &acks);
+    let acked = trial_iterations(&kill_driver_midway(cmd, &acks, 10, dir.path()));
     assert!(!acked.is_empty());
     let out = passed(python(
         dir.path(),

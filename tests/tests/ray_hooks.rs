@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Output;
 
-use common::python::{line, nestor_child, passed, torch_python, torch_python_cmd};
+use common::python::{kill_driver_midway, line, passed, torch_python, torch_python_cmd, trial_iterations};
 use common::*;
 use serde_json::Value;
 
@@ -153,25 +153,9 @@ fn a_sweep_with_callbacks_killed_with_its_driver_is_restored_with_them() {
     let acks = dir.path().join("acks.txt");
     let log = dir.path().join("hooks.jsonl");
     let env = [("ACKS", acks.display().to_string()), ("HOOKS_LOG", log.display().to_string())];
-    let mut driver = torch_python_cmd(dir.path(), "tests/py/ray_hooks.py", &[storage.to_str().unwrap(), "crash", "run"], &env)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_run("12 acknowledged results", 90.0, &mut driver, || read(&acks).lines().count() >= 12);
-    let binary = nestor_child(driver.id()).expect("the driver's nestor process");
-    signal(driver.id(), libc::SIGKILL);
-    signal(binary, libc::SIGKILL);
-    let _ = driver.wait();
-    wait_for("the killed sweep's workers to go", 10.0, || processes_mentioning(storage.to_str().unwrap()).is_empty());
+    let cmd = torch_python_cmd(dir.path(), "tests/py/ray_hooks.py", &[storage.to_str().unwrap(), "crash", "run"], &env);
+    let acked = trial_iterations(&kill_driver_midway(cmd, &acks, 12, &storage));
     let before = read(&log).lines().count();
-    let acked: BTreeSet<(String, u64)> = read(&acks)
-        .lines()
-        .map(|l| {
-            let (t, i) = l.split_once(' ').unwrap();
-            (t.to_string(), i.parse().unwrap())
-        })
-        .collect();
     let out = passed(torch_python(dir.path(), "tests/py/ray_hooks.py", &[storage.to_str().unwrap(), "crash", "restore"], &env));
     let got: Value = serde_json::from_str(line(&out, "OUT")).unwrap();
     let stored = iterations(&got);

@@ -14,7 +14,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use common::python::{line, nestor_child, passed, torch_python, torch_python_cmd, trials};
+use common::python::{kill_driver_midway, line, passed, torch_python, torch_python_cmd, trial_iterations, trials};
 use common::*;
 use serde_json::Value;
 
@@ -200,18 +200,8 @@ fn a_trainers_fit_run_again_after_a_kill_goes_on_from_its_checkpoint() {
     let storage = dir.path().join("runs");
     let acks = dir.path().join("acks.txt");
     let env = [("ACKS", acks.display().to_string())];
-    let mut driver = torch_python_cmd(dir.path(), "tests/py/ray_trainer.py", &[storage.to_str().unwrap(), "fit"], &env)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_run("5 acknowledged steps", 90.0, &mut driver, || read(&acks).lines().count() >= 5);
-    let binary = nestor_child(driver.id()).expect("the driver's nestor process");
-    signal(driver.id(), libc::SIGKILL);
-    signal(binary, libc::SIGKILL);
-    let _ = driver.wait();
-    wait_for("the killed run's workers to go", 10.0, || processes_mentioning(storage.to_str().unwrap()).is_empty());
-    let acked: BTreeSet<u64> = read(&acks).lines().map(|l| l.parse().unwrap()).collect();
+    let cmd = torch_python_cmd(dir.path(), "tests/py/ray_trainer.py", &[storage.to_str().unwrap(), "fit"], &env);
+    let acked: BTreeSet<u64> = kill_driver_midway(cmd, &acks, 5, &storage).iter().map(|l| l.parse().unwrap()).collect();
     // The same script again: the run goes on, it does not start over.
     let out = passed(torch_python(dir.path(), "tests/py/ray_trainer.py", &[storage.to_str().unwrap(), "fit"], &env));
     let history: Vec<(u64, u64, u64)> = serde_json::from_str(line(&out, "HISTORY")).unwrap();
@@ -368,24 +358,8 @@ fn a_class_trainable_sweep_killed_with_its_driver_is_restored_losing_nothing_ack
     let storage = dir.path().join("runs");
     let acks = dir.path().join("acks.txt");
     let env = [("ACKS", acks.display().to_string())];
-    let mut driver = torch_python_cmd(dir.path(), "tests/py/ray_class.py", &[storage.to_str().unwrap(), "crash", "run"], &env)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_run("12 acknowledged results", 90.0, &mut driver, || read(&acks).lines().count() >= 12);
-    let binary = nestor_child(driver.id()).expect("the driver's nestor process");
-    signal(driver.id(), libc::SIGKILL);
-    signal(binary, libc::SIGKILL);
-    let _ = driver.wait();
-    wait_for("the killed sweep's workers to go", 10.0, || processes_mentioning(storage.to_str().unwrap()).is_empty());
-    let acked: BTreeSet<(String, u64)> = read(&acks)
-        .lines()
-        .map(|l| {
-            let (t, i) = l.split_once(' ').unwrap();
-            (t.to_string(), i.parse().unwrap())
-        })
-        .collect();
+    let cmd = torch_python_cmd(dir.path(), "tests/py/ray_class.py", &[storage.to_str().unwrap(), "crash", "run"], &env);
+    let acked = trial_iterations(&kill_driver_midway(cmd, &acks, 12, &storage));
     let out = passed(torch_python(dir.path(), "tests/py/ray_class.py", &[storage.to_str().unwrap(), "crash", "restore"], &env));
     let got: BTreeMap<String, Value> = serde_json::from_str(line(&out, "TRIALS")).unwrap();
     assert_eq!(got.len(), 4);

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use super::{nestor, nestor_bin, ok};
+use super::{nestor, nestor_bin, ok, processes_mentioning, read, signal, wait_for, wait_for_run};
 
 /// The repository's root.
 pub fn repo() -> PathBuf {
@@ -68,4 +68,30 @@ pub fn nestor_child(driver: u32) -> Option<u32> {
         let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
         String::from_utf8_lossy(&cmd).split('\0').next().is_some_and(|a| a.ends_with("/nestor"))
     })
+}
+
+/// Starts a driver script (`cmd`), waits until its ranks have written `n`
+/// lines to `acks` (one per acknowledged report), then SIGKILLs the driver
+/// and its `nestor` binary at once and waits for every process mentioning
+/// `dir` (the sweep's workers) to go. Returns the lines written by then.
+pub fn kill_driver_midway(mut cmd: Command, acks: &Path, n: usize, dir: &Path) -> Vec<String> {
+    let mut driver = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("start the script");
+    wait_for_run(&format!("{n} acknowledged reports"), 90.0, &mut driver, || read(acks).lines().count() >= n);
+    let binary = nestor_child(driver.id()).expect("the driver's nestor process");
+    signal(driver.id(), libc::SIGKILL);
+    signal(binary, libc::SIGKILL);
+    let _ = driver.wait();
+    wait_for("the killed sweep's workers to go", 10.0, || processes_mentioning(dir.to_str().unwrap()).is_empty());
+    read(acks).lines().map(str::to_string).collect()
+}
+
+/// `trial iteration` lines, as a set.
+pub fn trial_iterations(lines: &[String]) -> std::collections::BTreeSet<(String, u64)> {
+    lines
+        .iter()
+        .map(|l| {
+            let (t, i) = l.split_once(' ').unwrap();
+            (t.to_string(), i.parse().unwrap())
+        })
+        .collect()
 }
