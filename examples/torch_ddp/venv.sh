@@ -16,6 +16,7 @@ NUMPY_VERSION=2.4.6
 # Installed into an existing environment when missing (no new environment for them).
 CLOUDPICKLE_VERSION=3.1.2
 PANDAS_VERSION=3.1.1
+OPTUNA_VERSION=5.0.0
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
@@ -34,9 +35,9 @@ if [ ! -f "$venv/.complete" ]; then
     "$venv/bin/python" -m pip install --quiet "torch==$TORCH_VERSION" "grpcio==$GRPCIO_VERSION" "protobuf==$PROTOBUF_VERSION" "numpy==$NUMPY_VERSION" setuptools wheel >&2
     touch "$venv/.complete"
 fi
-if [ ! -f "$venv/.complete-driver-$CLOUDPICKLE_VERSION-$PANDAS_VERSION" ]; then
-    "$venv/bin/python" -m pip install --quiet "cloudpickle==$CLOUDPICKLE_VERSION" "pandas==$PANDAS_VERSION" >&2
-    touch "$venv/.complete-driver-$CLOUDPICKLE_VERSION-$PANDAS_VERSION"
+if [ ! -f "$venv/.complete-driver-$CLOUDPICKLE_VERSION-$PANDAS_VERSION-$OPTUNA_VERSION" ]; then
+    "$venv/bin/python" -m pip install --quiet "cloudpickle==$CLOUDPICKLE_VERSION" "pandas==$PANDAS_VERSION" "optuna==$OPTUNA_VERSION" >&2
+    touch "$venv/.complete-driver-$CLOUDPICKLE_VERSION-$PANDAS_VERSION-$OPTUNA_VERSION"
 fi
 # The nestor package is this checkout's python/ (a path file: always current,
 # nothing to build); the binary comes from NESTOR_BIN or PATH. `pip install

@@ -114,6 +114,50 @@ class Sample:
         return config
 
 
+class DefineByRun:
+    """``OptunaSearch(space=fn)``: Optuna's own study, in the script. Each
+    suggestion is a new ``study.ask()`` trial passed to ``fn`` (which calls
+    ``trial.suggest_*`` and may return constants); its parameters, with
+    ``a/b`` names nested as Ray nests them, are the config. A trial's end
+    tells the study its last value of the metric (failed without one)."""
+
+    def __init__(self, space: Callable[[Any], Any], metric: Optional[str], mode: Optional[str], sampler: Any,
+                 seed: Optional[int]):
+        try:
+            import optuna
+        except ImportError:
+            raise ImportError("OptunaSearch(space=fn) runs Optuna itself: pip install optuna") from None
+        if not metric or mode not in ("min", "max"):
+            raise ValueError("OptunaSearch(space=fn) needs a metric and a mode (in it or in TuneConfig)")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.space, self.metric = space, metric
+        self.study = optuna.create_study(direction="minimize" if mode == "min" else "maximize",
+                                         sampler=sampler or optuna.samplers.TPESampler(seed=seed))
+        self.live: Dict[str, Any] = {}
+
+    def suggest(self, trial_id: str) -> Dict[str, Any]:
+        trial = self.study.ask()
+        constants = self.space(trial)
+        config: Dict[str, Any] = {}
+        for name, value in {**trial.params, **(constants or {})}.items():
+            parent, key = _walk(config, name.replace("/", "."))
+            parent[key] = value
+        self.live[trial_id] = trial
+        return config
+
+    def complete(self, trial_id: str, result: Optional[Dict[str, Any]], error: bool) -> None:
+        import optuna
+
+        trial = self.live.pop(trial_id, None)
+        if trial is None:
+            return
+        value = (result or {}).get(self.metric)
+        if error or not isinstance(value, (int, float)) or isinstance(value, bool):
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            self.study.tell(trial, float(value))
+
+
 def _walk(config: Dict[str, Any], path: str):
     parts = path.split("/") if "/" in path else path.split(".")
     node = config
@@ -208,9 +252,9 @@ class HookServer:
     """Serves a sweep's Python hooks while the binary runs."""
 
     def __init__(self, experiment_path: str, callbacks: List[Any], stop: Optional[Any], explore: Optional[Explore],
-                 sample: Optional[Sample] = None):
+                 sample: Optional[Sample] = None, search: Optional[DefineByRun] = None):
         self.events = _Events(callbacks, experiment_path)
-        self.stop, self.explore, self.sample = stop, explore, sample
+        self.stop, self.explore, self.sample, self.search = stop, explore, sample, search
         self._ev_r, self._ev_w = os.pipe()
         self._rq_r, self._rq_w = os.pipe()
         self._rs_r, self._rs_w = os.pipe()
@@ -283,6 +327,15 @@ class HookServer:
             except Exception:
                 _log_raised("PBT's explore step")
                 raise
+        if hook == "suggest" and self.search is not None:
+            try:
+                return {"config": self.search.suggest(req["trial_id"])}
+            except Exception:
+                _log_raised("the define-by-run search space")
+                raise
+        if hook == "complete" and self.search is not None:
+            self.search.complete(req["trial_id"], req.get("result"), bool(req.get("error")))
+            return {}
         if hook == "sample":
             if self.sample is None:
                 return {"config": req["config"]}

@@ -10,6 +10,7 @@ Usage: ray_hooks.py STORAGE SCENARIO [run|restore]
   stopper    a Stopper subclass whose stop_all ends the sweep
   pbt        PBT with lambda mutations and a custom_explore_fn
   sample     tune.sample_from: of the spec, of nothing, nested, and one reading another
+  optuna     OptunaSearch(space=fn): a conditional define-by-run space, run by Optuna in the script
   crash      callbacks writing to $HOOKS_LOG, for a kill and a restore ($ACKS as ray_class.py)
 """
 
@@ -181,6 +182,29 @@ def main():
                           tune_config=tune.TuneConfig(num_samples=6, seed=int(os.environ.get("SEED", "4"))),
                           run_config=tune.RunConfig(name=scenario + os.environ.get("SEED", "4") + os.environ.get("RUN", ""),
                                                     storage_path=storage)).fit()
+    elif scenario == "optuna":
+        from nestor.tune.search.optuna import OptunaSearch
+
+        def define_space(trial):
+            activation = trial.suggest_categorical("activation", ["relu", "tanh"])
+            if activation == "relu":
+                trial.suggest_float("nested/mult", 0.01, 0.05, log=True)
+            else:
+                trial.suggest_int("height", -10, 10)
+            return {"steps": 3}
+
+        def objective(config):
+            for step in range(config["steps"]):
+                loss = config["nested"]["mult"] * 10 if config["activation"] == "relu" else abs(config["height"]) / 10 + 0.1
+                train.report({"loss": loss})
+
+        tuner = tune.Tuner(objective, tune_config=tune.TuneConfig(
+            num_samples=10, search_alg=OptunaSearch(space=define_space, metric="loss", mode="min", seed=3)),
+            run_config=tune.RunConfig(name=scenario, storage_path=storage))
+        grid = tuner.fit()
+        study = tuner._hooks()["search"].study
+        out["told"] = sum(1 for t in study.trials if t.state.name == "COMPLETE")
+        out["trials"] = {r.trial_id: {"config": r.config, "loss": r.metrics["loss"]} for r in grid}
     elif scenario == "crash":
         path = os.path.join(storage, scenario)
         trainable = tune.with_resources(steps, {"cpu": 0.5})
@@ -193,7 +217,7 @@ def main():
                                                         callbacks=[Recorder(os.environ["HOOKS_LOG"])])).fit()
     else:
         raise SystemExit(f"unknown scenario {scenario}")
-    out["trials"] = {r.trial_id: {"status": r.status, "config": r.config,
+    out["trials"] = out["trials"] if "trials" in out else {r.trial_id: {"status": r.status, "config": r.config,
                                   "history": [[h["training_iteration"], h["score"]] for h in r.metrics_history]} for r in grid}
     print("OUT", json.dumps(out))
 

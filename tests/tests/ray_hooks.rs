@@ -147,6 +147,32 @@ fn sample_from_functions_run_per_trial_reading_the_rest_of_the_config_and_repeat
 }
 
 #[test]
+fn a_define_by_run_optuna_space_runs_in_the_script_and_learns_every_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = hooks(dir.path(), "optuna", &[]);
+    let trials = out["trials"].as_object().unwrap();
+    assert_eq!(trials.len(), 10);
+    for (id, t) in trials {
+        let c = &t["config"];
+        assert_eq!(c["steps"], 3, "the function's constants: {id} {c}");
+        match c["activation"].as_str().unwrap() {
+            // The space is conditional: each branch has its own parameter, nested by Optuna's `a/b` name.
+            "relu" => {
+                let mult = c["nested"]["mult"].as_f64().unwrap();
+                assert!((0.01..=0.05).contains(&mult) && c.get("height").is_none(), "{id} {c}");
+            }
+            "tanh" => {
+                let height = c["height"].as_i64().unwrap();
+                assert!((-10..=10).contains(&height) && c.get("nested").is_none(), "{id} {c}");
+            }
+            other => panic!("{id}: activation {other}"),
+        }
+    }
+    // Optuna's study was told every trial's end with its metric.
+    assert_eq!(out["told"], 10);
+}
+
+#[test]
 fn a_sweep_with_callbacks_killed_with_its_driver_is_restored_with_them() {
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");

@@ -50,6 +50,9 @@ pub struct PythonHooks {
     /// Values of each new config computed by Python (`tune.sample_from`), after the searcher's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sample: bool,
+    /// The searcher is the driver's (`OptunaSearch(space=fn)`: Optuna's define-by-run study).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub search: bool,
     /// Seconds a callback may take over one event before it is cut off (default 30).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_deadline_s: Option<f64>,
@@ -58,7 +61,7 @@ pub struct PythonHooks {
 impl PythonHooks {
     /// Whether the sweep has no Python hook.
     pub fn is_empty(&self) -> bool {
-        self.callbacks.is_empty() && !self.stop && !self.explore && !self.sample
+        self.callbacks.is_empty() && !self.stop && !self.explore && !self.sample && !self.search
     }
 
     /// What the hooks are, for an error message.
@@ -75,6 +78,9 @@ impl PythonHooks {
         }
         if self.sample {
             what.push("tune.sample_from functions".to_string());
+        }
+        if self.search {
+            what.push("a define-by-run search".to_string());
         }
         what.join(", ")
     }
@@ -402,6 +408,46 @@ impl search::Searcher for PythonSampled {
     }
     fn restore(&mut self, state: &Value) -> Result<(), search::SearchError> {
         self.inner.restore(state)
+    }
+}
+
+/// The driver's searcher (Optuna's define-by-run study): suggestions
+/// and trial ends go to it; its state is the driver's, so a restored sweep's
+/// study starts afresh (the finished trials stay finished).
+pub(crate) struct PythonSearcher {
+    channel: Arc<Channel>,
+}
+
+impl PythonSearcher {
+    pub(crate) fn new(channel: Arc<Channel>) -> Self {
+        Self { channel }
+    }
+}
+
+impl search::Searcher for PythonSearcher {
+    fn suggest(&mut self, trial_id: &str) -> search::Suggestion {
+        match self.channel.call(json!({"hook": "suggest", "trial_id": trial_id})) {
+            Ok(v) => match v.get("config") {
+                Some(c @ Value::Object(_)) => search::Suggestion::Config(c.clone()),
+                _ => search::Suggestion::Finished,
+            },
+            Err(e) => {
+                tracing::error!(trial = trial_id, "the define-by-run search failed, no more trials start: {e}");
+                search::Suggestion::Finished
+            }
+        }
+    }
+    fn on_trial_complete(&mut self, trial_id: &str, result: Option<&TrialResult>, error: bool) {
+        let result = result.map(result_json);
+        if let Err(e) = self.channel.call(json!({"hook": "complete", "trial_id": trial_id, "result": result, "error": error})) {
+            tracing::warn!(trial = trial_id, "the define-by-run search did not take the trial's end: {e}");
+        }
+    }
+    fn save(&self) -> Value {
+        json!({"version": 1, "kind": "python"})
+    }
+    fn restore(&mut self, _state: &Value) -> Result<(), search::SearchError> {
+        Ok(())
     }
 }
 

@@ -403,9 +403,10 @@ impl Tuner {
             Some(configs) => Box::new(ArmSearcher::new(basic, configs)),
             None => basic,
         };
-        let mut searcher: Box<dyn Searcher> = match self.custom_searcher.take() {
-            Some(custom) => custom,
-            None => file.search.around(basic),
+        let mut searcher: Box<dyn Searcher> = match (self.custom_searcher.take(), &channel) {
+            (Some(custom), _) => custom,
+            (None, Some(channel)) if hooks.search => file.search.around(Box::new(crate::hooks::PythonSearcher::new(Arc::clone(channel)))),
+            (None, _) => file.search.around(basic),
         };
         if let (true, Some(channel)) = (hooks.sample, &channel) {
             searcher = Box::new(crate::hooks::PythonSampled::new(searcher, Arc::clone(channel), seed));

@@ -250,6 +250,8 @@ class Tuner:
             python["explore"] = True
         if hooks["sample"] is not None:
             python["sample"] = True
+        if hooks["search"] is not None:
+            python["search"] = True
         if python:
             if hooks["callbacks"] and os.environ.get("NESTOR_CALLBACK_DEADLINE_S"):
                 python["callback_deadline_s"] = float(os.environ["NESTOR_CALLBACK_DEADLINE_S"])
@@ -270,7 +272,13 @@ class Tuner:
         return doc
 
     def _hooks(self) -> Dict[str, Any]:
-        """The Python code the binary calls: callbacks, a stop function or Stopper, PBT's explore step."""
+        """The Python code the binary calls: callbacks, a stop function or Stopper, PBT's explore step,
+        ``sample_from`` functions, a define-by-run search (made once)."""
+        if getattr(self, "_hooks_made", None) is None:
+            self._hooks_made = self._make_hooks()
+        return self._hooks_made
+
+    def _make_hooks(self) -> Dict[str, Any]:
         rc, sched = self._run_config, self._tune_config.scheduler
         callbacks = [c for c in rc.callbacks or [] if not hasattr(c, "_table")]
         stop = rc.stop if rc.stop is not None and not isinstance(rc.stop, dict) else None
@@ -285,7 +293,11 @@ class Tuner:
             from .._hooks import Sample
 
             sample = Sample(self._sampled)
-        return {"callbacks": callbacks, "stop": stop, "explore": explore, "sample": sample}
+        tc = self._tune_config
+        alg = tc.search_alg
+        inner = getattr(alg, "searcher", alg)  # through a ConcurrencyLimiter or Repeater
+        search = inner._python(tc.metric, tc.mode, tc.seed) if hasattr(inner, "_python") else None
+        return {"callbacks": callbacks, "stop": stop, "explore": explore, "sample": sample, "search": search}
 
     def _run_settings(self) -> Dict[str, Any]:
         """What a class trainable's runs need of the run config (kept for ``Tuner.restore``)."""
@@ -334,11 +346,12 @@ class Tuner:
 
 def _serve(exp_dir: str, hooks: Optional[Dict[str, Any]]) -> Any:
     """The server of the sweep's Python hooks, or None when it has none."""
-    if not hooks or not any(hooks.get(k) for k in ("callbacks", "stop", "explore", "sample")):
+    if not hooks or not any(hooks.get(k) for k in ("callbacks", "stop", "explore", "sample", "search")):
         return None
     from .._hooks import HookServer
 
-    return HookServer(exp_dir, list(hooks.get("callbacks") or []), hooks.get("stop"), hooks.get("explore"), hooks.get("sample"))
+    return HookServer(exp_dir, list(hooks.get("callbacks") or []), hooks.get("stop"), hooks.get("explore"), hooks.get("sample"),
+                      hooks.get("search"))
 
 
 def run(*_a: Any, **_k: Any) -> Any:

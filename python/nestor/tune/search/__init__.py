@@ -46,17 +46,36 @@ class OptunaSearch(Searcher):
     def __init__(self, space: Any = None, metric: Optional[str] = None, mode: Optional[str] = None,
                  points_to_evaluate: Optional[List[Mapping[str, Any]]] = None, sampler: Any = None, seed: Optional[int] = None,
                  evaluated_rewards: Any = None, n_startup_trials: Optional[int] = None, multivariate: Optional[bool] = None):
-        if space is not None:
-            raise ValueError("OptunaSearch(space=...): give the space as the Tuner's param_space instead")
+        #: A define-by-run space (a function of an Optuna trial): run by Optuna itself, in the script.
+        self._define_by_run = space if callable(space) else None
+        if space is not None and self._define_by_run is None:
+            raise ValueError("OptunaSearch(space=...): give the space as the Tuner's param_space instead (or a "
+                             "define-by-run function of an optuna.Trial)")
+        if self._define_by_run is not None and points_to_evaluate:
+            raise ValueError("OptunaSearch(space=fn, points_to_evaluate=...): enqueue them in the function's study instead")
+        self._sampler = sampler if self._define_by_run is not None else None
         if evaluated_rewards is not None:
             raise ValueError("OptunaSearch(evaluated_rewards=...) is not supported: leave it out")
-        if sampler is not None:
+        if sampler is not None and self._define_by_run is None:
             # Optuna's TPESampler settings that nestor's TPE shares.
             n_startup_trials = n_startup_trials or getattr(sampler, "_n_startup_trials", None)
             multivariate = multivariate if multivariate is not None else getattr(sampler, "_multivariate", None)
             print("nestor: OptunaSearch(sampler=...) runs nestor's TPE; other samplers are not available", file=sys.stderr)
         super().__init__(metric, mode, points_to_evaluate, n_startup_trials=n_startup_trials, multivariate=multivariate)
         self.seed = seed
+
+    def _table(self) -> Dict[str, Any]:
+        # A define-by-run search is the driver's (the `search` hook): the binary's own searcher is not used.
+        return {} if self._define_by_run is not None else super()._table()
+
+    def _python(self, metric: Optional[str], mode: Optional[str], seed: Optional[int]) -> Any:
+        """The driver's searcher for a define-by-run space, or None."""
+        if self._define_by_run is None:
+            return None
+        from ..._hooks import DefineByRun
+
+        return DefineByRun(self._define_by_run, self.metric or metric, self.mode or mode, self._sampler,
+                           self.seed if self.seed is not None else seed)
 
 
 class TPESearch(OptunaSearch):
