@@ -117,6 +117,9 @@ def _split(trainable: Any) -> Dict[str, Any]:
         if not issubclass(inner, Trainable):
             raise TypeError(f"Tuner: {inner.__name__} is a class but not a tune.Trainable subclass; give a function "
                             "`def train(config): ... tune.report(metrics)` or subclass tune.Trainable")
+        if resources is None and inner.default_resource_request.__func__ is not Trainable.default_resource_request.__func__:
+            print(f"nestor: {inner.__name__}.default_resource_request is not called: give the trial's resources with "
+                  "tune.with_resources(trainable, {...}) (each trial gets 1 CPU otherwise)", file=sys.stderr)
         blob = {"kind": "class", "cls": inner, "kwargs": kwargs}
         return {"blob": blob, "scaling": scaling, "run_config": None, "train_loop_config": None}
     if not callable(trainable):
