@@ -556,6 +556,9 @@ struct Saved<'a> {
     /// Synchronous rounds.
     #[serde(skip_serializing_if = "Option::is_none")]
     synch: Option<&'a Synch>,
+    /// No new trial will join (asynchronous fair share).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    closed: bool,
 }
 
 impl Pbt {
@@ -568,6 +571,7 @@ impl Pbt {
             added: self.added,
             observations: self.bandit.as_ref().map(|b| b.data.as_slice()),
             synch: self.synch.as_ref(),
+            closed: self.closed,
         }
     }
 }
@@ -741,6 +745,7 @@ impl Scheduler for Pbt {
         }
         self.members = serde_json::from_value(state["members"].clone()).map_err(bad)?;
         self.perturbations = state["perturbations"].as_u64().unwrap_or(0);
+        self.closed = state["closed"].as_bool().unwrap_or(false);
         self.added = state["added"].as_u64().unwrap_or(self.members.len() as u64);
         Ok(())
     }

@@ -176,6 +176,10 @@ fn a_trial_yields_its_slot_at_its_check_while_others_wait_and_the_least_trained_
     // Nobody waits any more: each goes on at its check.
     assert_eq!(feed(&mut *s, &mut pop, 3, 4, 0.25, true).0, Decision::Continue);
     assert_eq!(feed(&mut *s, &mut pop, 2, 4, 0.2, true).0, Decision::Continue);
+    // A restored scheduler knows the population is closed: nobody waits, nobody yields.
+    let mut restored = pbt(4);
+    restored.restore(&s.save()).unwrap();
+    assert_eq!(feed(&mut *restored, &mut pop, 0, 6, 0.01, true).0, Decision::Continue);
 }
 
 #[test]
