@@ -119,7 +119,9 @@ class DefineByRun:
     suggestion is a new ``study.ask()`` trial passed to ``fn`` (which calls
     ``trial.suggest_*`` and may return constants); its parameters, with
     ``a/b`` names nested as Ray nests them, are the config. A trial's end
-    tells the study its last value of the metric (failed without one)."""
+    tells the study its last value of the metric (failed without one).
+    After each, the searcher (the study with its sampler's state) is saved
+    to ``state_path``, so ``Tuner.restore`` goes on with the same study."""
 
     def __init__(self, space: Callable[[Any], Any], metric: Optional[str], mode: Optional[str], sampler: Any,
                  seed: Optional[int]):
@@ -133,7 +135,9 @@ class DefineByRun:
         self.space, self.metric = space, metric
         self.study = optuna.create_study(direction="minimize" if mode == "min" else "maximize",
                                          sampler=sampler or optuna.samplers.TPESampler(seed=seed))
-        self.live: Dict[str, Any] = {}
+        #: The study's trial number of each live trial.
+        self.live: Dict[str, int] = {}
+        self.state_path: Optional[str] = None
 
     def suggest(self, trial_id: str) -> Dict[str, Any]:
         trial = self.study.ask()
@@ -142,20 +146,43 @@ class DefineByRun:
         for name, value in {**trial.params, **(constants or {})}.items():
             parent, key = _walk(config, name.replace("/", "."))
             parent[key] = value
-        self.live[trial_id] = trial
+        self.live[trial_id] = trial.number
+        self._save()
         return config
 
     def complete(self, trial_id: str, result: Optional[Dict[str, Any]], error: bool) -> None:
         import optuna
 
-        trial = self.live.pop(trial_id, None)
-        if trial is None:
+        number = self.live.pop(trial_id, None)
+        if number is None:
             return
         value = (result or {}).get(self.metric)
         if error or not isinstance(value, (int, float)) or isinstance(value, bool):
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self.study.tell(number, state=optuna.trial.TrialState.FAIL)
         else:
-            self.study.tell(trial, float(value))
+            self.study.tell(number, float(value))
+        self._save()
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        import cloudpickle
+
+        tmp = self.state_path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(cloudpickle.dumps(self))
+        os.replace(tmp, self.state_path)
+
+    @staticmethod
+    def saved(experiment_path: str) -> Optional["DefineByRun"]:
+        """The searcher a sweep saved, if any."""
+        import pickle
+
+        path = os.path.join(experiment_path, "driver", "search.pkl")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return pickle.load(f)
 
 
 def _walk(config: Dict[str, Any], path: str):
@@ -255,6 +282,8 @@ class HookServer:
                  sample: Optional[Sample] = None, search: Optional[DefineByRun] = None):
         self.events = _Events(callbacks, experiment_path)
         self.stop, self.explore, self.sample, self.search = stop, explore, sample, search
+        if search is not None:
+            search.state_path = os.path.join(experiment_path, "driver", "search.pkl")
         self._ev_r, self._ev_w = os.pipe()
         self._rq_r, self._rq_w = os.pipe()
         self._rs_r, self._rs_w = os.pipe()

@@ -202,7 +202,10 @@ def main():
             num_samples=10, search_alg=OptunaSearch(space=define_space, metric="loss", mode="min", seed=3)),
             run_config=tune.RunConfig(name=scenario, storage_path=storage))
         grid = tuner.fit()
-        study = tuner._hooks()["search"].study
+        from nestor._hooks import DefineByRun
+
+        # The study as the driver saved it beside the experiment (what Tuner.restore goes on with).
+        study = DefineByRun.saved(os.path.join(storage, scenario)).study
         out["told"] = sum(1 for t in study.trials if t.state.name == "COMPLETE")
         out["trials"] = {r.trial_id: {"config": r.config, "loss": r.metrics["loss"]} for r in grid}
     elif scenario == "crash":

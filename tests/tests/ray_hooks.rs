@@ -168,7 +168,7 @@ fn a_define_by_run_optuna_space_runs_in_the_script_and_learns_every_trial() {
             other => panic!("{id}: activation {other}"),
         }
     }
-    // Optuna's study was told every trial's end with its metric.
+    // Optuna's study was told every trial's end with its metric, and saved beside the experiment.
     assert_eq!(out["told"], 10);
 }
 

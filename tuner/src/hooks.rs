@@ -412,8 +412,8 @@ impl search::Searcher for PythonSampled {
 }
 
 /// The driver's searcher (Optuna's define-by-run study): suggestions
-/// and trial ends go to it; its state is the driver's, so a restored sweep's
-/// study starts afresh (the finished trials stay finished).
+/// and trial ends go to it; its state is the driver's (saved beside the
+/// experiment after each, and restored by `Tuner.restore`).
 pub(crate) struct PythonSearcher {
     channel: Arc<Channel>,
 }

@@ -320,7 +320,13 @@ class Tuner:
         if self._restore_path:
             exp_dir = self._restore_path
             _driver.write_blob(exp_dir, {**self._parts["blob"], **_driver.read_run_settings(exp_dir)})
-            _driver.run_binary(["resume", exp_dir, *self._errored], hooks=_serve(exp_dir, _driver.read_hooks(exp_dir)))
+            hooks = _driver.read_hooks(exp_dir)
+            if hooks and hooks.get("search") is not None:
+                from .._hooks import DefineByRun
+
+                # The define-by-run study as it was last saved (every trial it suggested and was told of).
+                hooks["search"] = DefineByRun.saved(exp_dir) or hooks["search"]
+            _driver.run_binary(["resume", exp_dir, *self._errored], hooks=_serve(exp_dir, hooks))
         else:
             rc = self._run_config
             name = rc.name or _driver.default_name(self._trainable)
