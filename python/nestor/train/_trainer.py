@@ -53,9 +53,6 @@ class _Trainer:
         """Runs the training function once on every worker; returns its
         result, or raises ``TrainingFailedError`` naming the failed rank, its
         node and its traceback."""
-        from .. import _driver
-        from ..tune import TuneConfig, Tuner
-
         if os.environ.get("NESTOR_TRIAL_ID") and os.environ.get("NESTOR_ADDR"):
             return self._fit_in_trial()
         return self._fit()
