@@ -13,7 +13,7 @@ import numbers
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 __all__ = ["TrainContext", "ReportError", "get_context", "get_config", "get_checkpoint", "report"]
 __version__ = "0.1.0"
@@ -211,6 +211,31 @@ class _Channel:
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=_proto.ShardChunk.FromString,
         )
+
+    def book(self, ctx: TrainContext, scaling: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """Books a trainer's resources (``ScalingConfig._trainer()``'s keys)
+        in place of this trial's own bundle; waits until they are granted and
+        returns the bundles. A request that can never fit raises ValueError."""
+        request = self._proto.BookRequest(
+            version=self._proto.PROTOCOL_VERSION, trial_id=ctx.trial_id, token=self._token, rank=ctx.world_rank,
+            num_workers=int(scaling.get("num_workers", 1)), use_gpu=bool(scaling.get("use_gpu", False)),
+            placement_strategy=str(scaling.get("placement_strategy", "PACK")),
+        )
+        request.resources_per_worker.update(scaling.get("resources_per_worker") or {})
+        request.trainer_resources.update(scaling.get("trainer_resources") or {})
+        call = self._channel.unary_unary(
+            self._proto.BOOK_METHOD,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=self._proto.BookReply.FromString,
+        )
+        try:
+            reply = call(request, wait_for_ready=True)
+        except self._grpc.RpcError as e:
+            if e.code() in (self._grpc.StatusCode.FAILED_PRECONDITION, self._grpc.StatusCode.INVALID_ARGUMENT):
+                raise ValueError(e.details()) from None
+            raise ReportError(f"booking the trainer's resources failed ({e.code().name}): {e.details()}") from None
+        return [{"cpus": w.cpus, "gpus": list(w.gpus), "gpu_share": w.gpu_share, "memory_bytes": w.memory_bytes,
+                 "custom": dict(w.custom)} for w in reply.workers]
 
     def rendezvous(self, ctx: TrainContext, address: str, timeout: float) -> str:
         """Rank 0 posts ``address`` (its store's ``host:port``); the other

@@ -101,6 +101,32 @@ def worker_env() -> Dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(seen)}
 
 
+#: The resources this process's trial booked for a trainer it runs (Train
+#: V2's Tune pattern): ``{"resources": {...}, "gpus": [...]}``, the pool of
+#: that trainer's run; None elsewhere.
+granted: Optional[Dict[str, Any]] = None
+
+
+def grant(workers: List[Dict[str, Any]], trainer_resources: Optional[Dict[str, float]]) -> Dict[str, Any]:
+    """The pool a run gets from the bundles its trial booked: their CPUs,
+    memory and custom resources added up (with the trainer's own), and their
+    GPUs."""
+    resources: Dict[str, float] = {"CPU": 0.0}
+    gpus: List[int] = []
+    for w in workers:
+        resources["CPU"] += w["cpus"]
+        if w["memory_bytes"]:
+            resources["memory"] = resources.get("memory", 0.0) + w["memory_bytes"]
+        for k, v in w["custom"].items():
+            resources[k] = resources.get(k, 0.0) + v
+        gpus.extend(g for g in w["gpus"] if g not in gpus)
+    for k, v in (trainer_resources or {}).items():
+        if k != "GPU":
+            resources[k] = resources.get(k, 0.0) + v
+    resources["GPU"] = float(len(gpus))
+    return {"resources": resources, "gpus": sorted(gpus)}
+
+
 #: A trial's variables that a run inside it keeps (settings of the user's, not of the trial).
 _KEPT = {"NESTOR_BIN", "NESTOR_WARM", "NESTOR_CALLBACK_DEADLINE_S", "NESTOR_PY_CACHE", "NESTOR_CONNECT_TIMEOUT_S"}
 _TORCHRUN = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -109,17 +135,6 @@ _TORCHRUN = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"
 
 def _trial_variable(name: str) -> bool:
     return (name.startswith("NESTOR_") and name not in _KEPT) or name in _TORCHRUN
-
-
-def _set_pdeathsig() -> None:
-    # The binary stops (gracefully: SIGTERM) when this driver dies.
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-    os.setpgid(0, 0)
 
 
 def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
@@ -132,9 +147,17 @@ def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
         # A run started inside a trial (Train V2's Tune pattern): its workers
         # get their own variables, none of the trial's.
         env = {k: v for k, v in os.environ.items() if not _trial_variable(k)}
+        if granted is not None:
+            # The run sees the GPUs its trial booked, and only those.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in granted["gpus"])
     if hooks is not None:
         env = {**(env if env is not None else os.environ), **hooks.env()}
-    proc = subprocess.Popen([_binary.find(), *args], stderr=subprocess.PIPE, preexec_fn=_set_pdeathsig, env=env,
+    # The binary stops (gracefully: SIGTERM) when this process dies; it
+    # sets that itself (NESTOR_PARENT_PID): no Python code runs between
+    # fork and exec, which a process with gRPC's threads (a trial's) may not.
+    # Its own session: Ctrl-C here reaches it once per press, forwarded.
+    env = {**(env if env is not None else os.environ), "NESTOR_PARENT_PID": str(os.getpid())}
+    proc = subprocess.Popen([_binary.find(), *args], stderr=subprocess.PIPE, start_new_session=True, env=env,
                             pass_fds=hooks.child_fds() if hooks is not None else ())
     if hooks is not None:
         hooks.start()

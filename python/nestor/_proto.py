@@ -11,6 +11,7 @@ PUT_SHARD_METHOD = "/nestor.v1.Reporter/PutShard"
 GET_SHARD_METHOD = "/nestor.v1.Reporter/GetShard"
 RENDEZVOUS_METHOD = "/nestor.v1.Reporter/Rendezvous"
 GET_FILE_METHOD = "/nestor.v1.Reporter/GetFile"
+BOOK_METHOD = "/nestor.v1.Reporter/Book"
 PROTOCOL_VERSION = 1
 
 
@@ -19,6 +20,16 @@ def _field(msg, name, number, type_, label=_F.LABEL_OPTIONAL, type_name=None):
     if type_name:
         f.type_name = type_name
     return f
+
+
+def _map(msg, name, number, owner):
+    """A ``map<string, double>`` field of message ``owner``."""
+    entry_name = "".join(part.capitalize() for part in name.split("_")) + "Entry"
+    entry = msg.nested_type.add(name=entry_name)
+    entry.options.map_entry = True
+    _field(entry, "key", 1, _F.TYPE_STRING)
+    _field(entry, "value", 2, _F.TYPE_DOUBLE)
+    _field(msg, name, number, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, f".nestor.v1.{owner}.{entry_name}")
 
 
 def _file():
@@ -60,6 +71,24 @@ def _file():
     _field(meet, "address", 5, _F.TYPE_STRING)
     met = fdp.message_type.add(name="RendezvousReply")
     _field(met, "address", 1, _F.TYPE_STRING)
+    book = fdp.message_type.add(name="BookRequest")
+    _field(book, "version", 1, _F.TYPE_UINT32)
+    _field(book, "trial_id", 2, _F.TYPE_STRING)
+    _field(book, "token", 3, _F.TYPE_STRING)
+    _field(book, "rank", 4, _F.TYPE_UINT32)
+    _field(book, "num_workers", 5, _F.TYPE_UINT32)
+    _field(book, "use_gpu", 6, _F.TYPE_BOOL)
+    _map(book, "resources_per_worker", 7, "BookRequest")
+    _map(book, "trainer_resources", 8, "BookRequest")
+    _field(book, "placement_strategy", 9, _F.TYPE_STRING)
+    granted = fdp.message_type.add(name="GrantedBundle")
+    _field(granted, "cpus", 1, _F.TYPE_DOUBLE)
+    _field(granted, "gpus", 2, _F.TYPE_UINT32, _F.LABEL_REPEATED)
+    _field(granted, "gpu_share", 3, _F.TYPE_DOUBLE)
+    _field(granted, "memory_bytes", 4, _F.TYPE_DOUBLE)
+    _map(granted, "custom", 5, "GrantedBundle")
+    booked = fdp.message_type.add(name="BookReply")
+    _field(booked, "workers", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".nestor.v1.GrantedBundle")
     receipt = fdp.message_type.add(name="ShardReceipt")
     _field(receipt, "upload", 1, _F.TYPE_STRING)
     _field(receipt, "files", 2, _F.TYPE_UINT32)
@@ -85,6 +114,8 @@ ShardRequest = _message("nestor.v1.ShardRequest")
 ShardReceipt = _message("nestor.v1.ShardReceipt")
 RendezvousRequest = _message("nestor.v1.RendezvousRequest")
 RendezvousReply = _message("nestor.v1.RendezvousReply")
+BookRequest = _message("nestor.v1.BookRequest")
+BookReply = _message("nestor.v1.BookReply")
 #: File bytes in one shard chunk (the Rust client's size).
 CHUNK_BYTES = 256 << 10
 DIRECTIVE_CONTINUE = 1

@@ -311,6 +311,60 @@ fn train_v2s_tune_pattern_runs_a_trainer_per_trial_and_asha_stops_them() {
 }
 
 #[test]
+fn a_trials_resources_become_its_trainers_scaling_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, logs) = (dir.path().join("runs"), dir.path().join("logs"));
+    std::fs::create_dir_all(&logs).unwrap();
+    let args = [storage.to_str().unwrap(), logs.to_str().unwrap(), "fits"];
+    let out = passed(torch_python(dir.path(), "tests/py/ray_v2_booking.py", &args, &[]));
+    let got: BTreeMap<String, Value> = serde_json::from_str(line(&out, "TRIALS")).unwrap();
+    assert_eq!(got.len(), 4);
+    for (id, t) in &got {
+        assert_eq!(t["status"], "TERMINATED", "{id}: {t}");
+        assert_eq!(t["results"], 3, "{id}: {t}");
+    }
+    // 2 CPUs, trainers of 2 x 1 CPU: one trainer at a time, though nothing
+    // but the booking limits the trials (no max_concurrent_trials).
+    let mut runs: Vec<(f64, f64, String)> = Vec::new();
+    for lr in ["0.1", "0.2", "0.4", "0.8"] {
+        let mut began = f64::INFINITY;
+        let mut ended = 0f64;
+        for rank in 0..2 {
+            let text = std::fs::read_to_string(logs.join(format!("{lr}-rank{rank}.json"))).unwrap();
+            let v: Value = serde_json::from_str(&text).unwrap();
+            began = began.min(v["began"].as_f64().unwrap());
+            ended = ended.max(v["ended"].as_f64().unwrap());
+            // The run saw the GPUs its trial booked: none.
+            assert_eq!(v["cuda"], "", "{lr} rank {rank}: {v}");
+        }
+        runs.push((began, ended, lr.to_string()));
+    }
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for pair in runs.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "the trainers of lr={} and lr={} ran at once: {runs:?}", pair[0].2, pair[1].2);
+    }
+    // Each trial holds its trainer's two bundles.
+    let status = nestor(dir.path(), &["status", storage.join("booked").to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    for id in got.keys() {
+        let row = text.lines().find(|l| l.starts_with(id.as_str())).unwrap_or_else(|| panic!("{id} in {text}"));
+        assert_eq!(row.split_whitespace().nth(6), Some("2"), "{id}'s workers: {row}");
+    }
+
+    // A trainer that can never fit fails its trial, naming why; the sweep goes on.
+    let storage = dir.path().join("never");
+    let args = [storage.to_str().unwrap(), logs.to_str().unwrap(), "never"];
+    let out = passed(torch_python(dir.path(), "tests/py/ray_v2_booking.py", &args, &[]));
+    let got: BTreeMap<String, Value> = serde_json::from_str(line(&out, "TRIALS")).unwrap();
+    assert_eq!(got.len(), 4);
+    for (id, t) in &got {
+        assert_eq!(t["status"], "ERROR", "{id}: {t}");
+        let error = t["error"].as_str().unwrap();
+        assert!(error.contains("ScalingConfig") && error.contains("never start"), "{id}: {error}");
+    }
+}
+
+#[test]
 fn num_to_keep_with_a_score_keeps_the_best_checkpoint_and_the_latest() {
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");

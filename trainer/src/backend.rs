@@ -187,6 +187,15 @@ pub enum EventKind {
         /// Why it is set aside.
         why: String,
     },
+    /// The run (one worker) starts a training run of its own and books
+    /// that run's resources in place of its own bundle (gRPC `Book`).
+    Book {
+        /// The run's whole request.
+        request: crate::resources::Request,
+        /// The bundles granted, once they are; why not, when they never
+        /// will be. Dropped unanswered when the trial ends first.
+        reply: oneshot::Sender<Result<Vec<WorkerBundle>, String>>,
+    },
     /// The run has ended and holds no resources any more.
     Exited(ExitOutcome),
 }

@@ -264,8 +264,14 @@ fn detect_gpus() -> (Vec<Gpu>, String) {
     };
     let mut gpus = Vec::new();
     let mut bus_ids = Vec::new();
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     for index in 0..count {
         let Ok(dev) = nvml.device_by_index(index) else { continue };
+        if let Some(list) = &visible {
+            if !is_visible(list, index, dev.uuid().ok().as_deref()) {
+                continue;
+            }
+        }
         let name = dev.name().unwrap_or_else(|_| "unknown GPU".into());
         let memory_bytes = dev.memory_info().map_or(0, |m| m.total);
         bus_ids.push((index, dev.pci_info().map(|p| p.bus_id).unwrap_or_default()));
@@ -293,8 +299,9 @@ fn detect_gpus() -> (Vec<Gpu>, String) {
     for gpu in &mut gpus {
         gpu.nvlink_peers = peers.get(&gpu.index).cloned().unwrap_or_default();
     }
+    let only = visible.map_or(String::new(), |v| format!(" (CUDA_VISIBLE_DEVICES={v})"));
     let note = format!(
-        "{} GPU(s): {}",
+        "{} GPU(s){only}: {}",
         gpus.len(),
         gpus.iter()
             .map(|g| {
@@ -306,6 +313,17 @@ fn detect_gpus() -> (Vec<Gpu>, String) {
     );
     tracing::info!("{note}");
     (gpus, note)
+}
+
+/// Whether GPU `index` (NVML's numbering, by PCI bus) with `uuid` is in
+/// `CUDA_VISIBLE_DEVICES` (`list`): named by index or by UUID (`GPU-...`,
+/// or a prefix of one, as CUDA takes it). As in Ray, a process started with
+/// the variable set uses those GPUs only; set empty, none.
+fn is_visible(list: &str, index: u32, uuid: Option<&str>) -> bool {
+    list.split(',').map(str::trim).filter(|e| !e.is_empty()).any(|entry| match entry.parse::<u32>() {
+        Ok(i) => i == index,
+        Err(_) => uuid.is_some_and(|u| entry.starts_with("GPU-") && u.starts_with(entry)),
+    })
 }
 
 /// Each GPU's NVLink peers, from every GPU's PCI bus id and the remote bus
@@ -434,6 +452,12 @@ struct Part {
 }
 
 impl Allocation {
+    /// An allocation that holds nothing (a run that gave its bundles back
+    /// and waits for others); releasing it changes nothing.
+    pub fn empty() -> Self {
+        Self { workers: Vec::new(), parts: Vec::new() }
+    }
+
     /// The names of the nodes it uses, rank 0's first (empty names on a
     /// one-node pool).
     pub fn nodes(&self) -> Vec<&str> {
@@ -776,6 +800,18 @@ impl ResourcePool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn cuda_visible_devices_names_gpus_by_index_or_uuid() {
+        let uuid = Some("GPU-5b1d9a2e-0000-1111-2222-333344445555");
+        assert!(is_visible("2,3", 3, uuid));
+        assert!(!is_visible("2,3", 1, uuid));
+        assert!(is_visible(" 0 , 1", 1, None));
+        assert!(is_visible("GPU-5b1d9a2e", 7, uuid), "a UUID prefix names the GPU");
+        assert!(!is_visible("GPU-aaaa", 7, uuid));
+        assert!(!is_visible("", 0, uuid), "set empty: no GPU");
+        assert!(!is_visible("MIG-1234", 0, uuid));
+    }
 
     fn req(workers: usize, cpu: f64, gpu: f64, strategy: PlacementStrategy) -> Request {
         let mut r = Resources::from([("CPU".to_string(), cpu)]);

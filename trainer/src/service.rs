@@ -11,10 +11,13 @@ use tonic::{Request, Response, Status};
 
 use crate::ack::Acknowledged;
 use crate::aggregate::Aggregator;
-use crate::backend::{Directive, Event};
+use crate::backend::{Directive, Event, EventKind};
 use crate::intake::{Intake, IntakeError, Shard};
 use crate::proto::reporter_server::{Reporter, ReporterServer};
-use crate::proto::{self, RendezvousReply, RendezvousRequest, ReportReply, ReportRequest, ShardChunk, ShardReceipt, ShardRequest};
+use crate::proto::{
+    self, BookReply, BookRequest, GrantedBundle, RendezvousReply, RendezvousRequest, ReportReply, ReportRequest, ShardChunk, ShardReceipt,
+    ShardRequest,
+};
 use crate::shards::{read_chunks, ChunkWriter, ShardError, Shipping};
 
 /// Largest report accepted, in bytes.
@@ -27,6 +30,8 @@ struct Entry {
     shipping: Shipping,
     /// Where rank 0 waits for the others to form the process group, once posted.
     meeting: tokio::sync::watch::Sender<Option<String>>,
+    /// The trial's events: where a `Book` goes.
+    events: mpsc::UnboundedSender<Event>,
 }
 
 #[derive(Default)]
@@ -144,10 +149,10 @@ impl ReportServer {
         roots: Vec<PathBuf>,
         events: mpsc::UnboundedSender<Event>,
     ) -> Registration {
-        let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events));
+        let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events.clone()));
         let intake = Arc::new(Intake::new(spec.storage.clone(), roots, aggregator));
         let shipping = Shipping::new(&spec.trial_dir, spec.checkpoint.clone(), spec.world_size());
-        let entry = Entry { token, intake: Arc::clone(&intake), shipping, meeting: tokio::sync::watch::Sender::new(None) };
+        let entry = Entry { token, intake: Arc::clone(&intake), shipping, meeting: tokio::sync::watch::Sender::new(None), events };
         if let Ok(mut map) = self.registry.trials.write() {
             map.insert(spec.trial_id.clone(), Arc::new(entry));
         }
@@ -192,6 +197,32 @@ fn authenticate(registry: &Registry, version: u32, trial_id: &str, token: &str, 
         return Err(refuse(Status::invalid_argument(format!("rank {rank} out of range (world size {})", entry.shipping.world))));
     }
     Ok(entry)
+}
+
+/// The scaling a `Book` asks for, checked: the error names its field.
+fn booked_scaling(r: &BookRequest) -> Result<crate::ScalingConfig, crate::ScalingError> {
+    let map = |m: &HashMap<String, f64>| m.iter().map(|(k, v)| (k.clone(), *v)).collect::<crate::Resources>();
+    let strategy = match r.placement_strategy.as_str() {
+        "" | "PACK" => crate::PlacementStrategy::Pack,
+        "STRICT_PACK" => crate::PlacementStrategy::StrictPack,
+        "SPREAD" => crate::PlacementStrategy::Spread,
+        "STRICT_SPREAD" => crate::PlacementStrategy::StrictSpread,
+        other => {
+            return Err(crate::ScalingError {
+                key: "placement_strategy".into(),
+                message: format!("`{other}` is not one of PACK, STRICT_PACK, SPREAD, STRICT_SPREAD"),
+            })
+        }
+    };
+    let scaling = crate::ScalingConfig {
+        num_workers: r.num_workers,
+        use_gpu: r.use_gpu,
+        resources_per_worker: (!r.resources_per_worker.is_empty()).then(|| map(&r.resources_per_worker)),
+        placement_strategy: strategy,
+        trainer_resources: map(&r.trainer_resources),
+    };
+    scaling.validate()?;
+    Ok(scaling)
 }
 
 /// Checks one report, persists its checkpoint shard, hands it to its trial's
@@ -365,6 +396,36 @@ impl Reporter for Service {
         Ok(Response::new(RendezvousReply { address }))
     }
 
+    async fn book(&self, request: Request<BookRequest>) -> Result<Response<BookReply>, Status> {
+        let peer = peer(&request);
+        let r = request.into_inner();
+        let entry = authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
+        let scaling = booked_scaling(&r).map_err(|e| Status::invalid_argument(format!("ScalingConfig.{e}")))?;
+        let (tx, rx) = oneshot::channel();
+        let event =
+            Event { trial_id: r.trial_id.clone(), kind: EventKind::Book { request: crate::Request::from_scaling(&scaling), reply: tx } };
+        if entry.events.send(event).is_err() {
+            return Err(Status::unavailable("the driver is stopping"));
+        }
+        drop(entry);
+        match rx.await {
+            Ok(Ok(workers)) => Ok(Response::new(BookReply {
+                workers: workers
+                    .into_iter()
+                    .map(|w| GrantedBundle {
+                        cpus: w.cpus,
+                        gpus: w.gpus,
+                        gpu_share: w.gpu_share,
+                        memory_bytes: w.memory_bytes,
+                        custom: w.custom.into_iter().collect(),
+                    })
+                    .collect(),
+            })),
+            Ok(Err(why)) => Err(Status::failed_precondition(why)),
+            Err(_) => Err(Status::unavailable("the trial is no longer running")),
+        }
+    }
+
     async fn get_shard(&self, request: Request<ShardRequest>) -> Result<Response<ChunkStream>, Status> {
         let peer = peer(&request);
         let r = request.into_inner();
@@ -498,6 +559,41 @@ mod tests {
         })
         .unwrap();
         client.put_shard(tokio_stream::iter(chunks)).await.map(Response::into_inner)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_booking_reaches_the_trials_events_checked_and_is_answered_with_the_grant() {
+        let (_server, mut rx, mut c, _dir, _reg) = setup().await;
+        let ask = |strategy: &str, per_worker: &[(&str, f64)]| BookRequest {
+            version: 1,
+            trial_id: "t1".into(),
+            token: "secret".into(),
+            rank: 0,
+            num_workers: 2,
+            use_gpu: false,
+            resources_per_worker: per_worker.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            trainer_resources: HashMap::new(),
+            placement_strategy: strategy.into(),
+        };
+        // Bad settings are refused by name before the driver hears of them.
+        let bad = c.book(ask("SIDEWAYS", &[])).await.unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        assert!(bad.message().contains("ScalingConfig.placement_strategy"), "{}", bad.message());
+        let bad = c.book(ask("PACK", &[("GPU", 1.0)])).await.unwrap_err();
+        assert!(bad.message().contains("ScalingConfig.use_gpu"), "{}", bad.message());
+        assert_eq!(c.book(BookRequest { token: "x".into(), ..ask("", &[]) }).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert!(rx.try_recv().is_err(), "a refused booking reached the driver");
+        // A good one: the driver sees the trainer's whole request and answers with the bundles.
+        let waiting = tokio::spawn(async move { c.book(ask("SPREAD", &[("CPU", 0.5)])).await });
+        let Some(Event { trial_id, kind: EventKind::Book { request, reply } }) = rx.recv().await else { panic!("a booking") };
+        assert_eq!(trial_id, "t1");
+        assert_eq!(request.workers.len(), 2);
+        assert_eq!(request.workers[0].get("CPU"), Some(&0.5));
+        assert_eq!(request.strategy, crate::PlacementStrategy::Spread);
+        reply.send(Ok(vec![crate::WorkerBundle::cpus(0.5); 2])).unwrap();
+        let granted = waiting.await.unwrap().unwrap().into_inner();
+        assert_eq!(granted.workers.len(), 2);
+        assert_eq!(granted.workers[1].cpus, 0.5);
     }
 
     /// Rank 0 posts where its store listens; the others, asking before or

@@ -337,6 +337,9 @@ impl Trainer {
                         }
                         // One machine: no node to set aside.
                         Some(EventKind::NodeLost { .. }) => {}
+                        Some(EventKind::Book { reply, .. }) => {
+                            let _ = reply.send(Err("a run of a Trainer of its own has no pool to book a trainer's resources from".into()));
+                        }
                         Some(EventKind::Exited(outcome)) => break outcome,
                         None => break ExitOutcome::Failed("the workers' channel closed".into()),
                     }

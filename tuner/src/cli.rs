@@ -294,6 +294,9 @@ fn on_full_disk(mut f: Failure, dir: &Path) -> Failure {
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> ExitCode {
+    if !dies_with_parent() {
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -527,6 +530,22 @@ fn workers_summary(bundles: &[trainer::WorkerBundle]) -> String {
         bundles.len().to_string()
     } else {
         format!("{} gpu:{}", bundles.len(), gpus.join(","))
+    }
+}
+
+/// A program that starts this binary and names itself in
+/// `NESTOR_PARENT_PID` (the Python driver does) has it stop gracefully
+/// (SIGTERM) when it dies: set here, not between its fork and exec, where
+/// a multi-threaded Python may not run code. False when that parent is
+/// gone already. Call it first, while this process has one thread.
+fn dies_with_parent() -> bool {
+    let Some(parent) = std::env::var("NESTOR_PARENT_PID").ok().and_then(|p| p.parse::<i32>().ok()) else { return true };
+    // Not handed down: a program the workers start is not this one's parent's child.
+    std::env::remove_var("NESTOR_PARENT_PID");
+    // SAFETY: prctl and getppid only set and read this process's attributes.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+        libc::getppid() == parent
     }
 }
 

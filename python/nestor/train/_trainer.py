@@ -75,12 +75,21 @@ class _Trainer:
             rc = dataclasses.replace(rc, **changes)
         self.run_config = rc
         reporters = [c for c in rc.callbacks or [] if isinstance(c, TuneReportCallback)]
+        from .. import _driver, _get_channel, get_context
+
+        # The trainer's workers are the trial's: its ScalingConfig is booked
+        # in place of the trial's own bundle (waiting while others hold them).
+        scaling = self.scaling_config._trainer()
+        workers = _get_channel().book(get_context(), scaling)
+        _driver.granted = _driver.grant(workers, scaling.get("trainer_resources"))
         try:
             return self._fit()
         except KeyboardInterrupt:
             if any(c.stopped for c in reporters):
                 raise SystemExit(0) from None  # the trial was stopped: its function ends cleanly
             raise
+        finally:
+            _driver.granted = None
 
     def _fit(self) -> Result:
         from .. import _driver

@@ -121,7 +121,7 @@ impl Runner {
         let now = self.clock.now();
         let trials_dir = self.settings.exp_dir.join("trials");
         for r in self.trials.running.values_mut() {
-            if !r.handle.started() {
+            if !r.handle.started() || self.trials.booking.waits(&r.record.id) {
                 // Its ranks wait for the cluster to start them: the hang clock starts when they run.
                 r.last_report = now;
                 continue;

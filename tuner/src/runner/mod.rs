@@ -32,6 +32,7 @@ use crate::journal::Journaled;
 use crate::store::{CheckpointRecord, Store, StoreError, TrialRecord, RECORD_VERSION};
 use crate::TuneError;
 
+mod booking;
 mod checkpoints;
 mod commits;
 mod exploits;
@@ -216,6 +217,8 @@ pub(crate) struct Trials {
     /// Trials whose last run failed: their storage may hold a checkpoint
     /// half written, removed before they run again.
     dirty: HashSet<String>,
+    /// Running trials waiting for their trainer's resources.
+    booking: booking::Bookings,
 }
 
 /// A trial prepared off the loop before it (re)starts: its uncommitted
@@ -553,6 +556,14 @@ impl Runner {
 
     /// Admits trials while there are free slots and resources for all of a trial's bundles.
     fn admit(&mut self) -> Result<(), TuneError> {
+        if self.phase.stopping {
+            return Ok(());
+        }
+        // Running trials' trainers first; no new trial while one waits for its resources.
+        self.grant_bookings()?;
+        if self.trials.booking.any() {
+            return Ok(());
+        }
         while !self.phase.stopping && self.trials.running.len() + self.restores.len() < self.settings.max_concurrent {
             let Some(allocation) = self.pool.try_allocate(&self.settings.request) else { break };
             let Some(record) = self.next_trial()? else {
@@ -825,6 +836,7 @@ impl Runner {
                 }
             }
             EventKind::NodeLost { node, why } => self.set_aside(&node, &why),
+            EventKind::Book { request, reply } => self.on_book(&ev.trial_id, request, reply)?,
             EventKind::Exited(outcome) => self.on_exit(&ev.trial_id, outcome)?,
         }
         Ok(())
@@ -913,6 +925,7 @@ impl Runner {
         let Some(mut r) = self.trials.running.remove(trial_id) else { return Ok(()) };
         // The backend reports an exit only once every process is gone.
         self.pool.release(&r.allocation);
+        self.trials.booking.forget(trial_id);
         r.record.time_total_s += (self.clock.now() - r.started).max(0.0);
         let mut rec = r.record;
         // Carried out now.

@@ -598,3 +598,61 @@ async fn a_run_that_fails_on_a_full_disk_stops_the_sweep_and_errors_no_trial() {
     assert_eq!(r1.status, TrialStatus::Pending);
     assert_eq!(h.launched(), 2, "nothing restarted on the full disk");
 }
+
+impl Harness {
+    /// Run `run` books `workers` workers of one CPU for a trainer; returns where the grant arrives.
+    fn book(&mut self, run: usize, workers: u32) -> oneshot::Receiver<Result<Vec<trainer::WorkerBundle>, String>> {
+        let (reply, rx) = oneshot::channel();
+        let request = Request::from_scaling(&ScalingConfig::workers(workers));
+        let ev = Event { trial_id: self.trial_of(run), kind: EventKind::Book { request, reply } };
+        assert_eq!(self.runner.handle(LoopEvent::Trials(vec![ev])).unwrap(), Control::Go);
+        rx
+    }
+}
+
+#[tokio::test]
+async fn a_trial_books_its_trainers_workers_in_place_of_its_own_and_waits_first_in_line() {
+    let mut h = harness(Options { trials: 6, cpus: 4.0, ..Options::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 4, "4 trials of one CPU");
+    // Each gives its CPU back and waits, in order: a later, smaller booking does not overtake.
+    let mut first = h.book(0, 3);
+    let mut second = h.book(1, 2);
+    h.advance();
+    assert!(first.try_recv().is_err() && second.try_recv().is_err(), "2 CPUs are free: the first in line needs 3");
+    h.exit(3, ExitOutcome::Completed);
+    h.advance();
+    let granted = first.try_recv().expect("granted once 3 CPUs are free").unwrap();
+    assert_eq!(granted.len(), 3);
+    assert_eq!(h.record(&h.trial_of(0)).resources.len(), 3, "the trial's resources are its trainer's");
+    // A CPU and a slot are free, but no new trial starts while a running one waits.
+    h.exit(2, ExitOutcome::Completed);
+    h.advance();
+    assert!(second.try_recv().is_err());
+    assert_eq!(h.launched(), 4, "a new trial started while a running one waited for its trainer's resources");
+    // The first trainer's workers go back: the second is granted, and new trials start on the rest.
+    h.exit(0, ExitOutcome::Completed);
+    h.advance();
+    assert_eq!(second.try_recv().expect("granted").unwrap().len(), 2);
+    assert_eq!(h.launched(), 6);
+    // A trainer that can never fit is refused by name; the trial keeps its bundle.
+    let refused = h.book(4, 5).try_recv().expect("answered at once").unwrap_err();
+    assert!(refused.contains("ScalingConfig") && refused.contains("never start"), "{refused}");
+    assert_eq!(h.record(&h.trial_of(4)).resources.len(), 1);
+    // A trial that ends while it waits: its booking is dropped unanswered.
+    let mut last = h.book(5, 4);
+    h.advance();
+    assert!(last.try_recv().is_err());
+    h.exit(5, ExitOutcome::Completed);
+    h.advance();
+    assert!(matches!(last.try_recv(), Err(oneshot::error::TryRecvError::Closed)), "an ended trial's booking is dropped");
+}
+
+#[tokio::test]
+async fn a_booking_in_a_cluster_allocation_is_refused_and_changes_nothing() {
+    let mut h = harness(Options { trials: 1, cpus: 2.0, nodes: vec!["n1", "n2"], ..Options::default() });
+    h.advance();
+    let why = h.book(0, 2).try_recv().expect("answered at once").unwrap_err();
+    assert!(why.contains("cluster allocation"), "{why}");
+    assert_eq!(h.record(&h.trial_of(0)).resources.len(), 1);
+}
