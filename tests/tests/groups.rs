@@ -111,7 +111,7 @@ fn a_failing_rank_stops_its_group_at_once_and_leaves_no_process() {
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_secs(10), "the failed group took {elapsed:?} to stop");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("1 trials (1 ERROR)"), "{stdout}");
+    assert!(stdout.contains("1 trial (1 ERROR)"), "{stdout}");
     let grid = tuner::ResultGrid::load(&dir.path().join("runs/fails")).unwrap();
     let trial = grid.get("trial_00000").unwrap();
     // Rank 0 reported step 2 (with its shard); rank 1 died first: step 2 is no result, its checkpoint never committed.

@@ -191,6 +191,11 @@ fn tuner_restore_resumes_or_restarts_the_trials_in_error() {
         // Where each result's run started: from checkpoint 2 (resume) or from nothing (restart).
         let from: Vec<f64> = history.iter().map(|h| h["start"].as_f64().unwrap()).collect();
         assert_eq!(from, starts, "{scenario}: {then}");
+        // The trial's result.jsonl agrees: a restart starts it over.
+        let lines = std::fs::read_to_string(storage.join(scenario).join("trials/trial_00000/result.jsonl")).unwrap();
+        let in_file: Vec<u64> =
+            lines.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["training_iteration"].as_u64().unwrap()).collect();
+        assert_eq!(in_file, vec![1, 2, 3, 4, 5], "{scenario}: result.jsonl");
     }
 }
 

@@ -225,7 +225,7 @@ fn a_rank_killed_on_one_node_restarts_the_group_from_its_checkpoint() {
     let out = run.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = common::ok(out);
-    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}\n{stderr}");
     assert!(stderr.contains("rank 1 (on node2) was killed (SIGKILL)"), "the failure names the rank and its node: {stderr}");
     let store = tuner::store::Store::open_existing(&dir.path().join("runs/rankdies/store")).unwrap();
     let t = store.trial("trial_00000").unwrap().unwrap();
@@ -289,7 +289,7 @@ fn a_resume_in_the_job_cancels_the_experiments_leftover_steps_and_finishes_the_s
     }
     let out = nestor(&["resume", "runs/resumed", "--plain"]).output().unwrap();
     let stdout = common::ok(out);
-    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}");
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}");
     // The leftover was cancelled (its srun is gone), and nothing of nestor's runs in the job.
     let resumed = std::time::Instant::now();
     while leftover.try_wait().unwrap().is_none() {
@@ -400,7 +400,7 @@ fn without_a_shared_directory_ranks_ship_their_checkpoints_through_the_driver() 
     let out = run.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = common::ok(out);
-    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}\n{stderr}");
     assert!(
         stderr.contains(&format!("{} is not shared with node1, node2", local.join("shipped").display()))
             && stderr.contains("ranks ship checkpoints through the driver to s3://bucket/runs/shipped"),
@@ -501,7 +501,7 @@ fn a_rank_hung_on_another_node_is_killed_with_its_step_and_the_trial_restarts() 
     let out = salloc_run(&cluster, dir.path()).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = common::ok(out);
-    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("trial_00000: hung: no report for 1 s (failure.hang_timeout_s) after iteration 2; waiting on rank 1"),
         "{stderr}"
@@ -547,7 +547,7 @@ fn a_node_that_goes_down_is_set_aside_and_the_trial_finishes_on_the_others() {
     let out = run.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = common::ok(out);
-    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}\n{stderr}");
     assert!(stderr.contains(&format!("node {node} is set aside for the rest of the sweep")), "{stderr}");
     assert!(stderr.contains(&format!("(on {node})")), "the hang names the lost node: {stderr}");
     assert!(stderr.contains("(infrastructure failure 1 of 5)"), "{stderr}");
@@ -770,7 +770,7 @@ fn a_step_the_cluster_refuses_is_named_paced_and_not_the_trials_failure() {
     let took = started.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(stdout.contains("1 trials (1 ERROR)"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 trial (1 ERROR)"), "{stdout}\n{stderr}");
     assert!(stderr.contains("the cluster would not start the job step on"), "{stderr}");
     assert!(stderr.contains("(infrastructure failure 2 of 2)"), "{stderr}");
     let store = tuner::store::Store::open_existing(&dir.path().join("runs/refused/store")).unwrap();

@@ -127,7 +127,7 @@ fn an_interrupted_ddp_trial_resumes_both_ranks_from_its_checkpoint() {
 
     let out = nestor_in_venv(&["resume", &exp.display().to_string(), "--plain"]).output().unwrap();
     let stdout = ok(out);
-    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}");
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}");
     for rank in 0..2 {
         let (sums, log) = rank_log(&exp, "trial_00000", rank);
         // Rank 1 saved no shard: it resumes from rank 0's.
@@ -155,7 +155,7 @@ fn bad_reports_from_python_are_refused_clearly_and_store_nothing() {
     )
     .unwrap();
     let stdout = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]));
-    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}");
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}");
     let log = std::fs::read_to_string(dir.path().join("runs/bad/trials/trial_00000/logs/rank-0.log")).unwrap();
     assert_eq!(log.matches("refused: ").count(), 8, "{log}");
     assert!(log.contains("done"), "{log}");
@@ -464,7 +464,7 @@ fn the_ddp_sweep_on_nodes_sharing_no_directory_ships_its_checkpoints_and_meets_t
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let stdout = ok(out);
-    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}\n{stderr}");
     assert!(stderr.contains(&format!("{} is not shared with node1, node2", exp.display())), "{stderr}");
     assert!(stderr.contains("rank 1 (on node2) was killed"), "{stderr}");
     // Each run's rank 0 posted its store's address (on its node) through the driver.
@@ -519,7 +519,7 @@ fn a_python_checkpoint_tree_is_shipped_and_fetched_back_whole() {
     )
     .unwrap();
     let stdout = ok(nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]));
-    assert!(stdout.contains("1 trials (1 TERMINATED)"), "{stdout}");
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}");
     let trial = dir.path().join("runs/tree/trials/trial_00000");
     let log = std::fs::read_to_string(trial.join("logs/rank-0.log")).unwrap();
     assert!(log.contains("dying on purpose at step 3") && log.contains("at step 2: same tree 1.0"), "{log}");

@@ -585,7 +585,7 @@ fn location(uri: &str) -> String {
 fn print_summary(grid: &ResultGrid, dir: &Path) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     let counts: Vec<String> = grid.counts().iter().map(|(s, n)| format!("{n} {s}")).collect();
-    writeln!(out, "Experiment {}: {} trials ({})", abs(dir), grid.len(), counts.join(", ")).map_err(out_err)?;
+    writeln!(out, "Experiment {}: {} ({})", abs(dir), crate::text::trials(grid.len() as u64), counts.join(", ")).map_err(out_err)?;
     if grid.metric.is_some() {
         match grid.best_result(None, None, Scope::Last) {
             Ok(best) => {
@@ -637,7 +637,7 @@ fn print_simulated(
 ) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     let counts: Vec<String> = summary.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-    writeln!(out, "Experiment {}: {} trials ({})", abs(dir), summary.trials(), counts.join(", ")).map_err(out_err)?;
+    writeln!(out, "Experiment {}: {} ({})", abs(dir), crate::text::trials(summary.trials() as u64), counts.join(", ")).map_err(out_err)?;
     match &summary.best {
         Some((best, value)) => {
             let metric = &summary.metric;
@@ -672,7 +672,7 @@ fn status(dir: &Path) -> Result<(), Failure> {
     };
     let mut out = std::io::stdout().lock();
     let counts: Vec<String> = grid.counts().iter().map(|(s, n)| format!("{n} {s}")).collect();
-    writeln!(out, "Experiment {}: {} trials ({})", abs(dir), grid.len(), counts.join(", ")).map_err(out_err)?;
+    writeln!(out, "Experiment {}: {} ({})", abs(dir), crate::text::trials(grid.len() as u64), counts.join(", ")).map_err(out_err)?;
     if grid.let_go > 0 {
         writeln!(out, "  and {} finished trials the simulation summed up and let go of (--keep)", grid.let_go).map_err(out_err)?;
     }

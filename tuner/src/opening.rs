@@ -107,7 +107,7 @@ pub(crate) async fn resume(
     let mut ended = Vec::new();
     for mut t in trials {
         if t.status == schedulers::TrialStatus::Error && errored != crate::Errored::Keep {
-            revive(&store, &mut t, errored)?;
+            revive(&store, store_dir, &mut t, errored)?;
             // The scheduler ended it; it joins again.
             scheduler.on_trial_add(&view(&t))?;
         }
@@ -142,9 +142,19 @@ pub(crate) async fn resume(
 /// A trial in ERROR made PENDING again: from its latest committed
 /// checkpoint, or from the start with its results and checkpoints deleted
 /// (their files go with the uncommitted ones, below).
-fn revive(store: &Store, t: &mut crate::store::TrialRecord, errored: crate::Errored) -> Result<(), TuneError> {
+fn revive(store: &Store, store_dir: &Path, t: &mut crate::store::TrialRecord, errored: crate::Errored) -> Result<(), TuneError> {
     if errored == crate::Errored::Restart {
         store.clear_series(&t.id)?;
+        // Its files for people start over with it.
+        let trial_dir = store_dir.parent().unwrap_or(store_dir).join("trials").join(&t.id);
+        for name in ["result.jsonl", "progress.csv"] {
+            let path = trial_dir.join(name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(TuneError::Io { path, source }),
+            }
+        }
         t.num_results = 0;
         t.last_result = None;
         t.latest_checkpoint = None;

@@ -1,6 +1,12 @@
 //! How nestor writes numbers, configs, errors and checkpoints for people:
 //! one place, so the console, `nestor status` and the dashboard agree.
 
+/// `1 trial`, `3 trials`.
+pub(crate) fn trials(n: impl Into<u64>) -> String {
+    let n = n.into();
+    format!("{n} trial{}", if n == 1 { "" } else { "s" })
+}
+
 /// A config's leaves, nested keys dotted (`model.width`), in key order.
 pub(crate) fn leaves(config: &serde_json::Value) -> Vec<(String, &serde_json::Value)> {
     fn walk<'a>(prefix: &str, v: &'a serde_json::Value, out: &mut Vec<(String, &'a serde_json::Value)>) {

@@ -491,10 +491,10 @@ impl Tuner {
             progress.note(&note);
         }
         progress.note(&format!(
-            "nestor: {} {} ({} trials, {} at a time)",
+            "nestor: {} {} ({}, {} at a time)",
             if resuming { "resuming" } else { "experiment" },
             exp_dir.display(),
-            planned,
+            crate::text::trials(planned),
             max_concurrent
         ));
         // A replay's results can be computed again: durable at its end only, and no files for people.
