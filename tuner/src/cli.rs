@@ -637,7 +637,7 @@ fn print_simulated(
 ) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     let counts: Vec<String> = summary.counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-    writeln!(out, "Experiment {}: {} ({})", abs(dir), crate::text::trials(summary.trials() as u64), counts.join(", ")).map_err(out_err)?;
+    writeln!(out, "Experiment {}: {} ({})", abs(dir), crate::text::trials(summary.trials()), counts.join(", ")).map_err(out_err)?;
     match &summary.best {
         Some((best, value)) => {
             let metric = &summary.metric;
