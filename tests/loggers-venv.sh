@@ -12,6 +12,10 @@ TENSORBOARD_VERSION=2.21.0
 MLFLOW_VERSION=3.17.2
 WANDB_VERSION=0.31.0
 python="${PYTHON:-python3}"
+# A fresh Debian or Ubuntu machine may lack Python or its venv module: root installs them.
+if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv; } >&2
+fi
 pyver="$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
 cache="${NESTOR_PY_CACHE:-$HOME/.cache/nestor}"
 venv="$cache/venv-loggers-tb$TENSORBOARD_VERSION-mlflow$MLFLOW_VERSION-wandb$WANDB_VERSION-py$pyver"

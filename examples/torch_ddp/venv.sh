@@ -20,6 +20,10 @@ OPTUNA_VERSION=5.0.0
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
+# A fresh Debian or Ubuntu machine may lack Python or its venv module: root installs them.
+if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv; } >&2
+fi
 pyver="$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
 cache="${NESTOR_PY_CACHE:-$HOME/.cache/nestor}"
 venv="$cache/venv-torch$TORCH_VERSION-grpcio$GRPCIO_VERSION-protobuf$PROTOBUF_VERSION-py$pyver"

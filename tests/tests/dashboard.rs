@@ -16,6 +16,7 @@ use common::*;
 
 fn chromium() -> PathBuf {
     apt_install("/usr/bin/chromedriver", &["chromium", "chromium-driver"], "a headless Chromium renders the dashboard in these tests");
+    apt_install("/usr/bin/curl", &["curl"], "these tests talk to chromedriver with curl");
     let found = ["chromium", "chromium-browser", "google-chrome"]
         .iter()
         .map(|n| Path::new("/usr/bin").join(n))
