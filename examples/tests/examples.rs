@@ -284,3 +284,17 @@ fn quickstart_population(scheduler: &str) {
     }
     assert!(compared > 0, "every exploit's copy was replaced later");
 }
+
+#[test]
+fn the_readmes_rust_sweep_runs() {
+    let exe = bin_dir().join("examples/sweep");
+    assert!(exe.exists(), "{} is missing: cargo test builds the examples", exe.display());
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(exe).current_dir(dir.path()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    // `{"lr":...} Some({"loss": L, ...}) ...`: the best lr is near 0.01, its loss just over 1/20.
+    let loss: f64 = stdout.split("\"loss\": ").nth(1).unwrap().split([',', '}']).next().unwrap().parse().unwrap();
+    assert!((0.05..0.06).contains(&loss), "{stdout}");
+    assert_eq!(std::fs::read_dir(dir.path().join("nestor-runs")).unwrap().count(), 1);
+}

@@ -1,0 +1,116 @@
+//! The front door, as a new user meets it: the README's sweep in Python,
+//! TOML and Rust is the files the suite runs (and they run), its links lead
+//! somewhere, and the documentation site builds with warnings as errors.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::python::{passed, repo, torch_python, torch_venv};
+use common::*;
+
+/// The fenced blocks of `lang` in `text`, in order.
+fn blocks(text: &str, lang: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match &mut current {
+            None if line == format!("```{lang}") => current = Some(String::new()),
+            Some(_) if line == "```" => out.extend(current.take()),
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            None => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn the_readmes_three_sweeps_are_the_example_files() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    for (lang, file) in
+        [("python", "examples/readme/sweep.py"), ("toml", "examples/readme/sweep.toml"), ("rust", "examples/readme/sweep.rs")]
+    {
+        let in_readme = blocks(&readme, lang);
+        assert_eq!(in_readme.len(), 1, "one {lang} block in the README");
+        let on_disk = std::fs::read_to_string(repo().join(file)).unwrap();
+        assert_eq!(in_readme[0], on_disk, "the README's {lang} block is not {file}");
+    }
+}
+
+#[test]
+fn the_readmes_links_lead_to_files_that_exist() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let mut links = 0;
+    for part in readme.split("](").skip(1) {
+        let target = part.split(')').next().unwrap();
+        if target.contains("://") || target.starts_with('#') {
+            continue;
+        }
+        let path = target.split('#').next().unwrap();
+        assert!(repo().join(path).exists(), "README links to {target}, which is not in the repository");
+        links += 1;
+    }
+    assert!(links >= 10, "only {links} links checked");
+}
+
+/// The best loss a sweep of the README's objective must reach: lr near 0.01, after 20 steps.
+fn good_loss(loss: f64) -> bool {
+    (0.05..0.06).contains(&loss)
+}
+
+#[test]
+fn the_readmes_python_sweep_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = passed(torch_python(dir.path(), "examples/readme/sweep.py", &[], &[]));
+    // `{'lr': ...} LOSS PATH`
+    let last = out.lines().last().unwrap();
+    let loss: f64 = last.split("} ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(good_loss(loss), "{out}");
+    let runs = std::fs::read_dir(dir.path().join("nestor-runs")).unwrap().count();
+    assert_eq!(runs, 1, "one experiment under ./nestor-runs");
+}
+
+#[test]
+fn the_readmes_toml_sweep_runs_and_its_best_is_one_command_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = format!("{}:{}", torch_venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new(nestor_bin())
+        .args(["run", "examples/readme/sweep.toml", "--plain", "--storage"])
+        .arg(dir.path())
+        .current_dir(repo())
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let best = ok(nestor(dir.path(), &["best", dir.path().join("readme-sweep").to_str().unwrap(), "--json"]));
+    let best: serde_json::Value = serde_json::from_str(&best).unwrap();
+    assert!(good_loss(best["metrics"]["loss"].as_f64().unwrap()), "{best}");
+}
+
+#[test]
+fn the_documentation_site_builds_with_warnings_as_errors() {
+    let site = tempfile::tempdir().unwrap();
+    let out = Command::new("bash").arg(repo().join("docs/build.sh")).arg(site.path()).output().unwrap();
+    assert!(
+        out.status.success(),
+        "docs/build.sh failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for page in ["index.html", "getting-started/index.html", "experiment-file/index.html", "cli/index.html", "api/index.html"] {
+        assert!(site.path().join(page).is_file(), "{page} is missing from the site");
+    }
+    // The Python API is read from the package's docstrings.
+    let api = std::fs::read_to_string(site.path().join("api/index.html")).unwrap();
+    assert!(
+        api.contains("id=\"nestor.tune.Tuner.fit\"") && api.contains("id=\"nestor.train.ScalingConfig\""),
+        "the API page lacks the package's classes"
+    );
+    assert!(!Path::new(&site.path().join("build.sh")).exists(), "the build script went into the site");
+}
