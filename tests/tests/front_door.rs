@@ -114,3 +114,23 @@ fn the_documentation_site_builds_with_warnings_as_errors() {
     );
     assert!(!Path::new(&site.path().join("build.sh")).exists(), "the build script went into the site");
 }
+
+#[test]
+fn a_docs_block_that_names_an_example_file_is_that_file() {
+    let mut checked = 0;
+    for page in std::fs::read_dir(repo().join("docs")).unwrap().flatten().map(|e| e.path()) {
+        if page.extension().is_none_or(|x| x != "md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&page).unwrap();
+        for block in blocks(&text, "toml") {
+            let Some(name) = block.lines().next().and_then(|l| l.strip_prefix("# ")).filter(|n| n.starts_with("examples/")) else { continue };
+            let file = std::fs::read_to_string(repo().join(name)).unwrap();
+            // The file's settings, from its first table on (its header comment aside).
+            let settings = &file[file.find("\n[").map_or(0, |i| i + 1)..];
+            assert_eq!(&block[block.find('\n').unwrap() + 1..], settings, "{}: the block is not {name}", page.display());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1, "no docs block names an example file");
+}
