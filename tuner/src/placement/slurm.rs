@@ -55,7 +55,7 @@ impl Placement for SlurmPlacement {
                     "{} is not visible on {} (a file written here was not there), and checkpoints go below it: a trial \
                      that runs there could neither save nor resume from them. Put the experiment on a file system all \
                      nodes share (local_dir, or --storage), or send checkpoints to an object store \
-                     (experiment.storage = \"s3://bucket/prefix\"; ranks then ship their shards through the driver)",
+                     (experiment.storage = \"s3://bucket/prefix\"; ranks then upload their shards to it, or ship them through the driver when they cannot reach it)",
                     root.display(),
                     self.unshared.join(", ")
                 )));
