@@ -124,7 +124,9 @@ fn a_docs_block_that_names_an_example_file_is_that_file() {
         }
         let text = std::fs::read_to_string(&page).unwrap();
         for block in blocks(&text, "toml") {
-            let Some(name) = block.lines().next().and_then(|l| l.strip_prefix("# ")).filter(|n| n.starts_with("examples/")) else { continue };
+            let Some(name) = block.lines().next().and_then(|l| l.strip_prefix("# ")).filter(|n| n.starts_with("examples/")) else {
+                continue;
+            };
             let file = std::fs::read_to_string(repo().join(name)).unwrap();
             // The file's settings, from its first table on (its header comment aside).
             let settings = &file[file.find("\n[").map_or(0, |i| i + 1)..];

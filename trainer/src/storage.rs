@@ -97,44 +97,7 @@ impl Storage {
             return Err(invalid("no bucket or container in the URL".into()));
         }
         let base = format!("{scheme}://{bucket}");
-        let retry = object_store::RetryConfig {
-            backoff: object_store::BackoffConfig {
-                init_backoff: Duration::from_millis(50),
-                max_backoff: Duration::from_secs(2),
-                base: 2.0,
-            },
-            max_retries: 3,
-            retry_timeout: Duration::from_secs(30),
-        };
-        // Timeouts as config keys: client options given whole would replace
-        // what the environment set (e.g. AWS_ALLOW_HTTP).
-        use object_store::ClientConfigKey::{ConnectTimeout, Timeout};
-        let (connect, total) = ("5s", "300s");
-        let built: Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
-            "s3" | "s3a" => object_store::aws::AmazonS3Builder::from_env()
-                .with_url(&base)
-                .with_retry(retry)
-                .with_config(object_store::aws::AmazonS3ConfigKey::Client(ConnectTimeout), connect)
-                .with_config(object_store::aws::AmazonS3ConfigKey::Client(Timeout), total)
-                .build()
-                .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
-            "gs" => object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                .with_url(&base)
-                .with_retry(retry)
-                .with_config(object_store::gcp::GoogleConfigKey::Client(ConnectTimeout), connect)
-                .with_config(object_store::gcp::GoogleConfigKey::Client(Timeout), total)
-                .build()
-                .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
-            "az" | "azure" | "abfs" | "abfss" => object_store::azure::MicrosoftAzureBuilder::from_env()
-                .with_url(&base)
-                .with_retry(retry)
-                .with_config(object_store::azure::AzureConfigKey::Client(ConnectTimeout), connect)
-                .with_config(object_store::azure::AzureConfigKey::Client(Timeout), total)
-                .build()
-                .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
-            other => return Err(invalid(format!("unknown scheme `{other}://` (use a local path, s3://, gs:// or az://)"))),
-        };
-        let store = built.map_err(|e| invalid(e.to_string()))?;
+        let store = cloud_store(scheme, &base).map_err(invalid)?;
         let prefix = ObjPath::parse(prefix.trim_matches('/')).map_err(|e| invalid(e.to_string()))?;
         Ok(Self { kind: Arc::new(Kind::Object { store, base, prefix }), sub: None })
     }
@@ -594,6 +557,54 @@ async fn download_file(store: Arc<dyn ObjectStore>, from: &ObjPath, uri: &str, t
         file.write_all(&chunk).await.map_err(io)?;
     }
     file.flush().await.map_err(io)
+}
+
+/// The object store at `base` (`s3://bucket`, `gs://...`, `az://...`),
+/// configured from the environment as the provider's tools read it.
+#[cfg(feature = "cloud")]
+fn cloud_store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    let retry = object_store::RetryConfig {
+        backoff: object_store::BackoffConfig { init_backoff: Duration::from_millis(50), max_backoff: Duration::from_secs(2), base: 2.0 },
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(30),
+    };
+    // Timeouts as config keys: client options given whole would replace
+    // what the environment set (e.g. AWS_ALLOW_HTTP).
+    use object_store::ClientConfigKey::{ConnectTimeout, Timeout};
+    let (connect, total) = ("5s", "300s");
+    let built: Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
+        "s3" | "s3a" => object_store::aws::AmazonS3Builder::from_env()
+            .with_url(base)
+            .with_retry(retry)
+            .with_config(object_store::aws::AmazonS3ConfigKey::Client(ConnectTimeout), connect)
+            .with_config(object_store::aws::AmazonS3ConfigKey::Client(Timeout), total)
+            .build()
+            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+        "gs" => object_store::gcp::GoogleCloudStorageBuilder::from_env()
+            .with_url(base)
+            .with_retry(retry)
+            .with_config(object_store::gcp::GoogleConfigKey::Client(ConnectTimeout), connect)
+            .with_config(object_store::gcp::GoogleConfigKey::Client(Timeout), total)
+            .build()
+            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+        "az" | "azure" | "abfs" | "abfss" => object_store::azure::MicrosoftAzureBuilder::from_env()
+            .with_url(base)
+            .with_retry(retry)
+            .with_config(object_store::azure::AzureConfigKey::Client(ConnectTimeout), connect)
+            .with_config(object_store::azure::AzureConfigKey::Client(Timeout), total)
+            .build()
+            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+        other => return Err(format!("unknown scheme `{other}://` (use a local path, s3://, gs:// or az://)")),
+    };
+    built.map_err(|e| e.to_string())
+}
+
+/// Built without the `cloud` feature: no object store.
+#[cfg(not(feature = "cloud"))]
+fn cloud_store(scheme: &str, _base: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    Err(format!(
+        "`{scheme}://` needs the object stores, which this build of nestor leaves out: build it with the `cloud` feature (a default one)"
+    ))
 }
 
 #[cfg(test)]

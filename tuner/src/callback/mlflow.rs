@@ -15,6 +15,8 @@
 //! not answer, what is not yet sent waits for the next try; the trial to
 //! run mapping is kept in `<experiment>/mlflow.json`, so a resumed sweep
 //! logs into the same runs.
+// Built without the `mlflow` feature, only the settings parse (and refuse to run).
+#![cfg_attr(not(feature = "mlflow"), allow(unused_imports, dead_code))]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -59,6 +61,7 @@ enum Op {
     Finish { status: &'static str, at: f64 },
 }
 
+#[cfg(feature = "mlflow")]
 /// What `<experiment>/mlflow.json` keeps.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Runs {
@@ -68,6 +71,7 @@ struct Runs {
     runs: BTreeMap<String, String>,
 }
 
+#[cfg(feature = "mlflow")]
 /// Logs a sweep's trials to an MLflow tracking server.
 pub struct MlflowLogger {
     exp_dir: PathBuf,
@@ -83,6 +87,7 @@ pub struct MlflowLogger {
     pending_points: usize,
 }
 
+#[cfg(feature = "mlflow")]
 impl MlflowLogger {
     /// A logger for the experiment at `exp_dir` (named `name`).
     pub fn new(exp_dir: impl Into<PathBuf>, name: &str, config: &MlflowConfig) -> Result<Self, String> {
@@ -321,9 +326,11 @@ impl MlflowLogger {
     }
 }
 
+#[cfg(feature = "mlflow")]
 /// Where the trial to run mapping is kept.
 const FILE: &str = "mlflow.json";
 
+#[cfg(feature = "mlflow")]
 impl Callback for MlflowLogger {
     fn on_event(&mut self, event: &Event) -> Result<(), CallbackError> {
         match event {
@@ -363,14 +370,17 @@ impl Callback for MlflowLogger {
     }
 }
 
+#[cfg(feature = "mlflow")]
 fn tag(key: &str, value: &str) -> Value {
     json!({"key": key, "value": value})
 }
 
+#[cfg(feature = "mlflow")]
 fn ms(unix: f64) -> i64 {
     (unix * 1000.0) as i64
 }
 
+#[cfg(feature = "mlflow")]
 fn truncate(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((at, _)) => s[..at].to_string(),
@@ -378,6 +388,7 @@ fn truncate(s: &str, max: usize) -> String {
     }
 }
 
+#[cfg(feature = "mlflow")]
 /// `model.width` -> `64`: a config's leaves as MLflow params (strings unquoted).
 fn flatten(config: &Value) -> Vec<(String, String)> {
     crate::text::leaves(config)
@@ -389,6 +400,7 @@ fn flatten(config: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+#[cfg(feature = "mlflow")]
 #[cfg(test)]
 mod tests {
     use super::*;

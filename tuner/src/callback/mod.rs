@@ -351,7 +351,12 @@ impl CallbackConfig {
     pub fn build(&self, exp_dir: &std::path::Path, name: &str) -> Result<Box<dyn Callback>, String> {
         Ok(match self {
             CallbackConfig::Tensorboard(c) => Box::new(tensorboard::TensorBoardLogger::new(exp_dir, c.clone())),
+            #[cfg(feature = "mlflow")]
             CallbackConfig::Mlflow(c) => Box::new(mlflow::MlflowLogger::new(exp_dir, name, c)?),
+            #[cfg(not(feature = "mlflow"))]
+            CallbackConfig::Mlflow(_) => {
+                return Err("the MLflow logger is not in this build of nestor: build it with the `mlflow` feature (a default one)".into())
+            }
             CallbackConfig::Wandb(c) => Box::new(wandb::WandbLogger::new(exp_dir, name, c)?),
         })
     }
