@@ -197,7 +197,7 @@ class _Events:
     """Turns the binary's events into Ray's callback hooks."""
 
     def __init__(self, callbacks: List[Any], experiment_path: str):
-        from .tune.callback import Callback, Trial
+        from ._callback import Callback, Trial
 
         self.callbacks, self.experiment_path, self.Trial = callbacks, experiment_path, Trial
         self.trials: Dict[str, Any] = {}

@@ -35,7 +35,7 @@ class Result:
     """One trial's outcome: its last metrics, checkpoints, config and error."""
 
     def __init__(self, record: Dict[str, Any], experiment_path: str):
-        from .train._checkpoint import Checkpoint
+        from ._checkpoint import Checkpoint
 
         self._record = record
         self.trial_id: str = record["trial_id"]

@@ -66,7 +66,7 @@ def run(blob: Dict[str, Any]) -> int:
                 break
     try:
         if blob.get("kind") == "class":
-            from .tune import trainable
+            from . import _trainable as trainable
 
             trainable.run(blob["cls"], blob.get("kwargs") or {}, blob.get("stop") or {}, bool(blob.get("checkpoint_at_end")))
             return 0

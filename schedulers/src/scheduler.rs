@@ -6,8 +6,18 @@ use serde_json::Value;
 use search::{Config, TrialResult};
 
 /// What happens to a trial after one of its results. Each variant carries
-/// everything the Tuner needs to carry it out: nothing is left in a queue
-/// to be polled afterwards.
+/// everything the Tuner needs to carry it out.
+///
+/// A decision is about the trial whose result it answers. What a scheduler
+/// decides about *other* trials as a consequence (a HyperBand bracket that
+/// closes stops its paused trials; synchronous PBT's round exploits the
+/// paused population when its last member arrives) can follow any hook,
+/// not only a result, so it comes from [`Scheduler::take_stopped`] and
+/// [`Scheduler::take_exploits`]: the Tuner asks for them after every hook,
+/// and journals them with the hook, so a resumed sweep replays them. They
+/// stay beside `Decision` rather than in every hook's return value because
+/// most hooks of most schedulers have none, and the journal's replay
+/// (tuner's journal.rs) checks them against what the sweep had recorded.
 ///
 /// A `Pause` (or an `Exploit` or `Resize`) on a result at which the trial
 /// has reached its end (its `[stop]` criteria are met) ends it TERMINATED

@@ -136,3 +136,39 @@ fn a_docs_block_that_names_an_example_file_is_that_file() {
     }
     assert!(checked >= 1, "no docs block names an example file");
 }
+
+#[test]
+fn every_python_block_of_the_docs_and_the_readme_is_python() {
+    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.push(repo().join("README.md"));
+    let mut checked = 0;
+    for page in pages {
+        for block in blocks(&std::fs::read_to_string(&page).unwrap(), "python") {
+            let out = Command::new("python3")
+                .args(["-c", "import ast, sys; ast.parse(sys.stdin.read())"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .and_then(|mut c| {
+                    use std::io::Write;
+                    c.stdin.take().unwrap().write_all(block.as_bytes())?;
+                    c.wait_with_output()
+                })
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: a python block that does not parse:\n{block}\n{}",
+                page.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "only {checked} python blocks");
+}

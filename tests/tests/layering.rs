@@ -1,8 +1,11 @@
 //! The modules of each library crate form no circle: for every top-level
 //! module (a file, or a folder with what is below it), the modules its
 //! code names (`crate::x`, `super::x` from a folder's file) are read from
-//! the sources, tests left out, and the graph must be acyclic. A circle
-//! means two files that cannot be read, tested or moved one without the other.
+//! the sources, tests left out, and the graph must be acyclic. A name the
+//! crate root re-exports (`crate::Tuner`, from `pub use tuner::Tuner` in
+//! lib.rs) counts as its module. A circle means two files that cannot be
+//! read, tested or moved one without the other. The Python package is held
+//! to the same rule (python/checks/import_cycles.py).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,6 +38,28 @@ fn named_after(text: &str, prefix: &str) -> Vec<String> {
     out
 }
 
+/// The names lib.rs re-exports from the crate's own modules: name -> module
+/// (`pub use tuner::{Errored, Tuner};` gives `Tuner -> tuner`).
+fn reexports(lib: &str, modules: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for stmt in lib.split("pub use ").skip(1) {
+        let stmt = &stmt[..stmt.find(';').unwrap_or(stmt.len())];
+        let Some((module, rest)) = stmt.split_once("::") else { continue };
+        if !modules.contains(module.trim()) {
+            continue;
+        }
+        let items = rest.trim().trim_start_matches('{').trim_end_matches('}');
+        for item in items.split(',') {
+            // `a::b::C` re-exports C; `X as Y` names Y.
+            let name = item.rsplit(" as ").next().unwrap_or_default().rsplit("::").next().unwrap_or_default().trim();
+            if !name.is_empty() {
+                out.insert(name.to_string(), module.trim().to_string());
+            }
+        }
+    }
+    out
+}
+
 /// Top-level module -> the top-level modules it names.
 fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
@@ -45,18 +70,29 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         (first != "lib" && first != "main" && first != "bin").then_some(first)
     };
     let modules: BTreeSet<String> = files.iter().filter_map(|p| top(p)).collect();
+    let reexported = reexports(&std::fs::read_to_string(src.join("lib.rs")).unwrap_or_default(), &modules);
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in &files {
         let Some(m) = top(f) else { continue };
         let text = std::fs::read_to_string(f).unwrap();
-        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        // Comments (doc links included) make no dependency.
+        let code: String = text
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let code = code.as_str();
         let mut names = named_after(code, "crate::");
         // In a folder, `super::x` names a sibling; at the top, the crate root.
         if f.parent() != Some(src) {
             names.extend(named_after(code, "super::"));
         }
         let deps = g.entry(m.clone()).or_default();
-        deps.extend(names.into_iter().filter(|n| modules.contains(n) && *n != m));
+        let names = names.into_iter().map(|n| reexported.get(&n).cloned().unwrap_or(n));
+        deps.extend(names.filter(|n| modules.contains(n) && *n != m));
     }
     g
 }
@@ -106,4 +142,23 @@ fn a_circle_is_found() {
         .collect();
     assert_eq!(circle(&g).unwrap(), ["a", "b", "c", "a"]);
     assert_eq!(named_after("use crate::{x, y::z};\ncrate::w::f()", "crate::"), ["x", "y", "w"]);
+    let modules: BTreeSet<String> = ["tuner", "config"].into_iter().map(str::to_string).collect();
+    let r = reexports("pub use tuner::{Errored, Tuner};\npub use config::{\n    a::B as C,\n    D,\n};\npub use search::Space;", &modules);
+    assert_eq!(r.get("Tuner").map(String::as_str), Some("tuner"));
+    assert_eq!(r.get("C").map(String::as_str), Some("config"));
+    assert_eq!(r.get("D").map(String::as_str), Some("config"));
+    assert!(!r.contains_key("Space"), "another crate's names are not the crate's modules");
+}
+
+#[test]
+fn the_python_package_has_no_circle_of_modules() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let out = std::process::Command::new("python3").arg(root.join("python/checks/import_cycles.py")).output().expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the nestor package's modules import each other in a circle:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" 0 circles"), "{stdout}");
 }

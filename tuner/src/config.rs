@@ -269,7 +269,7 @@ pub(crate) enum Kind {
     /// Real workers: threads or processes.
     Train(TrainLoop),
     /// Learning curves replayed under a virtual clock.
-    Simulated(crate::simulate::Curves),
+    Simulated(crate::curves::Curves),
 }
 
 /// A [`Trainer`] in a sweep: its train loop and scaling, once per trial.
@@ -307,7 +307,7 @@ impl Trainable {
     /// A simulation: each trial replays its learning curve from `curves`
     /// under a virtual clock (see [`crate::simulate`]). The sweep's
     /// `max_concurrent_trials` (default 4) is the number of worker slots.
-    pub fn simulated(curves: crate::simulate::Curves) -> Self {
+    pub fn simulated(curves: crate::curves::Curves) -> Self {
         Self { kind: Kind::Simulated(curves), scaling: ScalingConfig::default(), defaults: None }
     }
 

@@ -192,3 +192,6 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::i
 
 /// The experiment's log of what happened to its trials, one JSON object a line.
 pub(crate) const EVENTS: &str = "events.jsonl";
+
+/// Every result of a sweep without per-trial files (`trial_files = false`), a line each.
+pub(crate) const RESULTS: &str = "results.jsonl";

@@ -7,6 +7,7 @@ pub mod callback;
 pub mod cli;
 mod clock;
 mod config;
+mod curves;
 pub mod dashboard;
 mod experiment;
 mod files;
@@ -30,12 +31,13 @@ pub use config::{
     AutoWord, CheckpointConfig, FailureConfig, Frequency, ProgressMode, RunConfig, SchedulerConfig, Stop, Trainable, TuneConfig,
 };
 pub use experiment::{ExperimentError, ExperimentFile, ExperimentSection, Resolved};
+pub use opening::Errored;
 pub use result_grid::{QueryError, ResultGrid, Scope, TrialOutcome};
 pub use schedulers::{
     AshaConfig, AshaType, HyperBandConfig, MedianStoppingConfig, Pb2Config, PbtConfig, ResourceChangingConfig, TrialStatus,
     WorkerAllocation,
 };
-pub use tuner::{Errored, Tuner};
+pub use tuner::Tuner;
 
 /// Re-exports for writing trainables without naming the other crates.
 pub use search::{Algorithm, BohbOptions, Domain, Mode, SearchConfig, Space, TpeOptions};

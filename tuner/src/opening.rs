@@ -32,6 +32,18 @@ pub(crate) struct Opened {
     pub finished: (u64, u64),
 }
 
+/// What a restored sweep does with its trials in ERROR.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Errored {
+    /// They stay in ERROR.
+    #[default]
+    Keep,
+    /// They run on from their latest committed checkpoint (Ray's `resume_errored`).
+    Resume,
+    /// They run again from the start, their results and checkpoints deleted (Ray's `restart_errored`).
+    Restart,
+}
+
 /// A new experiment in `exp_dir`: refused when it has a store already.
 /// The resolved file is written beside the store (and beside the
 /// checkpoints, when they go to an object store), with the searcher's
@@ -75,7 +87,7 @@ pub(crate) async fn resume(
     searcher: &mut dyn Searcher,
     scheduler: Box<dyn Scheduler>,
     journal: bool,
-    errored: crate::Errored,
+    errored: Errored,
 ) -> Result<Opened, TuneError> {
     let mut pending = VecDeque::new();
     let mut paused = Vec::new();
@@ -106,7 +118,7 @@ pub(crate) async fn resume(
     // Trials that ended after the journal ends: ended for the scheduler too (below).
     let mut ended = Vec::new();
     for mut t in trials {
-        if t.status == schedulers::TrialStatus::Error && errored != crate::Errored::Keep {
+        if t.status == schedulers::TrialStatus::Error && errored != Errored::Keep {
             revive(&store, store_dir, &mut t, errored)?;
             // The scheduler ended it; it joins again.
             scheduler.on_trial_add(&view(&t))?;
@@ -142,8 +154,8 @@ pub(crate) async fn resume(
 /// A trial in ERROR made PENDING again: from its latest committed
 /// checkpoint, or from the start with its results and checkpoints deleted
 /// (their files go with the uncommitted ones, below).
-fn revive(store: &Store, store_dir: &Path, t: &mut crate::store::TrialRecord, errored: crate::Errored) -> Result<(), TuneError> {
-    if errored == crate::Errored::Restart {
+fn revive(store: &Store, store_dir: &Path, t: &mut crate::store::TrialRecord, errored: Errored) -> Result<(), TuneError> {
+    if errored == Errored::Restart {
         store.clear_series(&t.id)?;
         // Its files for people start over with it.
         let trial_dir = store_dir.parent().unwrap_or(store_dir).join("trials").join(&t.id);

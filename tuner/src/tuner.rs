@@ -11,12 +11,12 @@ use trainer::{Backend, NodeResources, Request, Storage, TrainLoop};
 
 use crate::callback::Callback;
 use crate::config::{Kind, ProgressMode, RunConfig, Stop, Trainable, TuneConfig};
+use crate::curves::{ArmSearcher, SimBackend};
 use crate::experiment::{ExperimentFile, Resolved};
-use crate::opening::{self, Opened};
+use crate::opening::{self, Errored, Opened};
 use crate::placement::{Nodes, Startup};
 use crate::result_grid::ResultGrid;
-use crate::runner::{experiment_info, Clock, Durability, Finish, Parts, Reporter, Runner, Settings, WallClock};
-use crate::simulate::{ArmSearcher, SimBackend};
+use crate::runner::{experiment_info, Clock, Durability, FilesForPeople, Finish, Parts, Reporter, Runner, Settings, WallClock};
 use crate::store::Store;
 use crate::TuneError;
 
@@ -500,7 +500,11 @@ impl Tuner {
         // A replay's results can be computed again: durable at its end only, and no files for people.
         let durability = if clock.is_virtual() { Durability::AtEnd } else { Durability::EveryBatch };
         let metric = file.experiment.metric.clone();
-        let files = file.experiment.trial_files && durability == Durability::EveryBatch;
+        let files = (durability == Durability::EveryBatch).then_some(if file.experiment.trial_files {
+            FilesForPeople::PerTrial
+        } else {
+            FilesForPeople::Experiment
+        });
         let info = experiment_info(exp_dir.clone(), file, planned, resuming);
         let mut callbacks = Vec::new();
         for (i, c) in file.callbacks.iter().enumerate() {
@@ -552,18 +556,6 @@ impl Tuner {
             Finish::Done => Ok((exp_dir, store)),
         }
     }
-}
-
-/// What a restored sweep does with its trials in ERROR.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Errored {
-    /// They stay in ERROR.
-    #[default]
-    Keep,
-    /// They run on from their latest committed checkpoint (Ray's `resume_errored`).
-    Resume,
-    /// They run again from the start, their results and checkpoints deleted (Ray's `restart_errored`).
-    Restart,
 }
 
 fn random_seed() -> u64 {

@@ -12,7 +12,8 @@ from .. import ReportError
 from .. import get_context as _worker_context
 from .. import report as _worker_report
 from .._results import Result, TrainingFailedError
-from ._checkpoint import Checkpoint
+from .._callback import Callback as _TuneCallback
+from .._checkpoint import Checkpoint
 
 
 @dataclass
@@ -115,7 +116,7 @@ class RunConfig:
         if self.stop is not None and not isinstance(self.stop, dict) and not callable(self.stop):
             raise ValueError(f"RunConfig(stop={self.stop!r}): give a dict ({{metric: threshold}}), a function "
                              "(trial_id, result) -> bool or a tune.stopper.Stopper")
-        from ..tune.callback import Callback
+        from .._callback import Callback
 
         others = [c for c in self.callbacks or [] if not isinstance(c, Callback)]
         if others:
@@ -218,8 +219,6 @@ def get_dataset_shard(name: Optional[str] = None) -> Any:
     )
 
 
-# Last: tune's package imports this one's names above.
-from ..tune.callback import Callback as _TuneCallback  # noqa: E402
 
 
 class UserCallback(_TuneCallback):

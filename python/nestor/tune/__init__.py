@@ -15,12 +15,12 @@ from .. import _driver
 from .._results import Result, ResultGrid, TrainingFailedError
 from ..train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ..train import get_checkpoint, get_context, report
-from ..train._checkpoint import Checkpoint
+from .._checkpoint import Checkpoint
 from . import schedulers, search
 from . import stopper
-from .callback import Callback
+from .._callback import Callback
 from .stopper import Stopper
-from .trainable import Trainable
+from .._trainable import Trainable
 from ._space import (
     Domain, choice, grid_search, lograndint, loguniform, qlograndint, qloguniform, qrandint, qrandn, quniform,
     randint, randn, sample_from, to_space, uniform,
@@ -95,9 +95,8 @@ def with_resources(trainable: Callable[..., Any], resources: Mapping[str, float]
 
 def _split(trainable: Any) -> Dict[str, Any]:
     """What the binary runs for ``trainable``: the blob, the trainer table and the trainable's own run config."""
-    from ..train._trainer import _Trainer
-
-    if isinstance(trainable, _Trainer):
+    # A trainer (nestor.train's, which builds on this package) says what it runs itself.
+    if callable(getattr(trainable, "_parts", None)) and hasattr(trainable, "train_loop_per_worker"):
         return trainable._parts()
     # Unwrap with_resources / with_parameters (in either order) down to the function or class.
     resources: Optional[Dict[str, float]] = None

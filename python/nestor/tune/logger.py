@@ -9,7 +9,7 @@ JSON and CSV loggers need nothing done.
 
 from typing import Any, Dict, List, Optional
 
-from .callback import Callback, Trial
+from .._callback import Callback, Trial
 
 
 class LoggerCallback(Callback):

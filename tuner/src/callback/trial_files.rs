@@ -4,16 +4,23 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Callback, CallbackError, Event, Status};
-use crate::files::{FileWrite, FileWriter, EVENTS};
+use crate::files::{FileWrite, FileWriter, EVENTS, RESULTS};
 
 /// The files for people as a consumer of the sweep's events: `params.json`
 /// when a trial starts or exploits, a line of `result.jsonl` and
 /// `progress.csv` per durable result, a line of `events.jsonl` per other
 /// event but the status ticks, `status.json` while the sweep runs (removed
-/// at its end). Writes are queued and handed to the writer
-/// threads once per turn of the loop ([`TrialFiles::flush`]).
+/// at its end). Without per-trial files (`trial_files = false`: four file
+/// creations a trial saved) every result is a line of the experiment's own
+/// `results.jsonl` instead, so a live dashboard still follows the sweep.
+/// Writes are queued and handed to the writer threads once per turn of the
+/// loop ([`TrialFiles::flush`]).
 pub(crate) struct TrialFiles {
     exp_dir: PathBuf,
+    /// Each trial's own files; else the experiment's `results.jsonl`.
+    per_trial: bool,
+    /// `results.jsonl` lines not yet queued (without per-trial files).
+    results: String,
     writer: FileWriter,
     queued: Vec<FileWrite>,
     last_status: String,
@@ -23,8 +30,17 @@ pub(crate) struct TrialFiles {
 }
 
 impl TrialFiles {
-    pub(crate) fn new(exp_dir: PathBuf) -> Self {
-        Self { exp_dir, writer: FileWriter::spawn(), queued: Vec::new(), last_status: String::new(), events: String::new() }
+    /// `per_trial`: each trial's files; else the experiment's `results.jsonl`.
+    pub(crate) fn new(exp_dir: PathBuf, per_trial: bool) -> Self {
+        Self {
+            exp_dir,
+            per_trial,
+            results: String::new(),
+            writer: FileWriter::spawn(),
+            queued: Vec::new(),
+            last_status: String::new(),
+            events: String::new(),
+        }
     }
 
     fn trial_dir(&self, id: &str) -> PathBuf {
@@ -33,6 +49,10 @@ impl TrialFiles {
 
     /// Hands what is queued to the writer threads.
     pub(crate) fn flush(&mut self) {
+        if !self.results.is_empty() {
+            let text = std::mem::take(&mut self.results);
+            self.queued.push(FileWrite::Append { path: self.exp_dir.join(RESULTS), text });
+        }
         self.writer.write(std::mem::take(&mut self.queued));
     }
 
@@ -57,11 +77,23 @@ impl Callback for TrialFiles {
             self.events.push('\n');
         }
         match event {
-            Event::TrialStarted { trial, .. } => {
+            Event::TrialStarted { trial, .. } if self.per_trial => {
                 self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(&trial.id), config: trial.config.clone() });
             }
-            Event::Exploited(e) => {
+            Event::Exploited(e) if self.per_trial => {
                 self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(&e.trial_id), config: e.new_config.clone() });
+            }
+            Event::Result(result) if !self.per_trial => {
+                let line = trainer::ResultLine {
+                    trial_id: &result.trial_id,
+                    seq: result.seq,
+                    training_iteration: result.training_iteration,
+                    metrics: &result.metrics,
+                    checkpoint: result.checkpoint.as_deref(),
+                    extra: result.extra.as_ref(),
+                };
+                self.results.push_str(&line.to_json());
+                self.results.push('\n');
             }
             Event::Result(result) => {
                 let trial_dir: Arc<Path> = Arc::from(self.trial_dir(&result.trial_id));

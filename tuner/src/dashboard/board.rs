@@ -5,7 +5,8 @@
 //! `nestor status`): every trial, its effective history, checkpoints and
 //! exploits. A running sweep holds its store, so its board is read from the
 //! files it writes for people, which hold everything durable: each trial's
-//! `result.jsonl` (read from where the last read stopped), the experiment's
+//! `result.jsonl`, or the experiment's `results.jsonl` when it writes no
+//! per-trial files (read from where the last read stopped), the experiment's
 //! `events.jsonl` (starts, ends, restarts, exploits) and `status.json`
 //! (the running trials' latest iteration). When the sweep ends the board
 //! is read again from the store, which then has the last word.
@@ -313,6 +314,20 @@ impl Board {
     }
 
     fn read_results(&mut self) {
+        // A sweep without per-trial files writes every result to one file.
+        let all = self.dir.join(crate::files::RESULTS);
+        if all.exists() {
+            let offset = self.offsets.get(crate::files::RESULTS).copied().unwrap_or(0);
+            let Some((text, read)) = read_from(&all, offset) else { return };
+            self.offsets.insert(crate::files::RESULTS.to_string(), offset + read);
+            for line in text.lines() {
+                let Ok(v) = serde_json::from_str::<Value>(line) else { continue };
+                let Some(id) = v["trial_id"].as_str() else { continue };
+                let i = self.row_index(id);
+                self.add_line(i, &v);
+            }
+            return;
+        }
         let trials = self.dir.join("trials");
         let Ok(entries) = std::fs::read_dir(&trials) else { return };
         let mut names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
@@ -330,11 +345,16 @@ impl Board {
             }
             for line in text.lines() {
                 let Ok(v) = serde_json::from_str::<Value>(line) else { continue };
-                let metrics: BTreeMap<String, f64> =
-                    v["metrics"].as_object().into_iter().flatten().filter_map(|(k, x)| Some((k.clone(), number(x)?))).collect();
-                self.add_point(i, v["training_iteration"].as_u64().unwrap_or(0), &metrics);
+                self.add_line(i, &v);
             }
         }
+    }
+
+    /// One line of a results file as a point of trial `i`'s curve.
+    fn add_line(&mut self, i: usize, v: &Value) {
+        let metrics: BTreeMap<String, f64> =
+            v["metrics"].as_object().into_iter().flatten().filter_map(|(k, x)| Some((k.clone(), number(x)?))).collect();
+        self.add_point(i, v["training_iteration"].as_u64().unwrap_or(0), &metrics);
     }
 
     /// Names of the metrics some result carries.
@@ -448,6 +468,57 @@ pub(crate) fn importance(configs: &[&Value], scores: &[f64]) -> Vec<(String, f64
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn wait(what: &str, mut done: impl FnMut() -> bool) {
+        let start = std::time::Instant::now();
+        while !done() {
+            assert!(start.elapsed().as_secs() < 60, "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_sweep_without_trial_files_is_followed_live_from_its_results_file() {
+        use crate::{Domain, Mode, ProgressMode, RunConfig, Space, Trainable, TuneConfig, Tuner};
+        let dir = tempfile::tempdir().unwrap();
+        let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build().unwrap();
+        let trainable = Trainable::function(|ctx| {
+            for i in 0..30 {
+                ctx.report([("loss", 1.0 / (f64::from(i) + 1.0))], None)?;
+                std::thread::sleep(std::time::Duration::from_millis(40));
+            }
+            Ok(())
+        });
+        let storage = dir.path().to_path_buf();
+        let run = std::thread::spawn(move || {
+            Tuner::new(trainable, space)
+                .tune_config(TuneConfig { metric: Some("loss".into()), mode: Some(Mode::Min), num_samples: 2, ..Default::default() })
+                .run_config(RunConfig {
+                    name: "live".into(),
+                    storage,
+                    trial_files: false,
+                    progress: ProgressMode::Quiet,
+                    ..Default::default()
+                })
+                .fit()
+        });
+        let exp = dir.path().join("live");
+        wait("the sweep's status.json", || exp.join(Status::FILE).exists());
+        let mut board = Board::open(&exp).unwrap();
+        assert!(board.live, "a running sweep is read from its files");
+        wait("points of the running trials", || {
+            board.refresh();
+            !board.log.is_empty() && board.rows.iter().any(|r| r.status == "RUNNING")
+        });
+        assert!(!exp.join("trials/trial_00000/result.jsonl").exists(), "no per-trial files");
+        let grid = run.join().unwrap().unwrap();
+        wait("the store's last word", || {
+            board.refresh();
+            !board.live
+        });
+        let stored: usize = grid.iter().map(|t| t.history.len()).sum();
+        assert_eq!(board.log.len(), stored, "every stored result is a point");
+    }
 
     #[test]
     fn importance_finds_the_parameter_that_matters() {

@@ -50,7 +50,7 @@ pub(crate) use crate::clock::{Clock, WallClock};
 use checkpoints::Checkpoints;
 pub(crate) use commits::Durability;
 use failures::Cause;
-pub(crate) use reporter::{experiment_info, Reporter};
+pub(crate) use reporter::{experiment_info, FilesForPeople, Reporter};
 
 use commits::{Batch, Commits, Stored};
 use reporter::Output;

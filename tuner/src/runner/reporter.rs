@@ -58,18 +58,27 @@ pub(crate) struct Reporter {
     trials: u64,
 }
 
+/// Which files for people a sweep writes (a replay writes none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FilesForPeople {
+    /// Each trial's `params.json`, `result.jsonl` and `progress.csv`, and the experiment's.
+    PerTrial,
+    /// The experiment's alone: `events.jsonl`, `status.json` and every result in `results.jsonl`.
+    Experiment,
+}
+
 impl Reporter {
     /// A reporter for the sweep `info`; `callbacks` run on threads of their
     /// own, each given `deadline` for one event. It tells them the sweep starts.
     pub(crate) fn new(
         info: ExperimentInfo,
         progress: Progress,
-        files: bool,
+        files: Option<FilesForPeople>,
         finished: (u64, u64),
         callbacks: Vec<Box<dyn Callback>>,
         deadline: Duration,
     ) -> Self {
-        let files = files.then(|| TrialFiles::new(info.dir.clone()));
+        let files = files.map(|f| TrialFiles::new(info.dir.clone(), f == FilesForPeople::PerTrial));
         let mut r = Self {
             info: Arc::new(info),
             progress,

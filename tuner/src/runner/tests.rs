@@ -128,7 +128,14 @@ fn harness(o: Options) -> Harness {
         time_budget_s: None,
         resumed: false,
     };
-    let reporter = Reporter::new(info, Progress::new(ProgressMode::Quiet, None), true, (0, 0), Vec::new(), Duration::from_secs(5));
+    let reporter = Reporter::new(
+        info,
+        Progress::new(ProgressMode::Quiet, None),
+        Some(FilesForPeople::PerTrial),
+        (0, 0),
+        Vec::new(),
+        Duration::from_secs(5),
+    );
     let (runner, inputs) = Runner::new(Parts {
         settings,
         store: store.clone(),

@@ -19,7 +19,7 @@ use rand::SeedableRng;
 use search::{Config, Mode, TrialResult};
 use serde::Deserialize as _;
 
-use super::{ArmSearcher, Curves};
+use crate::curves::{ArmSearcher, Curves};
 use crate::{ExperimentFile, ProgressMode, ResultGrid, Trainable, TuneError, Tuner};
 
 /// One scheduler to compare: its label (as given) and its experiment file.

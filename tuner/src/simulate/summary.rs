@@ -10,7 +10,7 @@ use schedulers::TrialStatus;
 use search::Mode;
 
 use super::compare::{Outcome, Scorer};
-use super::Curves;
+use crate::curves::Curves;
 use crate::store::{Store, StoreError, TrialRecord};
 use crate::{TuneError, Tuner};
 
