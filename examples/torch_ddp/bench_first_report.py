@@ -3,7 +3,7 @@ the same two ranks started by hand with the same environment (torchrun's
 variables, no nestor): the cost nestor adds to a trial's start.
 
     VENV=$(examples/torch_ddp/venv.sh)
-    cargo build --release
+    cargo build --release --workspace
     "$VENV/bin/python" examples/torch_ddp/bench_first_report.py [--reps 5]
 
 Every run trains one epoch of examples/torch_ddp/train.py; "first report" is
