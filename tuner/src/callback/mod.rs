@@ -8,7 +8,7 @@
 //! durable, so a consumer never sees a result a crash could take back.
 //!
 //! Built-in consumers are cheap and run on the loop. Every other callback
-//! runs on a thread of its own behind a bounded queue ([`Isolated`]): one
+//! runs on a thread of its own behind a bounded queue (`Isolated`): one
 //! that fails is logged and goes on, one that panics, falls too far behind
 //! or takes longer than its deadline over one event is cut off and logged.
 //! None of them can stop the sweep or lose a result.

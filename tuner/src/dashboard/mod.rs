@@ -4,7 +4,7 @@
 //! (parallel coordinates, parameter importance) and one trial's detail. It
 //! follows a running sweep live and works on finished experiments.
 //!
-//! The server keeps a [`Board`] per experiment in memory; a thread brings
+//! The server keeps a `Board` per experiment in memory; a thread brings
 //! the boards up to date once a second (see board.rs for how, without the
 //! store's lock). The page asks for what changed since its last look: the
 //! table when the board's version moved, and only the points it has not
