@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use trainer::{Allocation, Request, WorkerBundle};
 
 use super::reporter::Output;
-use super::{Out, Runner};
+use super::Runner;
 use crate::TuneError;
 
 /// Where a booking's answer goes.
@@ -99,7 +99,9 @@ impl Runner {
             if reply.send(Ok(workers)).is_err() {
                 continue; // gone meanwhile: its exit gives the allocation back
             }
-            self.reporter.report(Output::Event(Out::Message(format!("{trial} runs its trainer on {what}"))));
+            // After the ends not yet shown: the trainer whose workers these were is shown ending first.
+            let after_ends = self.commits.ends_pending();
+            self.reporter.report(Output::Note { message: format!("{trial} runs its trainer on {what}"), after_ends });
         }
         Ok(())
     }

@@ -23,6 +23,8 @@ pub(crate) enum Output<'a> {
     Event(Event),
     /// The sweep stops early.
     Stopping(StopReason, String),
+    /// A message about the sweep. `after_ends`: ends not yet durable are shown first.
+    Note { message: String, after_ends: bool },
     /// A run started. `after_ends`: ends not yet durable are shown first.
     /// `resumed`: a PAUSED trial resumes.
     Started { record: &'a TrialRecord, after_ends: bool, resumed: bool },
@@ -52,6 +54,8 @@ pub(crate) struct Reporter {
     finished_at_start: u64,
     /// Starts held back until the ends before them are shown.
     deferred: Vec<(TrialRecord, bool)>,
+    /// Messages held back until the ends before them are shown.
+    deferred_notes: Vec<String>,
     best: Option<Best>,
     start: Instant,
     stopped_early: bool,
@@ -87,6 +91,7 @@ impl Reporter {
             finished,
             finished_at_start: finished.0 + finished.1,
             deferred: Vec::new(),
+            deferred_notes: Vec::new(),
             best: None,
             start: Instant::now(),
             stopped_early: false,
@@ -131,6 +136,13 @@ impl Reporter {
                 }
                 self.emit(Event::Stopping { reason, message });
             }
+            Output::Note { message, after_ends } => {
+                if after_ends {
+                    self.deferred_notes.push(message);
+                } else {
+                    self.emit(Event::Message(message));
+                }
+            }
             Output::Started { record, after_ends, resumed } => {
                 if after_ends {
                     self.deferred.push((record.clone(), resumed));
@@ -157,6 +169,9 @@ impl Reporter {
             Output::EndsShown => {
                 for (r, resumed) in std::mem::take(&mut self.deferred) {
                     self.start_shown(r, resumed);
+                }
+                for message in std::mem::take(&mut self.deferred_notes) {
+                    self.emit(Event::Message(message));
                 }
             }
             Output::Result { result, checkpoint } => {
