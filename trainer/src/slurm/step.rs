@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -549,13 +549,18 @@ impl Backend for SlurmBackend {
                             signal_group(pgid, libc::SIGTERM);
                         }
                         StopStep::Terminate => {
-                            // The ranks get SIGTERM where they run; srun ends when they do.
-                            match steps(&job).await.into_iter().find(|(_, n)| *n == step_name).map(|(id, _)| id) {
-                                Some(id) => {
-                                    let _ = tokio::process::Command::new("scancel").args(["--signal=TERM", &id]).status().await;
+                            // The ranks get SIGTERM where they run; srun ends when they do. Off the
+                            // loop: squeue and scancel wait on the controller, and the step's lines
+                            // (and its end) must keep flowing meanwhile.
+                            let (job, step_name) = (job.clone(), step_name.clone());
+                            tokio::spawn(async move {
+                                match steps(&job).await.into_iter().find(|(_, n)| *n == step_name).map(|(id, _)| id) {
+                                    Some(id) => {
+                                        let _ = tokio::process::Command::new("scancel").args(["--signal=TERM", &id]).status().await;
+                                    }
+                                    None => signal_group(pgid, libc::SIGTERM),
                                 }
-                                None => signal_group(pgid, libc::SIGTERM),
-                            }
+                            });
                         }
                     },
                 }
@@ -622,68 +627,15 @@ impl Backend for SlurmBackend {
                 let _ = node_events.send(Event { trial_id: node_trial.clone(), kind: EventKind::NodeLost { node, why } });
             }
             let lost = lost.or_else(|| gone.first().map(|n| (n.clone(), "it stopped answering".to_string())));
-            let outcome = match status {
-                // A node lost under a step ends the run, whatever srun's status: not the code's doing.
-                _ if lost.is_some() && requested != StopLevel::Graceful => {
-                    aggregator.fail();
-                    let (node, why) = lost.unwrap_or_default();
-                    let ranks: Vec<String> =
-                        rank_nodes.iter().enumerate().filter(|(_, n)| **n == node).map(|(r, _)| r.to_string()).collect();
-                    ExitOutcome::Infrastructure(format!(
-                        "node {node} was lost under rank {} ({why}); it is set aside for the rest of the sweep",
-                        ranks.join(", ")
-                    ))
+            let end = StepEnd { status: &status, requested, lost, refused, down_here: &down_here, failed, rank_nodes: &rank_nodes };
+            let outcome = step_outcome(end, &log_paths, &srun_log, |log| log_tail(log, 20));
+            if outcome == ExitOutcome::Completed {
+                for r in 0..world {
+                    aggregator.rank_finished(r);
                 }
-                Ok(s) if s.success() => {
-                    for r in 0..world {
-                        aggregator.rank_finished(r);
-                    }
-                    ExitOutcome::Completed
-                }
-                // The cluster would not start it: not the code's doing.
-                Ok(_) if refused.is_some() && requested == StopLevel::Run => {
-                    aggregator.fail();
-                    let said = refused.unwrap_or_default();
-                    let why = if down_here.is_empty() {
-                        "no node of it is down; it is tried again".to_string()
-                    } else {
-                        let down: Vec<String> = down_here.iter().map(|(n, st)| format!("{n} ({st})")).collect();
-                        format!("Slurm calls {} down; set aside for the rest of the sweep", down.join(", "))
-                    };
-                    ExitOutcome::Infrastructure(format!(
-                        "the cluster would not start the job step on {}: {said}; {why}",
-                        rank_nodes.join(",")
-                    ))
-                }
-                _ if requested > StopLevel::Run => {
-                    aggregator.fail();
-                    ExitOutcome::Stopped
-                }
-                Ok(s) => {
-                    aggregator.fail();
-                    match failed {
-                        Some((rank, node, how)) => {
-                            let log = &log_paths.get(rank as usize).cloned().unwrap_or(srun_log.clone());
-                            let tail = log_tail(log, 20);
-                            let tail =
-                                if tail.is_empty() { String::new() } else { format!("; last log lines ({}):\n{tail}", log.display()) };
-                            ExitOutcome::Failed(format!("rank {rank} (on {node}) {}{tail}", ended(&how)))
-                        }
-                        None => {
-                            let tail = log_tail(&srun_log, 20);
-                            ExitOutcome::Failed(format!(
-                                "the job step {}; {}:\n{tail}",
-                                if s.signal().is_some() { describe_exit(s) } else { format!("ended: srun {}", describe_exit(s)) },
-                                srun_log.display()
-                            ))
-                        }
-                    }
-                }
-                Err(e) => {
-                    aggregator.fail();
-                    ExitOutcome::Failed(format!("failed to wait for srun: {e}"))
-                }
-            };
+            } else {
+                aggregator.fail();
+            }
             // Its reports are refused from here on.
             drop(registration);
             outcome
@@ -692,10 +644,121 @@ impl Backend for SlurmBackend {
     }
 }
 
+/// How a job step ended, as its supervisor saw it.
+struct StepEnd<'a> {
+    /// srun's exit.
+    status: &'a std::io::Result<std::process::ExitStatus>,
+    /// How hard the driver had asked it to stop.
+    requested: StopLevel,
+    /// A node lost under it, and why.
+    lost: Option<(String, String)>,
+    /// What srun said when the cluster would not create the step.
+    refused: Option<String>,
+    /// The step's nodes Slurm calls down, with their state.
+    down_here: &'a [(String, String)],
+    /// The rank that failed first: its rank, node and how it ended.
+    failed: Option<(u32, String, String)>,
+    /// Each rank's node.
+    rank_nodes: &'a [String],
+}
+
+/// The run's outcome from how its step ended: a pure function of what the
+/// supervisor saw (`tail(log)`: the end of a log file, for the message).
+fn step_outcome(end: StepEnd<'_>, log_paths: &[PathBuf], srun_log: &Path, tail: impl Fn(&Path) -> String) -> ExitOutcome {
+    let StepEnd { status, requested, lost, refused, down_here, failed, rank_nodes } = end;
+    match status {
+        // A node lost under a step ends the run, whatever srun's status: not the code's doing.
+        _ if lost.is_some() && requested != StopLevel::Graceful => {
+            let (node, why) = lost.unwrap_or_default();
+            let ranks: Vec<String> = rank_nodes.iter().enumerate().filter(|(_, n)| **n == node).map(|(r, _)| r.to_string()).collect();
+            ExitOutcome::Infrastructure(format!(
+                "node {node} was lost under rank {} ({why}); it is set aside for the rest of the sweep",
+                ranks.join(", ")
+            ))
+        }
+        Ok(s) if s.success() => ExitOutcome::Completed,
+        // The cluster would not start it: not the code's doing.
+        Ok(_) if refused.is_some() && requested == StopLevel::Run => {
+            let said = refused.unwrap_or_default();
+            let why = if down_here.is_empty() {
+                "no node of it is down; it is tried again".to_string()
+            } else {
+                let down: Vec<String> = down_here.iter().map(|(n, st)| format!("{n} ({st})")).collect();
+                format!("Slurm calls {} down; set aside for the rest of the sweep", down.join(", "))
+            };
+            ExitOutcome::Infrastructure(format!("the cluster would not start the job step on {}: {said}; {why}", rank_nodes.join(",")))
+        }
+        _ if requested > StopLevel::Run => ExitOutcome::Stopped,
+        Ok(s) => match failed {
+            Some((rank, node, how)) => {
+                let log = log_paths.get(rank as usize).map_or(srun_log, PathBuf::as_path);
+                let tail = tail(log);
+                let tail = if tail.is_empty() { String::new() } else { format!("; last log lines ({}):\n{tail}", log.display()) };
+                ExitOutcome::Failed(format!("rank {rank} (on {node}) {}{tail}", ended(&how)))
+            }
+            None => ExitOutcome::Failed(format!(
+                "the job step {}; {}:\n{}",
+                if s.signal().is_some() { describe_exit(*s) } else { format!("ended: srun {}", describe_exit(*s)) },
+                srun_log.display(),
+                tail(srun_log)
+            )),
+        },
+        Err(e) => ExitOutcome::Failed(format!("failed to wait for srun: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::slurm::SlurmNode;
+
+    /// How a step ended, for [`step_outcome`]: srun's exit code (`None`: it could not be waited for).
+    fn outcome_of(code: Option<i32>, requested: StopLevel, f: impl FnOnce(&mut StepEnd<'_>)) -> ExitOutcome {
+        outcome_down(code, requested, false, f)
+    }
+
+    /// [`outcome_of`], with n2 down when `down`.
+    fn outcome_down(code: Option<i32>, requested: StopLevel, down: bool, f: impl FnOnce(&mut StepEnd<'_>)) -> ExitOutcome {
+        use std::os::unix::process::ExitStatusExt;
+        let status = code.map(|c| std::process::ExitStatus::from_raw(c << 8)).ok_or_else(|| std::io::Error::other("no child"));
+        let nodes = vec!["n1".to_string(), "n1".to_string(), "n2".to_string()];
+        let down_here = if down { vec![("n2".to_string(), "DOWN".to_string())] } else { Vec::new() };
+        let mut end =
+            StepEnd { status: &status, requested, lost: None, refused: None, down_here: &down_here, failed: None, rank_nodes: &nodes };
+        f(&mut end);
+        let logs = vec![PathBuf::from("/logs/rank-0.log"), PathBuf::from("/logs/rank-1.log")];
+        step_outcome(end, &logs, Path::new("/logs/srun.log"), |p| format!("tail of {}", p.display()))
+    }
+
+    #[test]
+    fn a_steps_outcome_follows_from_how_it_ended() {
+        assert_eq!(outcome_of(Some(0), StopLevel::Run, |_| {}), ExitOutcome::Completed);
+        // A node lost under it: the infrastructure's doing, naming the node and its ranks.
+        let lost = |e: &mut StepEnd<'_>| e.lost = Some(("n1".into(), "it stopped answering".into()));
+        let ExitOutcome::Infrastructure(msg) = outcome_of(Some(1), StopLevel::Run, lost) else { panic!("infrastructure") };
+        assert!(msg.contains("node n1 was lost under rank 0, 1 (it stopped answering)"), "{msg}");
+        assert!(matches!(outcome_of(Some(0), StopLevel::Kill, lost), ExitOutcome::Infrastructure(_)), "a kill after the loss");
+        // Asked to stop gracefully, the loss is not the run's end: it stopped, or completed.
+        assert_eq!(outcome_of(Some(1), StopLevel::Graceful, lost), ExitOutcome::Stopped);
+        assert_eq!(outcome_of(Some(0), StopLevel::Graceful, lost), ExitOutcome::Completed);
+        // The cluster would not create the step: tried again, or its down nodes set aside.
+        let refused = |e: &mut StepEnd<'_>| e.refused = Some("srun: error: Unable to create step".into());
+        let ExitOutcome::Infrastructure(msg) = outcome_of(Some(1), StopLevel::Run, refused) else { panic!("infrastructure") };
+        assert!(msg.contains("would not start the job step on n1,n1,n2") && msg.contains("tried again"), "{msg}");
+        let ExitOutcome::Infrastructure(msg) = outcome_down(Some(1), StopLevel::Run, true, refused) else { panic!("infrastructure") };
+        assert!(msg.contains("Slurm calls n2 (DOWN) down"), "{msg}");
+        // Stopped by the driver: stopped, whatever srun says.
+        assert_eq!(outcome_of(Some(1), StopLevel::Kill, |_| {}), ExitOutcome::Stopped);
+        assert_eq!(outcome_of(Some(1), StopLevel::Graceful, refused), ExitOutcome::Stopped);
+        // The code failed: the first failed rank, its node and its log's tail.
+        let failed = |e: &mut StepEnd<'_>| e.failed = Some((1, "n1".into(), "Exited with exit code 3".into()));
+        let ExitOutcome::Failed(msg) = outcome_of(Some(1), StopLevel::Run, failed) else { panic!("failed") };
+        assert!(msg.starts_with("rank 1 (on n1) exited with code 3") && msg.contains("tail of /logs/rank-1.log"), "{msg}");
+        let ExitOutcome::Failed(msg) = outcome_of(Some(2), StopLevel::Run, |_| {}) else { panic!("failed") };
+        assert!(msg.starts_with("the job step ended: srun exited with code 2") && msg.contains("tail of /logs/srun.log"), "{msg}");
+        let ExitOutcome::Failed(msg) = outcome_of(None, StopLevel::Run, |_| {}) else { panic!("failed") };
+        assert!(msg.starts_with("failed to wait for srun"), "{msg}");
+    }
 
     #[test]
     fn a_step_asks_slurm_for_whole_gpus_only_where_the_allocation_has_them() {
