@@ -459,8 +459,8 @@ impl Backend for SlurmBackend {
         let open = |p: &PathBuf| {
             std::fs::OpenOptions::new().create(true).append(true).open(p).map_err(|source| LaunchError::Io { path: p.clone(), source })
         };
-        let mut rank_files = log_paths.iter().map(open).collect::<Result<Vec<_>, _>>()?;
-        let mut srun_file = open(&srun_log)?;
+        let rank_files = log_paths.iter().map(open).collect::<Result<Vec<_>, _>>()?;
+        let srun_file = open(&srun_log)?;
         let roots = spec.roots(cfg.working_dir.as_deref());
         let registration = self.server.register(&spec, token, roots, events.clone());
         let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { program: "srun".into(), source })?;
@@ -502,42 +502,12 @@ impl Backend for SlurmBackend {
         let groups: Groups = Arc::new(std::sync::Mutex::new(vec![pgid]));
         supervise(trial_id.clone(), events, groups, libc::SIGTERM, async move {
             let mut stopping = Escalation::new(stop, grace);
-            let mut failed: Option<(u32, String, String)> = None;
-            let mut lost: Option<(String, String)> = None;
-            // Ranks that have printed their first line (the prologue's): all of them, and the step runs.
-            let mut running = vec![false; world as usize];
-            // srun could not create the step (what it said).
-            let mut refused: Option<String> = None;
+            let mut watch = StepWatch::new(rank_files, srun_file, started);
             let mut lines_open = true;
             let status = loop {
                 tokio::select! {
                     line = lines.recv(), if lines_open => match line {
-                        Some(line) => match labelled(&line) {
-                            Some((r, text)) if (r as usize) < rank_files.len() => {
-                                let _ = writeln!(rank_files[r as usize], "{text}");
-                                if !running[r as usize] {
-                                    running[r as usize] = true;
-                                    if running.iter().all(|&r| r) {
-                                        started.store(true, std::sync::atomic::Ordering::Release);
-                                    }
-                                }
-                            }
-                            _ => {
-                                let _ = writeln!(srun_file, "{line}");
-                                if refused.is_none() && step_refused(&line) {
-                                    refused = Some(line.trim().to_string());
-                                }
-                                if let Some(l) = node_lost(&line) {
-                                    lost.get_or_insert(l);
-                                }
-                                // The rank that failed, not one the step's end terminated after it.
-                                if let Some(f) = failed_task(&line) {
-                                    if failed.as_ref().is_none_or(|(_, _, how)| how == "Terminated" && f.2 != "Terminated") {
-                                        failed = Some(f);
-                                    }
-                                }
-                            }
-                        },
+                        Some(line) => watch.on_line(&line),
                         None => lines_open = false,
                     },
                     status = child.wait(), if !lines_open => break status,
@@ -565,6 +535,7 @@ impl Backend for SlurmBackend {
                     },
                 }
             };
+            let StepWatch { lost, refused, failed, .. } = watch;
             let requested = stopping.asked();
             let _ = std::fs::remove_file(&rendezvous);
             let aggregator = registration.aggregator();
@@ -641,6 +612,61 @@ impl Backend for SlurmBackend {
             outcome
         });
         Ok(handle)
+    }
+}
+
+/// What a job step's output says, line by line: each rank's lines go to its
+/// log (a rank's first line means it runs), srun's own to `srun.log`, read
+/// for a refused step, a lost node and the rank that failed.
+struct StepWatch {
+    rank_files: Vec<std::fs::File>,
+    srun_file: std::fs::File,
+    /// Ranks that have printed their first line (the prologue's).
+    running: Vec<bool>,
+    /// Set once every rank runs.
+    started: Arc<std::sync::atomic::AtomicBool>,
+    /// srun could not create the step: what it said.
+    refused: Option<String>,
+    /// A node lost under the step, and why.
+    lost: Option<(String, String)>,
+    /// The rank that failed first: its rank, node and how it ended.
+    failed: Option<(u32, String, String)>,
+}
+
+impl StepWatch {
+    fn new(rank_files: Vec<std::fs::File>, srun_file: std::fs::File, started: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        let running = vec![false; rank_files.len()];
+        Self { rank_files, srun_file, running, started, refused: None, lost: None, failed: None }
+    }
+
+    /// One line of srun's output.
+    fn on_line(&mut self, line: &str) {
+        match labelled(line) {
+            Some((r, text)) if (r as usize) < self.rank_files.len() => {
+                let _ = writeln!(self.rank_files[r as usize], "{text}");
+                if !self.running[r as usize] {
+                    self.running[r as usize] = true;
+                    if self.running.iter().all(|&r| r) {
+                        self.started.store(true, std::sync::atomic::Ordering::Release);
+                    }
+                }
+            }
+            _ => {
+                let _ = writeln!(self.srun_file, "{line}");
+                if self.refused.is_none() && step_refused(line) {
+                    self.refused = Some(line.trim().to_string());
+                }
+                if let Some(l) = node_lost(line) {
+                    self.lost.get_or_insert(l);
+                }
+                // The rank that failed, not one the step's end terminated after it.
+                if let Some(f) = failed_task(line) {
+                    if self.failed.as_ref().is_none_or(|(_, _, how)| how == "Terminated" && f.2 != "Terminated") {
+                        self.failed = Some(f);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -728,6 +754,32 @@ mod tests {
         f(&mut end);
         let logs = vec![PathBuf::from("/logs/rank-0.log"), PathBuf::from("/logs/rank-1.log")];
         step_outcome(end, &logs, Path::new("/logs/srun.log"), |p| format!("tail of {}", p.display()))
+    }
+
+    #[test]
+    fn a_steps_lines_go_to_their_logs_and_say_how_it_went() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |n: &str| std::fs::File::create(dir.path().join(n)).unwrap();
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut w = StepWatch::new(vec![file("rank-0.log"), file("rank-1.log")], file("srun.log"), Arc::clone(&started));
+        w.on_line("0: nestor: rank 0 starts");
+        assert!(!started.load(std::sync::atomic::Ordering::Acquire), "rank 1 has not printed yet");
+        w.on_line("1: nestor: rank 1 starts");
+        assert!(started.load(std::sync::atomic::Ordering::Acquire), "every rank has printed: the step runs");
+        // A rank terminated by the step's end does not hide the one that failed first, nor the other way round.
+        w.on_line("srun: error: node2: task 1: Terminated");
+        w.on_line("srun: error: node1: task 0: Exited with exit code 3");
+        w.on_line("srun: error: node2: task 1: Killed");
+        assert_eq!(w.failed, Some((0, "node1".into(), "Exited with exit code 3".into())));
+        w.on_line("srun: error: Node failure on node2");
+        w.on_line("srun: error: Node failure on node3");
+        assert_eq!(w.lost.as_ref().map(|(n, _)| n.as_str()), Some("node2"), "the first node lost");
+        w.on_line("srun: error: Unable to create step for job 7: Memory required by task is not available");
+        assert!(w.refused.as_deref().is_some_and(|r| r.contains("Memory required")));
+        drop(w);
+        let read = |n: &str| std::fs::read_to_string(dir.path().join(n)).unwrap();
+        assert_eq!(read("rank-1.log"), "nestor: rank 1 starts\n");
+        assert_eq!(read("srun.log").lines().count(), 6, "srun's own lines");
     }
 
     #[test]
