@@ -10,6 +10,7 @@ use std::process::Command;
 
 use crate::resources::{Gpu, NodeResources, Source};
 
+mod output;
 mod step;
 mod submit;
 
