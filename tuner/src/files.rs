@@ -178,15 +178,20 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::i
                 // Its first result ever: no file of it can exist yet.
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(ResultFiles::open(trial_dir, result.seq == 0)?),
             };
-            files.append(&ResultLine {
-                trial_id: &result.trial_id,
-                seq: result.seq,
-                training_iteration: result.training_iteration,
-                metrics: &result.metrics,
-                checkpoint: result.checkpoint.as_deref(),
-                extra: result.extra.as_ref(),
-            })
+            files.append(&result_line(result))
         }
+    }
+}
+
+/// A stored result as its line in `result.jsonl` (and the experiment's `results.jsonl`).
+pub(crate) fn result_line(result: &TrialResult) -> ResultLine<'_> {
+    ResultLine {
+        trial_id: &result.trial_id,
+        seq: result.seq,
+        training_iteration: result.training_iteration,
+        metrics: &result.metrics,
+        checkpoint: result.checkpoint.as_deref(),
+        extra: result.extra.as_ref(),
     }
 }
 

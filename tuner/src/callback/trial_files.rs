@@ -84,15 +84,7 @@ impl Callback for TrialFiles {
                 self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(&e.trial_id), config: e.new_config.clone() });
             }
             Event::Result(result) if !self.per_trial => {
-                let line = trainer::ResultLine {
-                    trial_id: &result.trial_id,
-                    seq: result.seq,
-                    training_iteration: result.training_iteration,
-                    metrics: &result.metrics,
-                    checkpoint: result.checkpoint.as_deref(),
-                    extra: result.extra.as_ref(),
-                };
-                self.results.push_str(&line.to_json());
+                self.results.push_str(&crate::files::result_line(result).to_json());
                 self.results.push('\n');
             }
             Event::Result(result) => {
