@@ -781,3 +781,69 @@ fn a_step_the_cluster_refuses_is_named_paced_and_not_the_trials_failure() {
     // Three refused runs, each one's end paced by 2 s.
     assert!(took >= std::time::Duration::from_secs(6), "the refused runs went at once: {took:?}");
 }
+
+/// A node dies in a full `--no-kill` allocation and the driver is killed
+/// seconds later; `nestor resume` in the same job finishes the sweep on
+/// the nodes left. The steps that had a rank on the dead node cannot end
+/// (Slurm lists them until the job ends, holding their CPUs and memory on
+/// the live nodes too): the resume leaves what they hold alone.
+#[test]
+fn a_resume_after_a_node_loss_and_a_driver_kill_finishes_in_the_same_allocation() {
+    let mut cluster = SlurmCluster::start(3, 2, 2000);
+    let job = granted(&cluster.run("salloc", &["--no-shell", "--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"]));
+    let dir = tempfile::tempdir().unwrap();
+    spanning_sweep(
+        dir.path(),
+        "twice",
+        "",
+        "x = { grid = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6] }\nsteps = 12\nsleep_ms = 100\ncheckpoint = true",
+        "\n[checkpoint]\nfrequency = 1\n\n[failure]\nhang_timeout_s = 3.0",
+    );
+    let conf = cluster.conf().to_path_buf();
+    let nestor = |args: &[&str]| {
+        let mut c = std::process::Command::new(common::nestor_bin());
+        c.args(args).env("SLURM_CONF", &conf).env("SLURM_JOB_ID", &job).current_dir(dir.path());
+        c
+    };
+    let mut driver = nestor(&["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let trials = dir.path().join("runs/twice/trials");
+    let busy = || {
+        (0..3).all(|t| {
+            std::fs::read_to_string(trials.join(format!("trial_{t:05}/logs/rank-1.log"))).unwrap_or_default().contains("acked step 3")
+        })
+    };
+    let started = std::time::Instant::now();
+    while !busy() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "the first three trials never got going");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    cluster.kill_node("node2");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+    let out = nestor(&["resume", "runs/twice", "--plain"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let listed = cluster.run("squeue", &["-h", "-s", "-j", &job, "-o", "%i %j %N"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{stderr}");
+    assert!(
+        out.status.success() && stdout.contains("6 trials (6 TERMINATED)"),
+        "{stdout}\n{stderr}\nsteps: {}",
+        String::from_utf8_lossy(&listed.stdout)
+    );
+    assert!(stderr.contains("node node2 is set aside"), "{stderr}");
+    for healthy in ["node1", "node3"] {
+        assert!(!stderr.contains(&format!("node {healthy} is set aside")), "a healthy node was set aside: {stderr}");
+    }
+    let store = tuner::store::Store::open_existing(&dir.path().join("runs/twice/store")).unwrap();
+    for t in store.trials().unwrap() {
+        assert_eq!(t.status, tuner::TrialStatus::Terminated, "{}: {:?}", t.id, t.last_failure);
+        assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 12, "{}", t.id);
+        assert!(t.resources.iter().all(|w| w.node != "node2"), "{}'s last run used the lost node: {:?}", t.id, t.resources);
+    }
+    let _ = cluster.run("scancel", &[&job]);
+}

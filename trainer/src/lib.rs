@@ -56,7 +56,8 @@ pub use scaling::{DistBackend, FailureConfig, PlacementStrategy, Resources, Scal
 pub use section::TrainerConfig;
 pub use service::ReportServer;
 pub use slurm::{
-    cancel_leftovers as cancel_leftover_steps, expand_hostlist, BatchJob, SlurmAllocation, SlurmBackend, SlurmError, SlurmNode,
+    cancel_leftovers as cancel_leftover_steps, expand_hostlist, probe_name, BatchJob, Held, Leftovers, NodeCheck, SlurmAllocation,
+    SlurmBackend, SlurmError, SlurmNode, StuckStep,
 };
 pub use storage::{Storage, StorageError, COMMITTED_MARKER};
 pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};

@@ -429,7 +429,7 @@ impl Tuner {
         let startup = Startup { file, exp_dir: &exp_dir, storage: &storage, resuming };
         let mut placement = crate::placement::find(file, &trainable.kind, self.resources.take())?;
         placement.check(&startup).await?;
-        let Nodes { pool, description } = placement.nodes();
+        let Nodes { pool, description, notes: node_notes } = placement.nodes();
         let request = Request::from_scaling(&trainable.scaling);
         // A trial that can never fit is refused now, not left pending.
         pool.check(&request)?;
@@ -487,6 +487,9 @@ impl Tuner {
         let mut progress = crate::progress::Progress::new(self.progress, file.experiment.metric.clone());
         let planned = searcher.total_trials().unwrap_or(file.experiment.num_samples);
         progress.note(&format!("nestor: {description}"));
+        for note in node_notes {
+            progress.note(&note);
+        }
         for note in notes {
             progress.note(&note);
         }

@@ -8,7 +8,9 @@
 //! freed), the object store the checkpoints go to stopped mid-sweep and
 //! started again on the same port, and a whole Slurm node killed (its
 //! slurmd, step daemons and tasks) in a `--no-kill` allocation the
-//! trials fill, on a 3-node test cluster.
+//! trials fill, on a 3-node test cluster; and that node's death followed a
+//! moment later by the driver's SIGKILL, then `nestor resume` in the same
+//! allocation, beside the job steps Slurm cannot end.
 //!
 //! Invariants, after each run (and at most one `nestor resume`):
 //! - `finished`: the sweep ends with exit 0;
@@ -49,11 +51,15 @@ pub enum Fault {
     StoreRestart,
     /// A Slurm node dies with everything on it, mid-sweep, in a full allocation.
     NodeKill,
+    /// A Slurm node dies, the driver is killed with SIGKILL a moment later,
+    /// and `nestor resume` runs in the same allocation (as a batch script's
+    /// next line would), beside the steps Slurm cannot end.
+    NodeThenDriver,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 6] =
-        [Fault::RankKill, Fault::RankStop, Fault::DriverKill, Fault::DiskFull, Fault::StoreRestart, Fault::NodeKill];
+    pub const ALL: [Fault; 7] =
+        [Fault::RankKill, Fault::RankStop, Fault::DriverKill, Fault::DiskFull, Fault::StoreRestart, Fault::NodeKill, Fault::NodeThenDriver];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -63,6 +69,7 @@ impl Fault {
             Fault::DiskFull => "disk-full",
             Fault::StoreRestart => "store-restart",
             Fault::NodeKill => "node-kill",
+            Fault::NodeThenDriver => "node-then-driver",
         }
     }
 
@@ -167,13 +174,24 @@ struct Place {
     cluster: Option<SlurmCluster>,
     /// Its nodes still up (a resume asks for an allocation of these).
     alive: usize,
+    /// The one allocation the driver and its resume both run in (else each gets its own).
+    job: Option<String>,
 }
 
 impl Place {
     fn new(fault: Fault, name: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (mut env, mut s3, mut disk) = (Vec::new(), None, None);
-        let cluster = (fault == Fault::NodeKill).then(|| SlurmCluster::start(3, 2, 2000));
+        let cluster = matches!(fault, Fault::NodeKill | Fault::NodeThenDriver).then(|| SlurmCluster::start(3, 2, 2000));
+        let job = match (&cluster, fault) {
+            (Some(c), Fault::NodeThenDriver) => {
+                let out = c.run("salloc", &["--no-shell", "--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"]);
+                let said = String::from_utf8_lossy(&out.stderr).into_owned();
+                let line = said.lines().find(|l| l.contains("Granted job allocation")).unwrap_or_else(|| panic!("salloc: {said}"));
+                Some(line.rsplit(' ').next().unwrap_or_default().trim().to_string())
+            }
+            _ => None,
+        };
         let storage = match fault {
             Fault::StoreRestart => {
                 let server = S3Server::start(&dir.path().join("s3"));
@@ -193,7 +211,7 @@ impl Place {
             _ => format!("storage = \"{}\"", dir.path().join("runs").display()),
         };
         super::write(dir.path(), &sweep_text(name, &storage, cluster.is_some()));
-        Self { dir, env, s3, disk, cluster, alive: 3 }
+        Self { dir, env, s3, disk, cluster, alive: 3, job }
     }
 
     /// The experiment directory: where its store and logs are.
@@ -214,6 +232,11 @@ impl Place {
 
     fn spawn(&self, args: &[&str]) -> Child {
         let mut cmd = match &self.cluster {
+            Some(c) if self.job.is_some() => {
+                let mut cmd = c.cmd(nestor_bin());
+                cmd.env("SLURM_JOB_ID", self.job.as_deref().unwrap_or_default());
+                cmd
+            }
             Some(c) => {
                 let mut cmd = c.cmd("salloc");
                 // Never waiting for nodes that are gone: an allocation now, or an error.
@@ -359,7 +382,7 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
             let _ = std::fs::remove_file(&filler);
             point.push_str(&format!(", full for {hold_ms} ms"));
         }
-        Fault::NodeKill => {
+        Fault::NodeKill | Fault::NodeThenDriver => {
             let mut nodes: Vec<String> = ranks(&exp).into_iter().map(|r| r.3).filter(|n| !n.is_empty()).collect();
             nodes.dedup();
             if let (Some(node), Some(cluster)) = (nodes.get(victim_draw as usize % nodes.len().max(1)), place.cluster.as_mut()) {
@@ -367,6 +390,11 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
                 place.alive -= 1;
                 point.push_str(&format!(", {node}"));
                 dead_node = Some(node.clone());
+                if fault == Fault::NodeThenDriver {
+                    std::thread::sleep(Duration::from_millis(hold_ms * 2));
+                    signal(driver.id(), libc::SIGKILL);
+                    point.push_str(&format!(", the driver {} ms later", hold_ms * 2));
+                }
             } else {
                 point.push_str(", no rank running");
             }
@@ -395,7 +423,7 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
         std::thread::sleep(Duration::from_millis(5));
     }
     let (ok, mut said) = wait_output(driver);
-    let missed = (fault == Fault::DriverKill && ok) || point.ends_with("no rank running");
+    let missed = (matches!(fault, Fault::DriverKill | Fault::NodeThenDriver) && ok) || point.ends_with("no rank running");
     if missed {
         point.push_str(" (missed: the sweep had ended)");
     }

@@ -253,7 +253,7 @@ impl SlurmCluster {
     }
 
     /// A Slurm client command (`srun`, `salloc`, `squeue`, ...) against this cluster.
-    pub fn cmd(&self, program: &str) -> Command {
+    pub fn cmd(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
         c.env("SLURM_CONF", &self.conf);
         // A test may itself run inside an allocation: its job is not this cluster's.

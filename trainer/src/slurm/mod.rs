@@ -11,10 +11,12 @@ use std::process::Command;
 use crate::resources::{Gpu, NodeResources, Source};
 
 mod output;
+mod startup;
 mod step;
 mod submit;
 
-pub use step::{cancel_leftovers, SlurmBackend};
+pub use startup::{cancel_leftovers, probe_name, Held, Leftovers, NodeCheck, StuckStep};
+pub use step::SlurmBackend;
 pub use submit::BatchJob;
 
 /// Why the allocation could not be read.
@@ -146,44 +148,6 @@ impl SlurmAllocation {
                 n.addr.clone_from(a);
             }
         }
-    }
-
-    /// The nodes that do not see `dir` as this machine does (none: it is
-    /// shared): a file written here is read back on each node by a
-    /// one-task-per-node job step. An error when the step itself fails.
-    pub fn unshared_nodes(&self, dir: &std::path::Path) -> Result<Vec<String>, SlurmError> {
-        let token = format!(
-            "{:x}{:x}",
-            std::process::id(),
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
-        );
-        let probe = dir.join(format!(".nestor-shared-{token}"));
-        std::fs::write(&probe, &token).map_err(|e| SlurmError(format!("cannot write {}: {e}", probe.display())))?;
-        let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
-        let n = names.len().to_string();
-        let out = step::srun(&self.job_id)
-            // Overlapping the steps that hold the nodes' CPUs: a busy node answers too.
-            .args(["--job-name=nestor-probe", "--overlap", "--label", "--mem-per-cpu=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"])
-            .args(["--nodes", &n, "--ntasks", &n, "--nodelist", &names.join(",")])
-            .args(["/bin/sh", "-c", "printf '%s %s\\n' \"$SLURMD_NODENAME\" \"$(cat \"$1\" 2>/dev/null)\"", "probe"])
-            .arg(&probe)
-            .output();
-        let _ = std::fs::remove_file(&probe);
-        let out = out.map_err(|e| SlurmError(format!("cannot run srun: {e}")))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let seeing: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.split_once(": ").map(|(_, rest)| rest))
-            .filter_map(|rest| rest.split_once(' ').filter(|(_, t)| t.trim() == token).map(|(node, _)| node))
-            .collect();
-        if !out.status.success() && seeing.is_empty() {
-            return Err(SlurmError(format!(
-                "a job step to check {} on every node failed: {}",
-                dir.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        Ok(names.iter().filter(|n| !seeing.contains(n)).map(|n| n.to_string()).collect())
     }
 
     /// The node named `name`.

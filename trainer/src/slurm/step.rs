@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 
-use super::output::{is_down, node_states, step_outcome, StepEnd, StepWatch};
+use super::output::{step_outcome, StepEnd, StepWatch};
 use super::SlurmAllocation;
 use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
 use crate::groups::{dies_with_driver, signal_group};
@@ -161,7 +161,7 @@ impl SlurmBackend {
     /// Names the experiment in `exp_dir` (its node probes' steps are named after it).
     #[must_use]
     pub fn experiment(mut self, exp_dir: &std::path::Path) -> Self {
-        self.probe_name = format!("{}probe", step_prefix(exp_dir));
+        self.probe_name = super::startup::probe_name(exp_dir);
         self
     }
 
@@ -182,34 +182,6 @@ impl SlurmBackend {
     pub fn allocation(&self) -> &SlurmAllocation {
         &self.allocation
     }
-
-    /// Cancels the job steps an earlier driver of the experiment in
-    /// `exp_dir` left in this job (named `nestor-<experiment>-...`), and
-    /// waits until Slurm has them gone; returns their ids.
-    pub async fn cancel_leftovers(&self, exp_dir: &std::path::Path) -> Vec<String> {
-        cancel_leftovers(&self.allocation.job_id, exp_dir).await
-    }
-}
-
-/// Cancels the job steps an earlier driver of the experiment in `exp_dir`
-/// left in `job` (named `nestor-<experiment>-...`: its trials' and its
-/// node probes'), and waits (up to 10 s) until Slurm has them gone; returns
-/// their ids. Before anything else of a resumed sweep uses the nodes.
-pub async fn cancel_leftovers(job: &str, exp_dir: &std::path::Path) -> Vec<String> {
-    let prefix = step_prefix(exp_dir);
-    let ids: Vec<String> = steps(job).await.into_iter().filter(|(_, name)| name.starts_with(&prefix)).map(|(id, _)| id).collect();
-    if ids.is_empty() {
-        return ids;
-    }
-    tracing::warn!(steps = ?ids, "cancelling job steps an earlier run of this experiment left running");
-    let _ = tokio::process::Command::new("scancel").args(&ids).status().await;
-    for _ in 0..100 {
-        if !steps(job).await.iter().any(|(id, _)| ids.contains(id)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    ids
 }
 
 /// Where a step's GPUs come from.
@@ -242,18 +214,31 @@ fn step_gpus(allocation: &SlurmAllocation, bundles: &[crate::WorkerBundle]) -> S
 }
 
 /// `nestor-<experiment>-`: the names of the job steps of the experiment in `exp_dir` begin so.
-fn step_prefix(exp_dir: &std::path::Path) -> String {
+pub(super) fn step_prefix(exp_dir: &std::path::Path) -> String {
     format!("nestor-{}-", exp_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
 }
 
-/// `job`'s steps now, as (`job.step` id, name); none when squeue cannot answer.
-async fn steps(job: &str) -> Vec<(String, String)> {
-    let Ok(out) = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i %j"]).output().await else {
+/// A job step as `squeue` lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Listed {
+    /// `job.step`.
+    pub(super) id: String,
+    pub(super) name: String,
+    /// Its nodes, as a host list.
+    pub(super) nodes: String,
+}
+
+/// `job`'s steps now; none when squeue cannot answer.
+pub(super) async fn steps(job: &str) -> Vec<Listed> {
+    let Ok(out) = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i|%j|%N"]).output().await else {
         return Vec::new();
     };
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| l.split_once(' ').map(|(id, name)| (id.trim().to_string(), name.trim().to_string())))
+        .filter_map(|l| {
+            let mut f = l.splitn(3, '|').map(str::trim);
+            Some(Listed { id: f.next()?.to_string(), name: f.next()?.to_string(), nodes: f.next().unwrap_or_default().to_string() })
+        })
         .collect()
 }
 
@@ -274,15 +259,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// A pause before a run the cluster refused to start ends, when no node of
 /// it is down: the cluster is settling (releasing a lost step's CPUs).
 const REFUSAL_BACKOFF: Duration = Duration::from_secs(2);
-
-/// The nodes of `nodes` Slurm calls down, drained, failing or not
-/// responding, with their state (`scontrol show node -o`).
-async fn down_nodes(nodes: &[String]) -> Vec<(String, String)> {
-    let Ok(out) = tokio::process::Command::new("scontrol").args(["show", "node", "-o", &nodes.join(",")]).output().await else {
-        return Vec::new();
-    };
-    node_states(&String::from_utf8_lossy(&out.stdout)).into_iter().filter(|(_, state)| is_down(state)).collect()
-}
 
 /// Whether `node` of `job` still runs a job step (`true` on it): a healthy
 /// node answers in well under a second, busy or not (the probe overlaps the
@@ -335,6 +311,9 @@ impl Backend for SlurmBackend {
         // <experiment>/trials/<id>: the experiment's directory is two up.
         let exp_dir = spec.trial_dir.parent().and_then(std::path::Path::parent).unwrap_or(&spec.trial_dir);
         let step_name = format!("{}{}-{}", step_prefix(exp_dir), spec.trial_id, &token[..8]);
+        // What the step holds, should it outlive this driver stuck on a lost node (read by a resume).
+        let record = super::startup::record_path(&spec.trial_dir, &token[..8]);
+        super::startup::write_record(&spec.trial_dir, &token[..8], &bundles);
         let cpus_per_task = bundles.iter().map(|b| b.cpus.ceil().max(1.0) as u64).max().unwrap_or(1);
         // Memory per CPU: what a rank asked for, else its node's share per CPU (so steps run side by side).
         let mem_per_cpu_mb = match bundles.iter().map(|b| b.memory_bytes).fold(0.0, f64::max) {
@@ -465,7 +444,7 @@ impl Backend for SlurmBackend {
                             // (and its end) must keep flowing meanwhile.
                             let (job, step_name) = (job.clone(), step_name.clone());
                             tokio::spawn(async move {
-                                match steps(&job).await.into_iter().find(|(_, n)| *n == step_name).map(|(id, _)| id) {
+                                match steps(&job).await.into_iter().find(|s| s.name == step_name).map(|s| s.id) {
                                     Some(id) => {
                                         let _ = tokio::process::Command::new("scancel").args(["--signal=TERM", &id]).status().await;
                                     }
@@ -510,7 +489,7 @@ impl Backend for SlurmBackend {
                 let mut nodes = rank_nodes.clone();
                 nodes.sort();
                 nodes.dedup();
-                down_here = down_nodes(&nodes).await;
+                down_here = super::startup::down(&nodes).await;
                 if down_here.is_empty() {
                     // None is down: the cluster is busy or settling. A pause before the run's end,
                     // so its restart does not spend its retries at once.
@@ -539,6 +518,10 @@ impl Backend for SlurmBackend {
                 let _ = node_events.send(Event { trial_id: node_trial.clone(), kind: EventKind::NodeLost { node, why } });
             }
             let lost = lost.or_else(|| gone.first().map(|n| (n.clone(), "it stopped answering".to_string())));
+            if lost.is_none() {
+                // The step ended on every node: nothing of it can be left stuck.
+                let _ = std::fs::remove_file(&record);
+            }
             let end = StepEnd { status: &status, requested, lost, refused, down_here: &down_here, failed, rank_nodes: &rank_nodes };
             let outcome = step_outcome(end, &log_paths, &srun_log, |log| log_tail(log, 20));
             if outcome == ExitOutcome::Completed {

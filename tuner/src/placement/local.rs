@@ -39,7 +39,11 @@ impl Placement for LocalPlacement {
     }
 
     fn nodes(&self) -> Nodes {
-        Nodes { pool: ResourcePool::new(self.node.clone()), description: format!("node {}, {}", self.node.describe(), self.node.gpu_note) }
+        Nodes {
+            pool: ResourcePool::new(self.node.clone()),
+            description: format!("node {}, {}", self.node.describe(), self.node.gpu_note),
+            notes: Vec::new(),
+        }
     }
 
     fn backend<'a>(self: Box<Self>, config: ProcessConfig, _: &'a Startup<'a>) -> BoxFuture<'a, Result<Launcher, TuneError>> {

@@ -36,6 +36,8 @@ pub(crate) struct Nodes {
     pub pool: ResourcePool,
     /// One line for people: the node(s) and their GPUs.
     pub description: String,
+    /// More lines for people: nodes set aside before the sweep starts, what others hold.
+    pub notes: Vec<String>,
 }
 
 /// A placement's backend, and what to tell people of it (where workers report).

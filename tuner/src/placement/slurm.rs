@@ -2,16 +2,20 @@
 //! submit`): its nodes as the pool's, each trial run a job step. Start-up
 //! checks, in order: the nodes can reach the driver's report server; on a
 //! resume, the job steps an earlier driver of the experiment left are
-//! cancelled (they hold the nodes); which nodes do not see the experiment's
-//! directory (their ranks then ship checkpoints through the driver, to an
-//! object store, or the sweep is refused).
+//! cancelled (they hold the nodes), and what those Slurm cannot end (a rank
+//! on a node that died) still hold is kept out of the pool; each node runs
+//! a probe step, and one that cannot (or that Slurm calls down) is set
+//! aside; which nodes do not see the experiment's directory (their ranks
+//! then ship checkpoints through the driver, to an object store, or the
+//! sweep is refused).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use trainer::{NodeResources, ProcessConfig, ResourcePool, SlurmAllocation, SlurmBackend};
+use trainer::{Held, NodeResources, ProcessConfig, ResourcePool, SlurmAllocation, SlurmBackend};
 
 use super::{Launcher, Nodes, Placement, Startup};
 use crate::experiment::ExperimentFile;
@@ -23,12 +27,17 @@ pub(super) struct SlurmPlacement {
     declared: Option<NodeResources>,
     /// Nodes that do not see the experiment's directory (found by [`Placement::check`]).
     unshared: Vec<String>,
+    /// Nodes set aside before the sweep starts, with why.
+    lost: Vec<(String, String)>,
+    /// What job steps Slurm cannot end hold, node by node, and their ids.
+    held: BTreeMap<String, Held>,
+    stuck: Vec<String>,
 }
 
 impl SlurmPlacement {
     pub(super) fn new(allocation: SlurmAllocation, file: &ExperimentFile) -> Result<Self, TuneError> {
         let declared = if file.resources.is_empty() { None } else { Some(NodeResources::from_declared(&file.resources)?) };
-        Ok(Self { allocation, declared, unshared: Vec::new() })
+        Ok(Self { allocation, declared, unshared: Vec::new(), lost: Vec::new(), held: BTreeMap::new(), stuck: Vec::new() })
     }
 }
 
@@ -42,14 +51,25 @@ impl Placement for SlurmPlacement {
                 .map_err(|e| TuneError::Cluster(e.0))?;
             if s.resuming {
                 // Steps an earlier driver of this experiment left in this job go first: they hold the nodes.
-                trainer::cancel_leftover_steps(&a.job_id, s.exp_dir).await;
+                let left = trainer::cancel_leftover_steps(&a.job_id, s.exp_dir).await;
+                self.held = left.held();
+                self.stuck = left.stuck.into_iter().map(|st| st.id).collect();
             }
             // Ranks read and write checkpoints below the experiment's directory where every node sees it;
             // else they ship them through the driver, to an object store.
             let root = std::path::absolute(file.experiment.local_root())
                 .map_err(|source| TuneError::Io { path: PathBuf::from(file.experiment.local_root()), source })?;
             std::fs::create_dir_all(&root).map_err(|source| TuneError::Io { path: root.clone(), source })?;
-            self.unshared = a.unshared_nodes(&root).map_err(|e| TuneError::Cluster(e.0))?;
+            let check = a.check_nodes(&root, &trainer::probe_name(s.exp_dir), &[]).await.map_err(|e| TuneError::Cluster(e.0))?;
+            self.unshared = check.unshared;
+            self.lost = check.lost;
+            // A node a stuck step of unknown shape runs on is left to it.
+            for (node, h) in &self.held {
+                if h.unknown && !self.lost.iter().any(|(n, _)| n == node) {
+                    let why = format!("job steps Slurm cannot end ({}) hold it until the job ends", self.stuck.join(", "));
+                    self.lost.push((node.clone(), why));
+                }
+            }
             if !self.unshared.is_empty() && file.experiment.storage_url().is_none() {
                 return Err(TuneError::Cluster(format!(
                     "{} is not visible on {} (a file written here was not there), and checkpoints go below it: a trial \
@@ -67,8 +87,34 @@ impl Placement for SlurmPlacement {
 
     fn nodes(&self) -> Nodes {
         let a = &self.allocation;
-        let nodes: Vec<(String, NodeResources)> =
-            a.node_resources().into_iter().map(|(name, detected)| (name, self.declared.clone().unwrap_or(detected))).collect();
+        let nodes: Vec<(String, NodeResources)> = a
+            .node_resources()
+            .into_iter()
+            .filter(|(name, _)| !self.lost.iter().any(|(n, _)| n == name))
+            .map(|(name, detected)| {
+                let r = self.declared.clone().unwrap_or(detected);
+                let r = match self.held.get(&name) {
+                    Some(h) => without(r, h),
+                    None => r,
+                };
+                (name, r)
+            })
+            .collect();
+        let mut notes: Vec<String> =
+            self.lost.iter().map(|(node, why)| format!("nestor: node {node} is set aside for the rest of the sweep: {why}")).collect();
+        let held: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(node, h)| !h.unknown && nodes.iter().any(|(n, _)| n == *node))
+            .map(|(node, h)| format!("{node} {} CPU(s)", h.cpus))
+            .collect();
+        if !held.is_empty() {
+            notes.push(format!(
+                "nestor: job steps Slurm cannot end ({}: a rank on a node that is gone) hold {} until the job ends; the sweep leaves them be",
+                self.stuck.join(", "),
+                held.join(", ")
+            ));
+        }
         let description = format!(
             "Slurm job {}, {} node(s): {}, {}",
             a.job_id,
@@ -76,7 +122,7 @@ impl Placement for SlurmPlacement {
             nodes.iter().map(|(n, r)| format!("{n} {}", r.describe())).collect::<Vec<_>>().join(", "),
             nodes.first().map(|(_, r)| r.gpu_note.clone()).unwrap_or_default()
         );
-        Nodes { pool: ResourcePool::cluster(nodes), description }
+        Nodes { pool: ResourcePool::cluster(nodes), description, notes }
     }
 
     fn backend<'a>(self: Box<Self>, mut config: ProcessConfig, s: &'a Startup<'a>) -> BoxFuture<'a, Result<Launcher, TuneError>> {
@@ -106,6 +152,20 @@ impl Placement for SlurmPlacement {
         }
         .boxed()
     }
+}
+
+/// `r` less what stuck job steps hold on its node.
+fn without(mut r: NodeResources, held: &Held) -> NodeResources {
+    r.cpus = (r.cpus - f64::from(held.cpus)).max(0.0);
+    // Memory the ranks did not ask for is the node's share per CPU: it goes with the CPUs.
+    let memory = if held.memory_bytes > 0.0 || r.cpus + f64::from(held.cpus) <= 0.0 {
+        held.memory_bytes
+    } else {
+        r.memory_bytes * f64::from(held.cpus) / (r.cpus + f64::from(held.cpus))
+    };
+    r.memory_bytes = (r.memory_bytes - memory).max(0.0);
+    r.gpus.retain(|g| !held.gpus.contains(&g.index));
+    r
 }
 
 /// This machine's name, as the nodes reach it (`gethostname`).
