@@ -172,3 +172,45 @@ fn every_python_block_of_the_docs_and_the_readme_is_python() {
     }
     assert!(checked >= 3, "only {checked} python blocks");
 }
+
+/// Each third-party crate's features, as `cargo tree` resolves them for a
+/// build of `package` alone (a crate built twice, for the host and the
+/// target, has both sets).
+fn features(package: &str) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-p", package, "-e", "normal,build", "-f", "{p}|{f}", "--prefix", "none"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cargo tree -p {package}: {}", String::from_utf8_lossy(&out.stderr));
+    let mut map: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let line = line.trim_end_matches(" (*)");
+        let Some((id, feats)) = line.split_once('|') else { continue };
+        if id.starts_with("nestor-") {
+            continue;
+        }
+        map.entry(id.trim().to_string()).or_default().insert(feats.trim().to_string());
+    }
+    map
+}
+
+/// `pip install ./python` right after the quickstart compiles the binary
+/// alone: every crate both builds use has the same features in each (else
+/// it and all above it would be compiled again). workspace-hack/Cargo.toml
+/// is where a difference is made up.
+#[test]
+fn the_wheels_build_reuses_the_quickstarts() {
+    let quickstart = features("nestor-examples");
+    let wheel = features("nestor-tuner");
+    assert!(wheel.len() > 100, "cargo tree found too little: {wheel:?}");
+    let only_wheel: Vec<&String> = wheel.keys().filter(|k| !quickstart.contains_key(*k)).collect();
+    assert!(only_wheel.is_empty(), "the wheel builds crates the quickstart does not: {only_wheel:?}");
+    let differ: Vec<String> = wheel
+        .iter()
+        .filter(|(k, f)| quickstart.get(*k) != Some(f))
+        .map(|(k, f)| format!("{k}: the wheel's build {f:?}, the quickstart's {:?}", quickstart.get(k)))
+        .collect();
+    assert!(differ.is_empty(), "add the quickstart's features to workspace-hack/Cargo.toml:\n{}", differ.join("\n"));
+}

@@ -14,6 +14,7 @@ mod output;
 mod startup;
 mod step;
 mod submit;
+mod supervisor;
 
 pub use startup::{cancel_leftovers, probe_name, Held, Leftovers, NodeCheck, StuckStep};
 pub use step::SlurmBackend;

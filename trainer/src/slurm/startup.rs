@@ -122,7 +122,8 @@ fn read_record(exp_dir: &Path, name: &str) -> Option<Vec<WorkerBundle>> {
 /// Cancels the job steps an earlier driver of the experiment in `exp_dir`
 /// left in `job` (named `nestor-<experiment>-...`: its trials' and its node
 /// probes'), and waits (up to 10 s) until Slurm has them gone; those it
-/// still lists then are stuck. Before anything else of a resumed sweep
+/// still lists then, or sooner when each has a node Slurm calls down, are
+/// stuck. Before anything else of a resumed sweep
 /// uses the nodes.
 pub async fn cancel_leftovers(job: &str, exp_dir: &Path) -> Leftovers {
     let prefix = step_prefix(exp_dir);
@@ -136,9 +137,22 @@ pub async fn cancel_leftovers(job: &str, exp_dir: &Path) -> Leftovers {
     let _ = tokio::process::Command::new("scancel").args(&ids).status().await;
     let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
     let mut listed = left;
+    let mut polls = 0u32;
     while !listed.is_empty() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
         listed = mine().await.into_iter().filter(|s| ids.contains(&s.id)).collect();
+        polls += 1;
+        // Each second: when every step left has a node Slurm calls down, none will go.
+        if polls == 10 && !listed.is_empty() {
+            polls = 0;
+            let mut nodes: Vec<String> = listed.iter().flat_map(|s| expand_hostlist(&s.nodes).unwrap_or_default()).collect();
+            nodes.sort();
+            nodes.dedup();
+            let gone: Vec<String> = down(&nodes).await.into_iter().map(|(n, _)| n).collect();
+            if listed.iter().all(|s| expand_hostlist(&s.nodes).unwrap_or_default().iter().any(|n| gone.contains(n))) {
+                break;
+            }
+        }
     }
     let cancelled = ids.iter().filter(|id| !listed.iter().any(|s| &s.id == *id)).cloned().collect();
     let stuck = listed

@@ -17,22 +17,21 @@
 //! then ends the step on every node. `srun` gets that same SIGTERM when the
 //! driver dies (`PR_SET_PDEATHSIG`), so a killed driver leaves no step behind.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 
-use super::output::{step_outcome, StepEnd, StepWatch};
+use super::output::StepWatch;
+use super::supervisor::{Health, StepMonitor};
 use super::SlurmAllocation;
-use crate::backend::{Backend, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
-use crate::groups::{dies_with_driver, signal_group};
-use crate::process::{common_env, free_port, log_tail, ProcessConfig};
+use crate::backend::{Backend, Event, LaunchError, LaunchSpec, StepProgress, TrialHandle};
+use crate::groups::dies_with_driver;
+use crate::process::{common_env, free_port, ProcessConfig};
 use crate::service::ReportServer;
-use crate::supervise::{supervise, Escalation, Groups, StopStep};
+use crate::supervise::{supervise, Escalation, Groups};
 use crate::token::random_token;
 
 /// `srun` options a job's environment may carry that would change a
@@ -78,9 +77,6 @@ g=; if [ -n "$CUDA_VISIBLE_DEVICES" ]; then g=", GPUs $CUDA_VISIBLE_DEVICES"; fi
 echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK$g)" >&2
 exec "$@""#;
 
-/// Failures of runs blamed on one node before it is set aside.
-pub const FAILURES_BEFORE_SET_ASIDE: u32 = 3;
-
 /// Launches each trial run as a job step of the allocation nestor runs in.
 #[derive(Debug, Clone)]
 pub struct SlurmBackend {
@@ -101,37 +97,6 @@ pub struct SlurmBackend {
     /// path, and `nestor.torch` meets at the TCP store rank 0 opens on a
     /// free port of its node and posts to the driver (`Rendezvous`).
     shipping: bool,
-}
-
-/// What the steps' ends said of the nodes.
-#[derive(Debug, Default)]
-struct Health {
-    /// Failed runs blamed on each node.
-    failures: BTreeMap<String, u32>,
-    /// Nodes set aside, with why.
-    lost: BTreeMap<String, String>,
-}
-
-impl Health {
-    /// Marks `node` down; the node and why, the first time.
-    fn node_down(&mut self, node: &str, why: &str) -> Option<(String, String)> {
-        if self.lost.contains_key(node) {
-            return None;
-        }
-        self.lost.insert(node.to_string(), why.to_string());
-        Some((node.to_string(), why.to_string()))
-    }
-
-    /// Counts a failed run against `node`; the node and why when that sets it aside.
-    fn blame(&mut self, node: &str) -> Option<(String, String)> {
-        let n = self.failures.entry(node.to_string()).or_insert(0);
-        *n += 1;
-        if *n >= FAILURES_BEFORE_SET_ASIDE {
-            let why = format!("{n} runs failed on it");
-            return self.node_down(node, &why);
-        }
-        None
-    }
 }
 
 impl SlurmBackend {
@@ -253,28 +218,104 @@ pub(super) fn srun(job: &str) -> std::process::Command {
     c
 }
 
-/// How long a node has to run a trivial job step before it counts as gone.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Where a trial's ranks go in its step: one row per rank (its node's
+/// place among the step's nodes, its local rank, its node's rank count) and
+/// what each task asks Slurm for.
+#[derive(Debug, Clone, PartialEq)]
+struct Layout {
+    /// The step's nodes, in the order their first rank comes.
+    nodes: Vec<String>,
+    /// Each rank's node's place in `nodes`.
+    node_rank: Vec<usize>,
+    /// Each rank's place among its node's ranks.
+    local: Vec<usize>,
+    /// Each rank's node's rank count.
+    local_world: Vec<usize>,
+    /// Whole CPUs per task (Slurm's unit): the largest rank's.
+    cpus_per_task: u64,
+    /// MB per CPU: what a rank asked for, else its first node's share per
+    /// CPU (so steps run side by side); `None` where Slurm gives no limit.
+    mem_per_cpu_mb: Option<u64>,
+    gpus: StepGpus,
+}
 
-/// A pause before a run the cluster refused to start ends, when no node of
-/// it is down: the cluster is settling (releasing a lost step's CPUs).
-const REFUSAL_BACKOFF: Duration = Duration::from_secs(2);
+impl Layout {
+    /// The layout of `bundles` (one per rank) in `allocation`; refused when
+    /// a rank's node is not the allocation's.
+    fn new(allocation: &SlurmAllocation, bundles: &[crate::WorkerBundle]) -> Result<Self, LaunchError> {
+        let mut nodes: Vec<String> = Vec::new();
+        for (rank, b) in bundles.iter().enumerate() {
+            if allocation.node(&b.node).is_none() {
+                return Err(LaunchError::Refused(format!("rank {rank} has no node of Slurm job {} (got {:?})", allocation.job_id, b.node)));
+            }
+            if !nodes.contains(&b.node) {
+                nodes.push(b.node.clone());
+            }
+        }
+        let node_rank = bundles.iter().map(|b| nodes.iter().position(|n| *n == b.node).unwrap_or(0)).collect();
+        let local = (0..bundles.len()).map(|r| bundles[..r].iter().filter(|x| x.node == bundles[r].node).count()).collect();
+        let local_world = bundles.iter().map(|b| bundles.iter().filter(|x| x.node == b.node).count()).collect();
+        let cpus_per_task = bundles.iter().map(|b| b.cpus.ceil().max(1.0) as u64).max().unwrap_or(1);
+        let mem_per_cpu_mb = match bundles.iter().map(|b| b.memory_bytes).fold(0.0, f64::max) {
+            m if m > 0.0 => Some((m / cpus_per_task as f64 / 1048576.0).floor().max(1.0) as u64),
+            _ => nodes
+                .first()
+                .and_then(|n| allocation.node(n))
+                .and_then(|n| n.memory_bytes.map(|m| (m / f64::from(n.cpus.max(1)) / 1048576.0).floor().max(1.0) as u64)),
+        };
+        let gpus = step_gpus(allocation, bundles);
+        Ok(Self { nodes, node_rank, local, local_world, cpus_per_task, mem_per_cpu_mb, gpus })
+    }
 
-/// Whether `node` of `job` still runs a job step (`true` on it): a healthy
-/// node answers in well under a second, busy or not (the probe overlaps the
-/// steps that hold its CPUs).
-async fn answers(job: &str, node: &str, name: &str) -> bool {
-    let probe = tokio::process::Command::from(srun(job))
-        .arg(format!("--job-name={name}"))
-        .args(["--overlap", "--nodes=1", "--ntasks=1", "--mem-per-cpu=1", "--quiet"])
-        .arg(format!("--nodelist={node}"))
-        .arg("true")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .status();
-    matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(s)) if s.success())
+    /// srun's options for the step named `name` (ranks placed one host
+    /// each, in rank order: `--distribution=arbitrary`).
+    fn srun_args(&self, name: &str, bundles: &[crate::WorkerBundle]) -> Vec<String> {
+        let mut args = vec![format!("--job-name={name}")];
+        args.extend(["--exact", "--kill-on-bad-exit=1", "--label", "--distribution=arbitrary", "--export=ALL"].map(String::from));
+        args.push(format!("--nodelist={}", bundles.iter().map(|b| b.node.as_str()).collect::<Vec<_>>().join(",")));
+        args.push(format!("--ntasks={}", bundles.len()));
+        args.push(format!("--nodes={}", self.nodes.len()));
+        args.push(format!("--cpus-per-task={}", self.cpus_per_task));
+        if let Some(m) = self.mem_per_cpu_mb {
+            args.push(format!("--mem-per-cpu={m}"));
+        }
+        match self.gpus {
+            StepGpus::Slurm(n) => args.push(format!("--gpus-per-task={n}")),
+            StepGpus::None => args.push("--gres=none".into()),
+            StepGpus::Pool => {}
+        }
+        args
+    }
+
+    /// The per-rank tables the prologue reads (`;`-separated, in rank
+    /// order); `shards` is each rank's checkpoint shard (empty: none).
+    fn rank_tables(&self, bundles: &[crate::WorkerBundle], shards: &[String]) -> Vec<(&'static str, String)> {
+        let table = |f: &dyn Fn(usize) -> String| (0..bundles.len()).map(f).collect::<Vec<_>>().join(";");
+        let mut env = vec![
+            ("NESTOR_RANKS_LOCAL", table(&|r| self.local[r].to_string())),
+            ("NESTOR_RANKS_NODE", table(&|r| self.node_rank[r].to_string())),
+            ("NESTOR_RANKS_LWS", table(&|r| self.local_world[r].to_string())),
+            ("NESTOR_RANKS_OMP", table(&|r| bundles[r].omp_threads().to_string())),
+            ("NESTOR_RANKS_CUDA", table(&|r| bundles[r].cuda_visible_devices())),
+            ("NESTOR_RANKS_CKPT", table(&|r| shards.get(r).cloned().unwrap_or_default())),
+        ];
+        if matches!(self.gpus, StepGpus::Slurm(_)) {
+            env.push(("NESTOR_GPUS_FROM_SLURM", "1".into()));
+        }
+        env
+    }
+}
+
+/// Reads `stream` line by line into `tx` until it ends.
+fn forward_lines(stream: impl tokio::io::AsyncRead + Send + Unpin + 'static, tx: mpsc::UnboundedSender<String>) {
+    tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(stream).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
 }
 
 impl Backend for SlurmBackend {
@@ -284,28 +325,9 @@ impl Backend for SlurmBackend {
         std::fs::create_dir_all(&logs).map_err(|source| LaunchError::Io { path: logs.clone(), source })?;
         let world = spec.world_size();
         let bundles: Vec<_> = (0..world).map(|r| spec.bundle(r)).collect();
-        // Each rank's node, in rank order; a node's number is its place among the nodes the run uses.
-        let mut order: Vec<&str> = Vec::new();
-        for (rank, b) in bundles.iter().enumerate() {
-            if self.allocation.node(&b.node).is_none() {
-                return Err(LaunchError::Refused(format!(
-                    "rank {rank} has no node of Slurm job {} (got {:?})",
-                    self.allocation.job_id, b.node
-                )));
-            }
-            if !order.contains(&b.node.as_str()) {
-                order.push(&b.node);
-            }
-        }
-        let node_rank = |b: &crate::WorkerBundle| order.iter().position(|n| *n == b.node).unwrap_or(0);
-        let mut local = Vec::with_capacity(bundles.len());
-        for (r, b) in bundles.iter().enumerate() {
-            local.push(bundles[..r].iter().filter(|x| x.node == b.node).count());
-        }
-        let lws: Vec<usize> = bundles.iter().map(|b| bundles.iter().filter(|x| x.node == b.node).count()).collect();
-        let table = |f: &dyn Fn(usize) -> String| (0..bundles.len()).map(f).collect::<Vec<_>>().join(";");
+        let layout = Layout::new(&self.allocation, &bundles)?;
         let token = random_token();
-        let master = self.allocation.node(order[0]).map_or_else(|| order[0].to_string(), |n| n.addr.clone());
+        let master = self.allocation.node(&layout.nodes[0]).map_or_else(|| layout.nodes[0].clone(), |n| n.addr.clone());
         let master_port = free_port();
         let rendezvous = logs.join(format!(".rendezvous-{}", &token[..16]));
         // <experiment>/trials/<id>: the experiment's directory is two up.
@@ -314,49 +336,17 @@ impl Backend for SlurmBackend {
         // What the step holds, should it outlive this driver stuck on a lost node (read by a resume).
         let record = super::startup::record_path(&spec.trial_dir, &token[..8]);
         super::startup::write_record(&spec.trial_dir, &token[..8], &bundles);
-        let cpus_per_task = bundles.iter().map(|b| b.cpus.ceil().max(1.0) as u64).max().unwrap_or(1);
-        // Memory per CPU: what a rank asked for, else its node's share per CPU (so steps run side by side).
-        let mem_per_cpu_mb = match bundles.iter().map(|b| b.memory_bytes).fold(0.0, f64::max) {
-            m if m > 0.0 => Some((m / cpus_per_task as f64 / 1048576.0).floor().max(1.0) as u64),
-            _ => self
-                .allocation
-                .node(order[0])
-                .and_then(|n| n.memory_bytes.map(|m| (m / f64::from(n.cpus.max(1)) / 1048576.0).floor().max(1.0) as u64)),
-        };
+        let shards: Vec<String> = (0..world)
+            .map(|r| match &spec.checkpoint {
+                Some(c) if !self.shipping => crate::checkpoint::shard_for(c, r).display().to_string(),
+                _ => String::new(),
+            })
+            .collect();
         let mut cmd = tokio::process::Command::from(srun(&self.allocation.job_id));
-        cmd.arg(format!("--job-name={step_name}"))
-            .args(["--exact", "--kill-on-bad-exit=1", "--label", "--distribution=arbitrary", "--export=ALL"])
-            .arg(format!("--nodelist={}", bundles.iter().map(|b| b.node.as_str()).collect::<Vec<_>>().join(",")))
-            .arg(format!("--ntasks={world}"))
-            .arg(format!("--nodes={}", order.len()))
-            .arg(format!("--cpus-per-task={cpus_per_task}"));
-        if let Some(m) = mem_per_cpu_mb {
-            cmd.arg(format!("--mem-per-cpu={m}"));
-        }
-        match step_gpus(&self.allocation, &bundles) {
-            StepGpus::Slurm(n) => {
-                cmd.arg(format!("--gpus-per-task={n}")).env("NESTOR_GPUS_FROM_SLURM", "1");
-            }
-            StepGpus::None => {
-                cmd.arg("--gres=none");
-            }
-            StepGpus::Pool => {}
-        }
-        cmd.args(["/bin/sh", "-c", PROLOGUE, "nestor-rank"]).args(&cfg.command);
+        cmd.args(layout.srun_args(&step_name, &bundles)).args(["/bin/sh", "-c", PROLOGUE, "nestor-rank"]).args(&cfg.command);
         cmd.envs(&cfg.env)
             .envs(common_env(cfg, &spec, &self.report_url, &token, &master, master_port, &rendezvous))
-            .env("NESTOR_RANKS_LOCAL", table(&|r| local[r].to_string()))
-            .env("NESTOR_RANKS_NODE", table(&|r| node_rank(&bundles[r]).to_string()))
-            .env("NESTOR_RANKS_LWS", table(&|r| lws[r].to_string()))
-            .env("NESTOR_RANKS_OMP", table(&|r| bundles[r].omp_threads().to_string()))
-            .env("NESTOR_RANKS_CUDA", table(&|r| bundles[r].cuda_visible_devices()))
-            .env(
-                "NESTOR_RANKS_CKPT",
-                table(&|r| match &spec.checkpoint {
-                    Some(c) if !self.shipping => crate::checkpoint::shard_for(c, r as u32).display().to_string(),
-                    _ => String::new(),
-                }),
-            )
+            .envs(layout.rank_tables(&bundles, &shards))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -386,155 +376,40 @@ impl Backend for SlurmBackend {
         let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { program: "srun".into(), source })?;
         let pgid = child.id().map_or(0, |p| p as i32);
         // Lines to the rank logs; srun's own to srun.log, watching for the task that failed.
-        let (lines_tx, mut lines) = mpsc::unbounded_channel::<String>();
-        for stream in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
-            child.stderr.take().map(|s| Box::new(s) as _),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tx = lines_tx.clone();
-            tokio::spawn(async move {
-                let mut reader = tokio::io::BufReader::new(stream).lines();
-                while let Ok(Some(line)) = reader.next_line().await {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
+        let (lines_tx, lines) = mpsc::unbounded_channel::<String>();
+        if let Some(out) = child.stdout.take() {
+            forward_lines(out, lines_tx.clone());
         }
-        drop(lines_tx);
+        if let Some(err) = child.stderr.take() {
+            forward_lines(err, lines_tx);
+        }
         let (handle, stop) = TrialHandle::new(
             vec![pgid].into_iter().filter(|&g| g > 0).collect(),
             Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
         );
         let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let handle = handle.killing_with(libc::SIGTERM).started_by(Arc::clone(&started));
-        let grace = cfg.grace_period;
-        let probe_name = self.probe_name.clone();
-        let trial_id = spec.trial_id;
-        let job = self.allocation.job_id.clone();
-        let health = Arc::clone(&self.health);
-        let rank_nodes: Vec<String> = bundles.iter().map(|b| b.node.clone()).collect();
-        let node_events = events.clone();
-        let node_trial = trial_id.clone();
+        let monitor = StepMonitor {
+            trial_id: spec.trial_id.clone(),
+            job: self.allocation.job_id.clone(),
+            step_name,
+            child,
+            pgid,
+            lines,
+            watch: StepWatch::new(rank_files, srun_file, started),
+            stopping: Escalation::new(stop, cfg.grace_period),
+            rank_nodes: bundles.iter().map(|b| b.node.clone()).collect(),
+            log_paths,
+            srun_log,
+            record,
+            rendezvous,
+            registration,
+            events: events.clone(),
+            health: Arc::clone(&self.health),
+            probe_name: self.probe_name.clone(),
+        };
         let groups: Groups = Arc::new(std::sync::Mutex::new(vec![pgid]));
-        supervise(trial_id.clone(), events, groups, libc::SIGTERM, async move {
-            let mut stopping = Escalation::new(stop, grace);
-            let mut watch = StepWatch::new(rank_files, srun_file, started);
-            let mut lines_open = true;
-            let status = loop {
-                tokio::select! {
-                    line = lines.recv(), if lines_open => match line {
-                        Some(line) => watch.on_line(&line),
-                        None => lines_open = false,
-                    },
-                    status = child.wait(), if !lines_open => break status,
-                    step = stopping.next() => match step {
-                        StopStep::Kill => {
-                            if stopping.requested < StopLevel::Kill {
-                                tracing::warn!(trial = %trial_id, "the job step still runs after SIGTERM; ending it");
-                            }
-                            signal_group(pgid, libc::SIGTERM);
-                        }
-                        StopStep::Terminate => {
-                            // The ranks get SIGTERM where they run; srun ends when they do. Off the
-                            // loop: squeue and scancel wait on the controller, and the step's lines
-                            // (and its end) must keep flowing meanwhile.
-                            let (job, step_name) = (job.clone(), step_name.clone());
-                            tokio::spawn(async move {
-                                match steps(&job).await.into_iter().find(|s| s.name == step_name).map(|s| s.id) {
-                                    Some(id) => {
-                                        let _ = tokio::process::Command::new("scancel").args(["--signal=TERM", &id]).status().await;
-                                    }
-                                    None => signal_group(pgid, libc::SIGTERM),
-                                }
-                            });
-                        }
-                    },
-                }
-            };
-            let StepWatch { lost, refused, failed, .. } = watch;
-            let requested = stopping.asked();
-            let _ = std::fs::remove_file(&rendezvous);
-            let aggregator = registration.aggregator();
-            // Which nodes to ask whether they are still there: the failed rank's, or after a
-            // kill (a hang), those of the ranks the step waited for (all, if none had reported).
-            let failed_here = matches!(&status, Ok(s) if !s.success()) && requested == StopLevel::Run;
-            let suspects: Vec<String> = match (&failed, requested) {
-                _ if lost.is_some() => Vec::new(),
-                (Some((_, node, _)), StopLevel::Run) if failed_here => vec![node.clone()],
-                (_, StopLevel::Kill) => {
-                    let lagging = aggregator.lagging_ranks();
-                    let mut nodes: Vec<String> = if lagging.is_empty() {
-                        rank_nodes.clone()
-                    } else {
-                        lagging.iter().filter_map(|&r| rank_nodes.get(r as usize).cloned()).collect()
-                    };
-                    nodes.dedup();
-                    nodes
-                }
-                _ => Vec::new(),
-            };
-            let mut gone = Vec::new();
-            for node in suspects {
-                if !answers(&job, &node, &probe_name).await {
-                    gone.push(node);
-                }
-            }
-            // A step the cluster would not create: the nodes Slurm itself calls down go aside.
-            let mut down_here = Vec::new();
-            if refused.is_some() && lost.is_none() {
-                let mut nodes = rank_nodes.clone();
-                nodes.sort();
-                nodes.dedup();
-                down_here = super::startup::down(&nodes).await;
-                if down_here.is_empty() {
-                    // None is down: the cluster is busy or settling. A pause before the run's end,
-                    // so its restart does not spend its retries at once.
-                    tokio::time::sleep(REFUSAL_BACKOFF).await;
-                }
-            }
-            let newly_lost = {
-                let mut h = health.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let mut newly = Vec::new();
-                if let Some((node, why)) = &lost {
-                    newly.extend(h.node_down(node, why));
-                }
-                for node in &gone {
-                    newly.extend(h.node_down(node, &format!("it did not run a job step within {} s", PROBE_TIMEOUT.as_secs())));
-                }
-                for (node, state) in &down_here {
-                    newly.extend(h.node_down(node, &format!("Slurm says it is {state}")));
-                }
-                if let (Some((_, node, _)), true, true) = (&failed, failed_here, gone.is_empty()) {
-                    newly.extend(h.blame(node));
-                }
-                newly
-            };
-            // Set aside before the run's exit comes: its restart goes elsewhere.
-            for (node, why) in newly_lost {
-                let _ = node_events.send(Event { trial_id: node_trial.clone(), kind: EventKind::NodeLost { node, why } });
-            }
-            let lost = lost.or_else(|| gone.first().map(|n| (n.clone(), "it stopped answering".to_string())));
-            if lost.is_none() {
-                // The step ended on every node: nothing of it can be left stuck.
-                let _ = std::fs::remove_file(&record);
-            }
-            let end = StepEnd { status: &status, requested, lost, refused, down_here: &down_here, failed, rank_nodes: &rank_nodes };
-            let outcome = step_outcome(end, &log_paths, &srun_log, |log| log_tail(log, 20));
-            if outcome == ExitOutcome::Completed {
-                for r in 0..world {
-                    aggregator.rank_finished(r);
-                }
-            } else {
-                aggregator.fail();
-            }
-            // Its reports are refused from here on.
-            drop(registration);
-            outcome
-        });
+        supervise(spec.trial_id, events, groups, libc::SIGTERM, monitor.run());
         Ok(handle)
     }
 }
@@ -545,17 +420,37 @@ mod tests {
     use crate::slurm::SlurmNode;
 
     #[test]
-    fn a_node_is_set_aside_after_repeated_failures_and_reported_once() {
-        let mut h = Health::default();
-        for _ in 1..FAILURES_BEFORE_SET_ASIDE {
-            assert_eq!(h.blame("node1"), None);
+    fn a_steps_layout_gives_each_rank_its_row_and_slurm_the_tasks_shape() {
+        let node =
+            |name: &str| SlurmNode { name: name.into(), cpus: 4, memory_bytes: Some(4096.0 * 1048576.0), gpus: vec![], addr: name.into() };
+        let allocation = SlurmAllocation { job_id: "7".into(), nodes: vec![node("a"), node("b")] };
+        let on = |n: &str, cpus: f64| crate::WorkerBundle { node: n.into(), ..crate::WorkerBundle::cpus(cpus) };
+        let ranks = [on("b", 1.0), on("a", 1.5), on("b", 1.0)];
+        let layout = Layout::new(&allocation, &ranks).unwrap();
+        assert_eq!(layout.nodes, ["b", "a"], "nodes in the order their first rank comes");
+        assert_eq!(
+            (layout.node_rank.clone(), layout.local.clone(), layout.local_world.clone()),
+            (vec![0, 1, 0], vec![0, 0, 1], vec![2, 1, 2])
+        );
+        // Whole CPUs per task, the largest rank's; memory: the first node's share per CPU.
+        assert_eq!((layout.cpus_per_task, layout.mem_per_cpu_mb), (2, Some(1024)));
+        let args = layout.srun_args("nestor-e-t0-01234567", &ranks);
+        for want in
+            ["--job-name=nestor-e-t0-01234567", "--nodelist=b,a,b", "--ntasks=3", "--nodes=2", "--cpus-per-task=2", "--mem-per-cpu=1024"]
+        {
+            assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
         }
-        assert!(h.lost.is_empty());
-        assert_eq!(h.blame("node1"), Some(("node1".into(), "3 runs failed on it".into())));
-        assert_eq!(h.lost["node1"], "3 runs failed on it");
-        // Once set aside, a node is not reported again.
-        assert_eq!(h.blame("node1"), None);
-        assert_eq!(h.node_down("node1", "gone"), None);
+        let tables: std::collections::BTreeMap<_, _> =
+            layout.rank_tables(&ranks, &["s0".into(), String::new(), "s2".into()]).into_iter().collect();
+        assert_eq!(tables["NESTOR_RANKS_LOCAL"], "0;0;1");
+        assert_eq!(tables["NESTOR_RANKS_NODE"], "0;1;0");
+        assert_eq!(tables["NESTOR_RANKS_LWS"], "2;1;2");
+        assert_eq!(tables["NESTOR_RANKS_OMP"], "1;1;1");
+        assert_eq!(tables["NESTOR_RANKS_CKPT"], "s0;;s2");
+        assert!(!tables.contains_key("NESTOR_GPUS_FROM_SLURM"));
+        // A rank on a node the job does not hold is refused, naming it.
+        let err = Layout::new(&allocation, &[on("c", 1.0)]).unwrap_err();
+        assert!(err.to_string().contains("rank 0 has no node of Slurm job 7"), "{err}");
     }
 
     #[test]
