@@ -298,3 +298,59 @@ fn the_readmes_rust_sweep_runs() {
     assert!((0.05..0.06).contains(&loss), "{stdout}");
     assert_eq!(std::fs::read_dir(dir.path().join("nestor-runs")).unwrap().count(), 1);
 }
+
+/// Runs the example `name` in a new directory; its standard output.
+fn run_example(name: &str, dir: &Path) -> String {
+    let exe = bin_dir().join("examples").join(name);
+    assert!(exe.exists(), "{} is missing: cargo test builds the examples", exe.display());
+    let out = Command::new(exe).current_dir(dir).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+#[test]
+fn the_docs_rust_sweep_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = run_example("docs-sweep", dir.path());
+    // `trial_000NN {"batch_size":..,"lr":..,"model":{"width":..}} None`: the best has the largest lr.
+    assert!(stdout.starts_with("trial_000"), "{stdout}");
+    let config: serde_json::Value = serde_json::from_str(stdout.split_once(' ').unwrap().1.rsplit_once(' ').unwrap().0).unwrap();
+    let width = config["model"]["width"].as_u64().unwrap();
+    assert!(config["lr"].as_f64().unwrap() > 1e-3 && (64..=512).contains(&width) && width / 64 * 64 == width, "{stdout}");
+    assert!(dir.path().join("nestor-runs/my-sweep/store").is_dir());
+}
+
+#[test]
+fn the_docs_one_run_averages_its_ranks_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = run_example("docs-one-run", dir.path());
+    let w: f64 = stdout.strip_prefix("w = ").unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!((w - 3.5).abs() < 1e-3, "2 ranks' targets 3 and 4 average 3.5: {stdout}");
+    assert!(stdout.contains("after 100 steps"), "{stdout}");
+}
+
+#[test]
+fn the_docs_worker_runs_under_nestor() {
+    let nestor = bin_dir().join("nestor");
+    assert!(nestor.exists(), "{} is missing: cargo test --workspace builds it", nestor.display());
+    let dir = tempfile::tempdir().unwrap();
+    let worker = bin_dir().join("examples/docs-worker");
+    std::fs::write(
+        dir.path().join("sweep.toml"),
+        format!(
+            "[experiment]\nname = \"docs-worker\"\nmetric = \"loss\"\nmode = \"min\"\n\n[space]\nlr = {{ grid = [0.1, 0.3] }}\n\n\
+             [trainer]\ncommand = [{:?}]\nnum_workers = 2\n",
+            worker.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(&nestor).args(["run", "sweep.toml", "--plain"]).current_dir(dir.path()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("2 trials (2 TERMINATED)"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let best = Command::new(&nestor).args(["best", "nestor-runs/docs-worker", "--json"]).current_dir(dir.path()).output().unwrap();
+    let best: serde_json::Value = serde_json::from_slice(&best.stdout).unwrap();
+    // lr 0.3: w = 3 (1 - 0.4^10), its loss 9 * 0.4^20.
+    assert!((best["metrics"]["loss"].as_f64().unwrap() - 9.0 * 0.4f64.powi(20)).abs() < 1e-9, "{best}");
+    assert!(best["checkpoint"].as_str().is_some_and(|c| Path::new(c).join("rank-0/w").is_file()), "{best}");
+}

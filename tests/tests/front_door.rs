@@ -174,12 +174,14 @@ fn every_python_block_of_the_docs_and_the_readme_is_python() {
 }
 
 /// Each third-party crate's features, as `cargo tree` resolves them for a
-/// build of `package` alone (a crate built twice, for the host and the
-/// target, has both sets).
-fn features(package: &str) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+/// build of `package` alone, with its dev-dependencies when `dev` (an
+/// example's build has them); a crate built twice, for the host and the
+/// target, has both sets.
+fn features(package: &str, dev: bool) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let edges = if dev { "normal,build,dev" } else { "normal,build" };
     let out = Command::new(cargo)
-        .args(["tree", "-p", package, "-e", "normal,build", "-f", "{p}|{f}", "--prefix", "none"])
+        .args(["tree", "-p", package, "-e", edges, "-f", "{p}|{f}", "--prefix", "none"])
         .current_dir(repo())
         .output()
         .unwrap();
@@ -202,8 +204,8 @@ fn features(package: &str) -> std::collections::BTreeMap<String, std::collection
 /// is where a difference is made up.
 #[test]
 fn the_wheels_build_reuses_the_quickstarts() {
-    let quickstart = features("nestor-examples");
-    let wheel = features("nestor-tuner");
+    let quickstart = features("nestor-examples", true);
+    let wheel = features("nestor-tuner", false);
     assert!(wheel.len() > 100, "cargo tree found too little: {wheel:?}");
     let only_wheel: Vec<&String> = wheel.keys().filter(|k| !quickstart.contains_key(*k)).collect();
     assert!(only_wheel.is_empty(), "the wheel builds crates the quickstart does not: {only_wheel:?}");
@@ -213,4 +215,27 @@ fn the_wheels_build_reuses_the_quickstarts() {
         .map(|(k, f)| format!("{k}: the wheel's build {f:?}, the quickstart's {:?}", quickstart.get(k)))
         .collect();
     assert!(differ.is_empty(), "add the quickstart's features to workspace-hack/Cargo.toml:\n{}", differ.join("\n"));
+}
+
+/// Every Rust block of the docs is a whole example file (its first line
+/// names it), so the workspace's build compiles it and examples/tests runs it.
+#[test]
+fn every_rust_block_of_the_docs_is_an_example_file_that_builds() {
+    let mut checked = 0;
+    for page in std::fs::read_dir(repo().join("docs")).unwrap().flatten().map(|e| e.path()) {
+        if page.extension().is_none_or(|x| x != "md") {
+            continue;
+        }
+        for block in blocks(&std::fs::read_to_string(&page).unwrap(), "rust") {
+            let first = block.lines().next().unwrap_or_default();
+            let name = first.strip_prefix("//! ").and_then(|l| l.split(':').next()).filter(|n| n.starts_with("examples/"));
+            let name = name.unwrap_or_else(|| panic!("{}: a Rust block that is no example file: {first}", page.display()));
+            let file = std::fs::read_to_string(repo().join(name)).unwrap_or_else(|e| panic!("{}: {name}: {e}", page.display()));
+            assert_eq!(block, file, "{}: the block is not {name}", page.display());
+            let manifest = std::fs::read_to_string(repo().join("examples/Cargo.toml")).unwrap();
+            assert!(manifest.contains(&format!("path = \"{}\"", name.trim_start_matches("examples/"))), "{name} is no example target");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "only {checked} Rust blocks in the docs");
 }
