@@ -115,13 +115,22 @@ fn the_documentation_site_builds_with_warnings_as_errors() {
     assert!(!Path::new(&site.path().join("build.sh")).exists(), "the build script went into the site");
 }
 
+/// The pages of the documentation site (docs/*.md).
+fn doc_pages() -> Vec<std::path::PathBuf> {
+    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    pages
+}
+
 #[test]
 fn a_docs_block_that_names_an_example_file_is_that_file() {
     let mut checked = 0;
-    for page in std::fs::read_dir(repo().join("docs")).unwrap().flatten().map(|e| e.path()) {
-        if page.extension().is_none_or(|x| x != "md") {
-            continue;
-        }
+    for page in doc_pages() {
         let text = std::fs::read_to_string(&page).unwrap();
         for block in blocks(&text, "toml") {
             let Some(name) = block.lines().next().and_then(|l| l.strip_prefix("# ")).filter(|n| n.starts_with("examples/")) else {
@@ -139,12 +148,7 @@ fn a_docs_block_that_names_an_example_file_is_that_file() {
 
 #[test]
 fn every_python_block_of_the_docs_and_the_readme_is_python() {
-    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(repo().join("docs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .collect();
+    let mut pages = doc_pages();
     pages.push(repo().join("README.md"));
     let mut checked = 0;
     for page in pages {
@@ -222,10 +226,7 @@ fn the_wheels_build_reuses_the_quickstarts() {
 #[test]
 fn every_rust_block_of_the_docs_is_an_example_file_that_builds() {
     let mut checked = 0;
-    for page in std::fs::read_dir(repo().join("docs")).unwrap().flatten().map(|e| e.path()) {
-        if page.extension().is_none_or(|x| x != "md") {
-            continue;
-        }
+    for page in doc_pages() {
         for block in blocks(&std::fs::read_to_string(&page).unwrap(), "rust") {
             let first = block.lines().next().unwrap_or_default();
             let name = first.strip_prefix("//! ").and_then(|l| l.split(':').next()).filter(|n| n.starts_with("examples/"));

@@ -196,7 +196,13 @@ pub enum EventKind {
         /// will be. Dropped unanswered when the trial ends first.
         reply: oneshot::Sender<Result<Vec<WorkerBundle>, String>>,
     },
-    /// The run has ended and holds no resources any more.
+    /// The run's bundles stay held after its exit, for the rest of the
+    /// sweep: its job step had a rank on a node that was lost, and the
+    /// cluster cannot end it (Slurm keeps what it holds on the live nodes
+    /// until the job ends). Sent before the exit.
+    Stuck,
+    /// The run has ended and holds no resources any more (but what a
+    /// `Stuck` run was given).
     Exited(ExitOutcome),
 }
 

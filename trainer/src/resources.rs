@@ -775,6 +775,38 @@ impl ResourcePool {
         true
     }
 
+    /// Keeps an allocation's resources out of the pool for good (a run
+    /// whose job step the cluster cannot end holds them): they leave the
+    /// nodes' totals, so what can never fit is judged without them.
+    pub fn keep_booked(&mut self, alloc: &Allocation) {
+        for p in &alloc.parts {
+            let Some(node) = self.nodes.get_mut(p.node) else { continue };
+            let total = &mut node.total;
+            total.cpu = total.cpu.saturating_sub(p.cpu);
+            total.memory = total.memory.saturating_sub(p.memory);
+            for (name, u) in &p.custom {
+                if let Some(t) = total.custom.get_mut(name) {
+                    *t = t.saturating_sub(*u);
+                }
+            }
+            for &(i, u) in &p.gpu {
+                if let Some(t) = total.gpu.get_mut(i) {
+                    *t = t.saturating_sub(u);
+                }
+            }
+            // What was free stays free, within the new total.
+            let free = &mut node.free;
+            free.cpu = free.cpu.min(total.cpu);
+            free.memory = free.memory.min(total.memory);
+            for (name, f) in &mut free.custom {
+                *f = (*f).min(total.custom.get(name).copied().unwrap_or(0));
+            }
+            for (f, t) in free.gpu.iter_mut().zip(&total.gpu) {
+                *f = (*f).min(*t);
+            }
+        }
+    }
+
     /// Returns an allocation's resources to the pool.
     pub fn release(&mut self, alloc: &Allocation) {
         for p in &alloc.parts {
@@ -819,6 +851,26 @@ mod tests {
             r.insert("GPU".into(), gpu);
         }
         Request { workers: vec![r; workers], trainer: Resources::new(), strategy }
+    }
+
+    #[test]
+    fn what_a_stuck_run_held_stays_out_of_the_pool_for_good() {
+        let node = || NodeResources::declared(2.0).with_gpus(1);
+        let mut pool = ResourcePool::cluster(vec![("n1".into(), node()), ("n2".into(), node())]);
+        let spread = req(2, 1.0, 0.0, PlacementStrategy::StrictSpread);
+        let stuck = pool.try_allocate(&req(2, 1.0, 1.0, PlacementStrategy::StrictSpread)).unwrap();
+        let other = pool.try_allocate(&spread).unwrap();
+        pool.keep_booked(&stuck);
+        // Never given back: one CPU a node and no GPU left, whatever ends.
+        pool.release(&other);
+        assert!(pool.is_idle(), "everything else is free again");
+        assert!(pool.check(&req(2, 2.0, 0.0, PlacementStrategy::StrictSpread)).is_err(), "two CPUs a node can never fit now");
+        assert!(pool.check(&req(1, 1.0, 1.0, PlacementStrategy::Pack)).is_err(), "nor a GPU");
+        let a = pool.try_allocate(&spread).unwrap();
+        assert!(pool.try_allocate(&spread).is_none(), "one such run at a time");
+        pool.release(&a);
+        pool.release(&stuck);
+        assert!(pool.try_allocate(&spread).is_some() && pool.try_allocate(&spread).is_none(), "releasing it later changes nothing");
     }
 
     #[test]

@@ -335,8 +335,8 @@ impl Trainer {
                             out.history.push(Step { training_iteration: report.training_iteration, metrics, checkpoint });
                             reply.send(if interrupted { Directive::Stop } else { Directive::Continue }).durable();
                         }
-                        // One machine: no node to set aside.
-                        Some(EventKind::NodeLost { .. }) => {}
+                        // One machine: no node to set aside, no step left behind.
+                        Some(EventKind::NodeLost { .. } | EventKind::Stuck) => {}
                         Some(EventKind::Book { reply, .. }) => {
                             let _ = reply.send(Err("a run of a Trainer of its own has no pool to book a trainer's resources from".into()));
                         }

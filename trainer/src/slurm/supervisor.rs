@@ -8,7 +8,9 @@
 //!
 //! Nothing in the loop waits on the controller: a graceful stop's
 //! `squeue`/`scancel` run in a task of their own, so the step's lines and
-//! its end keep flowing meanwhile.
+//! its end keep flowing meanwhile. A step that lost a node and that Slurm
+//! still lists once srun is gone is stuck: the run's bundles stay booked
+//! (`EventKind::Stuck`, before the exit).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -131,6 +133,10 @@ impl StepMonitor {
         if lost.is_none() {
             // The step ended on every node: nothing of it can be left stuck.
             let _ = std::fs::remove_file(&self.record);
+        } else if still_listed(&self.job, &self.step_name).await {
+            // A rank on the lost node: Slurm keeps the step, and what it holds on the live nodes, until the job ends.
+            tracing::warn!(trial = %self.trial_id, step = %self.step_name, "the job step outlives its run (a rank on a lost node): its CPUs stay held");
+            let _ = self.events.send(Event { trial_id: self.trial_id.clone(), kind: EventKind::Stuck });
         }
         let end =
             StepEnd { status: &status, requested, lost, refused, down_here: &settled.down_here, failed, rank_nodes: &self.rank_nodes };
@@ -233,6 +239,23 @@ impl StepMonitor {
             newly.extend(h.blame(node));
         }
         newly
+    }
+}
+
+/// How long a step whose srun has gone may take to leave Slurm's list.
+const STEP_LEAVES: Duration = Duration::from_secs(2);
+
+/// Whether Slurm still lists `job`'s step `name` after [`STEP_LEAVES`].
+async fn still_listed(job: &str, name: &str) -> bool {
+    let deadline = tokio::time::Instant::now() + STEP_LEAVES;
+    loop {
+        if !steps(job).await.iter().any(|s| s.name == name) {
+            return false;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -165,6 +165,9 @@ pub(crate) struct Running {
     last_report: f64,
     /// Set when this run must end; the reason decides the final state.
     ending: Option<Ending>,
+    /// The cluster keeps what this run was given after its end (a job step
+    /// it cannot end): not given back to the pool.
+    stuck: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -804,7 +807,7 @@ impl Runner {
                 // A start is shown after the ends not yet shown (they wait to be durable).
                 self.reporter.report(Output::Started { record: &record, after_ends: self.commits.ends_pending(), resumed });
                 let now = self.clock.now();
-                let running = Running { record, handle, allocation, started: now, last_report: now, ending: None };
+                let running = Running { record, handle, allocation, started: now, last_report: now, ending: None, stuck: false };
                 self.trials.running.insert(running.record.id.clone(), running);
             }
             Err(e) => {
@@ -837,6 +840,11 @@ impl Runner {
             }
             EventKind::NodeLost { node, why } => self.set_aside(&node, &why),
             EventKind::Book { request, reply } => self.on_book(&ev.trial_id, request, reply)?,
+            EventKind::Stuck => {
+                if let Some(r) = self.trials.running.get_mut(&ev.trial_id) {
+                    r.stuck = true;
+                }
+            }
             EventKind::Exited(outcome) => self.on_exit(&ev.trial_id, outcome)?,
         }
         Ok(())
@@ -923,8 +931,12 @@ impl Runner {
 
     fn on_exit(&mut self, trial_id: &str, outcome: ExitOutcome) -> Result<(), TuneError> {
         let Some(mut r) = self.trials.running.remove(trial_id) else { return Ok(()) };
-        // The backend reports an exit only once every process is gone.
-        self.pool.release(&r.allocation);
+        // The backend reports an exit only once every process is gone; what a stuck run held stays booked.
+        if r.stuck {
+            self.pool.keep_booked(&r.allocation);
+        } else {
+            self.pool.release(&r.allocation);
+        }
         self.trials.booking.forget(trial_id);
         r.record.time_total_s += (self.clock.now() - r.started).max(0.0);
         let mut rec = r.record;

@@ -541,6 +541,35 @@ async fn a_run_the_infrastructure_ended_restarts_without_counting_against_max_fa
 }
 
 #[tokio::test]
+async fn what_a_stuck_run_held_is_not_given_back_and_its_restart_goes_elsewhere() {
+    let failure = FailureConfig { max_failures: 3, ..Default::default() };
+    let mut h = harness(Options { trials: 3, cpus: 1.0, nodes: vec!["n1", "n2", "n3"], failure, ..Default::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 3, "a trial a node");
+    let node_of = |h: &Harness, run: usize| h.backend.launched.lock().unwrap()[run].spec.workers[0].node.clone();
+    let (trial, held) = (h.trial_of(0), node_of(&h, 0));
+    // Its job step outlives it (a rank on a lost node): its CPU stays booked.
+    let ev = Event { trial_id: trial.clone(), kind: EventKind::Stuck };
+    assert_eq!(h.runner.handle(LoopEvent::Trials(vec![ev])).unwrap(), Control::Go);
+    h.exit(0, ExitOutcome::Infrastructure("node n9 was lost under rank 1".into()));
+    for _ in 0..3 {
+        assert!(!h.advance());
+    }
+    assert_eq!(h.launched(), 3, "no room for its restart while the others run: {held} is held");
+    let freed = node_of(&h, 1);
+    h.exit(1, ExitOutcome::Completed);
+    while h.launched() < 4 {
+        assert!(!h.advance());
+        if h.launched() < 4 {
+            let done = h.runner.restores.tasks.join_next_with_id().await.unwrap();
+            h.runner.handle(LoopEvent::Restored(done)).unwrap();
+        }
+    }
+    let again = h.backend.launched.lock().unwrap()[3].spec.clone();
+    assert_eq!((again.trial_id, again.workers[0].node.clone()), (trial, freed), "restarted where a run ended, not on {held}");
+}
+
+#[tokio::test]
 async fn infrastructure_failures_past_their_limit_end_the_trial() {
     let failure = FailureConfig { max_infrastructure_failures: 0, ..Default::default() };
     let mut h = harness(Options { failure, ..Default::default() });
