@@ -210,6 +210,17 @@ impl Harness {
         assert_eq!(self.runner.handle(LoopEvent::Trials(vec![ev])).unwrap(), Control::Go);
     }
 
+    /// Turns the loop, handing it each restore it waits for, until `n` runs were launched.
+    async fn launched_after_restores(&mut self, n: usize) {
+        while self.launched() < n {
+            assert!(!self.advance());
+            if self.launched() < n {
+                let done = self.runner.restores.tasks.join_next_with_id().await.unwrap();
+                self.runner.handle(LoopEvent::Restored(done)).unwrap();
+            }
+        }
+    }
+
     fn record(&self, trial: &str) -> crate::store::TrialRecord {
         self.store.trial(trial).unwrap().unwrap()
     }
@@ -528,13 +539,7 @@ async fn a_run_the_infrastructure_ended_restarts_without_counting_against_max_fa
     assert_eq!((rec.status, rec.failures, rec.infrastructure_failures), (TrialStatus::Pending, 0, 1));
     assert!(rec.last_failure.unwrap().contains("was lost"));
     // It runs again, on the node left.
-    while h.launched() < 2 {
-        assert!(!h.advance());
-        if h.launched() < 2 {
-            let done = h.runner.restores.tasks.join_next_with_id().await.unwrap();
-            h.runner.handle(LoopEvent::Restored(done)).unwrap();
-        }
-    }
+    h.launched_after_restores(2).await;
     let again = h.backend.launched.lock().unwrap()[1].spec.clone();
     assert_eq!(again.trial_id, trial);
     assert_ne!(again.workers[0].node, first, "placed on the node left");
@@ -558,13 +563,7 @@ async fn what_a_stuck_run_held_is_not_given_back_and_its_restart_goes_elsewhere(
     assert_eq!(h.launched(), 3, "no room for its restart while the others run: {held} is held");
     let freed = node_of(&h, 1);
     h.exit(1, ExitOutcome::Completed);
-    while h.launched() < 4 {
-        assert!(!h.advance());
-        if h.launched() < 4 {
-            let done = h.runner.restores.tasks.join_next_with_id().await.unwrap();
-            h.runner.handle(LoopEvent::Restored(done)).unwrap();
-        }
-    }
+    h.launched_after_restores(4).await;
     let again = h.backend.launched.lock().unwrap()[3].spec.clone();
     assert_eq!((again.trial_id, again.workers[0].node.clone()), (trial, freed), "restarted where a run ended, not on {held}");
 }
