@@ -102,10 +102,10 @@ impl Progress {
         }
     }
 
-    /// `3 running, 12/64 done (11 terminated, 1 error), 49 pending | best loss=0.12 (trial_00004) | 12.3s, ETA 1m20s`
+    /// `3 running, 12/64 done (11 terminated, 1 errored), 49 pending | best loss=0.12 (trial_00004) | 12.3s, ETA 1m20s`
     fn summary(&self, s: &Status) -> String {
         let mut out =
-            format!("{} running, {}/{} done ({} terminated, {} error)", s.running.len(), s.done(), s.planned, s.terminated, s.error);
+            format!("{} running, {}/{} done ({} terminated, {} errored)", s.running.len(), s.done(), s.planned, s.terminated, s.error);
         if s.paused > 0 {
             out.push_str(&format!(", {} paused", s.paused));
         }
@@ -156,7 +156,7 @@ impl Progress {
         self.clear();
         if self.style != Style::Quiet {
             eprintln!(
-                "Sweep finished in {:.1}s: {} terminated, {} error",
+                "Sweep finished in {:.1}s: {} terminated, {} errored",
                 self.start.elapsed().as_secs_f64(),
                 self.terminated,
                 self.errored
