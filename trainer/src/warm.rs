@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -69,7 +69,7 @@ struct Answer {
 /// The warm process of one backend, started on first use and again after it dies.
 #[derive(Default)]
 pub(crate) struct WarmPool {
-    current: Mutex<Option<mpsc::UnboundedSender<Request>>>,
+    current: Mutex<Option<WarmQueue>>,
 }
 
 impl std::fmt::Debug for WarmPool {
@@ -86,39 +86,46 @@ impl WarmPool {
     /// working directory; the pool adds `NESTOR_ZYGOTE=1` and the pipes).
     pub(crate) fn queue(&self, command: impl FnOnce() -> tokio::process::Command) -> Result<WarmQueue, std::io::Error> {
         let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(tx) = current.as_ref().filter(|tx| !tx.is_closed()) {
-            return Ok(WarmQueue(tx.clone()));
+        if let Some(q) = current.as_ref().filter(|q| !q.requests.is_closed()) {
+            return Ok(q.clone());
         }
-        let tx = start(command())?;
-        *current = Some(tx.clone());
-        Ok(WarmQueue(tx))
+        let q = start(command())?;
+        *current = Some(q.clone());
+        Ok(q)
     }
 }
 
 /// Where a run asks the warm process for its ranks.
-pub(crate) struct WarmQueue(mpsc::UnboundedSender<Request>);
+#[derive(Clone)]
+pub(crate) struct WarmQueue {
+    requests: mpsc::UnboundedSender<Request>,
+    /// How the process ended, once it has: what a request that comes too late hears.
+    ended: Arc<OnceLock<String>>,
+}
 
 impl WarmQueue {
     /// Forks one rank.
     pub(crate) async fn fork(&self, spec: RankSpec) -> Result<Forked, String> {
+        let gone = || self.ended.get().cloned().unwrap_or_else(|| "the warm worker process is gone".to_string());
         let (reply, answer) = oneshot::channel();
-        self.0.send(Request { spec, reply }).map_err(|_| "the warm worker process is gone".to_string())?;
-        answer.await.unwrap_or_else(|_| Err("the warm worker process is gone".to_string()))
+        self.requests.send(Request { spec, reply }).map_err(|_| gone())?;
+        answer.await.unwrap_or_else(|_| Err(gone()))
     }
 }
 
-fn start(mut cmd: tokio::process::Command) -> Result<mpsc::UnboundedSender<Request>, std::io::Error> {
+fn start(mut cmd: tokio::process::Command) -> Result<WarmQueue, std::io::Error> {
     cmd.env("NESTOR_ZYGOTE", "1").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
     let mut child = cmd.spawn()?;
     let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take()) else {
         return Err(std::io::Error::other("the warm worker process has no pipes"));
     };
     let (tx, rx) = mpsc::unbounded_channel();
+    let ended = Arc::new(OnceLock::new());
     // The task owns the process: it ends when the process does (every
     // waiter then hears why) or when the backend is dropped (the process is
     // killed with it).
-    tokio::spawn(serve(child, stdin, stdout, stderr, rx));
-    Ok(tx)
+    tokio::spawn(serve(child, stdin, stdout, stderr, rx, Arc::clone(&ended)));
+    Ok(WarmQueue { requests: tx, ended })
 }
 
 /// What the task keeps: forks asked for, ranks running, exits that came first.
@@ -183,6 +190,7 @@ async fn serve(
     stdout: tokio::process::ChildStdout,
     stderr: tokio::process::ChildStderr,
     mut requests: mpsc::UnboundedReceiver<Request>,
+    ended: Arc<OnceLock<String>>,
 ) {
     let mut book = Book::default();
     let mut lines = BufReader::new(stdout).lines();
@@ -239,10 +247,52 @@ async fn serve(
         if why.is_empty() { String::new() } else { format!(" ({why})") },
         if shown.is_empty() { String::new() } else { format!("; its last lines:\n{}", shown.join("\n")) }
     );
+    // Later requests hear the same, even one sent after the queue closes.
+    let _ = ended.set(why.clone());
     book.fail_all(&why);
-    // Later requests hear the same.
     requests.close();
     while let Some(Request { reply, .. }) = requests.recv().await {
         let _ = reply.send(Err(why.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn spec() -> RankSpec {
+        RankSpec {
+            env: BTreeMap::new(),
+            unset: Vec::new(),
+            cwd: std::env::temp_dir(),
+            log: std::env::temp_dir().join("nestor-warm-test.log"),
+        }
+    }
+
+    /// A warm process that dies at start (an import that fails): every
+    /// request, sent before its end or long after, hears how it ended.
+    #[tokio::test]
+    async fn a_warm_process_that_dies_at_start_names_why_to_every_request() {
+        let pool = WarmPool::default();
+        let dying = || {
+            let mut c = tokio::process::Command::new("sh");
+            c.args(["-c", "echo \"ModuleNotFoundError: No module named 'only_here'\" >&2; exit 3"]);
+            c
+        };
+        let early = pool.queue(dying).unwrap();
+        let first = early.fork(spec()).await.err().expect("no rank from a dead warm process");
+        assert!(first.contains("exited with code 3") && first.contains("only_here"), "{first}");
+        // Long after: the queue is closed, and a request still hears why.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !early.requests.is_closed() {
+            assert!(tokio::time::Instant::now() < deadline, "the queue never closed");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let late = early.fork(spec()).await.err().expect("no rank from a dead warm process");
+        assert_eq!(late, first);
+        // The pool starts a new process for the next run.
+        let again = pool.queue(dying).unwrap();
+        assert!(!again.requests.same_channel(&early.requests));
     }
 }
