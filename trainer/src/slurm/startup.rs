@@ -22,7 +22,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use super::output::{is_down, node_states};
-use super::step::{srun, step_prefix, steps};
+use super::step::{cpus_per_task, srun, step_prefix, steps};
 use super::{expand_hostlist, SlurmAllocation, SlurmError};
 use crate::WorkerBundle;
 
@@ -74,7 +74,7 @@ impl Leftovers {
         for s in &self.stuck {
             match &s.ranks {
                 Some(ranks) => {
-                    let per_task = ranks.iter().map(|b| b.cpus.ceil().max(1.0) as u32).max().unwrap_or(1);
+                    let per_task = cpus_per_task(ranks);
                     for b in ranks {
                         let h = held.entry(b.node.clone()).or_default();
                         h.cpus += per_task;
@@ -145,11 +145,12 @@ pub async fn cancel_leftovers(job: &str, exp_dir: &Path) -> Leftovers {
         // Each second: when every step left has a node Slurm calls down, none will go.
         if polls == 10 && !listed.is_empty() {
             polls = 0;
-            let mut nodes: Vec<String> = listed.iter().flat_map(|s| expand_hostlist(&s.nodes).unwrap_or_default()).collect();
+            let per_step: Vec<Vec<String>> = listed.iter().map(|s| expand_hostlist(&s.nodes).unwrap_or_default()).collect();
+            let mut nodes: Vec<String> = per_step.concat();
             nodes.sort();
             nodes.dedup();
             let gone: Vec<String> = down(&nodes).await.into_iter().map(|(n, _)| n).collect();
-            if listed.iter().all(|s| expand_hostlist(&s.nodes).unwrap_or_default().iter().any(|n| gone.contains(n))) {
+            if per_step.iter().all(|step| step.iter().any(|n| gone.contains(n))) {
                 break;
             }
         }

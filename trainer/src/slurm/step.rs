@@ -255,7 +255,7 @@ impl Layout {
         let node_rank = bundles.iter().map(|b| nodes.iter().position(|n| *n == b.node).unwrap_or(0)).collect();
         let local = (0..bundles.len()).map(|r| bundles[..r].iter().filter(|x| x.node == bundles[r].node).count()).collect();
         let local_world = bundles.iter().map(|b| bundles.iter().filter(|x| x.node == b.node).count()).collect();
-        let cpus_per_task = bundles.iter().map(|b| b.cpus.ceil().max(1.0) as u64).max().unwrap_or(1);
+        let cpus_per_task = u64::from(cpus_per_task(bundles));
         let mem_per_cpu_mb = match bundles.iter().map(|b| b.memory_bytes).fold(0.0, f64::max) {
             m if m > 0.0 => Some((m / cpus_per_task as f64 / 1048576.0).floor().max(1.0) as u64),
             _ => nodes
@@ -304,6 +304,11 @@ impl Layout {
         }
         env
     }
+}
+
+/// Whole CPUs a step asks Slurm for per task (Slurm's unit): its largest rank's, at least 1.
+pub(super) fn cpus_per_task(bundles: &[crate::WorkerBundle]) -> u32 {
+    bundles.iter().map(|b| b.cpus.ceil().max(1.0) as u32).max().unwrap_or(1)
 }
 
 /// Reads `stream` line by line into `tx` until it ends.
