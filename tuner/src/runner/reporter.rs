@@ -126,6 +126,15 @@ impl Reporter {
         self.emit(Event::TrialStarted { trial: Arc::new(record), resumed });
     }
 
+    /// Shows the held-back start of `trial_id`, if any: a trial's start comes
+    /// before its results and its end.
+    fn start_before(&mut self, trial_id: &str) {
+        if let Some(at) = self.deferred.iter().position(|(r, _)| r.id == trial_id) {
+            let (r, resumed) = self.deferred.remove(at);
+            self.start_shown(r, resumed);
+        }
+    }
+
     /// Takes one event.
     pub(crate) fn report(&mut self, out: Output<'_>) {
         match out {
@@ -151,6 +160,7 @@ impl Reporter {
                 }
             }
             Output::Ended(record) => {
+                self.start_before(&record.id);
                 let record = Arc::new(record.clone());
                 let event = match record.status {
                     TrialStatus::Terminated => {
@@ -175,11 +185,7 @@ impl Reporter {
                 }
             }
             Output::Result { result, checkpoint } => {
-                // A trial's start comes before its results, held back or not.
-                if let Some(at) = self.deferred.iter().position(|(r, _)| r.id == result.trial_id) {
-                    let (r, resumed) = self.deferred.remove(at);
-                    self.start_shown(r, resumed);
-                }
+                self.start_before(&result.trial_id);
                 self.note_best(result);
                 self.emit(Event::Result(Arc::clone(result)));
                 if let (true, Some(uri)) = (checkpoint, &result.checkpoint) {
@@ -301,7 +307,53 @@ pub(crate) fn experiment_info(exp_dir: PathBuf, file: &crate::ExperimentFile, pl
 
 #[cfg(test)]
 mod tests {
-    use super::eta;
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Records each event's kind and trial.
+    struct Record(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl Callback for Record {
+        fn on_event(&mut self, event: &Event) -> Result<(), crate::callback::CallbackError> {
+            let trial = match event {
+                Event::TrialStarted { trial, .. } => trial.id.clone(),
+                Event::TrialErrored(t) | Event::TrialCompleted(t) => t.id.clone(),
+                _ => return Ok(()),
+            };
+            self.0.lock().unwrap().push(format!("{} {trial}", event.kind()));
+            Ok(())
+        }
+    }
+
+    /// A restart held back behind the ends before it, whose run errors
+    /// before those ends are shown: its start still comes before its end.
+    #[tokio::test]
+    async fn a_held_back_start_comes_before_its_trials_end() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let info = ExperimentInfo {
+            name: "e".into(),
+            dir: std::env::temp_dir(),
+            metric: None,
+            mode: None,
+            planned: 2,
+            time_budget_s: None,
+            resumed: false,
+        };
+        let progress = Progress::new(crate::ProgressMode::Quiet, None);
+        let mut r = Reporter::new(info, progress, None, (0, 0), vec![Box::new(Record(Arc::clone(&seen)))], Duration::from_secs(5));
+        let (mut a, mut b) =
+            (TrialRecord::new("a".into(), 0, serde_json::json!({}), 0.0), TrialRecord::new("b".into(), 1, serde_json::json!({}), 0.0));
+        r.report(Output::Started { record: &a, after_ends: false, resumed: false });
+        r.report(Output::Started { record: &b, after_ends: true, resumed: false });
+        b.status = TrialStatus::Error;
+        r.report(Output::Ended(&b));
+        a.status = TrialStatus::Terminated;
+        r.report(Output::Ended(&a));
+        r.report(Output::EndsShown);
+        r.close().await;
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen, ["trial_started a", "trial_started b", "trial_errored b", "trial_completed a"]);
+    }
 
     #[test]
     fn the_eta_follows_the_pace_and_the_budget() {
