@@ -450,6 +450,9 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
     step and the driver has stored it and decided (it is durable with the
     driver's next group commit, a moment later); raises ``SystemExit(0)``
     when the trial must stop, so training ends cleanly."""
+    global _stopped
+    if _stopped:
+        raise SystemExit(0)  # the trial was stopped at an earlier report: nothing more is taken
     values, extra = _metrics(metrics)
     path = ""
     if checkpoint is not None:
@@ -464,7 +467,27 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
         return
     directive = _get_channel().report(ctx, values, path, extra)
     if directive != 1:
+        _stopped = True
         raise SystemExit(0)
+
+
+#: Whether a report was answered "stop": a framework's callback that caught
+#: the ``SystemExit`` to end its loop cleanly leaves any later report a no-op exit.
+_stopped = False
+
+
+def _report_or_stop(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> bool:
+    """:func:`report` for a framework's callback: False, not ``SystemExit``,
+    when the trial must stop, so the framework can end its loop itself
+    (every rank hears the same answer at the same step: none is left
+    waiting in a collective)."""
+    try:
+        report(metrics, checkpoint)
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+        return False
+    return True
 
 
 #: The resources ``init`` declared (``[resources]`` of the sweeps this process runs).

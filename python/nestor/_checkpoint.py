@@ -28,6 +28,8 @@ class Checkpoint:
             path = path[len("file://"):]
         self.path: str = path if _is_url(path) else os.path.abspath(path)
         self.filesystem = filesystem or (path.split("://", 1)[0] if _is_url(path) else None)
+        #: The worker's rank, for a worker's checkpoint (see ``_siblings``).
+        self._rank: Optional[int] = None
 
     @classmethod
     def from_directory(cls, path: Any) -> "Checkpoint":
@@ -64,6 +66,27 @@ class Checkpoint:
         names.sort(key=lambda n: int(n[5:]))
         return [os.path.join(root, n) for n in names]
 
+    def _siblings(self) -> List[str]:
+        """For a worker's checkpoint (``train.get_checkpoint()``: a
+        ``rank-<r>`` shard of a committed checkpoint), every shard of that
+        checkpoint, in the order their files are laid over each other: the
+        other ranks', then rank 0's, then this rank's own on top. Empty for
+        any other checkpoint."""
+        rank = self._rank
+        if rank is None or _is_url(self.path):
+            return []
+        parent, name = os.path.split(self.path)
+        if not (name.startswith("rank-") and name[5:].isdigit()) or not os.path.isdir(parent):
+            return []
+        shards = self._shards(parent)
+        if len(shards) < 2:
+            return []
+        own = os.path.join(parent, f"rank-{rank}")
+        first = os.path.join(parent, "rank-0")
+        rest = [s for s in shards if s not in (own, first)]
+        top = [first] if own == first else [first, own]
+        return rest + [s for s in top if s in shards]
+
     def _local(self) -> str:
         if _is_url(self.path):
             return self._download()
@@ -89,8 +112,8 @@ class Checkpoint:
         dest = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="nestor-checkpoint-")
         os.makedirs(dest, exist_ok=True)
         shards = self._shards(src)
-        # Rank 0 last, so its files win where names clash.
-        for part in (list(reversed(shards)) if shards else [src]):
+        # Rank 0 last, so its files win where names clash (a worker's own rank above it).
+        for part in self._siblings() or (list(reversed(shards)) if shards else [src]):
             shutil.copytree(part, dest, dirs_exist_ok=True)
         if src != self.path:
             shutil.rmtree(src, ignore_errors=True)
@@ -102,6 +125,17 @@ class Checkpoint:
         itself where that is possible (a local checkpoint with one shard),
         else a temporary copy removed on exit."""
         src = None if _is_url(self.path) else self._local()
+        siblings = self._siblings() if src else []
+        if siblings:
+            # Every rank's files in one view (a sharded checkpoint needs all
+            # of them), linked, not copied: as cheap for a large model.
+            tmp = tempfile.mkdtemp(prefix="nestor-checkpoint-")
+            try:
+                _link_over(siblings, tmp)
+                yield tmp
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            return
         shards = self._shards(src) if src else []
         if src and not shards:
             yield src
@@ -136,3 +170,18 @@ class Checkpoint:
         current = self.get_metadata() if os.path.exists(os.path.join(self.path, _METADATA)) else {}
         current.update(metadata)
         self.set_metadata(current)
+
+
+def _link_over(parts: List[str], dest: str) -> None:
+    """Lays the files of each directory of ``parts`` over ``dest`` as
+    symbolic links, later parts over earlier ones."""
+    for part in parts:
+        for dirpath, dirs, files in os.walk(part):
+            rel = os.path.relpath(dirpath, part)
+            here = os.path.normpath(os.path.join(dest, rel))
+            os.makedirs(here, exist_ok=True)
+            for name in files:
+                target = os.path.join(here, name)
+                if os.path.lexists(target):
+                    os.unlink(target)
+                os.symlink(os.path.join(dirpath, name), target)

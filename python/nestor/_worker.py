@@ -57,6 +57,7 @@ def run(blob: Dict[str, Any]) -> int:
 
     ctx = nestor.get_context()
     config = trial_config(blob, ctx.config)
+    _enter_trial_dir(ctx.trial_dir)
     resume = blob.get("resume_from_checkpoint")
     if resume and not os.environ.get("NESTOR_CHECKPOINT") and os.environ.get("NESTOR_CHECKPOINT_FETCH") != "1":
         # A trainer's resume_from_checkpoint: its first run starts from it (this rank's shard, else rank 0's).
@@ -92,6 +93,26 @@ def run(blob: Dict[str, Any]) -> int:
     finally:
         _shutdown_torch()
     return 0
+
+
+def _enter_trial_dir(trial_dir: str) -> None:
+    """Makes the trial's directory the rank's working directory, as Ray Tune
+    does, so relative paths (a Hugging Face ``output_dir``, a Lightning
+    ``default_root_dir``) are the trial's own, not shared by the trials that
+    run at once; the ranks of a trial on one node share it. The directory
+    the script ran in stays importable and is in ``TUNE_ORIG_WORKING_DIR``.
+    ``RAY_CHDIR_TO_TRIAL_DIR=0`` (Ray's switch) keeps the script's."""
+    if os.environ.get("RAY_CHDIR_TO_TRIAL_DIR", "1") == "0" or not trial_dir:
+        return
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    os.environ.setdefault("TUNE_ORIG_WORKING_DIR", here)
+    try:
+        os.makedirs(trial_dir, exist_ok=True)
+        os.chdir(trial_dir)
+    except OSError:
+        pass  # a node that cannot make it runs where it started
 
 
 def _shutdown_torch() -> None:

@@ -182,12 +182,19 @@ def get_context() -> TrainContext:
 
 
 def get_checkpoint() -> Optional[Checkpoint]:
-    """The checkpoint this run resumes from (this rank's files, or rank 0's
-    where it saved none), or None on a fresh start."""
+    """The checkpoint this run resumes from, or None on a fresh start. Its
+    ``as_directory()`` shows every rank's files of it (a sharded checkpoint,
+    ``torch.distributed.checkpoint``'s, loads whole, into any number of
+    ranks), this rank's own on top where names clash, then rank 0's; its
+    ``path`` is this rank's files alone (rank 0's where it saved none)."""
     from .. import get_checkpoint as _worker_checkpoint
 
     path = _worker_checkpoint()
-    return Checkpoint(path) if path else None
+    if not path:
+        return None
+    checkpoint = Checkpoint(path)
+    checkpoint._rank = _worker_context().world_rank
+    return checkpoint
 
 
 def report(metrics: Dict[str, Any], checkpoint: Optional[Union[Checkpoint, str]] = None, checkpoint_dir_name: Optional[str] = None,

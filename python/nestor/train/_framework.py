@@ -1,0 +1,63 @@
+"""What the framework integrations share: importing the framework with an
+error that names what to install, and the checkpoint a rank reports."""
+
+import importlib
+import os
+import shutil
+import tempfile
+from typing import Any, Optional
+
+
+def need(module: str, extra: str) -> Any:
+    """``import module``, or an ImportError naming the package and the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        top = module.split(".")[0]
+        raise ImportError(
+            f"nestor's {extra} integration needs {top}: pip install \"nestor[{extra}]\" "
+            f"(or pip install {top}); importing it failed: {e}"
+        ) from e
+
+
+def rank_reports_files(ctx: Any) -> bool:
+    """Whether this rank's copy of a framework's checkpoint directory goes
+    with its report: rank 0's, and the first rank's of each other node (the
+    ranks of a node share the directory the framework saved into, so one
+    copy a node holds every rank's files; the checkpoint's view,
+    ``get_checkpoint().as_directory()``, lays them together again)."""
+    return ctx.world_rank == 0 or (ctx.local_rank == 0 and ctx.node_rank != 0)
+
+
+def barrier() -> None:
+    """Waits for every rank of the trial (a no-op without a process group)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def staging_dir(near: str) -> str:
+    """A new temporary directory beside ``near`` (on its filesystem, so
+    files can be linked into it, not copied), or in the system's temporary
+    directory where ``near``'s parent is not writable."""
+    parent = os.path.dirname(os.path.abspath(near))
+    try:
+        return tempfile.mkdtemp(prefix=".nestor-report-", dir=parent)
+    except OSError:
+        return tempfile.mkdtemp(prefix="nestor-report-")
+
+
+def link_tree(src: str, dest: str) -> None:
+    """``src``'s files at ``dest`` as hard links where the filesystem
+    allows, copies where not (the report copies them into the trial's storage)."""
+
+    def link_or_copy(a: str, b: str) -> Optional[str]:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+        return b
+
+    shutil.copytree(src, dest, copy_function=link_or_copy)
