@@ -17,6 +17,10 @@ NUMPY_VERSION=2.4.6
 CLOUDPICKLE_VERSION=3.1.2
 PANDAS_VERSION=3.1.1
 OPTUNA_VERSION=5.0.0
+# The deep-learning frameworks on TorchTrainer (nestor's [huggingface] and [lightning] extras, and Accelerate).
+TRANSFORMERS_VERSION=5.23.0
+LIGHTNING_VERSION=2.6.6
+ACCELERATE_VERSION=1.15.0
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
@@ -42,6 +46,11 @@ fi
 if [ ! -f "$venv/.complete-driver-$CLOUDPICKLE_VERSION-$PANDAS_VERSION-$OPTUNA_VERSION" ]; then
     "$venv/bin/python" -m pip install --quiet "cloudpickle==$CLOUDPICKLE_VERSION" "pandas==$PANDAS_VERSION" "optuna==$OPTUNA_VERSION" >&2
     touch "$venv/.complete-driver-$CLOUDPICKLE_VERSION-$PANDAS_VERSION-$OPTUNA_VERSION"
+fi
+frameworks="$venv/.complete-frameworks-$TRANSFORMERS_VERSION-$LIGHTNING_VERSION-$ACCELERATE_VERSION"
+if [ ! -f "$frameworks" ]; then
+    "$venv/bin/python" -m pip install --quiet "transformers==$TRANSFORMERS_VERSION" "lightning==$LIGHTNING_VERSION" "accelerate==$ACCELERATE_VERSION" >&2
+    touch "$frameworks"
 fi
 # The nestor package is this checkout's python/ (a path file: always current,
 # nothing to build); the binary comes from NESTOR_BIN or PATH. `pip install

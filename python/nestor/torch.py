@@ -4,7 +4,7 @@ placement, DistributedDataParallel and DistributedSampler."""
 
 import datetime
 import os
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -95,17 +95,55 @@ def _store_through_driver(ctx, timeout: datetime.timedelta):
     return dist.TCPStore(host, int(port), ctx.world_size, False, timeout=timeout)
 
 
-def prepare_model(model: torch.nn.Module, move_to_device: bool = True, parallel_strategy: Optional[str] = "ddp", **ddp_kwargs: Any):
+def prepare_model(model: torch.nn.Module, move_to_device: bool = True, parallel_strategy: Optional[str] = "ddp",
+                  parallel_strategy_kwargs: Optional[Dict[str, Any]] = None, **ddp_kwargs: Any):
     """Moves ``model`` to this worker's device and, with several workers,
-    wraps it in DistributedDataParallel (joining the process group first)."""
+    makes it data-parallel across the trial (joining the process group
+    first), as Ray's ``prepare_model``:
+
+    - ``"ddp"``: ``DistributedDataParallel(model, **parallel_strategy_kwargs)``;
+    - ``"fsdp"``: sharded, each rank holding its part of every parameter:
+      ``FullyShardedDataParallel(model, **parallel_strategy_kwargs)`` on a
+      GPU; on CPUs, where that class refuses to run, ``fully_shard`` (FSDP2)
+      over all the ranks, the model returned in place, its parameters
+      ``DTensor`` shards (``torch.distributed.checkpoint`` saves and loads them);
+    - ``None``: the model as it is.
+    """
+    if parallel_strategy not in ("ddp", "fsdp", None):
+        raise ValueError(f"prepare_model(parallel_strategy={parallel_strategy!r}): give 'ddp', 'fsdp' or None")
+    kwargs = dict(parallel_strategy_kwargs or {})
+    kwargs.update(ddp_kwargs)  # Ray's older keyword arguments, for DDP
     init_process_group()
     device = get_device()
     if move_to_device:
         model = model.to(device)
-    if parallel_strategy == "ddp" and get_context().world_size > 1:
+    if parallel_strategy is None or get_context().world_size <= 1:
+        return model
+    if parallel_strategy == "ddp":
         if device.type == "cuda":
-            ddp_kwargs.setdefault("device_ids", [device])
-        model = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+            kwargs.setdefault("device_ids", [device])
+        return torch.nn.parallel.DistributedDataParallel(model, **kwargs)
+    if device.type == "cuda":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        kwargs.setdefault("device_id", device)
+        return FullyShardedDataParallel(model, **kwargs)
+    return _fully_shard_on_cpu(model, kwargs)
+
+
+def _fully_shard_on_cpu(model: torch.nn.Module, kwargs: Dict[str, Any]) -> torch.nn.Module:
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        raise RuntimeError(f"prepare_model(parallel_strategy='fsdp') on CPUs needs torch >= 2.6 (fully_shard); this is {torch.__version__}") from None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    kwargs.setdefault("mesh", init_device_mesh("cpu", (dist.get_world_size(),)))
+    # Each parameterised child its own group (gathered in turn, not all at once), then the rest.
+    for child in model.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 

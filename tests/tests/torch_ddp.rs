@@ -174,16 +174,6 @@ fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// The pid of the worker process of `rank` whose environment names `trial_dir`.
-fn rank_pid(trial_dir: &Path, rank: u32) -> Option<u32> {
-    let needle = format!("NESTOR_TRIAL_DIR={}\0", trial_dir.display());
-    let rank_var = format!("\0RANK={rank}\0");
-    processes_mentioning(&trial_dir.display().to_string()).into_iter().find(|pid| {
-        let environ = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()).into_owned();
-        environ.contains(&needle) && environ.contains(&rank_var)
-    })
-}
-
 #[test]
 fn a_ddp_rank_killed_mid_epoch_is_restarted_and_the_trial_ends_as_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();

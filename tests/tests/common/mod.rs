@@ -279,3 +279,13 @@ impl Drop for S3Server {
         self.kill();
     }
 }
+
+/// The pid of the worker process of `rank` whose environment names `trial_dir`.
+pub fn rank_pid(trial_dir: &Path, rank: u32) -> Option<u32> {
+    let needle = format!("NESTOR_TRIAL_DIR={}\0", trial_dir.display());
+    let rank_var = format!("\0RANK={rank}\0");
+    processes_mentioning(&trial_dir.display().to_string()).into_iter().find(|pid| {
+        let environ = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()).into_owned();
+        environ.contains(&needle) && environ.contains(&rank_var)
+    })
+}
