@@ -9,6 +9,7 @@ Usage: frameworks.py STORAGE MODE [ARGS]
   pl-run NAME        one Lightning run (5 epochs), max_failures=1; $SLOW_S, $ACKS as above
   fsdp NAME N [FROM] an FSDP run on N ranks (prepare_model(parallel_strategy="fsdp")), a sharded
                      checkpoint (torch.distributed.checkpoint) each epoch; FROM: a checkpoint to resume from
+  fully-shard        fully_shard (FSDP2) called directly in the function, 2 ranks
   accelerate         an Accelerate loop (Accelerator().prepare) on 2 ranks
 Each prints RESULT <json> lines.
 """
@@ -206,6 +207,30 @@ def fsdp_loop(config):
             train.report({"epoch": epoch + 1, "param_sum": saved, "held": held}, checkpoint=Checkpoint.from_directory(d))
 
 
+def fully_shard_loop(config):
+    """FSDP2 called directly, as a script written for Ray does: the process group is up."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+    total = sum(p.numel() for p in model.parameters())
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    import nestor.train.torch
+
+    loader = nestor.train.torch.prepare_data_loader(torch.utils.data.DataLoader(make_data(256, 0), batch_size=32))
+    for epoch in range(2):
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+        held = sum(p.to_local().numel() for p in model.parameters())
+        train.report({"epoch": epoch + 1, "held": held, "total": total})
+
+
 def accelerate_loop(config):
     from accelerate import Accelerator
 
@@ -262,6 +287,8 @@ elif mode == "pl-run":
 elif mode == "fsdp":
     resume = Checkpoint(sys.argv[5]) if len(sys.argv) > 5 else None
     run(fsdp_loop, {"epochs": int(os.environ.get("EPOCHS", "3"))}, sys.argv[3], workers=int(sys.argv[4]), resume=resume)
+elif mode == "fully-shard":
+    run(fully_shard_loop, {}, "fully-shard")
 elif mode == "accelerate":
     run(accelerate_loop, {}, "accelerate")
 else:

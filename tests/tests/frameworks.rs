@@ -231,3 +231,49 @@ fn the_lightning_example_sweeps_under_asha_and_its_best_checkpoint_loads_with_lo
     let hidden = if config.contains("'hidden': 32") { 32 } else { 8 };
     assert!(best.ends_with(&format!("(hidden={hidden})")), "{out}");
 }
+
+#[test]
+fn fully_shard_called_directly_in_the_function_shards_over_the_trials_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = script(dir.path(), &["fully-shard"]);
+    let m = &results(&out)[0]["metrics"];
+    let (held, total) = (m["held"].as_f64().unwrap(), m["total"].as_f64().unwrap());
+    assert!(held > 0.0 && held < total, "rank 0 holds {held} of {total} parameters: not a shard\n{out}");
+    assert_eq!(m["epoch"].as_f64(), Some(2.0));
+}
+
+#[test]
+fn the_fsdp_example_sweeps_under_asha_and_its_sharded_best_checkpoint_loads_whole_in_the_driver() {
+    let out = example("tune_fsdp.py");
+    // The driver loads every rank's part into one plain model: its loss is the one the trial reported.
+    let reported: f64 = line(&out, "best val_loss:").split_once(" at epoch ").unwrap().0.parse().unwrap();
+    let whole = line(&out, "best checkpoint:");
+    let whole: f64 = whole.split("(val_loss ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().parse().unwrap();
+    // Both printed to 4 decimals; the sharded and the whole model sum in another order.
+    assert!((reported - whole).abs() <= 2e-4, "reported {reported}, the whole model {whole}:\n{out}");
+}
+
+#[test]
+fn the_accelerate_example_sweeps_under_asha_on_two_processes_and_keeps_each_ranks_state() {
+    let out = example("tune_accelerate.py");
+    assert!(line(&out, "best val_loss:").ends_with("on 2 processes"), "{out}");
+    let files = line(&out, "best checkpoint:");
+    for f in ["model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl"] {
+        assert!(files.contains(f), "the best checkpoint lacks {f}: {files}");
+    }
+}
+
+#[test]
+fn an_integration_without_its_framework_names_the_package_to_install() {
+    for (module, blocked, extra) in [
+        ("nestor.train.huggingface.transformers", "'transformers'", "huggingface"),
+        ("nestor.train.lightning", "'lightning', 'lightning.pytorch', 'pytorch_lightning'", "lightning"),
+    ] {
+        let code = format!(
+            "import sys\nfor m in ({blocked},):\n    sys.modules[m] = None\ntry:\n    import {module}\nexcept ImportError as e:\n    print(e)\nelse:\n    print('imported')\n"
+        );
+        let out = std::process::Command::new(torch_venv().join("bin/python")).args(["-c", &code]).output().unwrap();
+        let text = passed(out);
+        assert!(text.contains(&format!("pip install \"nestor[{extra}]\"")), "{module}: {text}");
+    }
+}
