@@ -20,13 +20,21 @@ def need(module: str, extra: str) -> Any:
         ) from e
 
 
-def rank_reports_files(ctx: Any) -> bool:
-    """Whether this rank's copy of a framework's checkpoint directory goes
-    with its report: rank 0's, and the first rank's of each other node (the
+def rank_reports_files(ctx: Any, path: str) -> bool:
+    """Whether this rank's copy of a framework's checkpoint directory
+    ``path`` goes with its report: rank 0's, and the first rank's of each
+    other node, unless ``path`` is in the trial's directory and the nodes
+    share it with the driver (rank 0's copy holds every file then). The
     ranks of a node share the directory the framework saved into, so one
     copy a node holds every rank's files; the checkpoint's view,
-    ``get_checkpoint().as_directory()``, lays them together again)."""
-    return ctx.world_rank == 0 or (ctx.local_rank == 0 and ctx.node_rank != 0)
+    ``get_checkpoint().as_directory()``, lays them together again."""
+    if ctx.world_rank == 0:
+        return True
+    if ctx.local_rank != 0 or ctx.node_rank == 0:
+        return False
+    trial_dir = os.path.abspath(ctx.trial_dir)
+    inside = os.path.commonpath([os.path.abspath(path), trial_dir]) == trial_dir
+    return not (inside and os.environ.get("NESTOR_CHECKPOINT_FETCH") != "1")
 
 
 def barrier() -> None:

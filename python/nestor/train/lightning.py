@@ -144,7 +144,7 @@ class RayTrainReportCallback(pl.callbacks.Callback):
         trainer.strategy.barrier()
         trainer.save_checkpoint(os.path.join(folder, self.CHECKPOINT_NAME), weights_only=False)
         trainer.strategy.barrier()
-        reports = _framework.rank_reports_files(ctx)
+        reports = _framework.rank_reports_files(ctx, folder)
         try:
             if not nestor._report_or_stop(metrics, folder if reports else None):
                 self.stopped = True

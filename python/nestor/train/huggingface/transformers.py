@@ -54,7 +54,7 @@ class RayTrainReportCallback(transformers.TrainerCallback):
         saved = os.path.join(args.output_dir, f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         ctx = nestor.get_context()
         staging = None
-        if os.path.isdir(saved) and _framework.rank_reports_files(ctx):
+        if os.path.isdir(saved) and _framework.rank_reports_files(ctx, saved):
             staging = _framework.staging_dir(saved)
             _framework.link_tree(saved, os.path.join(staging, self.CHECKPOINT_NAME))
         try:
