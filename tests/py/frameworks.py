@@ -28,6 +28,8 @@ from nestor.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from nestor.train.torch import TorchTrainer
 from nestor.tune.schedulers import ASHAScheduler
 
+from fw_models import LENGTH, VOCAB, Sequences, lightning_regressor, make_data
+
 storage, mode = sys.argv[1], sys.argv[2]
 SCALING = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5})
 
@@ -44,21 +46,6 @@ def rank_line(**values):
 
 
 # Hugging Face: a 2-layer GPT-2 from its config, token ids that count up.
-VOCAB, LENGTH = 64, 16
-
-
-class Sequences(torch.utils.data.Dataset):
-    def __init__(self, n, seed):
-        g = torch.Generator().manual_seed(seed)
-        self.ids = (torch.randint(0, VOCAB, (n, 1), generator=g) + torch.arange(LENGTH)) % VOCAB
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
 def hf_loop(config):
     import transformers
 
@@ -97,38 +84,12 @@ def hf_loop(config):
 
 
 # Lightning: a small regression network.
-def make_data(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 8, generator=g)
-    y = (x @ torch.arange(1.0, 9.0) + 0.1 * torch.randn(n, generator=g)).unsqueeze(1)
-    return torch.utils.data.TensorDataset(x, y)
-
-
 def pl_loop(config):
     import lightning.pytorch as pl
 
     from nestor.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
 
-    class Regressor(pl.LightningModule):
-        def __init__(self, lr=1e-2):
-            super().__init__()
-            self.save_hyperparameters()
-            self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-
-        def forward(self, x):
-            return self.net(x)
-
-        def training_step(self, batch, _):
-            time.sleep(float(os.environ.get("SLOW_S", "0")))
-            loss = nn.functional.mse_loss(self(batch[0]), batch[1])
-            self.log("train_loss", loss, sync_dist=True)
-            return loss
-
-        def validation_step(self, batch, _):
-            self.log("val_loss", nn.functional.mse_loss(self(batch[0]), batch[1]), sync_dist=True)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+    Regressor = lightning_regressor(pl)
 
     class Acks(pl.Callback):
         def on_train_epoch_end(self, trainer, module):

@@ -277,3 +277,22 @@ fn an_integration_without_its_framework_names_the_package_to_install() {
         assert!(text.contains(&format!("pip install \"nestor[{extra}]\"")), "{module}: {text}");
     }
 }
+
+#[test]
+fn tunes_lightning_callback_reports_each_validation_and_asha_ends_fit_cleanly() {
+    // Ray Tune's pattern: Lightning in a function trainable, one process a trial.
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("s");
+    let out = passed(torch_python(dir.path(), "tests/py/tune_lightning.py", &[storage.to_str().unwrap()], &[]));
+    let results = results(&out);
+    assert_eq!(results.len(), 2, "{out}");
+    for r in &results {
+        assert_eq!(r["iterations"], serde_json::json!([1, 2]), "ASHA(max_t=2) stops each trial at its second report: {out}");
+        assert!(r["losses"].as_array().unwrap().iter().all(|l| l.as_f64().is_some_and(f64::is_finite)), "{out}");
+    }
+    for t in 0..2 {
+        let (lines, log) = rank_lines(&storage.join(format!("tune-lightning/trials/trial_{t:05}")), 0);
+        assert!(!log.contains("Traceback"), "{log}");
+        assert_eq!(lines.iter().find_map(|l| l.get("ended_at_epoch")).and_then(Value::as_u64), Some(2), "{log}");
+    }
+}
