@@ -280,15 +280,18 @@ class _Channel:
         except self._grpc.RpcError as e:
             raise ReportError(f"checkpoint upload refused ({e.code().name}): {e.details()}") from None
 
-    def fetch_shard(self, ctx: TrainContext) -> Optional[str]:
+    def fetch_shard(self, ctx: TrainContext, whole: bool = False) -> Optional[str]:
         """Fetches this rank's shard of the checkpoint its run resumes from
-        into a temporary directory (None when it holds none for this rank)."""
+        into a temporary directory (None when it holds none for this rank);
+        with ``whole``, every rank's, each in its ``rank-<r>/``."""
         import atexit
         import shutil
         import tempfile
 
-        request = self._proto.ShardRequest(version=self._proto.PROTOCOL_VERSION, trial_id=ctx.trial_id, token=self._token, rank=ctx.world_rank)
-        dest = tempfile.mkdtemp(prefix=f"nestor-{ctx.trial_id}-rank-{ctx.world_rank}-")
+        request = self._proto.ShardRequest(version=self._proto.PROTOCOL_VERSION, trial_id=ctx.trial_id, token=self._token,
+                                           rank=ctx.world_rank, whole=whole)
+        kind = "whole" if whole else f"rank-{ctx.world_rank}"
+        dest = tempfile.mkdtemp(prefix=f"nestor-{ctx.trial_id}-{kind}-")
         atexit.register(shutil.rmtree, dest, True)
         current, out, seen = None, None, set()
         try:

@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 _METADATA = ".metadata.json"
 
@@ -30,6 +30,8 @@ class Checkpoint:
         self.filesystem = filesystem or (path.split("://", 1)[0] if _is_url(path) else None)
         #: The worker's rank, for a worker's checkpoint (see ``_siblings``).
         self._rank: Optional[int] = None
+        #: For a shard fetched from the driver: fetches every rank's (a directory of ``rank-<r>/``).
+        self._whole: Optional[Callable[[], Optional[str]]] = None
 
     @classmethod
     def from_directory(cls, path: Any) -> "Checkpoint":
@@ -75,9 +77,15 @@ class Checkpoint:
         rank = self._rank
         if rank is None or _is_url(self.path):
             return []
-        parent, name = os.path.split(self.path)
-        if not (name.startswith("rank-") and name[5:].isdigit()) or not os.path.isdir(parent):
-            return []
+        if self._whole is not None:
+            # A shard fetched from the driver: the others come from there too, once.
+            parent = self._whole()
+            if not parent:
+                return []
+        else:
+            parent, name = os.path.split(self.path)
+            if not (name.startswith("rank-") and name[5:].isdigit()) or not os.path.isdir(parent):
+                return []
         shards = self._shards(parent)
         if len(shards) < 2:
             return []

@@ -67,6 +67,7 @@ def _file():
         _field(msg, "rank", 4, _F.TYPE_UINT32)
     _field(chunk, "path", 5, _F.TYPE_STRING)
     _field(shard_request, "path", 5, _F.TYPE_STRING)
+    _field(shard_request, "whole", 6, _F.TYPE_BOOL)
     _field(chunk, "data", 6, _F.TYPE_BYTES)
     _field(meet, "address", 5, _F.TYPE_STRING)
     met = fdp.message_type.add(name="RendezvousReply")

@@ -8,7 +8,8 @@ Usage: frameworks.py STORAGE MODE [ARGS]
   pl-stop            a Tuner of 2 Lightning trials (6 epochs each) under ASHA(max_t=2)
   pl-run NAME        one Lightning run (5 epochs), max_failures=1; $SLOW_S, $ACKS as above
   fsdp NAME N [FROM] an FSDP run on N ranks (prepare_model(parallel_strategy="fsdp")), a sharded
-                     checkpoint (torch.distributed.checkpoint) each epoch; FROM: a checkpoint to resume from
+                     checkpoint (torch.distributed.checkpoint) each epoch, max_failures=1; FROM: a
+                     checkpoint to resume from; $EPOCHS (3), $SLOW_S sleeps each epoch
   fully-shard        fully_shard (FSDP2) called directly in the function, 2 ranks
   accelerate         an Accelerate loop (Accelerator().prepare) on 2 ranks
 Each prints RESULT <json> lines.
@@ -123,6 +124,7 @@ def fsdp_loop(config):
 
     import nestor.train.torch
 
+    rank_line(pid=os.getpid())
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
     total = sum(p.numel() for p in model.parameters())
@@ -150,9 +152,10 @@ def fsdp_loop(config):
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
             with open(os.path.join(d, "epoch")) as f:
                 start = int(f.read())
-            rank_line(resumed_epoch=start, files=sorted(os.listdir(d)), loaded_sum=full_sum())
+            rank_line(resumed_epoch=start, files=sorted(os.listdir(d)), loaded_sum=full_sum(), path=checkpoint.path)
     rank_line(held=held, total=total, world=torch.distributed.get_world_size())
     for epoch in range(start, config["epochs"]):
+        time.sleep(float(os.environ.get("SLOW_S", "0")))
         for x, y in loader:
             optimizer.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()

@@ -296,3 +296,49 @@ fn tunes_lightning_callback_reports_each_validation_and_asha_ends_fit_cleanly() 
         assert_eq!(lines.iter().find_map(|l| l.get("ended_at_epoch")).and_then(Value::as_u64), Some(2), "{log}");
     }
 }
+
+#[test]
+fn a_sharded_checkpoint_restores_whole_on_ranks_that_fetch_it_from_the_driver() {
+    // Ranks that do not see the driver's directories (as on nodes sharing
+    // none) fetch their checkpoint from it; a sharded one needs every
+    // rank's part: rank 1 killed after the second epoch, the restarted
+    // ranks fetch the whole checkpoint and end as an uninterrupted run.
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("s");
+    let env = [("NESTOR_CHECKPOINT_FETCH", "1".to_string()), ("SLOW_S", "0.5".to_string()), ("EPOCHS", "4".to_string())];
+    let mut run = torch_python_cmd(dir.path(), "tests/py/frameworks.py", &[storage.to_str().unwrap(), "fsdp", "fetched", "2"], &env)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let trial_dir = storage.join("fetched/trials/trial_00000");
+    wait_for_run("checkpoint 2 committed", 120.0, &mut run, || trial_dir.join("checkpoint_000002/.committed").exists());
+    let (lines, log) = rank_lines(&trial_dir, 1);
+    let victim = u32::try_from(lines.iter().find_map(|l| l.get("pid")).unwrap_or_else(|| panic!("{log}")).as_u64().unwrap()).unwrap();
+    let saved_at_2 = lines.iter().find(|l| l.get("epoch").and_then(Value::as_u64) == Some(2)).unwrap()["saved_sum"].as_f64();
+    signal(victim, libc::SIGKILL);
+    let out = run.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let killed = &results(&text)[0];
+    let reference = &results(&passed(torch_python(
+        dir.path(),
+        "tests/py/frameworks.py",
+        &[storage.to_str().unwrap(), "fsdp", "reference", "2"],
+        &[("EPOCHS", "4".to_string())],
+    )))[0];
+    assert_eq!(killed["iterations"], serde_json::json!([1, 2, 3, 4]), "{text}");
+    assert_eq!(killed["metrics"]["param_sum"], reference["metrics"]["param_sum"], "restarted vs uninterrupted");
+    for rank in 0..2 {
+        let (lines, log) = rank_lines(&trial_dir, rank);
+        let resumed = lines.iter().find(|l| l.get("resumed_epoch").is_some()).unwrap_or_else(|| panic!("rank {rank}:\n{log}"));
+        assert_eq!(resumed["resumed_epoch"].as_u64(), Some(2));
+        let from = resumed["path"].as_str().unwrap();
+        assert!(from.contains(&format!("/nestor-trial_00000-rank-{rank}-")), "rank {rank} did not fetch its shard: {from}");
+        assert_eq!(resumed["loaded_sum"].as_f64(), saved_at_2, "rank {rank} loaded other parameters than were saved");
+        let files: Vec<&str> = resumed["files"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        for f in [".metadata", "__0_0.distcp", "__1_0.distcp", "epoch"] {
+            assert!(files.contains(&f), "rank {rank} resumed without {f}: {files:?}");
+        }
+    }
+}

@@ -320,7 +320,14 @@ impl Context {
         let mut fetched = None;
         if flag("NESTOR_CHECKPOINT_FETCH") {
             let dest = std::env::temp_dir().join(format!("nestor-{trial_id}-rank-{rank}-{}", std::process::id()));
-            let request = proto::ShardRequest { version: 1, trial_id: trial_id.clone(), token: token.clone(), rank, path: String::new() };
+            let request = proto::ShardRequest {
+                version: 1,
+                trial_id: trial_id.clone(),
+                token: token.clone(),
+                rank,
+                path: String::new(),
+                whole: false,
+            };
             let _ = std::fs::remove_dir_all(&dest);
             match rt.block_on(fetch_shard(&mut client, request, &dest, &addr)) {
                 Ok(true) => {

@@ -430,7 +430,8 @@ impl Reporter for Service {
         let peer = peer(&request);
         let r = request.into_inner();
         let entry = authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
-        let shard = entry.shipping.restore_shard(r.rank).map_err(Status::not_found)?;
+        let shipping = &entry.shipping;
+        let shard = if r.whole { shipping.restore_checkpoint() } else { shipping.restore_shard(r.rank) }.map_err(Status::not_found)?;
         let (tx, rx) = mpsc::channel::<Result<ShardChunk, Status>>(4);
         tokio::task::spawn_blocking(move || {
             let sent = read_chunks(&shard, ShardChunk::default(), |c| tx.blocking_send(Ok(c)).is_ok());
@@ -751,7 +752,8 @@ mod tests {
         put(&mut client, shard.path(), "secret", 0).await.unwrap();
         assert_eq!(std::fs::read_dir(&incoming).unwrap().count(), 1);
         // This run resumes from nothing.
-        let fetch = |rank: u32| ShardRequest { version: 1, trial_id: "t1".into(), token: "secret".into(), rank, path: String::new() };
+        let fetch =
+            |rank: u32| ShardRequest { version: 1, trial_id: "t1".into(), token: "secret".into(), rank, path: String::new(), whole: false };
         assert_eq!(client.get_shard(fetch(0)).await.unwrap_err().code(), tonic::Code::NotFound);
         drop(registration);
         assert!(!incoming.exists(), "the run's end removes unclaimed uploads");
@@ -770,6 +772,16 @@ mod tests {
             assert_eq!(std::fs::read(out.path().join("model.bin")).unwrap(), want);
             assert_eq!(std::fs::read(out.path().join("opt/state.json")).unwrap(), b"{}");
         }
+        // Or every rank's part, each under rank-<r>/ (a sharded checkpoint loads from all of them).
+        let mut chunks = client.get_shard(ShardRequest { whole: true, ..fetch(1) }).await.unwrap().into_inner();
+        let out = tempfile::tempdir().unwrap();
+        let mut w = ChunkWriter::new(out.path()).unwrap();
+        while let Some(c) = chunks.message().await.unwrap() {
+            w.write(&c).unwrap();
+        }
+        assert_eq!(std::fs::read(out.path().join("rank-0/model.bin")).unwrap(), weights);
+        assert_eq!(std::fs::read(out.path().join("rank-1/model.bin")).unwrap(), b"rank 1's own");
+        assert_eq!(std::fs::read(out.path().join("rank-1/opt/state.json")).unwrap(), b"{}");
         let wrong = ShardRequest { token: "nope".into(), ..fetch(0) };
         assert_eq!(client.get_shard(wrong).await.unwrap_err().code(), tonic::Code::Unauthenticated);
     }

@@ -226,6 +226,15 @@ impl Shipping {
         }
     }
 
+    /// The checkpoint the run resumes from, every rank's part of it.
+    pub(crate) fn restore_checkpoint(&self) -> Result<PathBuf, String> {
+        match &self.restore {
+            Some(ckpt) if ckpt.is_dir() => Ok(ckpt.clone()),
+            Some(ckpt) => Err(format!("checkpoint {} is gone", ckpt.display())),
+            None => Err("this run resumes from no checkpoint".into()),
+        }
+    }
+
     /// The directory rank `rank` resumes from.
     pub(crate) fn restore_shard(&self, rank: u32) -> Result<PathBuf, String> {
         let Some(ckpt) = &self.restore else { return Err("this run resumes from no checkpoint".into()) };

@@ -186,7 +186,9 @@ def get_checkpoint() -> Optional[Checkpoint]:
     ``as_directory()`` shows every rank's files of it (a sharded checkpoint,
     ``torch.distributed.checkpoint``'s, loads whole, into any number of
     ranks), this rank's own on top where names clash, then rank 0's; its
-    ``path`` is this rank's files alone (rank 0's where it saved none)."""
+    ``path`` is this rank's files alone (rank 0's where it saved none). On
+    a node that does not see the driver's directories, the other ranks'
+    files are fetched from the driver when first asked for."""
     from .. import get_checkpoint as _worker_checkpoint
 
     path = _worker_checkpoint()
@@ -194,7 +196,23 @@ def get_checkpoint() -> Optional[Checkpoint]:
         return None
     checkpoint = Checkpoint(path)
     checkpoint._rank = _worker_context().world_rank
+    if os.environ.get("NESTOR_CHECKPOINT_FETCH") == "1" and os.environ.get("NESTOR_ADDR"):
+        checkpoint._whole = _fetch_whole
     return checkpoint
+
+
+_whole: Optional[str] = None
+
+
+def _fetch_whole() -> Optional[str]:
+    """Every rank's part of the checkpoint this run resumes from, fetched from
+    the driver once (a node that does not see the driver's directories)."""
+    global _whole
+    if _whole is None:
+        from .. import _get_channel
+
+        _whole = _get_channel().fetch_shard(_worker_context(), whole=True) or ""
+    return _whole or None
 
 
 def report(metrics: Dict[str, Any], checkpoint: Optional[Union[Checkpoint, str]] = None, checkpoint_dir_name: Optional[str] = None,
