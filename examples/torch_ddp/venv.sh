@@ -21,6 +21,8 @@ OPTUNA_VERSION=5.0.0
 TRANSFORMERS_VERSION=5.23.0
 LIGHTNING_VERSION=2.6.6
 ACCELERATE_VERSION=1.15.0
+# nestor.data reads with Arrow (nestor's [data] extra).
+PYARROW_VERSION=26.0.1
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
@@ -51,6 +53,10 @@ frameworks="$venv/.complete-frameworks-$TRANSFORMERS_VERSION-$LIGHTNING_VERSION-
 if [ ! -f "$frameworks" ]; then
     "$venv/bin/python" -m pip install --quiet "transformers==$TRANSFORMERS_VERSION" "lightning==$LIGHTNING_VERSION" "accelerate==$ACCELERATE_VERSION" >&2
     touch "$frameworks"
+fi
+if [ ! -f "$venv/.complete-data-$PYARROW_VERSION" ]; then
+    "$venv/bin/python" -m pip install --quiet "pyarrow==$PYARROW_VERSION" >&2
+    touch "$venv/.complete-data-$PYARROW_VERSION"
 fi
 # The nestor package is this checkout's python/ (a path file: always current,
 # nothing to build); the binary comes from NESTOR_BIN or PATH. `pip install

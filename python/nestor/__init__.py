@@ -474,6 +474,9 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
         raise SystemExit(0)
 
 
+#: The data sets of this worker's trainer (``datasets=``), planned by the driver: name -> plan.
+_datasets: Dict[str, Any] = {}
+
 #: Whether a report was answered "stop": a framework's callback that caught
 #: the ``SystemExit`` to end its loop cleanly leaves any later report a no-op exit.
 _stopped = False

@@ -57,6 +57,7 @@ def run(blob: Dict[str, Any]) -> int:
 
     ctx = nestor.get_context()
     config = trial_config(blob, ctx.config)
+    nestor._datasets = blob.get("datasets") or {}
     _enter_trial_dir(ctx.trial_dir)
     resume = blob.get("resume_from_checkpoint")
     if resume and not os.environ.get("NESTOR_CHECKPOINT") and os.environ.get("NESTOR_CHECKPOINT_FETCH") != "1":

@@ -189,7 +189,10 @@ def prepare_data_loader(loader: DataLoader, add_dist_sampler: bool = True, move_
     rank gets its own shard; shuffling kept if the loader shuffled), and
     moves every batch to this worker's device."""
     ctx = get_context()
-    if add_dist_sampler and ctx.world_size > 1 and not isinstance(loader.sampler, DistributedSampler):
+    iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
+    # An IterableDataset has no sampler to shard: it yields its own share
+    # (get_dataset_shard(...).to_torch() does), as in Ray.
+    if add_dist_sampler and ctx.world_size > 1 and not iterable and not isinstance(loader.sampler, DistributedSampler):
         init_process_group()
         shuffle = isinstance(loader.sampler, RandomSampler)
         sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.world_rank, shuffle=shuffle)

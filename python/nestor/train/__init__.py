@@ -14,6 +14,7 @@ from .. import report as _worker_report
 from .._results import Result, TrainingFailedError
 from .._callback import Callback as _TuneCallback
 from .._checkpoint import Checkpoint
+from ..data import DataConfig
 
 
 @dataclass
@@ -237,13 +238,29 @@ def _note_once(what: str) -> None:
         print(f"nestor: {what}", file=sys.stderr)
 
 
+_shards: Dict[str, Any] = {}
+
+
 def get_dataset_shard(name: Optional[str] = None) -> Any:
-    raise NotImplementedError(
-        "get_dataset_shard needs Ray Data, which nestor does not have: load the data inside the training function "
-        "(nestor.train.torch.prepare_data_loader shards a torch DataLoader across the workers)"
-    )
+    """This worker's share of the trainer's data set ``name``
+    (``TorchTrainer(datasets={name: ...})``): a ``DataIterator`` whose
+    ``iter_batches()`` / ``iter_torch_batches()`` each read the next epoch.
+    Epochs are counted from the iterations already done, so a restarted run
+    reads its checkpoint's epoch in that epoch's order (one report an epoch)."""
+    import nestor
 
+    plans = nestor._datasets
+    if name is None and len(plans) == 1:
+        name = next(iter(plans))
+    if name not in plans:
+        known = ", ".join(sorted(plans)) or "none"
+        raise KeyError(f"get_dataset_shard({name!r}): the trainer's datasets= has no such data set (it has {known})")
+    if name not in _shards:
+        from ..data import DataIterator
 
+        ctx = _worker_context()
+        _shards[name] = DataIterator(plans[name], ctx.world_rank, ctx.world_size, epoch=ctx.start_iteration)
+    return _shards[name]
 
 
 class UserCallback(_TuneCallback):
@@ -268,6 +285,6 @@ class UserCallback(_TuneCallback):
 
 
 __all__ = [
-    "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext",
+    "Checkpoint", "CheckpointConfig", "DataConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext",
     "TrainingFailedError", "UserCallback", "get_checkpoint", "get_context", "get_dataset_shard", "report", "ReportError",
 ]

@@ -18,16 +18,21 @@ class _Trainer:
                  dataset_config: Any = None, **_framework: Any):
         if not callable(train_loop_per_worker):
             raise TypeError(f"train_loop_per_worker must be a function, not {type(train_loop_per_worker).__name__}")
-        if datasets:
-            raise ValueError(
-                "datasets= takes Ray Data datasets, which nestor does not have: load the data inside "
-                "train_loop_per_worker (nestor.train.torch.prepare_data_loader shards a DataLoader across the workers)"
-            )
-        for name, value in (("metadata", metadata), ("dataset_config", dataset_config)):
-            if value is not None:
-                print(f"nestor: {type(self).__name__}({name}=...) is ignored: "
-                      + ("checkpoints carry no metadata in nestor" if name == "metadata" else "nestor has no Ray Data"),
-                      file=sys.stderr)
+        from ..data import DataConfig, Dataset
+
+        self.datasets: Dict[str, Dataset] = {}
+        for name, ds in (datasets or {}).items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"datasets: names must be non-empty strings, not {name!r}")
+            if not isinstance(ds, Dataset):
+                raise ValueError(f"datasets[{name!r}] is {type(ds).__name__}: give a nestor.data Dataset "
+                                 "(nestor.data.read_parquet, read_csv, read_json, from_pandas, from_numpy, from_items)")
+            self.datasets[name] = ds
+        if dataset_config is not None and not isinstance(dataset_config, DataConfig):
+            raise ValueError(f"dataset_config is {type(dataset_config).__name__}: give a nestor.train.DataConfig")
+        self.dataset_config = dataset_config or DataConfig()
+        if metadata is not None:
+            print(f"nestor: {type(self).__name__}(metadata=...) is ignored: checkpoints carry no metadata in nestor", file=sys.stderr)
         self.resume_from_checkpoint: Optional[str] = None
         if resume_from_checkpoint is not None:
             path = os.fspath(getattr(resume_from_checkpoint, "path", resume_from_checkpoint))
@@ -43,11 +48,28 @@ class _Trainer:
     def _parts(self) -> Dict[str, Any]:
         return {
             "blob": {"kind": "trainer", "fn": self.train_loop_per_worker, "train_loop_config": self.train_loop_config,
-                     "resume_from_checkpoint": self.resume_from_checkpoint},
+                     "resume_from_checkpoint": self.resume_from_checkpoint, "datasets": self._planner()},
             "scaling": self.scaling_config,
             "run_config": self.run_config,
             "train_loop_config": self.train_loop_config,
         }
+
+    def _planner(self) -> Any:
+        """What the driver calls, once it knows the experiment's directory,
+        to check the data sets and count their rows (None without any)."""
+        if not self.datasets:
+            return None
+        datasets, config = dict(self.datasets), self.dataset_config
+
+        def plan(storage: str) -> Dict[str, Any]:
+            plans = {}
+            for name, ds in datasets.items():
+                p = ds._plan(name, storage)
+                p.split = config._splits(name)
+                plans[name] = p
+            return plans
+
+        return plan
 
     def fit(self) -> Result:
         """Runs the training function once on every worker; returns its

@@ -321,7 +321,7 @@ class Tuner:
         tc = self._tune_config
         if self._restore_path:
             exp_dir = self._restore_path
-            _driver.write_blob(exp_dir, {**self._parts["blob"], **_driver.read_run_settings(exp_dir)})
+            _driver.write_blob(exp_dir, {**_plan_datasets(self._parts["blob"], exp_dir), **_driver.read_run_settings(exp_dir)})
             hooks = _driver.read_hooks(exp_dir)
             if hooks and hooks.get("search") is not None:
                 from .._hooks import DefineByRun
@@ -337,8 +337,9 @@ class Tuner:
                 raise ValueError(f"experiment directory {exp_dir} already exists; continue it with Tuner.restore({exp_dir!r}, "
                                  "trainable) or pick another RunConfig(name=...)")
             settings = self._run_settings()
+            planned = _plan_datasets(self._parts["blob"], exp_dir)
             _driver.write_run_settings(exp_dir, settings)
-            blob = _driver.write_blob(exp_dir, {**self._parts["blob"], **settings})
+            blob = _driver.write_blob(exp_dir, {**planned, **settings})
             sweep = _driver.write_experiment(exp_dir, self._experiment(name, blob, exp_dir))
             hooks = self._hooks()
             if any(v for v in hooks.values()):
@@ -353,6 +354,16 @@ class Tuner:
         if not self._restore_path:
             raise RuntimeError("Tuner.get_results: call fit() first, or use it on a Tuner from Tuner.restore")
         return ResultGrid(self._restore_path)
+
+
+def _plan_datasets(blob: Dict[str, Any], exp_dir: str) -> Dict[str, Any]:
+    """The blob with its data sets checked and planned (a trainer's
+    ``datasets=``: in-memory ones written once under ``driver/datasets``),
+    before any trial runs: a missing or unreadable file is a ``ValueError``."""
+    plan = blob.get("datasets")
+    if not callable(plan):
+        return blob
+    return {**blob, "datasets": plan(os.path.join(exp_dir, "driver", "datasets"))}
 
 
 def _serve(exp_dir: str, hooks: Optional[Dict[str, Any]]) -> Any:

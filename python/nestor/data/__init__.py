@@ -1,0 +1,310 @@
+"""Ray Data's entry points for nestor (``ray.data``): a data set declared in
+the script, passed as ``TorchTrainer(datasets={"train": ds})``, and read by
+each worker as its share (``nestor.train.get_dataset_shard("train")``).
+
+A ``Dataset`` is a lazy description: files (``read_parquet``, ``read_csv``,
+``read_json``) or in-memory data (``from_pandas``, ``from_numpy``,
+``from_items``, written once as Parquet when the run starts), plus
+``map_batches`` functions run in the worker and ``random_shuffle()``. The
+driver checks the files and counts their rows once; every rank then reads
+only its share of each epoch (see ``nestor.data._split``), through Arrow.
+
+``random_shuffle()`` is cheaper than Ray's global shuffle: each epoch the
+blocks (Parquet row groups, or whole CSV/JSON files) come in a new seeded
+order and the rows of each block in a new seeded order.
+"""
+
+import glob
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+__all__ = ["DataConfig", "DataIterator", "Dataset", "from_items", "from_numpy", "from_pandas", "read_csv", "read_json",
+           "read_parquet"]
+
+_FORMATS = ("parquet", "csv", "json")
+
+
+def _pa():
+    try:
+        import pyarrow
+    except ImportError as e:
+        raise ImportError(f'nestor.data needs pyarrow: pip install "nestor[data]" (or pip install pyarrow): {e}') from e
+    return pyarrow
+
+
+@dataclass
+class _Block:
+    """A unit of reading: a Parquet row group, or a whole CSV/JSON file."""
+
+    path: str
+    format: str
+    rows: int
+    row_group: Optional[int] = None
+
+
+@dataclass
+class _Plan:
+    """What the ranks need: the blocks, in order, and how to read them."""
+
+    name: str
+    blocks: List[_Block]
+    transforms: List[Any]
+    shuffle: bool
+    seed: int
+    split: bool = True
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.blocks)
+
+
+class Dataset:
+    """A lazy data set: where its rows come from and what is done to them."""
+
+    def __init__(self, source: Dict[str, Any], transforms: Optional[List[Any]] = None, shuffle: bool = False,
+                 seed: Optional[int] = None):
+        self._source = source
+        self._transforms = list(transforms or [])
+        self._shuffle = shuffle
+        self._seed = seed
+
+    def _with(self, **changes: Any) -> "Dataset":
+        d = Dataset(self._source, self._transforms, self._shuffle, self._seed)
+        for k, v in changes.items():
+            setattr(d, k, v)
+        return d
+
+    def map_batches(self, fn: Callable[..., Any], *, batch_format: str = "numpy", fn_kwargs: Optional[Dict[str, Any]] = None,
+                    **_ignored: Any) -> "Dataset":
+        """``fn`` run in the worker on each batch read (a dict of NumPy
+        arrays, a pandas DataFrame or a pyarrow Table, as ``batch_format``
+        says); it returns the batch's new form, in any of the three."""
+        if not callable(fn):
+            raise TypeError(f"map_batches: fn must be a function, not {type(fn).__name__}")
+        if batch_format not in ("numpy", "pandas", "pyarrow", "default"):
+            raise ValueError(f"map_batches(batch_format={batch_format!r}): give 'numpy', 'pandas' or 'pyarrow'")
+        return self._with(_transforms=self._transforms + [(fn, "numpy" if batch_format == "default" else batch_format,
+                                                           dict(fn_kwargs or {}))])
+
+    def random_shuffle(self, *, seed: Optional[int] = None, **_ignored: Any) -> "Dataset":
+        """A new order each epoch: blocks in a seeded order, rows within each
+        block too (the same seed gives the same orders everywhere)."""
+        return self._with(_shuffle=True, _seed=seed)
+
+    def count(self) -> int:
+        """The number of rows (from the files' metadata for Parquet)."""
+        return self._plan("count", None).rows
+
+    def schema(self) -> Any:
+        """The Arrow schema of the rows read (before ``map_batches``)."""
+        blocks = self._plan("schema", None).blocks
+        if not blocks:
+            return None
+        return _read_block(blocks[0]).schema
+
+    def take(self, n: int = 20) -> List[Dict[str, Any]]:
+        """The first ``n`` rows, as dicts (read in the driver)."""
+        plan = self._plan("take", None)
+        out: List[Dict[str, Any]] = []
+        for block in plan.blocks:
+            out += _apply(_read_block(block), plan.transforms).slice(0, n - len(out)).to_pylist()
+            if len(out) >= n:
+                break
+        return out
+
+    def _plan(self, name: str, storage: Optional[str]) -> _Plan:
+        """Checks the files and counts their rows (the driver, once)."""
+        src = self._source
+        if src["kind"] == "files":
+            paths = src["paths"]
+        else:
+            paths = [_materialise(src, name, storage)]
+        blocks = _blocks(paths, src.get("format", "parquet"), name)
+        seed = self._seed if self._seed is not None else 0
+        return _Plan(name=name, blocks=blocks, transforms=self._transforms, shuffle=self._shuffle, seed=seed)
+
+    def __repr__(self) -> str:
+        src = self._source
+        what = ", ".join(src["paths"]) if src["kind"] == "files" else src["kind"]
+        return f"Dataset({what}{', shuffled' if self._shuffle else ''}{f', {len(self._transforms)} map_batches' if self._transforms else ''})"
+
+
+def _files(paths: Union[str, Sequence[str]], fmt: str) -> Dict[str, Any]:
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    return {"kind": "files", "paths": [os.path.abspath(os.fspath(p)) for p in paths], "format": fmt}
+
+
+def read_parquet(paths: Union[str, Sequence[str]], **_ignored: Any) -> Dataset:
+    """Parquet files: a file, a directory (its ``*.parquet`` files) or a glob, or a list of them."""
+    return Dataset(_files(paths, "parquet"))
+
+
+def read_csv(paths: Union[str, Sequence[str]], **_ignored: Any) -> Dataset:
+    """CSV files with a header row: a file, a directory or a glob, or a list."""
+    return Dataset(_files(paths, "csv"))
+
+
+def read_json(paths: Union[str, Sequence[str]], **_ignored: Any) -> Dataset:
+    """Newline-delimited JSON files: a file, a directory or a glob, or a list."""
+    return Dataset(_files(paths, "json"))
+
+
+def from_pandas(dfs: Any) -> Dataset:
+    """One pandas DataFrame, or a list of them with the same columns."""
+    frames = dfs if isinstance(dfs, list) else [dfs]
+    return Dataset({"kind": "pandas", "data": frames})
+
+
+def from_numpy(arrays: Any) -> Dataset:
+    """A NumPy array (one column, ``data``), or a dict of column -> array."""
+    return Dataset({"kind": "numpy", "data": arrays})
+
+
+def from_items(items: List[Any]) -> Dataset:
+    """A list of dicts (one per row), or of values (one column, ``item``)."""
+    return Dataset({"kind": "items", "data": list(items)})
+
+
+def _materialise(src: Dict[str, Any], name: str, storage: Optional[str]) -> str:
+    """In-memory data as one Parquet file: written once into ``storage``
+    (the experiment's directory), read from there by every rank."""
+    pa = _pa()
+    import pyarrow.parquet as pq
+
+    kind, data = src["kind"], src["data"]
+    if kind == "pandas":
+        table = pa.concat_tables([pa.Table.from_pandas(df, preserve_index=False) for df in data])
+    elif kind == "numpy":
+        table = pa.table(dict(data) if isinstance(data, dict) else {"data": list(data) if getattr(data, "ndim", 1) > 1 else data})
+    else:
+        rows = data if all(isinstance(r, dict) for r in data) else [{"item": r} for r in data]
+        table = pa.Table.from_pylist(rows)
+    if storage is None:
+        import tempfile
+
+        storage = tempfile.mkdtemp(prefix="nestor-data-")
+    os.makedirs(storage, exist_ok=True)
+    path = os.path.join(storage, f"{name}.parquet")
+    tmp = path + ".tmp"
+    pq.write_table(table, tmp, row_group_size=max(1024, min(65536, table.num_rows // 64 + 1)))
+    os.replace(tmp, path)
+    return path
+
+
+def _expand(path: str, fmt: str, name: str) -> List[str]:
+    if any(c in path for c in "*?["):
+        found = sorted(glob.glob(path))
+        if not found:
+            raise ValueError(f"datasets.{name}: no file matches {path}")
+        return found
+    if os.path.isdir(path):
+        suffixes = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "json": (".json", ".jsonl")}[fmt]
+        found = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(suffixes) and not n.startswith("."))
+        if not found:
+            raise ValueError(f"datasets.{name}: directory {path} holds no {fmt} file")
+        return found
+    if not os.path.exists(path):
+        raise ValueError(f"datasets.{name}: {path} does not exist")
+    return [path]
+
+
+def _blocks(paths: Sequence[str], fmt: str, name: str) -> List[_Block]:
+    pa = _pa()
+    blocks: List[_Block] = []
+    schema, first = None, None
+    for path in [f for p in paths for f in _expand(p, fmt, name)]:
+        try:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                meta = pq.ParquetFile(path)
+                file_schema = meta.schema_arrow
+                blocks += [_Block(path, fmt, meta.metadata.row_group(i).num_rows, i) for i in range(meta.num_row_groups)]
+            else:
+                table = _read_block(_Block(path, fmt, 0))
+                file_schema = table.schema
+                blocks.append(_Block(path, fmt, table.num_rows))
+        except (OSError, pa.ArrowException) as e:
+            raise ValueError(f"datasets.{name}: cannot read {path} as {fmt}: {e}") from None
+        if schema is None:
+            schema, first = file_schema, path
+        elif not file_schema.equals(schema):
+            raise ValueError(f"datasets.{name}: {path} has columns {_columns(file_schema)}, unlike {first} ({_columns(schema)})")
+    return blocks
+
+
+def _columns(schema: Any) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
+def _read_block(block: _Block) -> Any:
+    if block.format == "parquet":
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(block.path)
+        return f.read_row_group(block.row_group) if block.row_group is not None else f.read()
+    if block.format == "csv":
+        import pyarrow.csv
+
+        return pyarrow.csv.read_csv(block.path)
+    import pyarrow.json
+
+    return pyarrow.json.read_json(block.path)
+
+
+def _to_format(table: Any, fmt: str) -> Any:
+    if fmt == "pyarrow":
+        return table
+    if fmt == "pandas":
+        return table.to_pandas()
+    import numpy as np
+
+    out = {}
+    for name in table.column_names:
+        col = table.column(name)
+        try:
+            out[name] = col.to_numpy()
+        except Exception:
+            out[name] = np.array(col.to_pylist(), dtype=object)
+        if out[name].dtype == object and len(out[name]) and isinstance(out[name][0], (list, np.ndarray)):
+            out[name] = np.stack([np.asarray(v) for v in out[name]])
+    return out
+
+
+def _from_format(batch: Any) -> Any:
+    pa = _pa()
+    if isinstance(batch, pa.Table):
+        return batch
+    if isinstance(batch, dict):
+        cols = {}
+        for k, v in batch.items():
+            v = getattr(v, "numpy", lambda: v)() if hasattr(v, "detach") else v
+            cols[k] = list(v) if getattr(v, "ndim", 1) > 1 else v
+        return pa.table(cols)
+    if hasattr(batch, "to_dict") and hasattr(batch, "columns"):
+        return pa.Table.from_pandas(batch, preserve_index=False)
+    raise TypeError(f"map_batches: the function returned {type(batch).__name__}; return a dict of arrays, a DataFrame or a pyarrow Table")
+
+
+def _apply(table: Any, transforms: List[Any]) -> Any:
+    for fn, fmt, kwargs in transforms:
+        table = _from_format(fn(_to_format(table, fmt), **kwargs))
+    return table
+
+
+@dataclass
+class DataConfig:
+    """Which data sets are split across the workers (``datasets_to_split``:
+    ``"all"`` or a list of names); the others are read whole by every worker."""
+
+    datasets_to_split: Union[str, List[str]] = "all"
+    execution_options: Any = None
+    enable_shard_locality: bool = True
+
+    def _splits(self, name: str) -> bool:
+        return self.datasets_to_split == "all" or name in (self.datasets_to_split or [])
+
+
+from ._iterator import DataIterator  # noqa: E402

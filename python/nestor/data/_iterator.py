@@ -1,0 +1,177 @@
+"""A worker's share of a data set (Ray's ``DataIterator``): each
+``iter_batches()`` call is the next epoch, read in the background."""
+
+import queue
+import threading
+from typing import Any, Callable, Dict, Iterator, Optional
+
+from . import _apply, _Plan, _read_block, _to_format
+from ._split import rows_per_rank, share
+
+_END = object()
+
+
+class DataIterator:
+    """This rank's rows of one data set, epoch after epoch."""
+
+    def __init__(self, plan: _Plan, rank: int, world: int, epoch: int = 0):
+        self._plan, self._rank, self._world = plan, rank, world
+        #: The next epoch to read (a restarted run goes on at its checkpoint's).
+        self.epoch = epoch
+
+    def count(self) -> int:
+        """How many rows this rank reads an epoch (the same on every rank)."""
+        return rows_per_rank(self._plan.rows, self._world, self._plan.split)
+
+    def _tables(self, epoch: int, prefetch: int) -> Iterator[Any]:
+        """The epoch's pieces, read and mapped by a thread ahead of the consumer."""
+        plan = self._plan
+        pieces = share([b.rows for b in plan.blocks], self._world, self._rank, epoch, plan.seed, plan.shuffle, plan.split)
+        out: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, prefetch))
+        stop = threading.Event()
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            cached = (None, None)
+            try:
+                for b, lo, hi in pieces:
+                    if cached[0] != b:
+                        table = _read_block(plan.blocks[b])
+                        if plan.shuffle:
+                            import numpy as np
+
+                            table = table.take(np.random.default_rng([plan.seed, epoch, b]).permutation(table.num_rows))
+                        cached = (b, table)
+                    if not put(_apply(cached[1].slice(lo, hi - lo), plan.transforms)):
+                        return
+            except BaseException as e:  # the consumer raises it
+                put(e)
+                return
+            put(_END)
+
+        thread = threading.Thread(target=produce, name=f"nestor-data-{plan.name}", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = out.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+
+    def iter_batches(self, *, batch_size: Optional[int] = 256, batch_format: str = "numpy", drop_last: bool = False,
+                     prefetch_batches: int = 1, local_shuffle_buffer_size: Optional[int] = None,
+                     local_shuffle_seed: Optional[int] = None, **_ignored: Any) -> Iterator[Any]:
+        """The next epoch's rows in batches of ``batch_size`` (None: as read),
+        as dicts of NumPy arrays, pandas DataFrames or pyarrow Tables; with
+        ``local_shuffle_buffer_size``, drawn at random from that many rows."""
+        if batch_format not in ("numpy", "pandas", "pyarrow", "default"):
+            raise ValueError(f"iter_batches(batch_format={batch_format!r}): give 'numpy', 'pandas' or 'pyarrow'")
+        fmt = "numpy" if batch_format == "default" else batch_format
+        epoch = self.epoch
+        self.epoch += 1
+        return self._batches(epoch, batch_size, fmt, drop_last, prefetch_batches, local_shuffle_buffer_size, local_shuffle_seed)
+
+    def _batches(self, epoch: int, batch_size: Optional[int], fmt: str, drop_last: bool, prefetch: int,
+                 buffer_rows: Optional[int], buffer_seed: Optional[int]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        rng = None
+        if buffer_rows:
+            import numpy as np
+
+            rng = np.random.default_rng([buffer_seed if buffer_seed is not None else self._plan.seed, epoch, self._rank])
+        pending: list = []
+        held = 0
+        for table in self._tables(epoch, prefetch):
+            if batch_size is None:
+                yield _to_format(table, fmt)
+                continue
+            pending.append(table)
+            held += table.num_rows
+            need = batch_size + (buffer_rows or 0)
+            while held >= need:
+                buf = pa.concat_tables(pending)
+                batch, rest = _cut(buf, batch_size, rng)
+                pending, held = [rest], rest.num_rows
+                yield _to_format(batch, fmt)
+        if batch_size is None or held == 0:
+            return
+        buf = pa.concat_tables(pending)
+        while buf.num_rows >= batch_size:
+            batch, buf = _cut(buf, batch_size, rng)
+            yield _to_format(batch, fmt)
+        if buf.num_rows and not drop_last:
+            yield _to_format(buf if rng is None else buf.take(rng.permutation(buf.num_rows)), fmt)
+
+    def iter_torch_batches(self, *, batch_size: Optional[int] = 256, dtypes: Any = None, device: Any = "auto",
+                           collate_fn: Optional[Callable[[Dict[str, Any]], Any]] = None, drop_last: bool = False,
+                           prefetch_batches: int = 1, local_shuffle_buffer_size: Optional[int] = None,
+                           local_shuffle_seed: Optional[int] = None, **_ignored: Any) -> Iterator[Any]:
+        """The next epoch's batches as dicts of torch tensors on this
+        worker's device (``device="auto"``), cast to ``dtypes`` (one dtype, or
+        a dict by column); ``collate_fn`` turns each NumPy batch into
+        whatever it returns instead."""
+        import torch
+
+        if device == "auto":
+            from .. import torch as nestor_torch
+
+            device = nestor_torch.get_device()
+        batches = self.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=drop_last,
+                                    prefetch_batches=prefetch_batches, local_shuffle_buffer_size=local_shuffle_buffer_size,
+                                    local_shuffle_seed=local_shuffle_seed)
+        for batch in batches:
+            if collate_fn is not None:
+                yield collate_fn(batch)
+                continue
+            out = {}
+            for name, values in batch.items():
+                dtype = dtypes.get(name) if isinstance(dtypes, dict) else dtypes
+                out[name] = torch.as_tensor(values, dtype=dtype, device=device)
+            yield out
+
+    def iter_rows(self, **kwargs: Any) -> Iterator[Dict[str, Any]]:
+        """The next epoch's rows, one dict each."""
+        for table in self.iter_batches(batch_format="pyarrow", **kwargs):
+            yield from table.to_pylist()
+
+    def to_torch(self, **kwargs: Any) -> "torch.utils.data.IterableDataset":  # noqa: F821
+        """This share as a torch ``IterableDataset`` of rows (one epoch per
+        iteration), for a ``DataLoader`` or a Hugging Face ``Trainer``."""
+        import torch
+
+        it = self
+
+        class _Rows(torch.utils.data.IterableDataset):
+            def __len__(self) -> int:
+                return it.count()
+
+            def __iter__(self) -> Iterator[Dict[str, Any]]:
+                return it.iter_rows(**kwargs)
+
+        return _Rows()
+
+    def __repr__(self) -> str:
+        return f"DataIterator({self._plan.name}: rank {self._rank} of {self._world}, {self.count()} rows an epoch, epoch {self.epoch})"
+
+
+def _cut(buf: Any, n: int, rng: Any) -> Any:
+    """``n`` rows of ``buf`` (the first, or drawn at random) and the rest."""
+    if rng is None:
+        return buf.slice(0, n), buf.slice(n)
+    import numpy as np
+
+    pick = rng.permutation(buf.num_rows)
+    return buf.take(pick[:n]), buf.take(np.sort(pick[n:]))

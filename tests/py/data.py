@@ -1,0 +1,136 @@
+"""nestor.data for the tests (tests/tests/data.rs): files written here, a
+TorchTrainer whose ranks read their shares.
+
+Usage: data.py DIR MODE [ARGS]
+  split WORKERS FORMAT SHUFFLE EPOCHS [SEED]  103 rows (ids 0..102) in 3 files of the FORMAT
+                 (parquet in row groups of 10, csv, json); each rank logs the ids of each epoch
+  whole          DataConfig(datasets_to_split=[]): every rank reads every row
+  mapped         map_batches in the worker, iter_torch_batches with dtypes
+  ddp            2 DDP ranks on 101 rows in uneven files, batch 8: the last step does not hang
+  refuse WHAT    missing | schema | unreadable | notdataset: prints the ValueError
+Rank log lines: RANK <json>.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv
+import pyarrow.parquet as pq
+
+from nestor import data, train
+from nestor.train import DataConfig, RunConfig, ScalingConfig
+from nestor.train.torch import TorchTrainer
+
+root, mode = sys.argv[1], sys.argv[2]
+os.makedirs(root, exist_ok=True)
+
+
+def write(fmt, sizes, name="rows"):
+    """Files of ``sizes`` rows each, ids counting up across them."""
+    folder = os.path.join(root, f"{name}-{fmt}")
+    os.makedirs(folder, exist_ok=True)
+    start = 0
+    for i, n in enumerate(sizes):
+        ids = np.arange(start, start + n, dtype=np.int64)
+        table = pa.table({"id": ids, "x": ids.astype(np.float64) / 10})
+        path = os.path.join(folder, f"part-{i}.{ 'jsonl' if fmt == 'json' else fmt}")
+        if fmt == "parquet":
+            pq.write_table(table, path, row_group_size=10)
+        elif fmt == "csv":
+            pyarrow.csv.write_csv(table, path)
+        else:
+            with open(path, "w") as f:
+                for row in table.to_pylist():
+                    f.write(json.dumps(row) + "\n")
+        start += n
+    return folder
+
+
+def rank_line(**values):
+    print("RANK " + json.dumps({"rank": train.get_context().get_world_rank(), **values}), flush=True)
+
+
+def ids_loop(config):
+    shard = train.get_dataset_shard("train")
+    for epoch in range(config["epochs"]):
+        ids = []
+        for batch in shard.iter_batches(batch_size=8):
+            ids += [int(i) for i in batch["id"]]
+        rank_line(epoch=epoch, ids=ids, count=shard.count())
+        train.report({"epoch": epoch + 1, "rows": len(ids)})
+
+
+def fit(loop, config, datasets, workers=2, **kwargs):
+    return TorchTrainer(loop, train_loop_config=config, datasets=datasets,
+                        scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
+                        run_config=RunConfig(name=kwargs.pop("name", mode), storage_path=os.path.join(root, "runs")),
+                        **kwargs).fit()
+
+
+reader = {"parquet": data.read_parquet, "csv": data.read_csv, "json": data.read_json}
+
+if mode == "split":
+    workers, fmt, shuffle, epochs = int(sys.argv[3]), sys.argv[4], sys.argv[5] == "shuffle", int(sys.argv[6])
+    seed = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    ds = reader[fmt](write(fmt, [37, 50, 16]))
+    if shuffle:
+        ds = ds.random_shuffle(seed=seed)
+    fit(ids_loop, {"epochs": epochs}, {"train": ds}, workers=workers, name=f"split-{workers}-{fmt}-{sys.argv[5]}-{seed}")
+elif mode == "whole":
+    ds = data.read_parquet(write("parquet", [37, 50, 16]))
+    fit(ids_loop, {"epochs": 1}, {"train": ds}, dataset_config=DataConfig(datasets_to_split=[]))
+elif mode == "mapped":
+    def loop(config):
+        import torch
+
+        for batch in train.get_dataset_shard("train").iter_torch_batches(batch_size=16, dtypes={"id": torch.int64, "y": torch.float32}):
+            assert batch["y"].dtype == torch.float32 and batch["id"].dtype == torch.int64
+            rank_line(ids=batch["id"].tolist(), ys=batch["y"].tolist())
+        train.report({"done": 1})
+
+    items = data.from_items([{"id": i, "x": float(i)} for i in range(40)])
+    fit(loop, {}, {"train": items.map_batches(lambda b: {"id": b["id"], "y": b["x"] * 2 + 1})})
+elif mode == "ddp":
+    def loop(config):
+        import torch
+
+        import nestor.train.torch
+
+        model = nestor.train.torch.prepare_model(torch.nn.Linear(1, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        shard = train.get_dataset_shard("train")
+        for epoch in range(3):
+            steps = 0
+            for batch in shard.iter_torch_batches(batch_size=8):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(batch["x"].float().unsqueeze(1)), batch["x"].float().unsqueeze(1)).backward()
+                opt.step()
+                steps += 1
+            rank_line(epoch=epoch, steps=steps)
+            train.report({"epoch": epoch + 1, "steps": steps})
+
+    fit(loop, {}, {"train": data.read_parquet(write("parquet", [60, 3, 38]))})
+elif mode == "refuse":
+    what = sys.argv[3]
+    try:
+        if what == "missing":
+            fit(ids_loop, {"epochs": 1}, {"train": data.read_parquet(os.path.join(root, "nowhere.parquet"))})
+        elif what == "schema":
+            folder = write("parquet", [5, 5])
+            pq.write_table(pa.table({"id": ["a", "b"]}), os.path.join(folder, "part-9.parquet"))
+            fit(ids_loop, {"epochs": 1}, {"train": data.read_parquet(folder)})
+        elif what == "unreadable":
+            folder = write("parquet", [5])
+            with open(os.path.join(folder, "part-5.parquet"), "w") as f:
+                f.write("not parquet")
+            fit(ids_loop, {"epochs": 1}, {"train": data.read_parquet(folder)})
+        else:
+            fit(ids_loop, {"epochs": 1}, {"train": [1, 2, 3]})
+    except ValueError as e:
+        print(f"REFUSED {e}")
+        print("STORED " + json.dumps(sorted(os.listdir(os.path.join(root, "runs"))) if os.path.isdir(os.path.join(root, "runs")) else []))
+else:
+    sys.exit(f"unknown mode {mode}")

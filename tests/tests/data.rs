@@ -1,0 +1,161 @@
+//! `nestor.data` for real: Parquet, CSV and JSON files written by the
+//! tests, a `TorchTrainer(datasets=...)` whose ranks read their shares with
+//! `get_dataset_shard`, in the cached torch environment (with pyarrow).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use common::python::*;
+use common::*;
+use serde_json::Value;
+
+/// The `RANK` lines of every rank of a run's one trial.
+fn rank_lines(run: &Path, ranks: u32) -> Vec<Vec<Value>> {
+    (0..ranks)
+        .map(|r| {
+            let log = read(&run.join(format!("trials/trial_00000/logs/rank-{r}.log")));
+            log.lines().filter_map(|l| l.strip_prefix("RANK ")).map(|l| serde_json::from_str(l).unwrap()).collect()
+        })
+        .collect()
+}
+
+fn data_py(dir: &Path, args: &[&str]) -> String {
+    let mut all = vec![dir.to_str().unwrap()];
+    all.extend_from_slice(args);
+    passed(torch_python(dir, "tests/py/data.py", &all, &[]))
+}
+
+/// Each epoch's ids, per rank, in reading order.
+fn epochs(lines: &[Vec<Value>], n: usize) -> Vec<Vec<Vec<u64>>> {
+    (0..n)
+        .map(|e| {
+            lines
+                .iter()
+                .map(|rank| {
+                    let line = rank.iter().find(|l| l["epoch"].as_u64() == Some(e as u64)).unwrap();
+                    line["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// 103 rows over `workers` ranks, 3 epochs: equal counts, no row twice in
+/// an epoch, the rows left out never the same two epochs in a row.
+fn split(workers: u32, format: &str, shuffle: bool) -> Vec<Vec<Vec<u64>>> {
+    let dir = tempfile::tempdir().unwrap();
+    let order = if shuffle { "shuffle" } else { "noshuffle" };
+    data_py(dir.path(), &["split", &workers.to_string(), format, order, "3"]);
+    let run = dir.path().join(format!("runs/split-{workers}-{format}-{order}-0"));
+    let by_epoch = epochs(&rank_lines(&run, workers), 3);
+    let per = 103 / u64::from(workers);
+    let mut left_before: Option<BTreeSet<u64>> = None;
+    for (e, ranks) in by_epoch.iter().enumerate() {
+        let mut seen = BTreeSet::new();
+        for (r, ids) in ranks.iter().enumerate() {
+            assert_eq!(ids.len() as u64, per, "{format} epoch {e}: rank {r} read {} rows, not {per}", ids.len());
+            for id in ids {
+                assert!(*id < 103 && seen.insert(*id), "{format} epoch {e}: row {id} read twice");
+            }
+        }
+        let left: BTreeSet<u64> = (0..103).filter(|i| !seen.contains(i)).collect();
+        assert_eq!(left.len() as u64, 103 - per * u64::from(workers));
+        if let Some(before) = &left_before {
+            assert!(left.is_disjoint(before) || left.is_empty(), "epoch {e} left out {left:?} again");
+        }
+        left_before = Some(left);
+    }
+    by_epoch
+}
+
+#[test]
+fn every_rank_reads_as_many_rows_and_no_row_twice_an_epoch_from_parquet_csv_and_json() {
+    for (workers, format) in [(1, "parquet"), (2, "parquet"), (3, "parquet"), (2, "csv"), (3, "json")] {
+        let by_epoch = split(workers, format, false);
+        // Unshuffled, a rank reads its rows in the files' order.
+        for ranks in &by_epoch {
+            for ids in ranks {
+                assert!(ids.windows(2).all(|w| w[0] < w[1]), "{format}: {ids:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_shuffled_data_set_has_a_new_order_every_epoch_and_the_same_orders_for_a_seed() {
+    let first = split(3, "parquet", true);
+    let again = split(3, "parquet", true);
+    assert_eq!(first, again, "the same seed gives the same orders");
+    assert_ne!(first[0], first[1], "epoch 1's order is epoch 0's");
+    assert_ne!(first[1], first[2]);
+    let natural: Vec<u64> = first[0][0].iter().copied().collect::<BTreeSet<_>>().into_iter().collect();
+    assert_ne!(first[0][0], natural, "rank 0's rows come in the files' order: not shuffled");
+}
+
+#[test]
+fn a_data_set_not_split_is_read_whole_by_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    data_py(dir.path(), &["whole"]);
+    let lines = rank_lines(&dir.path().join("runs/whole"), 2);
+    for rank in &lines {
+        let ids: BTreeSet<u64> = rank[0]["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(ids, (0..103).collect(), "every rank reads every row");
+        assert_eq!(rank[0]["count"].as_u64(), Some(103));
+    }
+}
+
+#[test]
+fn map_batches_runs_in_the_ranks_and_torch_batches_come_in_the_asked_dtypes() {
+    let dir = tempfile::tempdir().unwrap();
+    data_py(dir.path(), &["mapped"]);
+    let lines = rank_lines(&dir.path().join("runs/mapped"), 2);
+    let mut all = BTreeSet::new();
+    for rank in &lines {
+        let rows: usize = rank.iter().map(|l| l["ids"].as_array().unwrap().len()).sum();
+        assert_eq!(rows, 20, "40 in-memory rows over 2 ranks");
+        for l in rank {
+            for (id, y) in l["ids"].as_array().unwrap().iter().zip(l["ys"].as_array().unwrap()) {
+                let id = id.as_u64().unwrap();
+                assert_eq!(y.as_f64().unwrap(), id as f64 * 2.0 + 1.0, "map_batches' column for row {id}");
+                assert!(all.insert(id));
+            }
+        }
+    }
+}
+
+#[test]
+fn ddp_over_uneven_files_takes_as_many_steps_on_every_rank_and_does_not_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    data_py(dir.path(), &["ddp"]);
+    let lines = rank_lines(&dir.path().join("runs/ddp"), 2);
+    for e in 0..3u64 {
+        let steps: Vec<u64> =
+            lines.iter().map(|r| r.iter().find(|l| l["epoch"].as_u64() == Some(e)).unwrap()["steps"].as_u64().unwrap()).collect();
+        // 101 rows: 50 a rank, 7 batches of 8 (the last of 2).
+        assert_eq!(steps, [7, 7], "epoch {e}");
+    }
+}
+
+#[test]
+fn bad_data_sets_are_refused_before_any_trial_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for (what, wants) in [
+        ("missing", vec!["datasets.train:", "nowhere.parquet does not exist"]),
+        ("schema", vec!["datasets.train:", "part-9.parquet has columns id: string", "unlike"]),
+        ("unreadable", vec!["datasets.train: cannot read", "part-5.parquet as parquet"]),
+        ("notdataset", vec!["datasets['train'] is list: give a nestor.data Dataset"]),
+    ] {
+        let sub = dir.path().join(what);
+        std::fs::create_dir_all(&sub).unwrap();
+        let out = data_py(&sub, &["refuse", what]);
+        let refused = line(&out, "REFUSED");
+        for want in wants {
+            assert!(refused.contains(want), "{what}: {refused}");
+        }
+        assert!(!sub.join("runs/refuse/store").exists(), "{what}: a store was created");
+    }
+}
