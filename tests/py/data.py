@@ -4,6 +4,7 @@ TorchTrainer whose ranks read their shares.
 Usage: data.py DIR MODE [ARGS]
   split WORKERS FORMAT SHUFFLE EPOCHS [SEED]  103 rows (ids 0..102) in 3 files of the FORMAT
                  (parquet in row groups of 10, csv, json); each rank logs the ids of each epoch
+  resume NAME    4 shuffled epochs on 2 ranks, a checkpoint each, max_failures=1; $SLOW_S sleeps each batch
   whole          DataConfig(datasets_to_split=[]): every rank reads every row
   mapped         map_batches in the worker, iter_torch_batches with dtypes
   ddp            2 DDP ranks on 101 rows in uneven files, batch 8: the last step does not hang
@@ -79,6 +80,36 @@ if mode == "split":
     if shuffle:
         ds = ds.random_shuffle(seed=seed)
     fit(ids_loop, {"epochs": epochs}, {"train": ds}, workers=workers, name=f"split-{workers}-{fmt}-{sys.argv[5]}-{seed}")
+elif mode == "resume":
+    # 4 shuffled epochs on 2 ranks, a checkpoint each; $SLOW_S sleeps each batch; NAME names the run.
+    def loop(config):
+        import tempfile
+        import time
+
+        start = 0
+        checkpoint = train.get_checkpoint()
+        if checkpoint:
+            with checkpoint.as_directory() as d:
+                start = int(open(os.path.join(d, "epoch")).read())
+        rank_line(pid=os.getpid(), start=start)
+        shard = train.get_dataset_shard("train")
+        for epoch in range(start, 4):
+            ids = []
+            for batch in shard.iter_batches(batch_size=8):
+                time.sleep(float(os.environ.get("SLOW_S", "0")))
+                ids += [int(i) for i in batch["id"]]
+            rank_line(epoch=epoch, ids=ids)
+            with tempfile.TemporaryDirectory() as d:
+                with open(os.path.join(d, "epoch"), "w") as f:
+                    f.write(str(epoch + 1))
+                train.report({"epoch": epoch + 1}, checkpoint=train.Checkpoint.from_directory(d))
+
+    from nestor.train import FailureConfig
+
+    ds = data.read_parquet(write("parquet", [37, 50, 16])).random_shuffle(seed=3)
+    TorchTrainer(loop, datasets={"train": ds}, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                 run_config=RunConfig(name=sys.argv[3], storage_path=os.path.join(root, "runs"),
+                                      failure_config=FailureConfig(max_failures=1))).fit()
 elif mode == "whole":
     ds = data.read_parquet(write("parquet", [37, 50, 16]))
     fit(ids_loop, {"epochs": 1}, {"train": ds}, dataset_config=DataConfig(datasets_to_split=[]))

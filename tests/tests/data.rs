@@ -159,3 +159,43 @@ fn bad_data_sets_are_refused_before_any_trial_naming_the_file() {
         assert!(!sub.join("runs/refuse/store").exists(), "{what}: a store was created");
     }
 }
+
+#[test]
+fn a_rank_killed_mid_epoch_restarts_the_trial_at_its_checkpoints_epoch_with_that_epochs_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("SLOW_S", "0.3".to_string())];
+    let mut run = torch_python_cmd(dir.path(), "tests/py/data.py", &[dir.path().to_str().unwrap(), "resume", "killed"], &env)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let killed = dir.path().join("runs/killed");
+    // Epochs 0 and 1 done; 0.3 s into epoch 2 (7 batches of 0.3 s), rank 1 is killed.
+    wait_for_run("checkpoint 2 committed", 120.0, &mut run, || killed.join("trials/trial_00000/checkpoint_000002/.committed").exists());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let first = rank_lines(&killed, 2);
+    let victim = u32::try_from(first[1].iter().find_map(|l| l.get("pid")).unwrap().as_u64().unwrap()).unwrap();
+    signal(victim, libc::SIGKILL);
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    data_py(dir.path(), &["resume", "reference"]);
+    let (k, r) = (rank_lines(&killed, 2), rank_lines(&dir.path().join("runs/reference"), 2));
+    for rank in 0..2 {
+        // The restarted run started at epoch 2, and every epoch read the uninterrupted run's rows in its order.
+        let starts: Vec<u64> = k[rank].iter().filter_map(|l| l.get("start")).map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(starts, [0, 2], "rank {rank}");
+        for e in 0..4u64 {
+            let ids = |lines: &[Value]| lines.iter().rev().find(|l| l["epoch"].as_u64() == Some(e)).map(|l| l["ids"].clone());
+            assert_eq!(ids(&k[rank]), ids(&r[rank]), "rank {rank} epoch {e}");
+        }
+    }
+}
+
+#[test]
+fn the_split_holds_its_promises_on_random_layouts() {
+    // A new seed every run (printed on failure, to replay the case).
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() % 1_000_000_007;
+    let dir = tempfile::tempdir().unwrap();
+    let out = passed(torch_python(dir.path(), "tests/py/split_property.py", &[&seed.to_string(), "2000"], &[]));
+    assert!(out.contains("ok 2000 cases"), "seed {seed}: {out}");
+}
