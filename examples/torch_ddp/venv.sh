@@ -21,8 +21,9 @@ OPTUNA_VERSION=5.0.0
 TRANSFORMERS_VERSION=5.23.0
 LIGHTNING_VERSION=2.6.6
 ACCELERATE_VERSION=1.15.0
-# nestor.data reads with Arrow (nestor's [data] extra).
+# nestor.data reads with Arrow (nestor's [data] extra); Hugging Face datasets feeds from_huggingface.
 PYARROW_VERSION=26.0.1
+HF_DATASETS_VERSION=5.2.0
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
@@ -54,9 +55,9 @@ if [ ! -f "$frameworks" ]; then
     "$venv/bin/python" -m pip install --quiet "transformers==$TRANSFORMERS_VERSION" "lightning==$LIGHTNING_VERSION" "accelerate==$ACCELERATE_VERSION" >&2
     touch "$frameworks"
 fi
-if [ ! -f "$venv/.complete-data-$PYARROW_VERSION" ]; then
-    "$venv/bin/python" -m pip install --quiet "pyarrow==$PYARROW_VERSION" >&2
-    touch "$venv/.complete-data-$PYARROW_VERSION"
+if [ ! -f "$venv/.complete-data-$PYARROW_VERSION-$HF_DATASETS_VERSION" ]; then
+    "$venv/bin/python" -m pip install --quiet "pyarrow==$PYARROW_VERSION" "datasets==$HF_DATASETS_VERSION" >&2
+    touch "$venv/.complete-data-$PYARROW_VERSION-$HF_DATASETS_VERSION"
 fi
 # The nestor package is this checkout's python/ (a path file: always current,
 # nothing to build); the binary comes from NESTOR_BIN or PATH. `pip install

@@ -7,6 +7,7 @@ Usage: data.py DIR MODE [ARGS]
   resume NAME    4 shuffled epochs on 2 ranks, a checkpoint each, max_failures=1; $SLOW_S sleeps each batch
   whole          DataConfig(datasets_to_split=[]): every rank reads every row
   mapped         map_batches in the worker, iter_torch_batches with dtypes
+  sources        from_pandas / from_numpy / from_items / from_huggingface, a DataLoader over each shard
   ddp            2 DDP ranks on 101 rows in uneven files, batch 8: the last step does not hang
   refuse WHAT    missing | schema | unreadable | notdataset: prints the ValueError
 Rank log lines: RANK <json>.
@@ -124,6 +125,31 @@ elif mode == "mapped":
 
     items = data.from_items([{"id": i, "x": float(i)} for i in range(40)])
     fit(loop, {}, {"train": items.map_batches(lambda b: {"id": b["id"], "y": b["x"] * 2 + 1})})
+elif mode == "sources":
+    # In-memory sources and a DataLoader over the shard: each rank's ids, once an epoch.
+    import datasets as hf
+    import pandas as pd
+
+    def loop(config):
+        import torch
+
+        import nestor.train.torch
+
+        for name in ("pandas", "numpy", "items", "huggingface"):
+            shard = train.get_dataset_shard(name)
+            loader = nestor.train.torch.prepare_data_loader(torch.utils.data.DataLoader(shard.to_torch(), batch_size=4))
+            ids = [int(i) for batch in loader for i in batch["id"]]
+            rank_line(source=name, ids=ids, count=shard.count())
+        train.report({"done": 1})
+
+    ids = np.arange(30)
+    sources = {
+        "pandas": data.from_pandas([pd.DataFrame({"id": ids[:10]}), pd.DataFrame({"id": ids[10:]})]),
+        "numpy": data.from_numpy({"id": ids}),
+        "items": data.from_items([{"id": int(i)} for i in ids]),
+        "huggingface": data.from_huggingface(hf.Dataset.from_dict({"id": ids[::-1].tolist()}).select(range(30))),
+    }
+    fit(loop, {}, sources)
 elif mode == "ddp":
     def loop(config):
         import torch

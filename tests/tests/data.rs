@@ -199,3 +199,26 @@ fn the_split_holds_its_promises_on_random_layouts() {
     let out = passed(torch_python(dir.path(), "tests/py/split_property.py", &[&seed.to_string(), "2000"], &[]));
     assert!(out.contains("ok 2000 cases"), "seed {seed}: {out}");
 }
+
+#[test]
+fn in_memory_sources_are_split_and_a_dataloader_reads_a_shard() {
+    // pandas, NumPy, a list and a Hugging Face dataset (written once as
+    // Parquet), each read through a torch DataLoader over the shard
+    // (prepare_data_loader leaves an IterableDataset's split to it).
+    let dir = tempfile::tempdir().unwrap();
+    data_py(dir.path(), &["sources"]);
+    let lines = rank_lines(&dir.path().join("runs/sources"), 2);
+    for source in ["pandas", "numpy", "items", "huggingface"] {
+        let mut all = BTreeSet::new();
+        for rank in &lines {
+            let l = rank.iter().find(|l| l["source"].as_str() == Some(source)).unwrap();
+            let ids = l["ids"].as_array().unwrap();
+            assert_eq!((ids.len(), l["count"].as_u64()), (15, Some(15)), "{source}");
+            for id in ids {
+                assert!(all.insert(id.as_u64().unwrap()), "{source}: row {id} twice");
+            }
+        }
+        assert_eq!(all, (0..30).collect(), "{source}");
+    }
+    assert!(dir.path().join("runs/sources/driver/datasets/huggingface.parquet").is_file());
+}

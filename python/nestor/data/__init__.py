@@ -4,7 +4,8 @@ each worker as its share (``nestor.train.get_dataset_shard("train")``).
 
 A ``Dataset`` is a lazy description: files (``read_parquet``, ``read_csv``,
 ``read_json``) or in-memory data (``from_pandas``, ``from_numpy``,
-``from_items``, written once as Parquet when the run starts), plus
+``from_items``, ``from_huggingface``, written once as Parquet when the run
+starts), plus
 ``map_batches`` functions run in the worker and ``random_shuffle()``. The
 driver checks the files and counts their rows once; every rank then reads
 only its share of each epoch (see ``nestor.data._split``), through Arrow.
@@ -19,8 +20,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-__all__ = ["DataConfig", "DataIterator", "Dataset", "from_items", "from_numpy", "from_pandas", "read_csv", "read_json",
-           "read_parquet"]
+__all__ = ["DataConfig", "DataIterator", "Dataset", "from_huggingface", "from_items", "from_numpy", "from_pandas", "read_csv",
+           "read_json", "read_parquet"]
 
 _FORMATS = ("parquet", "csv", "json")
 
@@ -167,6 +168,18 @@ def from_items(items: List[Any]) -> Dataset:
     return Dataset({"kind": "items", "data": list(items)})
 
 
+def from_huggingface(dataset: Any) -> Dataset:
+    """A Hugging Face ``datasets.Dataset`` (one split; its rows as they
+    are, after any ``select``/``shuffle``), written once as Parquet."""
+    kind = type(dataset).__name__
+    if kind == "DatasetDict" or isinstance(dataset, dict):
+        raise ValueError(f"from_huggingface: give one split (dataset['train']), not a DatasetDict of {', '.join(dataset)}")
+    if kind == "IterableDataset" or not hasattr(dataset, "with_format"):
+        raise ValueError(f"from_huggingface takes a datasets.Dataset, not {kind} (a streamed one: "
+                         "write it to Parquet and use read_parquet)")
+    return Dataset({"kind": "arrow", "data": dataset.with_format("arrow")[:]})
+
+
 def _materialise(src: Dict[str, Any], name: str, storage: Optional[str]) -> str:
     """In-memory data as one Parquet file: written once into ``storage``
     (the experiment's directory), read from there by every rank."""
@@ -174,7 +187,9 @@ def _materialise(src: Dict[str, Any], name: str, storage: Optional[str]) -> str:
     import pyarrow.parquet as pq
 
     kind, data = src["kind"], src["data"]
-    if kind == "pandas":
+    if kind == "arrow":
+        table = data
+    elif kind == "pandas":
         table = pa.concat_tables([pa.Table.from_pandas(df, preserve_index=False) for df in data])
     elif kind == "numpy":
         table = pa.table(dict(data) if isinstance(data, dict) else {"data": list(data) if getattr(data, "ndim", 1) > 1 else data})
