@@ -17,47 +17,14 @@ order and the rows of each block in a new seeded order.
 
 import glob
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from ._blocks import _apply, _Block, _pa, _Plan, _read_block
+from ._iterator import DataIterator
 
 __all__ = ["DataConfig", "DataIterator", "Dataset", "from_huggingface", "from_items", "from_numpy", "from_pandas", "read_csv",
            "read_json", "read_parquet"]
-
-_FORMATS = ("parquet", "csv", "json")
-
-
-def _pa():
-    try:
-        import pyarrow
-    except ImportError as e:
-        raise ImportError(f'nestor.data needs pyarrow: pip install "nestor[data]" (or pip install pyarrow): {e}') from e
-    return pyarrow
-
-
-@dataclass
-class _Block:
-    """A unit of reading: a Parquet row group, or a whole CSV/JSON file."""
-
-    path: str
-    format: str
-    rows: int
-    row_group: Optional[int] = None
-
-
-@dataclass
-class _Plan:
-    """What the ranks need: the blocks, in order, and how to read them."""
-
-    name: str
-    blocks: List[_Block]
-    transforms: List[Any]
-    shuffle: bool
-    seed: int
-    split: bool = True
-
-    @property
-    def rows(self) -> int:
-        return sum(b.rows for b in self.blocks)
 
 
 class Dataset:
@@ -254,61 +221,6 @@ def _columns(schema: Any) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
-def _read_block(block: _Block) -> Any:
-    if block.format == "parquet":
-        import pyarrow.parquet as pq
-
-        f = pq.ParquetFile(block.path)
-        return f.read_row_group(block.row_group) if block.row_group is not None else f.read()
-    if block.format == "csv":
-        import pyarrow.csv
-
-        return pyarrow.csv.read_csv(block.path)
-    import pyarrow.json
-
-    return pyarrow.json.read_json(block.path)
-
-
-def _to_format(table: Any, fmt: str) -> Any:
-    if fmt == "pyarrow":
-        return table
-    if fmt == "pandas":
-        return table.to_pandas()
-    import numpy as np
-
-    out = {}
-    for name in table.column_names:
-        col = table.column(name)
-        try:
-            out[name] = col.to_numpy()
-        except Exception:
-            out[name] = np.array(col.to_pylist(), dtype=object)
-        if out[name].dtype == object and len(out[name]) and isinstance(out[name][0], (list, np.ndarray)):
-            out[name] = np.stack([np.asarray(v) for v in out[name]])
-    return out
-
-
-def _from_format(batch: Any) -> Any:
-    pa = _pa()
-    if isinstance(batch, pa.Table):
-        return batch
-    if isinstance(batch, dict):
-        cols = {}
-        for k, v in batch.items():
-            v = getattr(v, "numpy", lambda: v)() if hasattr(v, "detach") else v
-            cols[k] = list(v) if getattr(v, "ndim", 1) > 1 else v
-        return pa.table(cols)
-    if hasattr(batch, "to_dict") and hasattr(batch, "columns"):
-        return pa.Table.from_pandas(batch, preserve_index=False)
-    raise TypeError(f"map_batches: the function returned {type(batch).__name__}; return a dict of arrays, a DataFrame or a pyarrow Table")
-
-
-def _apply(table: Any, transforms: List[Any]) -> Any:
-    for fn, fmt, kwargs in transforms:
-        table = _from_format(fn(_to_format(table, fmt), **kwargs))
-    return table
-
-
 @dataclass
 class DataConfig:
     """Which data sets are split across the workers (``datasets_to_split``:
@@ -321,5 +233,3 @@ class DataConfig:
     def _splits(self, name: str) -> bool:
         return self.datasets_to_split == "all" or name in (self.datasets_to_split or [])
 
-
-from ._iterator import DataIterator  # noqa: E402

@@ -5,7 +5,7 @@ import queue
 import threading
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from . import _apply, _Plan, _read_block, _to_format
+from ._blocks import _apply, _Plan, _read_block, _to_format
 from ._split import rows_per_rank, share
 
 _END = object()
