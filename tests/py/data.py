@@ -5,6 +5,7 @@ Usage: data.py DIR MODE [ARGS]
   split WORKERS FORMAT SHUFFLE EPOCHS [SEED]  103 rows (ids 0..102) in 3 files of the FORMAT
                  (parquet in row groups of 10, csv, json); each rank logs the ids of each epoch
   resume NAME    4 shuffled epochs on 2 ranks, a checkpoint each, max_failures=1; $SLOW_S sleeps each batch
+  s3 BUCKET URL  the split's files moved into the bucket's directory, read from URL (s3://bucket/...)
   whole          DataConfig(datasets_to_split=[]): every rank reads every row
   mapped         map_batches in the worker, iter_torch_batches with dtypes
   sources        from_pandas / from_numpy / from_items / from_huggingface, a DataLoader over each shard
@@ -111,6 +112,14 @@ elif mode == "resume":
     TorchTrainer(loop, datasets={"train": ds}, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
                  run_config=RunConfig(name=sys.argv[3], storage_path=os.path.join(root, "runs"),
                                       failure_config=FailureConfig(max_failures=1))).fit()
+elif mode == "s3":
+    # 103 rows in 3 Parquet files under the bucket's directory, read as s3://bucket/<glob or prefix> by 2 ranks.
+    bucket_dir, url = sys.argv[3], sys.argv[4]
+    folder = write("parquet", [37, 50, 16])
+    os.makedirs(os.path.join(bucket_dir, "data"), exist_ok=True)
+    for n in sorted(os.listdir(folder)):
+        os.replace(os.path.join(folder, n), os.path.join(bucket_dir, "data", n))
+    fit(ids_loop, {"epochs": 2}, {"train": data.read_parquet(url)})
 elif mode == "whole":
     ds = data.read_parquet(write("parquet", [37, 50, 16]))
     fit(ids_loop, {"epochs": 1}, {"train": ds}, dataset_config=DataConfig(datasets_to_split=[]))

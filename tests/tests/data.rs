@@ -222,3 +222,26 @@ fn in_memory_sources_are_split_and_a_dataloader_reads_a_shard() {
     }
     assert!(dir.path().join("runs/sources/driver/datasets/huggingface.parquet").is_file());
 }
+
+#[test]
+fn a_data_set_in_an_object_store_is_split_as_a_local_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&dir.path().join("s3"));
+    let bucket = s3.root.join("bucket");
+    let vars = s3.env();
+    let env: Vec<(&str, String)> = vars.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    for (name, url) in [("prefix", "s3://bucket/data/"), ("glob", "s3://bucket/data/part-*.parquet")] {
+        let sub = dir.path().join(name);
+        std::fs::create_dir_all(&sub).unwrap();
+        passed(torch_python(&sub, "tests/py/data.py", &[sub.to_str().unwrap(), "s3", bucket.to_str().unwrap(), url], &env));
+        let by_epoch = epochs(&rank_lines(&sub.join("runs/s3"), 2), 2);
+        for (e, ranks) in by_epoch.iter().enumerate() {
+            let mut seen = BTreeSet::new();
+            for ids in ranks {
+                assert_eq!(ids.len(), 51, "{url} epoch {e}");
+                assert!(ids.iter().all(|id| seen.insert(*id)), "{url} epoch {e}: a row twice");
+            }
+            assert_eq!(seen.len(), 102);
+        }
+    }
+}

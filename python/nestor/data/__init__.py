@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from ._blocks import _apply, _Block, _pa, _Plan, _read_block
+from ._blocks import _apply, _Block, _filesystem, _is_url, _open, _pa, _Plan, _read_block
 from ._iterator import DataIterator
 
 __all__ = ["DataConfig", "DataIterator", "Dataset", "from_huggingface", "from_items", "from_numpy", "from_pandas", "read_csv",
@@ -101,11 +101,15 @@ class Dataset:
 def _files(paths: Union[str, Sequence[str]], fmt: str) -> Dict[str, Any]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return {"kind": "files", "paths": [os.path.abspath(os.fspath(p)) for p in paths], "format": fmt}
+    paths = [os.fspath(p) for p in paths]
+    return {"kind": "files", "paths": [p if _is_url(p) else os.path.abspath(p) for p in paths], "format": fmt}
 
 
 def read_parquet(paths: Union[str, Sequence[str]], **_ignored: Any) -> Dataset:
-    """Parquet files: a file, a directory (its ``*.parquet`` files) or a glob, or a list of them."""
+    """Parquet files: a file, a directory (its ``*.parquet`` files) or a
+    glob, or a list of them; local, or in an object store (``s3://``,
+    ``gs://``; the credentials and endpoint from the environment, as for
+    checkpoints)."""
     return Dataset(_files(paths, "parquet"))
 
 
@@ -175,15 +179,50 @@ def _materialise(src: Dict[str, Any], name: str, storage: Optional[str]) -> str:
     return path
 
 
+_SUFFIXES = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "json": (".json", ".jsonl")}
+
+
+def _expand_url(url: str, fmt: str, name: str) -> List[str]:
+    """The files an object-store URL names: one object, every object of the
+    format below a prefix, or those a glob matches."""
+    import fnmatch
+
+    from pyarrow import fs
+
+    scheme = url.split("://", 1)[0]
+    filesystem, path = _filesystem(url)
+    pattern = path if any(c in path for c in "*?[") else None
+    base = path.split("*", 1)[0].rsplit("/", 1)[0] if pattern else path.rstrip("/")
+    if pattern is None and not path.endswith("/"):
+        try:
+            if filesystem.get_file_info(path).type == fs.FileType.File:
+                return [url]
+        except OSError:
+            pass  # not an object (some stores refuse to describe a prefix): list it
+    try:
+        found = filesystem.get_file_info(fs.FileSelector(base, recursive=pattern is not None, allow_not_found=True))
+    except OSError as e:
+        raise ValueError(f"datasets.{name}: cannot list {url}: {e}") from None
+    files = sorted(f.path for f in found if f.type == fs.FileType.File)
+    if pattern:
+        files = [f for f in files if fnmatch.fnmatch(f, pattern)]
+    else:
+        files = [f for f in files if f.endswith(_SUFFIXES[fmt]) and not f.rsplit("/", 1)[-1].startswith(".")]
+    if not files:
+        raise ValueError(f"datasets.{name}: {url} does not exist, or holds no {fmt} file")
+    return [f"{scheme}://{f}" for f in files]
+
+
 def _expand(path: str, fmt: str, name: str) -> List[str]:
+    if _is_url(path):
+        return _expand_url(path, fmt, name)
     if any(c in path for c in "*?["):
         found = sorted(glob.glob(path))
         if not found:
             raise ValueError(f"datasets.{name}: no file matches {path}")
         return found
     if os.path.isdir(path):
-        suffixes = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "json": (".json", ".jsonl")}[fmt]
-        found = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(suffixes) and not n.startswith("."))
+        found = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(_SUFFIXES[fmt]) and not n.startswith("."))
         if not found:
             raise ValueError(f"datasets.{name}: directory {path} holds no {fmt} file")
         return found
@@ -201,7 +240,7 @@ def _blocks(paths: Sequence[str], fmt: str, name: str) -> List[_Block]:
             if fmt == "parquet":
                 import pyarrow.parquet as pq
 
-                meta = pq.ParquetFile(path)
+                meta = pq.ParquetFile(_open(path))
                 file_schema = meta.schema_arrow
                 blocks += [_Block(path, fmt, meta.metadata.row_group(i).num_rows, i) for i in range(meta.num_row_groups)]
             else:

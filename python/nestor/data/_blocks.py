@@ -39,19 +39,54 @@ class _Plan:
         return sum(b.rows for b in self.blocks)
 
 
+def _is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _filesystem(url: str) -> Any:
+    """The Arrow filesystem of an object-store URL and the path in it, with
+    the settings checkpoints use: ``AWS_ENDPOINT``/``AWS_ENDPOINT_URL``,
+    ``AWS_REGION``, the keys (and ``GOOGLE_*`` / ``AZURE_*`` for gs:// and az://)."""
+    import os
+
+    from pyarrow import fs
+
+    scheme, _, rest = url.partition("://")
+    if scheme == "s3":
+        kwargs = {}
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
+        if endpoint:
+            proto, _, host = endpoint.partition("://")
+            kwargs["endpoint_override"], kwargs["scheme"] = (host, proto) if host else (endpoint, "https")
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            kwargs["region"] = region
+        return fs.S3FileSystem(**kwargs), rest
+    filesystem, path = fs.FileSystem.from_uri(url)
+    return filesystem, path
+
+
+def _open(path: str) -> Any:
+    """A file to read: a local path, or an object-store URL."""
+    if not _is_url(path):
+        return path
+    filesystem, inner = _filesystem(path)
+    return filesystem.open_input_file(inner)
+
+
 def _read_block(block: _Block) -> Any:
     if block.format == "parquet":
         import pyarrow.parquet as pq
 
-        f = pq.ParquetFile(block.path)
+        f = pq.ParquetFile(_open(block.path))
         return f.read_row_group(block.row_group) if block.row_group is not None else f.read()
     if block.format == "csv":
         import pyarrow.csv
 
-        return pyarrow.csv.read_csv(block.path)
+        return pyarrow.csv.read_csv(_open(block.path))
     import pyarrow.json
 
-    return pyarrow.json.read_json(block.path)
+    return pyarrow.json.read_json(_open(block.path))
 
 
 def _to_format(table: Any, fmt: str) -> Any:
