@@ -245,3 +245,13 @@ fn a_data_set_in_an_object_store_is_split_as_a_local_one() {
         }
     }
 }
+
+#[test]
+fn the_data_example_sweeps_under_asha_with_each_worker_reading_half_the_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("EXAMPLE_STORAGE", dir.path().join("runs").display().to_string())];
+    let out = passed(torch_python(dir.path(), "examples/python/tune_data.py", &[], &env));
+    // 1,033 training rows over 2 workers: 516 each, the one left over moving on each epoch.
+    assert!(line(&out, "best val_loss:").ends_with("516 training rows a worker an epoch"), "{out}");
+    assert!(processes_mentioning(dir.path().to_str().unwrap()).is_empty(), "a worker survived");
+}
