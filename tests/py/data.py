@@ -11,7 +11,7 @@ Usage: data.py DIR MODE [ARGS]
   sources        from_pandas / from_numpy / from_items / from_huggingface, a DataLoader over each shard
   ddp            2 DDP ranks on 101 rows in uneven files, batch 8: the last step does not hang
   refuse WHAT    missing | schema | unreadable | notdataset: prints the ValueError
-Rank log lines: RANK <json>.
+Rank log lines: RANK <json>. $PLACEMENT: the ScalingConfig's placement strategy (PACK).
 """
 
 import json
@@ -68,7 +68,8 @@ def ids_loop(config):
 
 def fit(loop, config, datasets, workers=2, **kwargs):
     return TorchTrainer(loop, train_loop_config=config, datasets=datasets,
-                        scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
+                        scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5},
+                                                     placement_strategy=os.environ.get("PLACEMENT", "PACK")),
                         run_config=RunConfig(name=kwargs.pop("name", mode), storage_path=os.path.join(root, "runs")),
                         **kwargs).fit()
 

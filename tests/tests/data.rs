@@ -50,8 +50,12 @@ fn split(workers: u32, format: &str, shuffle: bool) -> Vec<Vec<Vec<u64>>> {
     let dir = tempfile::tempdir().unwrap();
     let order = if shuffle { "shuffle" } else { "noshuffle" };
     data_py(dir.path(), &["split", &workers.to_string(), format, order, "3"]);
-    let run = dir.path().join(format!("runs/split-{workers}-{format}-{order}-0"));
-    let by_epoch = epochs(&rank_lines(&run, workers), 3);
+    check_split(&dir.path().join(format!("runs/split-{workers}-{format}-{order}-0")), workers, format)
+}
+
+/// The promises of the split, on a run of 103 rows over `workers` ranks, 3 epochs.
+fn check_split(run: &Path, workers: u32, format: &str) -> Vec<Vec<Vec<u64>>> {
+    let by_epoch = epochs(&rank_lines(run, workers), 3);
     let per = 103 / u64::from(workers);
     let mut left_before: Option<BTreeSet<u64>> = None;
     for (e, ranks) in by_epoch.iter().enumerate() {
@@ -254,4 +258,32 @@ fn the_data_example_sweeps_under_asha_with_each_worker_reading_half_the_rows() {
     // 1,033 training rows over 2 workers: 516 each, the one left over moving on each epoch.
     assert!(line(&out, "best val_loss:").ends_with("516 training rows a worker an epoch"), "{out}");
     assert!(processes_mentioning(dir.path().to_str().unwrap()).is_empty(), "a worker survived");
+}
+
+#[test]
+fn ranks_on_two_slurm_nodes_split_a_data_set_as_on_one() {
+    let options = common::slurm::Options { networks: true, ..Default::default() };
+    let cluster = common::slurm::SlurmCluster::start_with(2, 2, 4000, options);
+    let dir = tempfile::tempdir().unwrap();
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
+        .arg(torch_venv().join("bin/python"))
+        .arg(repo().join("tests/py/data.py"))
+        .args([dir.path().to_str().unwrap(), "split", "2", "parquet", "shuffle", "3"])
+        .current_dir(dir.path())
+        .env("NESTOR_BIN", nestor_bin())
+        .env("PYTHONPATH", repo().join("tests/py"))
+        .env("PLACEMENT", "STRICT_SPREAD")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    passed(out);
+    assert!(stderr.contains("nestor: Slurm job "), "{stderr}");
+    let run = dir.path().join("runs/split-2-parquet-shuffle-0");
+    let trial = trials(dir.path(), &run).remove(0);
+    assert_eq!(trial["nodes"], serde_json::json!(["node1", "node2"]), "{trial}");
+    let on_nodes = check_split(&run, 2, "parquet");
+    // The same orders as the ranks computed on one machine.
+    assert_eq!(on_nodes, split(2, "parquet", true));
 }
