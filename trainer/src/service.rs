@@ -763,27 +763,28 @@ mod tests {
         std::fs::write(std::path::Path::new(&ckpt.uri).join("rank-1/model.bin"), b"rank 1's own").unwrap();
         let _registration = server.register(&spec, "secret".into(), Vec::new(), tx);
         for (rank, want) in [(0u32, weights.clone()), (1, b"rank 1's own".to_vec())] {
-            let mut chunks = client.get_shard(fetch(rank)).await.unwrap().into_inner();
-            let out = tempfile::tempdir().unwrap();
-            let mut w = ChunkWriter::new(out.path()).unwrap();
-            while let Some(c) = chunks.message().await.unwrap() {
-                w.write(&c).unwrap();
-            }
+            let out = fetched(&mut client, fetch(rank)).await;
             assert_eq!(std::fs::read(out.path().join("model.bin")).unwrap(), want);
             assert_eq!(std::fs::read(out.path().join("opt/state.json")).unwrap(), b"{}");
         }
         // Or every rank's part, each under rank-<r>/ (a sharded checkpoint loads from all of them).
-        let mut chunks = client.get_shard(ShardRequest { whole: true, ..fetch(1) }).await.unwrap().into_inner();
-        let out = tempfile::tempdir().unwrap();
-        let mut w = ChunkWriter::new(out.path()).unwrap();
-        while let Some(c) = chunks.message().await.unwrap() {
-            w.write(&c).unwrap();
-        }
+        let out = fetched(&mut client, ShardRequest { whole: true, ..fetch(1) }).await;
         assert_eq!(std::fs::read(out.path().join("rank-0/model.bin")).unwrap(), weights);
         assert_eq!(std::fs::read(out.path().join("rank-1/model.bin")).unwrap(), b"rank 1's own");
         assert_eq!(std::fs::read(out.path().join("rank-1/opt/state.json")).unwrap(), b"{}");
         let wrong = ShardRequest { token: "nope".into(), ..fetch(0) };
         assert_eq!(client.get_shard(wrong).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    }
+
+    /// What `GetShard` sends for `request`, written into a new directory.
+    async fn fetched(client: &mut ReporterClient<tonic::transport::Channel>, request: ShardRequest) -> tempfile::TempDir {
+        let mut chunks = client.get_shard(request).await.unwrap().into_inner();
+        let out = tempfile::tempdir().unwrap();
+        let mut w = ChunkWriter::new(out.path()).unwrap();
+        while let Some(c) = chunks.message().await.unwrap() {
+            w.write(&c).unwrap();
+        }
+        out
     }
 
     #[tokio::test]
