@@ -10,7 +10,7 @@ in a row, every piece inside its block, and the same pieces when asked again.
 import random
 import sys
 
-from nestor.data._split import rows_per_rank, share
+from nestor.data._split import permutation, rows_per_rank, share
 
 seed, cases = int(sys.argv[1]), int(sys.argv[2])
 rng = random.Random(seed)
@@ -40,4 +40,12 @@ for case in range(cases):
         if before is not None and total >= world:
             assert not (left & before), f"{where}: epoch {epoch} left out {sorted(left & before)} again"
         before = left
+# The seeded permutations: each a permutation, a new one per epoch and per stream, the same when drawn again.
+for case in range(200):
+    n, s, e, w = rng.randint(0, 3000), rng.randint(0, 1 << 62), rng.randint(0, 100), rng.randint(0, 1 << 40)
+    p = permutation(n, s, e, w).tolist()
+    assert sorted(p) == list(range(n)), f"seed {seed}: permutation({n}, {s}, {e}, {w}) is not one"
+    assert p == permutation(n, s, e, w).tolist()
+    if n >= 16:
+        assert p != permutation(n, s, e + 1, w).tolist() and p != permutation(n, s, e, w + 1).tolist(), (seed, n, s, e, w)
 print(f"ok {cases} cases")

@@ -6,7 +6,7 @@ import threading
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from ._blocks import _apply, _Plan, _read_block, _to_format
-from ._split import rows_per_rank, share
+from ._split import permutation, rows_per_rank, share
 
 _END = object()
 
@@ -46,9 +46,7 @@ class DataIterator:
                     if cached[0] != b:
                         table = _read_block(plan.blocks[b])
                         if plan.shuffle:
-                            import numpy as np
-
-                            table = table.take(np.random.default_rng([plan.seed, epoch, b]).permutation(table.num_rows))
+                            table = table.take(permutation(table.num_rows, plan.seed, epoch, b))
                         cached = (b, table)
                     if not put(_apply(cached[1].slice(lo, hi - lo), plan.transforms)):
                         return

@@ -11,20 +11,52 @@ the data set is shuffled), is cut into ``world`` runs of ``N // world``
 rows: every rank gets the same number of rows and no row reaches two ranks.
 """
 
-import random
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 #: A piece of a rank's share: (block index, first row in the block, end row).
 Piece = Tuple[int, int, int]
 
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+#: The stream of the blocks' order (a row permutation's stream is its block's index).
+_BLOCKS = _MASK
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser, on one 64-bit integer."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def stream(seed: int, epoch: int, which: int) -> int:
+    """The 64-bit stream of one permutation: ``(seed, epoch, which)`` mixed."""
+    s = _mix((seed & _MASK) ^ 0x6E6573746F72)  # "nestor"
+    s = _mix(s ^ ((epoch & _MASK) + _GOLDEN))
+    return _mix(s ^ ((which & _MASK) + _GOLDEN))
+
+
+def permutation(n: int, seed: int, epoch: int, which: int) -> Any:
+    """A seeded permutation of ``range(n)`` (a NumPy array): the indices
+    sorted by splitmix64 keys, ``mix(stream + (i + 1) * golden)``, ties by
+    index. Specified to the bit, so any language can draw the same one."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        i = np.arange(1, n + 1, dtype=np.uint64)
+        x = np.uint64(stream(seed, epoch, which)) + i * np.uint64(_GOLDEN)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return np.argsort(x, kind="stable")
+
 
 def block_order(n_blocks: int, epoch: int, seed: int, shuffle: bool) -> List[int]:
-    """The blocks' order in ``epoch``: as given, or a permutation drawn from
-    ``(seed, epoch)`` (the same on every machine and Python)."""
-    order = list(range(n_blocks))
-    if shuffle:
-        random.Random(f"nestor-data/{seed}/{epoch}").shuffle(order)
-    return order
+    """The blocks' order in ``epoch``: as given, or the seeded permutation
+    of ``(seed, epoch)`` (the same on every machine)."""
+    if not shuffle:
+        return list(range(n_blocks))
+    return [int(b) for b in permutation(n_blocks, seed, epoch, _BLOCKS)]
 
 
 def share(rows: Sequence[int], world: int, rank: int, epoch: int, seed: int = 0, shuffle: bool = False,
