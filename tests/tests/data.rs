@@ -287,3 +287,42 @@ fn ranks_on_two_slurm_nodes_split_a_data_set_as_on_one() {
     // The same orders as the ranks computed on one machine.
     assert_eq!(on_nodes, split(2, "parquet", true));
 }
+
+#[test]
+fn the_rust_split_draws_the_same_shares_and_orders_as_the_pythons() {
+    use rand::{Rng, SeedableRng};
+    // New cases every run (the seed printed on failure).
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let cases: Vec<Value> = (0..500)
+        .map(|_| {
+            let rows: Vec<u64> = (0..rng.random_range(0..10)).map(|_| rng.random_range(0..40)).collect();
+            let world = rng.random_range(1..5u32);
+            serde_json::json!({
+                "rows": rows, "world": world, "rank": rng.random_range(0..world), "epoch": rng.random_range(0..50u64),
+                "seed": rng.random::<u64>(), "shuffle": rng.random_bool(0.5), "split": rng.random_bool(0.9),
+            })
+        })
+        .collect();
+    let mut child = std::process::Command::new(torch_venv().join("bin/python"))
+        .arg(repo().join("tests/py/split_cases.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(serde_json::to_string(&cases).unwrap().as_bytes()).unwrap();
+    }
+    let python: Vec<Value> = serde_json::from_str(&passed(child.wait_with_output().unwrap())).unwrap();
+    for (c, p) in cases.iter().zip(&python) {
+        let rows: Vec<u64> = c["rows"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let (world, rank) = (c["world"].as_u64().unwrap() as u32, c["rank"].as_u64().unwrap() as u32);
+        let (epoch, s) = (c["epoch"].as_u64().unwrap(), c["seed"].as_u64().unwrap());
+        let pieces = trainer::split::share(&rows, world, rank, epoch, s, c["shuffle"].as_bool().unwrap(), c["split"].as_bool().unwrap());
+        let ours: Vec<[u64; 3]> = pieces.iter().map(|p| [p.block as u64, p.start, p.end]).collect();
+        assert_eq!(serde_json::json!(ours), p["pieces"], "seed {seed}: case {c}");
+        let perm = trainer::split::permutation(37, s, epoch, u64::from(rank));
+        assert_eq!(serde_json::json!(perm), p["perm"], "seed {seed}: the permutation of case {c}");
+    }
+}

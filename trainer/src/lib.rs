@@ -28,6 +28,7 @@ mod section;
 mod service;
 mod shards;
 mod slurm;
+pub mod split;
 mod storage;
 mod supervise;
 mod token;

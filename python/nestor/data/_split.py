@@ -32,8 +32,8 @@ def _mix(x: int) -> int:
 def stream(seed: int, epoch: int, which: int) -> int:
     """The 64-bit stream of one permutation: ``(seed, epoch, which)`` mixed."""
     s = _mix((seed & _MASK) ^ 0x6E6573746F72)  # "nestor"
-    s = _mix(s ^ ((epoch & _MASK) + _GOLDEN))
-    return _mix(s ^ ((which & _MASK) + _GOLDEN))
+    s = _mix(s ^ (((epoch & _MASK) + _GOLDEN) & _MASK))
+    return _mix(s ^ (((which & _MASK) + _GOLDEN) & _MASK))
 
 
 def permutation(n: int, seed: int, epoch: int, which: int) -> Any:
