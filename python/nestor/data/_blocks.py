@@ -115,7 +115,8 @@ def _from_format(batch: Any) -> Any:
     if isinstance(batch, dict):
         cols = {}
         for k, v in batch.items():
-            v = getattr(v, "numpy", lambda: v)() if hasattr(v, "detach") else v
+            if hasattr(v, "detach"):  # a torch tensor
+                v = v.detach().cpu().numpy()
             cols[k] = list(v) if getattr(v, "ndim", 1) > 1 else v
         return pa.table(cols)
     if hasattr(batch, "to_dict") and hasattr(batch, "columns"):

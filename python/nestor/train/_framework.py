@@ -20,6 +20,18 @@ def need(module: str, extra: str) -> Any:
         ) from e
 
 
+def lightning() -> Any:
+    """Lightning's ``pytorch`` package: ``lightning.pytorch`` where
+    installed, else ``pytorch_lightning`` (the user's ``Trainer`` must come
+    from the same one), else an ImportError naming the extra."""
+    for module in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            return importlib.import_module(module)
+        except ImportError:
+            continue
+    return need("lightning.pytorch", "lightning")
+
+
 def rank_reports_files(ctx: Any, path: str) -> bool:
     """Whether this rank's copy of a framework's checkpoint directory
     ``path`` goes with its report: rank 0's, and the first rank's of each

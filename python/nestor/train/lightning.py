@@ -25,13 +25,7 @@ from typing import Any, Dict
 
 from . import _framework
 
-try:
-    import lightning.pytorch as pl
-except ImportError:
-    try:
-        import pytorch_lightning as pl
-    except ImportError:
-        pl = _framework.need("lightning.pytorch", "lightning")
+pl = _framework.lightning()
 _environments = _framework.need(f"{pl.__name__}.plugins.environments", "lightning")
 
 __all__ = ["RayDDPStrategy", "RayDeepSpeedStrategy", "RayFSDPStrategy", "RayLightningEnvironment", "RayTrainReportCallback",

@@ -16,13 +16,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from ...train import _framework
 
-try:
-    import lightning.pytorch as pl
-except ImportError:
-    try:
-        import pytorch_lightning as pl
-    except ImportError:
-        pl = _framework.need("lightning.pytorch", "lightning")
+pl = _framework.lightning()
 
 __all__ = ["TuneReportCallback", "TuneReportCheckpointCallback"]
 
