@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-__all__ = ["TrainContext", "ReportError", "get_context", "get_config", "get_checkpoint", "report"]
+__all__ = ["TrainContext", "ReportError", "get_context", "get_config", "get_checkpoint", "report", "get_dataset_shard"]
 __version__ = "0.1.0"
 
 
@@ -474,7 +474,17 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
         raise SystemExit(0)
 
 
-#: The data sets of this worker's trainer (``datasets=``), planned by the driver: name -> plan.
+def get_dataset_shard(name: Optional[str] = None) -> Any:
+    """This worker's share of the experiment's data set ``name`` (its
+    ``[datasets]``, or a trainer's ``datasets=``): see
+    ``nestor.train.get_dataset_shard``."""
+    from .train import get_dataset_shard as shard
+
+    return shard(name)
+
+
+#: The data sets of this worker's trainer (``datasets=``, or the experiment
+#: file's ``[datasets]``), planned by the driver: name -> plan.
 _datasets: Dict[str, Any] = {}
 
 #: Whether a report was answered "stop": a framework's callback that caught

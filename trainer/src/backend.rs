@@ -46,6 +46,9 @@ pub struct LaunchSpec {
     /// Directories workers may checkpoint from besides the trial directory,
     /// the temporary directory and the working directory.
     pub checkpoint_roots: Vec<PathBuf>,
+    /// The experiment's data sets' plan (`datasets.json`), if it has any:
+    /// ranks read their shares with `Context::dataset_shard`.
+    pub datasets: Option<PathBuf>,
 }
 
 impl LaunchSpec {
@@ -62,6 +65,7 @@ impl LaunchSpec {
             checkpoint_frequency: 0,
             workers: vec![WorkerBundle::cpus(1.0)],
             checkpoint_roots: Vec::new(),
+            datasets: None,
         }
     }
 

@@ -217,6 +217,8 @@ pub struct Context {
     /// its shards itself (`NESTOR_CHECKPOINT_STORE`); None once an upload
     /// failed (it then stages or ships, as without a store).
     store: Option<crate::Storage>,
+    /// The experiment's data sets' plan (`NESTOR_DATASETS`), if it has any.
+    datasets: Option<PathBuf>,
 }
 
 /// Copies `dir` (synced) to a new `rank-<rank>-<random>` directory below
@@ -271,6 +273,7 @@ impl Context {
             ship: false,
             staging: None,
             store: None,
+            datasets: spec.datasets.clone(),
         }
     }
 
@@ -360,7 +363,71 @@ impl Context {
             ship: flag("NESTOR_SHIP_CHECKPOINTS"),
             staging: std::env::var_os("NESTOR_CHECKPOINT_STAGING").filter(|v| !v.is_empty()).map(PathBuf::from),
             store: std::env::var("NESTOR_CHECKPOINT_STORE").ok().filter(|v| !v.is_empty()).and_then(|v| crate::Storage::parse(&v).ok()),
+            datasets: std::env::var_os("NESTOR_DATASETS").filter(|v| !v.is_empty()).map(PathBuf::from),
         })
+    }
+
+    /// This rank's share of the data set `name` of the experiment's
+    /// `[datasets]` (Ray Train's `get_dataset_shard`): each
+    /// `iter_batches` reads the next epoch as Arrow record batches, every
+    /// rank as many rows, no row on two ranks. Epochs count from the
+    /// iterations already done, so a restarted run reads its checkpoint's
+    /// epoch in that epoch's order (one report an epoch). A rank whose node
+    /// does not see the plan file fetches it from the driver.
+    #[cfg(feature = "data")]
+    pub fn dataset_shard(&mut self, name: &str) -> Result<crate::data::DataShard, crate::data::DataError> {
+        use crate::data::DataError;
+        let Some(path) = self.datasets.clone() else {
+            return Err(DataError::Unknown { name: name.to_string(), known: "none: the experiment has no [datasets]".into() });
+        };
+        let plans = if path.exists() {
+            crate::data::read_plans(&path)?
+        } else {
+            let fetched = self.fetch_file(&path).map_err(|e| DataError::Plan { path: path.clone(), message: e.to_string() })?;
+            let plans = crate::data::read_plans(&fetched);
+            let _ = std::fs::remove_file(&fetched);
+            plans?
+        };
+        let Some(plan) = plans.datasets.get(name) else {
+            let known = plans.datasets.keys().cloned().collect::<Vec<_>>().join(", ");
+            return Err(DataError::Unknown { name: name.to_string(), known });
+        };
+        Ok(crate::data::DataShard::new(name, Arc::new(plan.clone()), self.rank, self.world_size, self.start_iteration))
+    }
+
+    /// Fetches `path` (one of the files the driver serves) into a temporary
+    /// file of this node; the caller removes it.
+    #[cfg(feature = "data")]
+    fn fetch_file(&mut self, path: &Path) -> Result<PathBuf, ReportError> {
+        let Transport::Grpc { rt, client, token, .. } = &mut self.transport else {
+            return Err(ReportError::Environment(format!("{} does not exist", path.display())));
+        };
+        let request = proto::ShardRequest {
+            version: 1,
+            trial_id: self.trial_id.clone(),
+            token: token.clone(),
+            rank: self.rank,
+            path: path.display().to_string(),
+            whole: false,
+        };
+        let dest = std::env::temp_dir().join(format!(
+            "nestor-{}-rank-{}-{}-{}",
+            self.trial_id,
+            self.rank,
+            std::process::id(),
+            crate::token::random_token().get(..8).unwrap_or_default()
+        ));
+        let addr = self.driver_addr.clone();
+        let got: Result<Vec<u8>, ReportError> = rt.block_on(async {
+            let mut chunks = client.get_file(request).await.map_err(|s| call_error(&s, &addr))?.into_inner();
+            let mut out = Vec::new();
+            while let Some(chunk) = chunks.message().await.map_err(|s| call_error(&s, &addr))? {
+                out.extend_from_slice(&chunk.data);
+            }
+            Ok(out)
+        });
+        std::fs::write(&dest, got?).map_err(|e| ReportError::Transport(format!("{}: {e}", dest.display())))?;
+        Ok(dest)
     }
 
     /// The trial's id.

@@ -150,6 +150,7 @@ pub(crate) fn common_env(
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
+    .chain(spec.datasets.iter().map(|p| ("NESTOR_DATASETS".to_string(), p.display().to_string())))
     .chain(direct_upload(spec))
     .collect()
 }

@@ -562,7 +562,7 @@ async fn download_file(store: Arc<dyn ObjectStore>, from: &ObjPath, uri: &str, t
 /// The object store at `base` (`s3://bucket`, `gs://...`, `az://...`),
 /// configured from the environment as the provider's tools read it.
 #[cfg(feature = "cloud")]
-fn cloud_store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStore>, String> {
+pub(crate) fn cloud_store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStore>, String> {
     let retry = object_store::RetryConfig {
         backoff: object_store::BackoffConfig { init_backoff: Duration::from_millis(50), max_backoff: Duration::from_secs(2), base: 2.0 },
         max_retries: 3,
@@ -601,7 +601,7 @@ fn cloud_store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStore>, String>
 
 /// Built without the `cloud` feature: no object store.
 #[cfg(not(feature = "cloud"))]
-fn cloud_store(scheme: &str, _base: &str) -> Result<Arc<dyn ObjectStore>, String> {
+pub(crate) fn cloud_store(scheme: &str, _base: &str) -> Result<Arc<dyn ObjectStore>, String> {
     Err(format!(
         "`{scheme}://` needs the object stores, which this build of nestor leaves out: build it with the `cloud` feature (a default one)"
     ))

@@ -283,6 +283,7 @@ impl Trainer {
                 workers: allocation.workers.clone(),
                 storage: crate::Storage::local(&dir),
                 checkpoint_roots: Vec::new(),
+                datasets: None,
             };
             let (tx, mut events) = mpsc::unbounded_channel();
             let handle = backend.launch(spec, tx)?;

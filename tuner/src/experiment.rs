@@ -91,6 +91,11 @@ pub struct ExperimentFile {
     /// `[[callbacks]]`: loggers fed the sweep's events (`type = "tensorboard"`, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub callbacks: Vec<crate::callback::CallbackConfig>,
+    /// `[datasets]`: data sets split across each trial's ranks, by name
+    /// (`train = "data/train/*.parquet"`, or a table with `path`, `format`,
+    /// `shuffle`, `split`, `seed`); planned once before any trial runs.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub datasets: BTreeMap<String, trainer::data::DatasetSpec>,
     /// `[python]`: Python code the sweep calls, served by the Python driver (crate::hooks).
     #[serde(default, skip_serializing_if = "crate::hooks::PythonHooks::is_empty")]
     pub python: crate::hooks::PythonHooks,
@@ -324,6 +329,12 @@ impl ExperimentFile {
         }
         if let Some(url) = e.storage_url() {
             trainer::Storage::parse(url).map_err(|err| invalid("experiment.storage", err.to_string()))?;
+        }
+        for (name, spec) in &self.datasets {
+            if cfg!(not(feature = "data")) {
+                return Err(invalid(&format!("datasets.{name}"), trainer::data::DataError::NotBuilt.to_string()));
+            }
+            spec.check().map_err(|m| invalid(&format!("datasets.{name}"), m))?;
         }
         for (i, cb) in self.callbacks.iter().enumerate() {
             // Built once to check its settings; the sweep builds its own.

@@ -235,6 +235,14 @@ impl Tuner {
         self
     }
 
+    /// Adds a data set (the file's `[datasets]`): planned once before any
+    /// trial runs, each rank reads its share with
+    /// [`Context::dataset_shard`](trainer::Context::dataset_shard).
+    pub fn dataset(mut self, name: impl Into<String>, spec: trainer::data::DatasetSpec) -> Self {
+        self.file.datasets.insert(name.into(), spec);
+        self
+    }
+
     /// Declares the node's resources (overriding detection, and the file's
     /// `[resources]`): how many trials fit at once, and which GPUs they get.
     pub fn resources(mut self, node: NodeResources) -> Self {
@@ -453,11 +461,14 @@ impl Tuner {
                 Some(crate::runner::keep::Keep::new(n, metric, mode, fold))
             }
         };
+        // Data sets: planned (and refused by file) before anything is written.
+        let plans = if resuming || file.datasets.is_empty() { None } else { Some(plan_datasets(file, &self.origin, seed).await?) };
         let Opened { store, scheduler, pending, paused, next_index, finished } = if resuming {
             opening::resume(&store_dir, &storage, &mut *searcher, scheduler, journal, self.errored).await?
         } else {
             opening::create(&exp_dir, &storage, file, &*searcher, scheduler, journal).await?
         };
+        let datasets = datasets_file(&exp_dir, file, plans)?;
         // A replay of recorded curves is a backend that is also the loop's (virtual) clock.
         let mut notes = Vec::new();
         let (backend, clock): (Arc<dyn Backend>, Arc<dyn Clock>) = match trainable.kind {
@@ -468,6 +479,8 @@ impl Tuner {
             Kind::Train(TrainLoop::Function(f)) => (Arc::new(f), Arc::new(WallClock::new())),
             Kind::Train(TrainLoop::Process(mut c)) => {
                 c.use_gpu = trainable.scaling.use_gpu;
+                // Ranks on nodes that do not see the plan fetch it from the driver.
+                c.files.extend(datasets.iter().cloned());
                 let launcher = placement.backend(c, &startup).await?;
                 notes = launcher.notes;
                 (launcher.backend, Arc::new(WallClock::new()))
@@ -537,6 +550,7 @@ impl Tuner {
             stop_thresholds: MetricThresholds(file.stop.clone()),
             durability,
             workers_from: file.trainer.as_ref().and_then(|t| t.num_workers_from.clone()),
+            datasets,
         };
         let (runner, inputs) = Runner::new(Parts {
             settings,
@@ -569,4 +583,49 @@ fn random_seed() -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     (z ^ (z >> 31)) >> 11
+}
+
+/// Plans the experiment's `[datasets]`: a refusal names the data set and its file.
+#[cfg(feature = "data")]
+async fn plan_datasets(file: &ExperimentFile, origin: &str, seed: u64) -> Result<trainer::data::DataPlans, TuneError> {
+    trainer::data::plan_all(&file.datasets, seed).await.map_err(|e| match e {
+        trainer::data::DataError::Refused { name, message } => {
+            TuneError::Experiment(crate::ExperimentError::Invalid { file: origin.to_string(), key: format!("datasets.{name}"), message })
+        }
+        other => TuneError::Experiment(crate::ExperimentError::Invalid {
+            file: origin.to_string(),
+            key: "datasets".into(),
+            message: other.to_string(),
+        }),
+    })
+}
+
+#[cfg(not(feature = "data"))]
+async fn plan_datasets(_: &ExperimentFile, origin: &str, _: u64) -> Result<trainer::data::DataPlans, TuneError> {
+    Err(TuneError::Experiment(crate::ExperimentError::Invalid {
+        file: origin.to_string(),
+        key: "datasets".into(),
+        message: trainer::data::DataError::NotBuilt.to_string(),
+    }))
+}
+
+/// The plan file of the experiment's data sets: written once when the
+/// experiment begins (`plans`), read back as it was when it resumes, so
+/// a resumed trial reads the same blocks in the same orders.
+fn datasets_file(exp_dir: &Path, file: &ExperimentFile, plans: Option<trainer::data::DataPlans>) -> Result<Option<PathBuf>, TuneError> {
+    let path = exp_dir.join(trainer::data::PLAN_FILE);
+    let io = |source| TuneError::Io { path: path.clone(), source };
+    match plans {
+        Some(plans) => {
+            let text = serde_json::to_vec_pretty(&plans).map_err(|e| io(std::io::Error::other(e)))?;
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, text).map_err(io)?;
+            std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+            Ok(Some(path))
+        }
+        None if path.exists() => Ok(Some(path)),
+        None if file.datasets.is_empty() => Ok(None),
+        None => Err(io(std::io::Error::new(std::io::ErrorKind::NotFound, "the experiment has [datasets] but no plan of them"))),
+    }
 }

@@ -2,7 +2,7 @@
 them): shared by the driver's planning and the ranks' reading."""
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 
 def _pa():
@@ -37,6 +37,22 @@ class _Plan:
     @property
     def rows(self) -> int:
         return sum(b.rows for b in self.blocks)
+
+
+def _plans_from_json(text: str, where: str) -> Dict[str, _Plan]:
+    """The plans of an experiment file's ``[datasets]`` (``datasets.json``,
+    written by the driver), by name."""
+    import json
+
+    doc = json.loads(text)
+    if doc.get("version") != 1:
+        raise RuntimeError(f"{where} was written by another nestor version (plan version {doc.get('version')}, expected 1)")
+    plans = {}
+    for name, p in doc["datasets"].items():
+        blocks = [_Block(b["path"], b["format"], int(b["rows"]), b.get("row_group")) for b in p["blocks"]]
+        plans[name] = _Plan(name=name, blocks=blocks, transforms=[], shuffle=bool(p["shuffle"]), seed=int(p["seed"]),
+                            split=bool(p["split"]))
+    return plans
 
 
 def _is_url(path: str) -> bool:

@@ -242,25 +242,48 @@ _shards: Dict[str, Any] = {}
 
 
 def get_dataset_shard(name: Optional[str] = None) -> Any:
-    """This worker's share of the trainer's data set ``name``
-    (``TorchTrainer(datasets={name: ...})``): a ``DataIterator`` whose
-    ``iter_batches()`` / ``iter_torch_batches()`` each read the next epoch.
-    Epochs are counted from the iterations already done, so a restarted run
-    reads its checkpoint's epoch in that epoch's order (one report an epoch)."""
+    """This worker's share of the data set ``name``: the trainer's
+    ``datasets=``, or the experiment file's ``[datasets]``. A
+    ``DataIterator`` whose ``iter_batches()`` / ``iter_torch_batches()``
+    each read the next epoch. Epochs are counted from the iterations
+    already done, so a restarted run reads its checkpoint's epoch in that
+    epoch's order (one report an epoch)."""
     import nestor
 
-    plans = nestor._datasets
+    plans = nestor._datasets or _experiment_datasets()
     if name is None and len(plans) == 1:
         name = next(iter(plans))
     if name not in plans:
         known = ", ".join(sorted(plans)) or "none"
-        raise KeyError(f"get_dataset_shard({name!r}): the trainer's datasets= has no such data set (it has {known})")
+        raise KeyError(f"get_dataset_shard({name!r}): the trainer's datasets= (or the experiment's [datasets]) has no "
+                       f"such data set (it has {known})")
     if name not in _shards:
         from ..data import DataIterator
 
         ctx = _worker_context()
         _shards[name] = DataIterator(plans[name], ctx.world_rank, ctx.world_size, epoch=ctx.start_iteration)
     return _shards[name]
+
+
+def _experiment_datasets() -> Dict[str, Any]:
+    """The plans of the experiment file's ``[datasets]`` (``NESTOR_DATASETS``),
+    fetched from the driver by a node that does not see the file."""
+    import nestor
+
+    path = os.environ.get("NESTOR_DATASETS")
+    if not path:
+        return {}
+    from ..data._blocks import _plans_from_json
+
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    else:
+        fetched = nestor._get_channel().fetch_file(_worker_context(), path)
+        with open(fetched) as f:
+            text = f.read()
+    nestor._datasets = _plans_from_json(text, path)
+    return nestor._datasets
 
 
 class UserCallback(_TuneCallback):

@@ -126,6 +126,8 @@ pub(crate) struct Settings {
     pub durability: Durability,
     /// `[trainer] num_workers_from`: the config path that gives each new trial its number of workers.
     pub workers_from: Option<String>,
+    /// The data sets' plan file every run's ranks read (`[datasets]`).
+    pub datasets: Option<PathBuf>,
 }
 
 /// Everything a sweep's loop is built from.
@@ -800,6 +802,7 @@ impl Runner {
             workers: allocation.workers.clone(),
             storage: self.checkpoints.of_trial(&record.id),
             checkpoint_roots: self.settings.checkpoint.allowed_dirs.clone(),
+            datasets: self.settings.datasets.clone(),
         };
         match self.backend.launch(spec, self.events_tx.clone()) {
             Ok(handle) => {

@@ -118,6 +118,7 @@ fn harness(o: Options) -> Harness {
         stop_thresholds: MetricThresholds::default(),
         durability: Durability::EveryBatch,
         workers_from: None,
+        datasets: None,
     };
     let info = crate::callback::ExperimentInfo {
         name: "t".into(),

@@ -1,0 +1,249 @@
+//! Data sets a trial's ranks read, split between them (`[datasets]` in an
+//! experiment file; `Context::dataset_shard` in a Rust trainable).
+//!
+//! The driver plans each data set once, before any trial runs
+//! ([`plan_all`]): it expands a file, directory or glob (local, or an
+//! object-store URL with the settings checkpoints use), reads the Parquet
+//! footers for their row groups, counts the rows of CSV and JSON files, and
+//! refuses a missing or unreadable file, or one whose columns differ from
+//! the first's, by name. The plan (the blocks and their row counts) is
+//! written to the experiment directory as `datasets.json`, the file every
+//! rank reads (or fetches from the driver) and the Python client reads too.
+//! Each rank then computes its own share of every epoch with
+//! [`crate::split::share`], and reads it ([`DataShard`]).
+//!
+//! The section's types are always here; planning and reading need the
+//! `data` feature (Arrow's readers). Without it a `[datasets]` section is
+//! refused by name.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "data")]
+mod plan;
+#[cfg(feature = "data")]
+mod read;
+
+#[cfg(feature = "data")]
+pub use plan::{plan_all, read_plans};
+#[cfg(feature = "data")]
+pub use read::{BatchOptions, Batches, DataShard};
+#[cfg(feature = "data")]
+pub use {arrow_array, arrow_schema};
+
+/// The plan's file in the experiment directory.
+pub const PLAN_FILE: &str = "datasets.json";
+/// The plan file's format version.
+pub const PLAN_VERSION: u32 = 1;
+
+/// How a data set's files are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// Parquet: each row group is a block.
+    Parquet,
+    /// CSV with a header row: each file is a block.
+    Csv,
+    /// Newline-delimited JSON: each file is a block.
+    Json,
+}
+
+impl Format {
+    /// The file name endings of the format (a directory's files of it).
+    pub fn suffixes(self) -> &'static [&'static str] {
+        match self {
+            Self::Parquet => &[".parquet", ".pq"],
+            Self::Csv => &[".csv"],
+            Self::Json => &[".json", ".jsonl"],
+        }
+    }
+
+    /// The format a path's ending names, if any.
+    pub fn of_path(path: &str) -> Option<Self> {
+        let path = path.trim_end_matches('/');
+        [Self::Parquet, Self::Csv, Self::Json].into_iter().find(|f| f.suffixes().iter().any(|s| path.ends_with(s)))
+    }
+
+    /// Its name in a plan and in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Parquet => "parquet",
+            Self::Csv => "csv",
+            Self::Json => "json",
+        }
+    }
+}
+
+/// One or several paths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Paths {
+    /// A file, a directory, a glob or an object-store URL.
+    One(String),
+    /// Several of them, read in order.
+    Many(Vec<String>),
+}
+
+impl Paths {
+    /// The paths, in order.
+    pub fn list(&self) -> Vec<&str> {
+        match self {
+            Self::One(p) => vec![p.as_str()],
+            Self::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// One entry of `[datasets]`: `train = "data/train/*.parquet"`, or the
+/// table form `train = { path = ..., format = "csv", shuffle = true,
+/// split = true, seed = 7 }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DatasetSpec {
+    /// A path (file, directory, glob, object-store URL), or several.
+    Path(Paths),
+    /// The table form.
+    Table(DatasetTable),
+}
+
+/// The table form of a `[datasets]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetTable {
+    /// A file, a directory (its files of the format), a glob, or an
+    /// object-store URL (`s3://bucket/prefix/`); or a list of them.
+    pub path: Paths,
+    /// `parquet`, `csv` or `json` (default: the paths' ending, else parquet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<Format>,
+    /// A new seeded order of the blocks and of their rows every epoch.
+    #[serde(default)]
+    pub shuffle: bool,
+    /// Split the rows between the ranks (default); `false`: every rank reads all.
+    #[serde(default = "yes")]
+    pub split: bool,
+    /// The shuffle's seed (default: the experiment's seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl DatasetSpec {
+    /// The table form of any entry.
+    pub fn table(&self) -> DatasetTable {
+        match self {
+            Self::Path(p) => DatasetTable { path: p.clone(), format: None, shuffle: false, split: true, seed: None },
+            Self::Table(t) => t.clone(),
+        }
+    }
+
+    /// What is wrong with the entry, before anything is read.
+    pub fn check(&self) -> Result<(), String> {
+        let t = self.table();
+        let paths = t.path.list();
+        if paths.is_empty() || paths.iter().any(|p| p.trim().is_empty()) {
+            return Err("path: give a file, a directory, a glob or an object-store URL".into());
+        }
+        if t.format.is_none() {
+            let formats: Vec<Format> = paths.iter().filter_map(|p| Format::of_path(p)).collect();
+            if formats.windows(2).any(|w| w[0] != w[1]) {
+                return Err("path: files of different formats; give one data set per format, or `format`".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The format the entry is read in.
+    pub fn format(&self) -> Format {
+        let t = self.table();
+        t.format.or_else(|| t.path.list().iter().find_map(|p| Format::of_path(p))).unwrap_or(Format::Parquet)
+    }
+}
+
+/// A unit of reading: a Parquet row group, or a whole CSV or JSON file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Block {
+    /// An absolute local path, or an object-store URL.
+    pub path: String,
+    /// How it is read.
+    pub format: Format,
+    /// Its number of rows.
+    pub rows: u64,
+    /// The row group (Parquet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_group: Option<usize>,
+}
+
+/// A data set as planned by the driver: what every rank needs to read its share.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataPlan {
+    /// The blocks, in order.
+    pub blocks: Vec<Block>,
+    /// A new seeded order every epoch.
+    pub shuffle: bool,
+    /// The orders' seed.
+    pub seed: u64,
+    /// Split between the ranks (else every rank reads all).
+    pub split: bool,
+}
+
+impl DataPlan {
+    /// Its number of rows.
+    pub fn rows(&self) -> u64 {
+        self.blocks.iter().map(|b| b.rows).sum()
+    }
+}
+
+/// The plan file: every data set of the experiment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataPlans {
+    /// [`PLAN_VERSION`].
+    pub version: u32,
+    /// By name.
+    pub datasets: BTreeMap<String, DataPlan>,
+}
+
+/// Why a data set cannot be planned or read.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A data set's entry or one of its files is refused (named).
+    #[error("datasets.{name}: {message}")]
+    Refused {
+        /// The data set.
+        name: String,
+        /// What is wrong, naming the file.
+        message: String,
+    },
+    /// The plan file cannot be read.
+    #[error("the data sets' plan {path}: {message}")]
+    Plan {
+        /// The plan file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// No such data set in the plan.
+    #[error("dataset_shard({name:?}): the experiment's [datasets] has no such data set (it has {known})")]
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// The names there are.
+        known: String,
+    },
+    /// Reading a block failed.
+    #[error("reading {path}: {message}")]
+    Read {
+        /// The block's file.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+    /// This build has no Arrow readers.
+    #[error("data sets need the `data` feature of nestor (a default one), which this build leaves out")]
+    NotBuilt,
+}
