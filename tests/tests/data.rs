@@ -9,39 +9,15 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use common::data::*;
 use common::python::*;
 use common::*;
 use serde_json::Value;
-
-/// The `RANK` lines of every rank of a run's one trial.
-fn rank_lines(run: &Path, ranks: u32) -> Vec<Vec<Value>> {
-    (0..ranks)
-        .map(|r| {
-            let log = read(&run.join(format!("trials/trial_00000/logs/rank-{r}.log")));
-            log.lines().filter_map(|l| l.strip_prefix("RANK ")).map(|l| serde_json::from_str(l).unwrap()).collect()
-        })
-        .collect()
-}
 
 fn data_py(dir: &Path, args: &[&str]) -> String {
     let mut all = vec![dir.to_str().unwrap()];
     all.extend_from_slice(args);
     passed(torch_python(dir, "tests/py/data.py", &all, &[]))
-}
-
-/// Each epoch's ids, per rank, in reading order.
-fn epochs(lines: &[Vec<Value>], n: usize) -> Vec<Vec<Vec<u64>>> {
-    (0..n)
-        .map(|e| {
-            lines
-                .iter()
-                .map(|rank| {
-                    let line = rank.iter().find(|l| l["epoch"].as_u64() == Some(e as u64)).unwrap();
-                    line["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
-                })
-                .collect()
-        })
-        .collect()
 }
 
 /// 103 rows over `workers` ranks, 3 epochs: equal counts, no row twice in
@@ -51,29 +27,6 @@ fn split(workers: u32, format: &str, shuffle: bool) -> Vec<Vec<Vec<u64>>> {
     let order = if shuffle { "shuffle" } else { "noshuffle" };
     data_py(dir.path(), &["split", &workers.to_string(), format, order, "3"]);
     check_split(&dir.path().join(format!("runs/split-{workers}-{format}-{order}-0")), workers, format)
-}
-
-/// The promises of the split, on a run of 103 rows over `workers` ranks, 3 epochs.
-fn check_split(run: &Path, workers: u32, format: &str) -> Vec<Vec<Vec<u64>>> {
-    let by_epoch = epochs(&rank_lines(run, workers), 3);
-    let per = 103 / u64::from(workers);
-    let mut left_before: Option<BTreeSet<u64>> = None;
-    for (e, ranks) in by_epoch.iter().enumerate() {
-        let mut seen = BTreeSet::new();
-        for (r, ids) in ranks.iter().enumerate() {
-            assert_eq!(ids.len() as u64, per, "{format} epoch {e}: rank {r} read {} rows, not {per}", ids.len());
-            for id in ids {
-                assert!(*id < 103 && seen.insert(*id), "{format} epoch {e}: row {id} read twice");
-            }
-        }
-        let left: BTreeSet<u64> = (0..103).filter(|i| !seen.contains(i)).collect();
-        assert_eq!(left.len() as u64, 103 - per * u64::from(workers));
-        if let Some(before) = &left_before {
-            assert!(left.is_disjoint(before) || left.is_empty(), "epoch {e} left out {left:?} again");
-        }
-        left_before = Some(left);
-    }
-    by_epoch
 }
 
 #[test]

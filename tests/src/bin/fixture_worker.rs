@@ -24,6 +24,12 @@
 //!   rank's torchrun and nestor variables, its pid, its leaked child's pid, its
 //!   checkpoint and when it started.
 //!
+//! - `dataset` (string): read that data set of `[datasets]` instead, one epoch a
+//!   step (`steps` epochs, batches of `batch_size`, default 8), printing
+//!   `RANK {"rank", "epoch", "ids", "count"}` with the `id` column's values in
+//!   reading order; with `checkpoint`, a checkpoint each epoch to resume from,
+//!   and `fail_at` fails only a run that did not start from one.
+//!
 //! Ranks other than 0 report `loss + 100 * rank`, so a test can tell whose
 //! metrics became the trial's.
 
@@ -34,6 +40,9 @@ use trainer::{Context, ReportError};
 
 fn main() -> anyhow::Result<()> {
     let mut ctx = Context::from_env()?;
+    if let Ok(name) = ctx.param::<String>("dataset") {
+        return read_dataset(ctx, &name);
+    }
     let x: f64 = ctx.param("x").unwrap_or(0.0);
     let steps: u64 = ctx.param("steps").unwrap_or(5);
     let sleep_ms: u64 = ctx.param("sleep_ms").unwrap_or(0);
@@ -149,5 +158,50 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// The `dataset` mode: one epoch of the data set a step.
+fn read_dataset(mut ctx: Context, name: &str) -> anyhow::Result<()> {
+    use trainer::data::arrow_array::{cast::AsArray, types::Int64Type};
+    let steps: u64 = ctx.param("steps").unwrap_or(3);
+    let batch_size: usize = ctx.param("batch_size").unwrap_or(8);
+    let checkpoint: bool = ctx.param("checkpoint").unwrap_or(false);
+    let sleep_ms: u64 = ctx.param("sleep_ms").unwrap_or(0);
+    let rank = ctx.world_rank();
+    let fail_at: Option<u64> =
+        ctx.param("fail_at").ok().filter(|_| rank == ctx.param("fail_rank").unwrap_or(0) && ctx.checkpoint().is_none());
+    let start = ctx.start_iteration();
+    let mut shard = ctx.dataset_shard(name)?;
+    println!("RANK {}", serde_json::json!({ "rank": rank, "pid": std::process::id(), "start": start }));
+    let scratch = ctx.trial_dir().join(format!(".scratch-rank-{rank}-{}", std::process::id()));
+    for epoch in start..steps {
+        let mut ids = Vec::new();
+        for batch in shard.iter_batches(batch_size) {
+            let batch = batch?;
+            anyhow::ensure!(batch.num_rows() <= batch_size, "a batch of {} rows", batch.num_rows());
+            let column = batch.column_by_name("id").ok_or_else(|| anyhow::anyhow!("no id column"))?;
+            let column = column.as_primitive_opt::<Int64Type>().ok_or_else(|| anyhow::anyhow!("id is {}", column.data_type()))?;
+            ids.extend(column.values().iter().copied());
+            std::thread::sleep(Duration::from_millis(sleep_ms));
+        }
+        println!("RANK {}", serde_json::json!({ "rank": rank, "epoch": epoch, "ids": ids, "count": shard.count() }));
+        if fail_at == Some(epoch + 1) {
+            eprintln!("fixture: failing on purpose in epoch {epoch}");
+            std::process::exit(3);
+        }
+        let ckpt = if checkpoint {
+            std::fs::create_dir_all(&scratch)?;
+            std::fs::write(scratch.join("epoch"), (epoch + 1).to_string())?;
+            Some(scratch.clone())
+        } else {
+            None
+        };
+        match ctx.report([("epoch", (epoch + 1) as f64), ("rows", ids.len() as f64)], ckpt.as_deref()) {
+            Ok(()) => {}
+            Err(ReportError::Stopped) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok(())
 }

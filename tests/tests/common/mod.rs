@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod chaos;
+pub mod data;
 pub mod python;
 pub mod slurm;
 

@@ -99,7 +99,7 @@ impl Paths {
 /// One entry of `[datasets]`: `train = "data/train/*.parquet"`, or the
 /// table form `train = { path = ..., format = "csv", shuffle = true,
 /// split = true, seed = 7 }`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum DatasetSpec {
     /// A path (file, directory, glob, object-store URL), or several.
@@ -127,6 +127,38 @@ pub struct DatasetTable {
     /// The shuffle's seed (default: the experiment's seed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+}
+
+// By hand, so that a bad table names its key (`unknown field `shufle``)
+// rather than "did not match any variant".
+impl<'de> Deserialize<'de> for DatasetSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = DatasetSpec;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a path, a list of paths, or a table with `path` (and `format`, `shuffle`, `split`, `seed`)")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DatasetSpec, E> {
+                Ok(DatasetSpec::Path(Paths::One(v.to_string())))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<DatasetSpec, A::Error> {
+                let mut paths = Vec::new();
+                while let Some(p) = seq.next_element::<String>()? {
+                    paths.push(p);
+                }
+                Ok(DatasetSpec::Path(Paths::Many(paths)))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<DatasetSpec, A::Error> {
+                DatasetTable::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(DatasetSpec::Table)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
 }
 
 fn yes() -> bool {
