@@ -181,11 +181,12 @@ fn every_python_block_of_the_docs_and_the_readme_is_python() {
 /// build of `package` alone, with its dev-dependencies when `dev` (an
 /// example's build has them); a crate built twice, for the host and the
 /// target, has both sets.
-fn features(package: &str, dev: bool) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+fn features(package: &str, dev: bool, more: &[&str]) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let edges = if dev { "normal,build,dev" } else { "normal,build" };
     let out = Command::new(cargo)
         .args(["tree", "-p", package, "-e", edges, "-f", "{p}|{f}", "--prefix", "none"])
+        .args(more)
         .current_dir(repo())
         .output()
         .unwrap();
@@ -203,19 +204,23 @@ fn features(package: &str, dev: bool) -> std::collections::BTreeMap<String, std:
 }
 
 /// `pip install ./python` right after the quickstart compiles the binary
-/// alone: every crate both builds use has the same features in each (else
-/// it and all above it would be compiled again). workspace-hack/Cargo.toml
-/// is where a difference is made up.
+/// and the data readers alone (Arrow's, which the quickstart leaves out):
+/// every crate both builds use has the same features in each (else it and
+/// all above it would be compiled again). workspace-hack/Cargo.toml is
+/// where a difference is made up.
 #[test]
 fn the_wheels_build_reuses_the_quickstarts() {
-    let quickstart = features("nestor-examples", true);
-    let wheel = features("nestor-tuner", false);
+    let quickstart = features("nestor-examples", true, &[]);
+    let wheel = features("nestor-tuner", false, &[]);
     assert!(wheel.len() > 100, "cargo tree found too little: {wheel:?}");
-    let only_wheel: Vec<&String> = wheel.keys().filter(|k| !quickstart.contains_key(*k)).collect();
-    assert!(only_wheel.is_empty(), "the wheel builds crates the quickstart does not: {only_wheel:?}");
+    let without_data = features("nestor-tuner", false, &["--no-default-features", "--features", "cloud,mlflow"]);
+    let data_only: Vec<&String> = wheel.keys().filter(|k| !without_data.contains_key(*k)).collect();
+    assert!(data_only.iter().any(|k| k.starts_with("parquet ")), "the data feature's crates: {data_only:?}");
+    let only_wheel: Vec<&String> = wheel.keys().filter(|k| !quickstart.contains_key(*k) && !data_only.contains(k)).collect();
+    assert!(only_wheel.is_empty(), "the wheel builds crates the quickstart does not, beside the data readers: {only_wheel:?}");
     let differ: Vec<String> = wheel
         .iter()
-        .filter(|(k, f)| quickstart.get(*k) != Some(f))
+        .filter(|(k, f)| quickstart.contains_key(*k) && quickstart.get(*k) != Some(f))
         .map(|(k, f)| format!("{k}: the wheel's build {f:?}, the quickstart's {:?}", quickstart.get(k)))
         .collect();
     assert!(differ.is_empty(), "add the quickstart's features to workspace-hack/Cargo.toml:\n{}", differ.join("\n"));
