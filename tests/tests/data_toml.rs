@@ -55,6 +55,7 @@ fn rust_split(workers: u32, format: &str, shuffle: bool) -> Vec<Vec<Vec<u64>>> {
     let dataset = format!("{{ path = {:?}, format = {format:?}, shuffle = {shuffle} }}", folder.display().to_string());
     let run = run(dir.path(), &data_sweep("split", workers, &dataset, 3, ""), &[]);
     let by_epoch = check_split(&run, workers, format);
+    assert_eq!(rank_lines(&run, workers)[0][0]["plan_seen"], true);
     for rank in rank_lines(&run, workers) {
         let count = rank.iter().find_map(|l| l.get("count")).unwrap().as_u64().unwrap();
         assert_eq!(count, 103 / u64::from(workers), "{format}: count()");
@@ -195,4 +196,47 @@ fn a_rust_rank_failing_mid_sweep_restarts_at_its_checkpoints_epoch_with_that_epo
             assert_eq!(ids(&f[rank]), ids(&r[rank]), "rank {rank} epoch {e}");
         }
     }
+}
+
+#[test]
+fn ranks_on_two_slurm_nodes_that_do_not_see_the_experiment_fetch_the_plan_and_split_as_on_one() {
+    // The nodes see the data's directory but not the experiment's (an empty
+    // tmpfs over it): each rank fetches datasets.json from the driver.
+    let hidden = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&dir.path().join("s3"));
+    let options = common::slurm::Options {
+        networks: true,
+        hidden: vec![(0, hidden.path().to_path_buf()), (1, hidden.path().to_path_buf())],
+        ..Default::default()
+    };
+    let cluster = common::slurm::SlurmCluster::start_with(2, 2, 2000, options);
+    let local = hidden.path().join("local");
+    let folder = write_rows(dir.path(), "parquet", &[37, 50, 16]);
+    let dataset = format!("{{ path = {:?}, shuffle = true }}", folder.display().to_string());
+    let text = data_sweep("nodes", 2, &dataset, 3, "placement_strategy = \"STRICT_SPREAD\"")
+        .replace("seed = 0", &format!("seed = 0\nstorage = \"s3://bucket/runs\"\nlocal_dir = \"{}\"", local.display()));
+    write(dir.path(), &text);
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(nestor_bin())
+        .args(["run", "sweep.toml", "--plain"])
+        .envs(s3.env())
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = ok(out);
+    assert!(stdout.contains("1 trial (1 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("is not shared with node1, node2"), "{stderr}");
+    let run = local.join("nodes");
+    let on_nodes = check_split(&run, 2, "parquet");
+    for rank in rank_lines(&run, 2) {
+        assert_eq!(rank[0]["plan_seen"], false, "a node saw the experiment's directory: {rank:?}");
+    }
+    let trial = common::python::trials(dir.path(), &run).remove(0);
+    assert_eq!(trial["nodes"], serde_json::json!(["node1", "node2"]), "{trial}");
+    // The same orders as ranks on one machine that read the plan's file.
+    assert_eq!(on_nodes, rust_split(2, "parquet", true));
 }

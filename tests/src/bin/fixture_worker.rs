@@ -27,7 +27,7 @@
 //! - `dataset` (string): read that data set of `[datasets]` instead, one epoch a
 //!   step (`steps` epochs, batches of `batch_size`, default 8), printing
 //!   `RANK {"rank", "epoch", "ids", "count"}` with the `id` column's values in
-//!   reading order; with `checkpoint`, a checkpoint each epoch to resume from,
+//!   reading order (after a first `RANK {"rank", "pid", "start", "plan_seen"}`); with `checkpoint`, a checkpoint each epoch to resume from,
 //!   and `fail_at` fails only a run that did not start from one.
 //!
 //! Ranks other than 0 report `loss + 100 * rank`, so a test can tell whose
@@ -173,7 +173,9 @@ fn read_dataset(mut ctx: Context, name: &str) -> anyhow::Result<()> {
         ctx.param("fail_at").ok().filter(|_| rank == ctx.param("fail_rank").unwrap_or(0) && ctx.checkpoint().is_none());
     let start = ctx.start_iteration();
     let mut shard = ctx.dataset_shard(name)?;
-    println!("RANK {}", serde_json::json!({ "rank": rank, "pid": std::process::id(), "start": start }));
+    // Whether this rank's node sees the plan's file (else it was fetched from the driver).
+    let plan_seen = std::env::var_os("NESTOR_DATASETS").is_some_and(|p| std::path::Path::new(&p).exists());
+    println!("RANK {}", serde_json::json!({ "rank": rank, "pid": std::process::id(), "start": start, "plan_seen": plan_seen }));
     let scratch = ctx.trial_dir().join(format!(".scratch-rank-{rank}-{}", std::process::id()));
     for epoch in start..steps {
         let mut ids = Vec::new();
