@@ -240,3 +240,32 @@ fn ranks_on_two_slurm_nodes_that_do_not_see_the_experiment_fetch_the_plan_and_sp
     // The same orders as ranks on one machine that read the plan's file.
     assert_eq!(on_nodes, rust_split(2, "parquet", true));
 }
+
+#[test]
+fn a_sweep_resumed_after_its_driver_was_killed_reads_the_same_plan_and_goes_on_at_the_checkpoints_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = write_rows(dir.path(), "parquet", &[37, 50, 16]);
+    let dataset = format!("{{ path = {:?}, shuffle = true }}", folder.display().to_string());
+    let reference = run(dir.path(), &data_sweep("reference", 2, &dataset, 4, "").replace("steps = 4", "steps = 4\ncheckpoint = true"), &[]);
+    // 7 batches of 100 ms an epoch; the driver is killed once epoch 2's checkpoint is committed.
+    write(dir.path(), &data_sweep("killed", 2, &dataset, 4, "").replace("steps = 4", "steps = 4\ncheckpoint = true\nsleep_ms = 100"));
+    let mut driver = spawn_run(dir.path());
+    let killed = dir.path().join("runs/killed");
+    wait_for_run("checkpoint 2 committed", 60.0, &mut driver, || killed.join("trials/trial_00000/checkpoint_000002/.committed").exists());
+    signal(driver.id(), libc::SIGKILL);
+    driver.wait().unwrap();
+    // A file added after the sweep began: the resumed sweep reads the plan it made, without it.
+    std::fs::write(folder.join("part-3.parquet"), std::fs::read(folder.join("part-0.parquet")).unwrap()).unwrap();
+    let plan = read(&killed.join("datasets.json"));
+    ok(nestor(dir.path(), &["resume", "runs/killed", "--plain"]));
+    assert_eq!(read(&killed.join("datasets.json")), plan);
+    let (k, r) = (rank_lines(&killed, 2), rank_lines(&reference, 2));
+    for rank in 0..2 {
+        let starts: Vec<u64> = k[rank].iter().filter_map(|l| l.get("start")).map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(starts.last(), Some(&2), "rank {rank}: the resumed run began at the checkpoint's epoch: {starts:?}");
+        for e in 0..4u64 {
+            let ids = |lines: &[serde_json::Value]| lines.iter().rev().find(|l| l["epoch"].as_u64() == Some(e)).map(|l| l["ids"].clone());
+            assert_eq!(ids(&k[rank]), ids(&r[rank]), "rank {rank} epoch {e}");
+        }
+    }
+}
