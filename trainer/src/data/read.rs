@@ -91,7 +91,7 @@ impl DataShard {
         let spawned =
             std::thread::Builder::new().name(format!("nestor-data-{}", self.name)).spawn(move || produce(&plan, &pieces, epoch, &tx));
         let failed = spawned.err().map(|e| DataError::Read { path: self.name.clone(), message: format!("cannot start the reader: {e}") });
-        Batches { rx, options, pending: Vec::new(), held: 0, done: false, failed }
+        Batches { rx, options, pending: std::collections::VecDeque::new(), held: 0, done: false, failed }
     }
 }
 
@@ -99,7 +99,7 @@ impl DataShard {
 pub struct Batches {
     rx: Receiver<Result<RecordBatch, DataError>>,
     options: BatchOptions,
-    pending: Vec<RecordBatch>,
+    pending: std::collections::VecDeque<RecordBatch>,
     held: usize,
     done: bool,
     failed: Option<DataError>,
@@ -112,19 +112,28 @@ impl std::fmt::Debug for Batches {
 }
 
 impl Batches {
-    /// The first `n` held rows as one batch; the rest stay.
+    /// The first `n` held rows as one batch (a slice of the first batch read
+    /// when it holds them: no copy); the rest stay.
     fn cut(&mut self, n: usize) -> Result<RecordBatch, DataError> {
-        let schema: SchemaRef = self.pending[0].schema();
-        let all = arrow_select::concat::concat_batches(&schema, &self.pending)
-            .map_err(|e| DataError::Read { path: "<batch>".into(), message: e.to_string() })?;
-        let n = n.min(all.num_rows());
-        let rest = all.slice(n, all.num_rows() - n);
-        self.pending.clear();
-        self.held = rest.num_rows();
-        if self.held > 0 {
-            self.pending.push(rest);
+        let mut parts = Vec::new();
+        let mut need = n.min(self.held);
+        while need > 0 {
+            let Some(front) = self.pending.pop_front() else { break };
+            let take = need.min(front.num_rows());
+            parts.push(front.slice(0, take));
+            if take < front.num_rows() {
+                self.pending.push_front(front.slice(take, front.num_rows() - take));
+            }
+            need -= take;
         }
-        Ok(all.slice(0, n))
+        let rows: usize = parts.iter().map(RecordBatch::num_rows).sum();
+        self.held -= rows;
+        if parts.len() == 1 {
+            return Ok(parts.remove(0));
+        }
+        let schema: SchemaRef = parts[0].schema();
+        arrow_select::concat::concat_batches(&schema, &parts)
+            .map_err(|e| DataError::Read { path: "<batch>".into(), message: e.to_string() })
     }
 }
 
@@ -142,7 +151,7 @@ impl Iterator for Batches {
                 Ok(Ok(batch)) => {
                     self.held += batch.num_rows();
                     if batch.num_rows() > 0 {
-                        self.pending.push(batch);
+                        self.pending.push_back(batch);
                     }
                 }
                 Ok(Err(e)) => {
@@ -175,27 +184,44 @@ fn produce(plan: &DataPlan, pieces: &[Piece], epoch: u64, tx: &SyncSender<Result
     let mut cached: Option<(usize, RecordBatch)> = None;
     for piece in pieces {
         let block = &plan.blocks[piece.block];
-        let read = rt.block_on(async {
-            if plan.shuffle {
-                let whole = match cached.take() {
-                    Some((b, batch)) if b == piece.block => batch,
-                    _ => {
-                        let batch = read_rows(&mut stores, block, 0, block.rows).await?;
-                        let order = permutation(batch.num_rows(), plan.seed, epoch, piece.block as u64);
-                        let idx = UInt32Array::from_iter_values(order.into_iter().map(|i| i as u32));
-                        arrow_select::take::take_record_batch(&batch, &idx).map_err(|e| read_error(block, e))?
-                    }
-                };
+        let read = if plan.shuffle {
+            let whole = match cached.take() {
+                Some((b, batch)) if b == piece.block => Ok(batch),
+                _ => read_rows(&rt, &mut stores, block, 0, block.rows).and_then(|batches| {
+                    let batch = concat(block, &batches)?;
+                    let order = permutation(batch.num_rows(), plan.seed, epoch, piece.block as u64);
+                    let idx = UInt32Array::from_iter_values(order.into_iter().map(|i| i as u32));
+                    arrow_select::take::take_record_batch(&batch, &idx).map_err(|e| read_error(block, e))
+                }),
+            };
+            whole.map(|whole| {
                 let out = whole.slice(piece.start as usize, (piece.end - piece.start) as usize);
                 cached = Some((piece.block, whole));
-                Ok(out)
-            } else {
-                read_rows(&mut stores, block, piece.start, piece.end).await
+                vec![out]
+            })
+        } else {
+            let mut gone = false;
+            let streamed = stream_rows(&rt, &mut stores, block, piece.start, piece.end, &mut |b| {
+                gone = tx.send(Ok(b)).is_err();
+                !gone
+            });
+            if gone {
+                return;
             }
-        });
-        let failed = read.is_err();
-        if tx.send(read).is_err() || failed {
-            return;
+            streamed.map(|()| Vec::new())
+        };
+        match read {
+            Ok(batches) => {
+                for b in batches {
+                    if tx.send(Ok(b)).is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
         }
     }
 }
@@ -204,52 +230,123 @@ fn read_error(block: &Block, e: impl std::fmt::Display) -> DataError {
     DataError::Read { path: block.path.clone(), message: e.to_string() }
 }
 
-/// Rows `start..end` of a block, as one batch.
-async fn read_rows(stores: &mut Stores, block: &Block, start: u64, end: u64) -> Result<RecordBatch, DataError> {
-    let (start, len) = (start as usize, (end - start) as usize);
-    let batch = match block.format {
-        Format::Parquet => {
-            let reader = stores.parquet(&block.path).await.map_err(|e| read_error(block, e))?;
-            let builder = ParquetRecordBatchStreamBuilder::new(reader).await.map_err(|e| read_error(block, e))?;
-            let schema = builder.schema().clone();
-            let selection = RowSelection::from(vec![RowSelector::skip(start), RowSelector::select(len)]);
-            let stream = builder
-                .with_row_groups(vec![block.row_group.unwrap_or(0)])
-                .with_row_selection(selection)
-                .with_batch_size(len.max(1))
-                .build()
-                .map_err(|e| read_error(block, e))?;
-            let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(|e| read_error(block, e))?;
-            arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| read_error(block, e))?
+fn concat(block: &Block, batches: &[RecordBatch]) -> Result<RecordBatch, DataError> {
+    match batches {
+        [one] => Ok(one.clone()),
+        _ => {
+            let schema = batches.first().map(RecordBatch::schema).ok_or_else(|| read_error(block, "no rows"))?;
+            arrow_select::concat::concat_batches(&schema, batches).map_err(|e| read_error(block, e))
         }
+    }
+}
+
+/// Rows of a Parquet file's row group: a selection of them read, no more
+/// (none when the piece is the whole group: the reader's fastest path).
+fn parquet_selection(block: &Block, start: usize, len: usize) -> (Vec<usize>, Option<RowSelection>) {
+    let whole = start == 0 && len as u64 == block.rows;
+    (vec![block.row_group.unwrap_or(0)], (!whole).then(|| RowSelection::from(vec![RowSelector::skip(start), RowSelector::select(len)])))
+}
+
+/// Rows `start..end` of a block, in batches of at most 8,192.
+fn read_rows(
+    rt: &tokio::runtime::Runtime,
+    stores: &mut Stores,
+    block: &Block,
+    start: u64,
+    end: u64,
+) -> Result<Vec<RecordBatch>, DataError> {
+    let mut out = Vec::new();
+    stream_rows(rt, stores, block, start, end, &mut |b| {
+        out.push(b);
+        true
+    })?;
+    Ok(out)
+}
+
+/// Rows `start..end` of a block, each batch (at most 8,192 rows) handed
+/// to `emit` as it is read, until it returns false: a local Parquet file
+/// through Arrow's synchronous reader, one in an object store by ranges
+/// (its footer, then the column chunks).
+fn stream_rows(
+    rt: &tokio::runtime::Runtime,
+    stores: &mut Stores,
+    block: &Block,
+    start: u64,
+    end: u64,
+    emit: &mut dyn FnMut(RecordBatch) -> bool,
+) -> Result<(), DataError> {
+    const BATCH: usize = 8192;
+    let (start, len) = (start as usize, (end - start) as usize);
+    let batches: Vec<RecordBatch> = match block.format {
+        Format::Parquet if !super::plan::is_url(&block.path) => {
+            let file = std::fs::File::open(block.path.strip_prefix("file://").unwrap_or(&block.path)).map_err(|e| read_error(block, e))?;
+            let (groups, selection) = parquet_selection(block, start, len);
+            let mut builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| read_error(block, e))?
+                .with_row_groups(groups)
+                .with_batch_size(BATCH);
+            if let Some(selection) = selection {
+                builder = builder.with_row_selection(selection);
+            }
+            let mut rows = 0;
+            for batch in builder.build().map_err(|e| read_error(block, e))? {
+                let batch = batch.map_err(|e| read_error(block, e))?;
+                rows += batch.num_rows();
+                if !emit(batch) {
+                    return Ok(());
+                }
+            }
+            return counted(block, rows, len);
+        }
+        Format::Parquet => rt.block_on(async {
+            let reader = stores.parquet(&block.path).await.map_err(|e| read_error(block, e))?;
+            let (groups, selection) = parquet_selection(block, start, len);
+            let mut builder = ParquetRecordBatchStreamBuilder::new(reader)
+                .await
+                .map_err(|e| read_error(block, e))?
+                .with_row_groups(groups)
+                .with_batch_size(BATCH);
+            if let Some(selection) = selection {
+                builder = builder.with_row_selection(selection);
+            }
+            let stream = builder.build().map_err(|e| read_error(block, e))?;
+            stream.try_collect().await.map_err(|e| read_error(block, e))
+        })?,
         Format::Csv | Format::Json => {
-            let bytes = stores.bytes(&block.path).await.map_err(|e| read_error(block, e))?;
+            let bytes = rt.block_on(stores.bytes(&block.path)).map_err(|e| read_error(block, e))?;
             let (schema, _) = super::plan::infer(&bytes, block.format).map_err(|e| read_error(block, e))?;
             let schema = Arc::new(schema);
-            let batches: Result<Vec<RecordBatch>, _> = if block.format == Format::Csv {
+            let all: Result<Vec<RecordBatch>, _> = if block.format == Format::Csv {
                 let reader = arrow_csv::ReaderBuilder::new(Arc::clone(&schema))
                     .with_header(true)
-                    .with_batch_size(8192)
+                    .with_batch_size(BATCH)
                     .build(&bytes[..])
                     .map_err(|e| read_error(block, e))?;
                 reader.collect()
             } else {
                 let reader = arrow_json::ReaderBuilder::new(Arc::clone(&schema))
-                    .with_batch_size(8192)
+                    .with_batch_size(BATCH)
                     .build(&bytes[..])
                     .map_err(|e| read_error(block, e))?;
                 reader.collect()
             };
-            let all = arrow_select::concat::concat_batches(&schema, &batches.map_err(|e| read_error(block, e))?)
-                .map_err(|e| read_error(block, e))?;
-            all.slice(start.min(all.num_rows()), len.min(all.num_rows().saturating_sub(start)))
+            let all = concat(block, &all.map_err(|e| read_error(block, e))?)?;
+            vec![all.slice(start.min(all.num_rows()), len.min(all.num_rows().saturating_sub(start)))]
         }
     };
-    if batch.num_rows() != len {
-        return Err(read_error(
-            block,
-            format!("{} rows where the plan counted {len} (the file changed since the sweep began?)", batch.num_rows()),
-        ));
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    counted(block, rows, len)?;
+    for b in batches {
+        if !emit(b) {
+            break;
+        }
     }
-    Ok(batch)
+    Ok(())
+}
+
+fn counted(block: &Block, rows: usize, len: usize) -> Result<(), DataError> {
+    if rows != len {
+        return Err(read_error(block, format!("{rows} rows where the plan counted {len} (the file changed since the sweep began?)")));
+    }
+    Ok(())
 }
