@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-__all__ = ["TrainContext", "ReportError", "get_context", "get_config", "get_checkpoint", "report", "get_dataset_shard"]
+__all__ = ["TrainContext", "ReportError", "get_context", "get_config", "get_checkpoint", "report"]
 __version__ = "0.1.0"
 
 
@@ -472,15 +472,6 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
     if directive != 1:
         _stopped = True
         raise SystemExit(0)
-
-
-def get_dataset_shard(name: Optional[str] = None) -> Any:
-    """This worker's share of the experiment's data set ``name`` (its
-    ``[datasets]``, or a trainer's ``datasets=``): see
-    ``nestor.train.get_dataset_shard``."""
-    from .train import get_dataset_shard as shard
-
-    return shard(name)
 
 
 #: The data sets of this worker's trainer (``datasets=``, or the experiment
