@@ -11,6 +11,8 @@ Usage: data.py DIR MODE [ARGS]
   sources        from_pandas / from_numpy / from_items / from_huggingface, a DataLoader over each shard
   ddp            2 DDP ranks on 101 rows in uneven files, batch 8: the last step does not hang
   refuse WHAT    missing | schema | unreadable | notdataset: prints the ValueError
+  subsets        train_test_split (in order, and shuffled with a seed), limit, repartition: the
+                 driver prints what it counts (SUBSET lines), 2 ranks read train's halves and all of test
 Rank log lines: RANK <json>. $PLACEMENT: the ScalingConfig's placement strategy (PACK).
 """
 
@@ -180,6 +182,28 @@ elif mode == "ddp":
             train.report({"epoch": epoch + 1, "steps": steps})
 
     fit(loop, {}, {"train": data.read_parquet(write("parquet", [60, 3, 38]))})
+elif mode == "subsets":
+    ds = data.read_parquet(write("parquet", [37, 50, 16])).repartition(4)
+    ids = lambda d: sorted(r["id"] for r in d.take(200))  # noqa: E731
+    train_part, test_part = ds.train_test_split(0.25)
+    a, b = ds.train_test_split(25, shuffle=True, seed=5)
+    again, _ = ds.train_test_split(25, shuffle=True, seed=5)
+    other, _ = ds.train_test_split(25, shuffle=True, seed=6)
+    print("SUBSET " + json.dumps({"train": ids(train_part), "test": ids(test_part), "a": ids(a), "b": ids(b), "again": ids(again),
+                                  "other": ids(other), "limit": ids(ds.limit(10)), "counts": [a.count(), b.count()]}))
+    try:
+        ds.groupby("id")
+    except AttributeError as e:
+        print(f"MISSING {e}")
+
+    def loop(config):
+        for name in ("train", "test"):
+            shard = train.get_dataset_shard(name)
+            got = [int(i) for batch in shard.iter_batches(batch_size=8) for i in batch["id"]]
+            rank_line(name=name, ids=got, count=shard.count())
+        train.report({"done": 1})
+
+    fit(loop, {}, {"train": a, "test": b.random_shuffle(seed=1)}, dataset_config=DataConfig(datasets_to_split=["train"]))
 elif mode == "refuse":
     what = sys.argv[3]
     try:

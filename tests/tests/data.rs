@@ -279,3 +279,38 @@ fn the_rust_split_draws_the_same_shares_and_orders_as_the_pythons() {
         assert_eq!(serde_json::json!(perm), p["perm"], "seed {seed}: the permutation of case {c}");
     }
 }
+
+#[test]
+fn train_test_split_and_limit_cut_the_rows_as_ray_does_and_ranks_read_their_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = data_py(dir.path(), &["subsets"]);
+    let subset: Value = serde_json::from_str(line(&out, "SUBSET")).unwrap();
+    let ids = |k: &str| -> Vec<u64> { subset[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect() };
+    // 103 rows, a test fraction of 0.25: int(103 * 0.25) = 25 test rows, the last ones.
+    assert_eq!(ids("train"), (0..78).collect::<Vec<_>>());
+    assert_eq!(ids("test"), (78..103).collect::<Vec<_>>());
+    let (a, b) = (ids("a"), ids("b"));
+    assert_eq!((a.len(), b.len()), (78, 25));
+    let all: BTreeSet<u64> = a.iter().chain(&b).copied().collect();
+    assert_eq!(all, (0..103).collect(), "the shuffled split covers every row once");
+    assert_ne!(b, (78..103).collect::<Vec<_>>(), "shuffled: not the last rows");
+    assert_eq!(ids("again"), a, "the same seed, the same split");
+    assert_ne!(ids("other"), a, "another seed, another split");
+    assert_eq!(ids("limit"), (0..10).collect::<Vec<_>>());
+    assert_eq!(subset["counts"], serde_json::json!([78, 25]));
+    assert!(line(&out, "MISSING").contains("Dataset has no groupby()"), "{out}");
+    // The run: train (78 rows) split across 2 ranks, test (25) read whole by each.
+    let lines = rank_lines(&dir.path().join("runs/subsets"), 2);
+    let mut train_rows = BTreeSet::new();
+    for rank in &lines {
+        let part = |name: &str| rank.iter().find(|l| l["name"].as_str() == Some(name)).unwrap().clone();
+        let (t, v) = (part("train"), part("test"));
+        assert_eq!(t["count"].as_u64(), Some(39));
+        for id in t["ids"].as_array().unwrap() {
+            assert!(a.contains(&id.as_u64().unwrap()) && train_rows.insert(id.as_u64().unwrap()), "train row {id}");
+        }
+        let test: BTreeSet<u64> = v["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(test, b.iter().copied().collect(), "every rank reads the whole test part");
+    }
+    assert_eq!(train_rows.len(), 78);
+}

@@ -18,9 +18,9 @@ order and the rows of each block in a new seeded order.
 import glob
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ._blocks import _apply, _Block, _filesystem, _is_url, _open, _pa, _Plan, _read_block
+from ._blocks import _apply, _Block, _filesystem, _is_url, _open, _pa, _Plan, _read_block, _select
 from ._iterator import DataIterator
 
 __all__ = ["DataConfig", "DataIterator", "Dataset", "from_huggingface", "from_items", "from_numpy", "from_pandas", "read_csv",
@@ -36,12 +36,47 @@ class Dataset:
         self._transforms = list(transforms or [])
         self._shuffle = shuffle
         self._seed = seed
+        #: Row selections applied in order when planned (``limit``, ``train_test_split``).
+        self._selects: List[Any] = []
 
     def _with(self, **changes: Any) -> "Dataset":
         d = Dataset(self._source, self._transforms, self._shuffle, self._seed)
+        d._selects = list(self._selects)
         for k, v in changes.items():
             setattr(d, k, v)
         return d
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(f"nestor.data.Dataset has no {name}() (Ray Data's): nestor's data sets have map_batches, "
+                             "random_shuffle, train_test_split, limit, repartition, count, schema and take; read the "
+                             "files in the shape the workers need, or transform each batch with map_batches")
+
+    def limit(self, n: int) -> "Dataset":
+        """The first ``n`` rows (in the files' order)."""
+        if n < 0:
+            raise ValueError(f"limit({n}): give a number of rows >= 0")
+        return self._with(_selects=self._selects + [("limit", int(n))])
+
+    def train_test_split(self, test_size: Union[int, float], *, shuffle: bool = False, seed: Optional[int] = None,
+                         **_ignored: Any) -> Tuple["Dataset", "Dataset"]:
+        """Two data sets: the rows but ``test_size`` (a fraction, or a
+        number of rows), and those. As in Ray, the test rows are the last
+        ones; with ``shuffle=True``, ``test_size`` rows drawn at random
+        (seeded: the same split on every run with a seed). Either keeps its
+        rows in the files' order. Counted when the run starts."""
+        if isinstance(test_size, float) and not 0 < test_size < 1:
+            raise ValueError(f"train_test_split(test_size={test_size}): a fraction is between 0 and 1")
+        if isinstance(test_size, int) and test_size < 0:
+            raise ValueError(f"train_test_split(test_size={test_size}): give a number of rows >= 0")
+        split = ("split", test_size, bool(shuffle), seed)
+        return self._with(_selects=self._selects + [split + (0,)]), self._with(_selects=self._selects + [split + (1,)])
+
+    def repartition(self, num_blocks: Optional[int] = None, **_ignored: Any) -> "Dataset":
+        """The same data set: nestor's blocks are the files' row groups (or
+        whole files), split across the ranks row by row, whatever their number."""
+        return self
 
     def map_batches(self, fn: Callable[..., Any], *, batch_format: str = "numpy", fn_kwargs: Optional[Dict[str, Any]] = None,
                     **_ignored: Any) -> "Dataset":
@@ -89,6 +124,8 @@ class Dataset:
         else:
             paths = [_materialise(src, name, storage)]
         blocks = _blocks(paths, src.get("format", "parquet"), name)
+        for select in self._selects:
+            blocks = _selected(blocks, select, name)
         seed = self._seed if self._seed is not None else 0
         return _Plan(name=name, blocks=blocks, transforms=self._transforms, shuffle=self._shuffle, seed=seed)
 
@@ -96,6 +133,27 @@ class Dataset:
         src = self._source
         what = ", ".join(src["paths"]) if src["kind"] == "files" else src["kind"]
         return f"Dataset({what}{', shuffled' if self._shuffle else ''}{f', {len(self._transforms)} map_batches' if self._transforms else ''})"
+
+
+def _selected(blocks: List[_Block], select: Tuple[Any, ...], name: str) -> List[_Block]:
+    """The blocks cut by one selection (``limit`` or one side of ``train_test_split``)."""
+    total = sum(b.rows for b in blocks)
+    if select[0] == "limit":
+        return _select(blocks, range(0, min(select[1], total)))
+    _, size, shuffle, seed, side = select
+    test = int(total * size) if isinstance(size, float) else int(size)
+    if test > total:
+        raise ValueError(f"datasets.{name}: train_test_split(test_size={size}) asks for more rows than the {total} there are")
+    if not shuffle:
+        return _select(blocks, range(0, total - test) if side == 0 else range(total - test, total))
+    import numpy as np
+
+    from ._split import permutation
+
+    # A stream of its own (not an epoch's): the same split on every run with the seed.
+    order = permutation(total, seed if seed is not None else 0, 0, (1 << 64) - 2)
+    picked = order[:test] if side == 1 else order[test:]
+    return _select(blocks, np.sort(picked))
 
 
 def _files(paths: Union[str, Sequence[str]], fmt: str) -> Dict[str, Any]:

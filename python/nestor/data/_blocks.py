@@ -21,6 +21,11 @@ class _Block:
     format: str
     rows: int
     row_group: Optional[int] = None
+    #: A part of it only (``train_test_split``, ``limit``): its rows
+    #: ``offset:end``, or those at the positions ``take`` (sorted).
+    offset: int = 0
+    end: Optional[int] = None
+    take: Optional[Any] = None
 
 
 @dataclass
@@ -91,6 +96,16 @@ def _open(path: str) -> Any:
 
 
 def _read_block(block: _Block) -> Any:
+    """The block's rows (of a part of it, only those)."""
+    table = _read_whole(block)
+    if block.take is not None:
+        return table.take(block.take)
+    if block.end is not None:
+        return table.slice(block.offset, block.end - block.offset)
+    return table
+
+
+def _read_whole(block: _Block) -> Any:
     if block.format == "parquet":
         import pyarrow.parquet as pq
 
@@ -103,6 +118,32 @@ def _read_block(block: _Block) -> Any:
     import pyarrow.json
 
     return pyarrow.json.read_json(_open(block.path))
+
+
+def _select(blocks: List[_Block], keep: Any) -> List[_Block]:
+    """The blocks cut to the rows ``keep`` names: a ``range`` of the rows
+    (in the blocks' order), or a sorted array of their positions."""
+    import dataclasses
+
+    import numpy as np
+
+    out: List[_Block] = []
+    first = 0
+    for b in blocks:
+        if isinstance(keep, range):
+            lo, hi = max(keep.start - first, 0), min(keep.stop - first, b.rows)
+            if lo < hi:
+                if b.take is not None:
+                    out.append(dataclasses.replace(b, rows=hi - lo, take=b.take[lo:hi]))
+                else:
+                    out.append(dataclasses.replace(b, rows=hi - lo, offset=b.offset + lo, end=b.offset + hi))
+        else:
+            pos = keep[(keep >= first) & (keep < first + b.rows)] - first
+            if len(pos):
+                take = b.take[pos] if b.take is not None else (b.offset + pos).astype(np.int64)
+                out.append(dataclasses.replace(b, rows=len(pos), offset=0, end=None, take=take))
+        first += b.rows
+    return out
 
 
 def _to_format(table: Any, fmt: str) -> Any:
