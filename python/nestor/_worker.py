@@ -80,7 +80,14 @@ def run(blob: Dict[str, Any]) -> int:
                 print(f"nestor: no torch process group: {e}", file=sys.stderr, flush=True)
             else:
                 nestor_torch.init_process_group(always=True)
-        out = call(blob["fn"], config)
+        backend_config = blob.get("backend_config")
+        if backend_config is not None:
+            # A framework's hooks around the function, in every rank (nestor.train.backend).
+            from .train.backend import _run_hooks
+
+            out = _run_hooks(backend_config, ctx, lambda: call(blob["fn"], config))
+        else:
+            out = call(blob["fn"], config)
         if isinstance(out, dict) and out:
             # Ray's function trainables may return their final metrics.
             nestor.report(out)
