@@ -24,6 +24,10 @@ ACCELERATE_VERSION=1.15.0
 # nestor.data reads with Arrow (nestor's [data] extra); Hugging Face datasets feeds from_huggingface.
 PYARROW_VERSION=26.0.1
 HF_DATASETS_VERSION=5.2.0
+# Gradient-boosted trees (nestor's [xgboost] and [lightgbm] extras; scikit-learn ships their tests' data sets).
+XGBOOST_VERSION=3.2.0
+LIGHTGBM_VERSION=4.7.0
+SKLEARN_VERSION=1.9.1
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
@@ -58,6 +62,11 @@ fi
 if [ ! -f "$venv/.complete-data-$PYARROW_VERSION-$HF_DATASETS_VERSION" ]; then
     "$venv/bin/python" -m pip install --quiet "pyarrow==$PYARROW_VERSION" "datasets==$HF_DATASETS_VERSION" >&2
     touch "$venv/.complete-data-$PYARROW_VERSION-$HF_DATASETS_VERSION"
+fi
+trees="$venv/.complete-trees-$XGBOOST_VERSION-$LIGHTGBM_VERSION-$SKLEARN_VERSION"
+if [ ! -f "$trees" ]; then
+    "$venv/bin/python" -m pip install --quiet "xgboost-cpu==$XGBOOST_VERSION" "lightgbm==$LIGHTGBM_VERSION" "scikit-learn==$SKLEARN_VERSION" >&2
+    touch "$trees"
 fi
 # The nestor package is this checkout's python/ (a path file: always current,
 # nothing to build); the binary comes from NESTOR_BIN or PATH. `pip install

@@ -115,11 +115,20 @@ class WorkerGroup:
 
 
 def _node_address() -> str:
-    """This node's address as the ranks of other nodes reach it: ``MASTER_ADDR``
-    on rank 0's node (nestor sets it to that node's address), else the host's."""
-    addr = os.environ.get("MASTER_ADDR")
-    if addr and os.environ.get("RANK", "0") == "0":
-        return addr
+    """This node's address as the ranks of other nodes reach it:
+    ``MASTER_ADDR`` on rank 0's node (nestor sets it to that node's
+    address), else the address of the interface this node reaches rank 0's
+    node through."""
+    master = os.environ.get("MASTER_ADDR")
+    if master and os.environ.get("NODE_RANK", "0") == "0":
+        return master
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, int(os.environ.get("MASTER_PORT") or 9)))  # no packet is sent
+                return s.getsockname()[0]
+        except OSError:
+            pass
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
