@@ -1,10 +1,14 @@
 """Gradient-boosted trees across the ranks of a trial (tests/tests/trees.rs),
 on scikit-learn's bundled breast-cancer data (569 rows, 30 features).
 
-Usage: trees.py DIR MODE [WORKERS]
+Usage: trees.py DIR MODE [NAME]
+  (2 ranks a trial)
   xgb          XGBoostTrainer(train_loop_per_worker): each rank its rows, 10 rounds, a checkpoint every 5
   xgb-legacy   Ray's older XGBoostTrainer(params=, label_column=, datasets=) over from_pandas data sets
   lgb          LightGBMTrainer: get_network_params(), 10 rounds, a checkpoint at the end
+  xgb-resume NAME   XGBoostTrainer resuming from its checkpoint (every 2 rounds), $SLOW_S a round,
+                 FailureConfig(max_failures=1): the test kills a rank; the rank prints its pid and start round
+  xgb-asha     a Tuner of 8 XGBoostTrainer trials (eta drawn) under ASHA in boosting rounds
 Rank log lines: RANK <json> (the booster's fingerprint, its rounds); the driver prints BEST <path>,
 LOADED <rounds> (the best checkpoint loaded with the framework's own Booster(model_file=...)) and ROWS.
 """
@@ -21,8 +25,7 @@ from nestor import train
 from nestor.train import RunConfig, ScalingConfig
 
 root, mode = sys.argv[1], sys.argv[2]
-workers = int(sys.argv[3]) if len(sys.argv) > 3 else 2
-scaling = ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5})
+scaling = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5})
 run_config = RunConfig(name=mode, storage_path=os.path.join(root, "runs"))
 
 
@@ -93,3 +96,54 @@ elif mode == "lgb":
     print(f"BEST {best}")
     print(f"LOADED {lightgbm.Booster(model_file=best).current_iteration()}")
     print(f"METRIC {result.metrics['train-binary_logloss']}")
+elif mode == "xgb-resume":
+    import time
+
+    import xgboost
+
+    from nestor.train import FailureConfig
+    from nestor.train.xgboost import RayTrainReportCallback, XGBoostTrainer
+
+    class Slow(xgboost.callback.TrainingCallback):
+        def after_iteration(self, model, epoch, evals_log):
+            time.sleep(float(os.environ.get("SLOW_S", "0")))
+            return False
+
+    def loop(config):
+        x, y = my_rows()
+        dtrain = xgboost.DMatrix(x, label=y)
+        checkpoint = train.get_checkpoint()
+        booster = RayTrainReportCallback.get_model(checkpoint) if checkpoint else None
+        start = booster.num_boosted_rounds() if booster else 0
+        rank_line(pid=os.getpid(), start=start)
+        booster = xgboost.train({"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 3, "tree_method": "hist"},
+                                dtrain, num_boost_round=10 - start, evals=[(dtrain, "train")], xgb_model=booster,
+                                callbacks=[Slow(), RayTrainReportCallback(frequency=2)])
+        rank_line(model=fingerprint(booster.get_dump()), rounds=booster.num_boosted_rounds())
+
+    name = sys.argv[3]
+    XGBoostTrainer(loop, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                   run_config=RunConfig(name=name, storage_path=os.path.join(root, "runs"),
+                                        failure_config=FailureConfig(max_failures=1))).fit()
+elif mode == "xgb-asha":
+    import xgboost
+
+    from nestor import tune
+    from nestor.tune.schedulers import ASHAScheduler
+    from nestor.train.xgboost import RayTrainReportCallback, XGBoostTrainer
+
+    def loop(config):
+        x, y = my_rows()
+        dtrain = xgboost.DMatrix(x, label=y)
+        xgboost.train({"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 2, "eta": config["eta"]},
+                      dtrain, num_boost_round=12, evals=[(dtrain, "train")], callbacks=[RayTrainReportCallback()])
+
+    trainer = XGBoostTrainer(loop, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}))
+    results = tune.Tuner(trainer, param_space={"train_loop_config": {"eta": tune.loguniform(1e-3, 0.5)}},
+                         tune_config=tune.TuneConfig(metric="train-logloss", mode="min", num_samples=8, max_concurrent_trials=2,
+                                                     scheduler=ASHAScheduler(max_t=12, grace_period=2, reduction_factor=3)),
+                         run_config=tune.RunConfig(name="xgb-asha", storage_path=os.path.join(root, "runs"))).fit()
+    rounds = sorted(len(r.metrics_dataframe) if r.metrics_dataframe is not None else 0 for r in results)
+    best = results.get_best_result()
+    print("ROUNDS " + json.dumps(rounds))
+    print(f"BEST {best.config['train_loop_config']['eta']} {best.metrics['train-logloss']}")

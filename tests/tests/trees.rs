@@ -64,3 +64,46 @@ fn lightgbm_ranks_form_one_network_and_train_one_booster_that_loads_in_lightgbm(
     assert_eq!(rounds_reported(&trial), (1..=10).collect::<Vec<_>>());
     assert_eq!(line(&out, "LOADED"), "10", "lightgbm.Booster(model_file=...) loads the best checkpoint");
 }
+
+#[test]
+fn asha_in_boosting_rounds_stops_weak_xgboost_trials_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = passed(torch_python(dir.path(), "tests/py/trees.py", &[dir.path().to_str().unwrap(), "xgb-asha"], &[]));
+    let rounds: Vec<u64> = serde_json::from_str(line(&out, "ROUNDS")).unwrap();
+    assert_eq!(rounds.len(), 8, "{out}");
+    assert!(rounds.iter().any(|&r| r < 12), "ASHA stopped no trial early: {rounds:?}");
+    assert!(rounds.iter().any(|&r| r == 12), "no trial boosted its 12 rounds: {rounds:?}");
+    assert!(rounds.iter().all(|r| [2, 6, 12].contains(r)), "trials stop at ASHA's rungs (2, 6) or the end: {rounds:?}");
+}
+
+#[test]
+fn an_xgboost_rank_killed_mid_trial_restarts_from_the_saved_booster_and_ends_as_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let env = [("SLOW_S", "0.25".to_string())];
+    let mut run = torch_python_cmd(dir.path(), "tests/py/trees.py", &[root, "xgb-resume", "killed"], &env)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let killed = dir.path().join("runs/killed");
+    common::wait_for_run("checkpoint 4 committed", 120.0, &mut run, || {
+        killed.join("trials/trial_00000/checkpoint_000004/.committed").exists()
+    });
+    let victim = u32::try_from(rank_lines(&killed, 2)[1][0]["pid"].as_u64().unwrap()).unwrap();
+    common::signal(victim, libc::SIGKILL);
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    passed(torch_python(dir.path(), "tests/py/trees.py", &[root, "xgb-resume", "reference"], &[]));
+    let (k, r) = (rank_lines(&killed, 2), rank_lines(&dir.path().join("runs/reference"), 2));
+    for rank in 0..2 {
+        let starts: Vec<u64> = k[rank].iter().filter_map(|l| l.get("start")).map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(starts.first(), Some(&0));
+        assert!(starts.len() == 2 && starts[1] >= 4, "rank {rank}: the restart began from a saved booster: {starts:?}");
+        let model = |lines: &[serde_json::Value]| lines.iter().rev().find_map(|l| l.get("model")).cloned();
+        assert_eq!(model(&k[rank]), model(&r[rank]), "rank {rank}: the restarted trial ends with the uninterrupted run's booster");
+    }
+    let trial = trials(dir.path(), &killed).remove(0);
+    assert_eq!(trial["status"], "TERMINATED", "{trial}");
+    assert_eq!(rounds_reported(&trial).last(), Some(&10));
+}
