@@ -8,7 +8,6 @@ Usage: trees.py DIR MODE [NAME]
   lgb          LightGBMTrainer: get_network_params(), 10 rounds, a checkpoint at the end
   xgb-resume NAME   XGBoostTrainer resuming from its checkpoint (every 2 rounds), $SLOW_S a round,
                  FailureConfig(max_failures=1): the test kills a rank; the rank prints its pid and start round
-  xgb-asha     a Tuner of 8 XGBoostTrainer trials (eta drawn) under ASHA in boosting rounds
 Rank log lines: RANK <json> (the booster's fingerprint, its rounds); the driver prints BEST <path>,
 LOADED <rounds> (the best checkpoint loaded with the framework's own Booster(model_file=...)) and ROWS.
 """
@@ -125,25 +124,3 @@ elif mode == "xgb-resume":
     XGBoostTrainer(loop, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
                    run_config=RunConfig(name=name, storage_path=os.path.join(root, "runs"),
                                         failure_config=FailureConfig(max_failures=1))).fit()
-elif mode == "xgb-asha":
-    import xgboost
-
-    from nestor import tune
-    from nestor.tune.schedulers import ASHAScheduler
-    from nestor.train.xgboost import RayTrainReportCallback, XGBoostTrainer
-
-    def loop(config):
-        x, y = my_rows()
-        dtrain = xgboost.DMatrix(x, label=y)
-        xgboost.train({"objective": "binary:logistic", "eval_metric": "logloss", "max_depth": 2, "eta": config["eta"]},
-                      dtrain, num_boost_round=12, evals=[(dtrain, "train")], callbacks=[RayTrainReportCallback()])
-
-    trainer = XGBoostTrainer(loop, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}))
-    results = tune.Tuner(trainer, param_space={"train_loop_config": {"eta": tune.loguniform(1e-3, 0.5)}},
-                         tune_config=tune.TuneConfig(metric="train-logloss", mode="min", num_samples=8, max_concurrent_trials=2,
-                                                     scheduler=ASHAScheduler(max_t=12, grace_period=2, reduction_factor=3)),
-                         run_config=tune.RunConfig(name="xgb-asha", storage_path=os.path.join(root, "runs"))).fit()
-    rounds = sorted(len(r.metrics_dataframe) if r.metrics_dataframe is not None else 0 for r in results)
-    best = results.get_best_result()
-    print("ROUNDS " + json.dumps(rounds))
-    print(f"BEST {best.config['train_loop_config']['eta']} {best.metrics['train-logloss']}")

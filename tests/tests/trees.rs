@@ -66,14 +66,18 @@ fn lightgbm_ranks_form_one_network_and_train_one_booster_that_loads_in_lightgbm(
 }
 
 #[test]
-fn asha_in_boosting_rounds_stops_weak_xgboost_trials_early() {
+fn the_xgboost_example_sweeps_under_asha_in_boosting_rounds_stopping_weak_trials_early() {
     let dir = tempfile::tempdir().unwrap();
-    let out = passed(torch_python(dir.path(), "tests/py/trees.py", &[dir.path().to_str().unwrap(), "xgb-asha"], &[]));
-    let rounds: Vec<u64> = serde_json::from_str(line(&out, "ROUNDS")).unwrap();
+    let env = [("EXAMPLE_STORAGE", dir.path().join("runs").display().to_string())];
+    let out = passed(torch_python(dir.path(), "examples/python/tune_xgboost.py", &[], &env));
+    let rounds: Vec<u64> = serde_json::from_str(line(&out, "rounds per trial:")).unwrap();
     assert_eq!(rounds.len(), 8, "{out}");
     assert!(rounds.iter().any(|&r| r < 12), "ASHA stopped no trial early: {rounds:?}");
     assert!(rounds.iter().any(|&r| r == 12), "no trial boosted its 12 rounds: {rounds:?}");
     assert!(rounds.iter().all(|r| [2, 6, 12].contains(r)), "trials stop at ASHA's rungs (2, 6) or the end: {rounds:?}");
+    let best = line(&out, "best booster:");
+    let (n, reported) = (best.split(' ').next().unwrap(), best.rsplit('(').next().unwrap().trim_end_matches(')'));
+    assert_eq!(n, reported, "the best checkpoint loads, with its trial's last round: {out}");
 }
 
 #[test]
