@@ -8,6 +8,7 @@ Usage: trees.py DIR MODE [NAME]
   lgb          LightGBMTrainer: get_network_params(), 10 rounds, a checkpoint at the end
   xgb-resume NAME   XGBoostTrainer resuming from its checkpoint (every 2 rounds), $SLOW_S a round,
                  FailureConfig(max_failures=1): the test kills a rank; the rank prints its pid and start round
+$PLACEMENT: the ScalingConfig's placement strategy (PACK).
 Rank log lines: RANK <json> (the booster's fingerprint, its rounds); the driver prints BEST <path>,
 LOADED <rounds> (the best checkpoint loaded with the framework's own Booster(model_file=...)) and ROWS.
 """
@@ -24,7 +25,7 @@ from nestor import train
 from nestor.train import RunConfig, ScalingConfig
 
 root, mode = sys.argv[1], sys.argv[2]
-scaling = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5})
+scaling = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}, placement_strategy=os.environ.get("PLACEMENT", "PACK"))
 run_config = RunConfig(name=mode, storage_path=os.path.join(root, "runs"))
 
 
