@@ -215,24 +215,8 @@ fn the_data_example_sweeps_under_asha_with_each_worker_reading_half_the_rows() {
 
 #[test]
 fn ranks_on_two_slurm_nodes_split_a_data_set_as_on_one() {
-    let options = common::slurm::Options { networks: true, ..Default::default() };
-    let cluster = common::slurm::SlurmCluster::start_with(2, 2, 4000, options);
     let dir = tempfile::tempdir().unwrap();
-    let out = cluster
-        .cmd("salloc")
-        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
-        .arg(torch_venv().join("bin/python"))
-        .arg(repo().join("tests/py/data.py"))
-        .args([dir.path().to_str().unwrap(), "split", "2", "parquet", "shuffle", "3"])
-        .current_dir(dir.path())
-        .env("NESTOR_BIN", nestor_bin())
-        .env("PYTHONPATH", repo().join("tests/py"))
-        .env("PLACEMENT", "STRICT_SPREAD")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    passed(out);
-    assert!(stderr.contains("nestor: Slurm job "), "{stderr}");
+    on_two_slurm_nodes("data.py", dir.path(), &["split", "2", "parquet", "shuffle", "3"]);
     let run = dir.path().join("runs/split-2-parquet-shuffle-0");
     let trial = trials(dir.path(), &run).remove(0);
     assert_eq!(trial["nodes"], serde_json::json!(["node1", "node2"]), "{trial}");

@@ -116,24 +116,8 @@ fn an_xgboost_rank_killed_mid_trial_restarts_from_the_saved_booster_and_ends_as_
 fn lightgbm_ranks_on_two_slurm_nodes_form_one_network_across_them() {
     // Each node its own network namespace and address: the hub and the
     // machine list cross nodes as they would on a cluster.
-    let options = common::slurm::Options { networks: true, ..Default::default() };
-    let cluster = common::slurm::SlurmCluster::start_with(2, 2, 4000, options);
     let dir = tempfile::tempdir().unwrap();
-    let out = cluster
-        .cmd("salloc")
-        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
-        .arg(torch_venv().join("bin/python"))
-        .arg(repo().join("tests/py/trees.py"))
-        .args([dir.path().to_str().unwrap(), "lgb"])
-        .current_dir(dir.path())
-        .env("NESTOR_BIN", common::nestor_bin())
-        .env("PYTHONPATH", repo().join("tests/py"))
-        .env("PLACEMENT", "STRICT_SPREAD")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let stdout = passed(out);
-    assert!(stderr.contains("nestor: Slurm job "), "{stderr}");
+    let stdout = on_two_slurm_nodes("trees.py", dir.path(), &["lgb"]);
     let run = dir.path().join("runs/lgb");
     let trial = trials(dir.path(), &run).remove(0);
     assert_eq!(trial["nodes"], serde_json::json!(["node1", "node2"]), "{trial}");

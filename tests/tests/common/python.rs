@@ -44,6 +44,32 @@ pub fn torch_python(cwd: &Path, script: &str, args: &[&str], env: &[(&str, Strin
     torch_python_cmd(cwd, script, args, env).output().expect("run the script")
 }
 
+/// `tests/py/<script> DIR ARGS` in a 2-node allocation of a Slurm cluster on
+/// loopback (each node its own network), its trial's ranks spread one a
+/// node (`PLACEMENT=STRICT_SPREAD`); its stdout, once it passed and said
+/// it ran as a Slurm job.
+pub fn on_two_slurm_nodes(script: &str, dir: &Path, args: &[&str]) -> String {
+    let options = super::slurm::Options { networks: true, ..Default::default() };
+    let cluster = super::slurm::SlurmCluster::start_with(2, 2, 4000, options);
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=3000"])
+        .arg(torch_venv().join("bin/python"))
+        .arg(repo().join("tests/py").join(script))
+        .arg(dir)
+        .args(args)
+        .current_dir(dir)
+        .env("NESTOR_BIN", nestor_bin())
+        .env("PYTHONPATH", repo().join("tests/py"))
+        .env("PLACEMENT", "STRICT_SPREAD")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = passed(out);
+    assert!(stderr.contains("nestor: Slurm job "), "{stderr}");
+    stdout
+}
+
 /// The script's stdout, after checking it succeeded.
 pub fn passed(out: Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
