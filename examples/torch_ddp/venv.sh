@@ -28,6 +28,10 @@ HF_DATASETS_VERSION=5.2.0
 XGBOOST_VERSION=3.2.0
 LIGHTGBM_VERSION=4.7.0
 SKLEARN_VERSION=1.9.1
+# Keras on TensorflowTrainer (nestor's [tensorflow] extra): TensorFlow's CPU build, and
+# Keras 2 (tf_keras, without its dependency on the full build), which
+# MultiWorkerMirroredStrategy's model.fit needs (TF_USE_LEGACY_KERAS=1, as in Ray).
+TENSORFLOW_VERSION=2.21.0
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
@@ -67,6 +71,11 @@ trees="$venv/.complete-trees-$XGBOOST_VERSION-$LIGHTGBM_VERSION-$SKLEARN_VERSION
 if [ ! -f "$trees" ]; then
     "$venv/bin/python" -m pip install --quiet "xgboost-cpu==$XGBOOST_VERSION" "lightgbm==$LIGHTGBM_VERSION" "scikit-learn==$SKLEARN_VERSION" >&2
     touch "$trees"
+fi
+if [ ! -f "$venv/.complete-tensorflow-$TENSORFLOW_VERSION" ]; then
+    "$venv/bin/python" -m pip install --quiet "tensorflow-cpu==$TENSORFLOW_VERSION" >&2
+    "$venv/bin/python" -m pip install --quiet --no-deps "tf_keras==$TENSORFLOW_VERSION" >&2
+    touch "$venv/.complete-tensorflow-$TENSORFLOW_VERSION"
 fi
 # The nestor package is this checkout's python/ (a path file: always current,
 # nothing to build); the binary comes from NESTOR_BIN or PATH. `pip install

@@ -72,15 +72,12 @@ def run(blob: Dict[str, Any]) -> int:
 
             trainable.run(blob["cls"], blob.get("kwargs") or {}, blob.get("stop") or {}, bool(blob.get("checkpoint_at_end")))
             return 0
-        if blob.get("backend") == "torch":
-            # Ray Train sets the process group up before the training function runs, for any number of workers.
-            try:
-                from . import torch as nestor_torch
-            except ImportError as e:
-                print(f"nestor: no torch process group: {e}", file=sys.stderr, flush=True)
-            else:
-                nestor_torch.init_process_group(always=True)
         backend_config = blob.get("backend_config")
+        if backend_config is None and blob.get("backend") == "torch":
+            # A TorchTrainer pickled before trainers carried their backend config (an older experiment resumed).
+            from . import torch as nestor_torch
+
+            nestor_torch.init_process_group(always=True)
         if backend_config is not None:
             # A framework's hooks around the function, in every rank (nestor.train.backend).
             from .train.backend import _run_hooks

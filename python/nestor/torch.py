@@ -48,14 +48,16 @@ def enable_reproducibility(seed: int = 0) -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-def init_process_group(always: bool = False) -> None:
+def init_process_group(always: bool = False, _group: Any = None) -> None:
     """Joins the trial's process group, with the backend and timeout nestor was
     configured with (``TorchConfig``): through ``NESTOR_RENDEZVOUS_FILE`` when
     nestor gives one, through the driver where the nodes share no file
     (``NESTOR_RENDEZVOUS=driver``), else at ``MASTER_ADDR``/``MASTER_PORT``.
     A no-op when already joined, and with one worker unless ``always``
     (a ``TorchTrainer`` joins before its training function runs, whatever the
-    number of workers, as Ray Train does: one rank meets itself in memory)."""
+    number of workers, as Ray Train does: one rank meets itself in memory).
+    ``TorchTrainer``'s backend passes its worker group: across nodes, rank 0's
+    store address then goes to the others through the group's exchange."""
     ctx = get_context()
     if not dist.is_available() or dist.is_initialized() or (ctx.world_size <= 1 and not always):
         return
@@ -73,7 +75,7 @@ def init_process_group(always: bool = False) -> None:
     if os.environ.get("NESTOR_RENDEZVOUS") == "driver":
         # Nodes that share no file: rank 0's TCP store on a port free on its
         # node, its address passed to the others through the driver.
-        store = _store_through_driver(ctx, timeout)
+        store = _store_through_group(_group, timeout) if _group is not None else _store_through_driver(ctx, timeout)
         dist.init_process_group(backend=backend, store=store, rank=ctx.world_rank, world_size=ctx.world_size, timeout=timeout)
         return
     rendezvous = os.environ.get("NESTOR_RENDEZVOUS_FILE")
@@ -93,6 +95,17 @@ def _store_through_driver(ctx, timeout: datetime.timedelta):
     address = channel.rendezvous(ctx, "", timeout.total_seconds())
     host, port = address.rsplit(":", 1)
     return dist.TCPStore(host, int(port), ctx.world_size, False, timeout=timeout)
+
+
+def _store_through_group(group: Any, timeout: datetime.timedelta):
+    """Rank 0's TCP store on a port free on its node, its address passed to
+    the other ranks by the backend's worker group (nestor.train.backend)."""
+    store = dist.TCPStore("0.0.0.0", 0, group.world_size, True, timeout=timeout, wait_for_workers=False) if group.rank == 0 else None
+    address = group.broadcast_from_rank_zero(f"{group.node_ip}:{store.port}" if store is not None else None)
+    if store is not None:
+        return store
+    host, port = address.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), group.world_size, False, timeout=timeout)
 
 
 def prepare_model(model: torch.nn.Module, move_to_device: bool = True, parallel_strategy: Optional[str] = "ddp",

@@ -5,9 +5,10 @@ address (Ray's driver-side ``execute``), starts something once
 training function inside its context, and cleans up after it. The ranks
 then pass their rank around the ring over plain sockets.
 
-Usage: backend.py DIR WORKERS [broken]
+Usage: backend.py DIR WORKERS [broken | torch]
 Rank log lines: RANK <json>; the driver prints FAILED <error> for ``broken``
-(its backend's on_start raises).
+(its backend's on_start raises). ``torch``: a TorchTrainer whose ranks all-reduce their
+ranks + 1 (SUM <total>).
 """
 
 import contextlib
@@ -25,6 +26,27 @@ from nestor.train.data_parallel_trainer import DataParallelTrainer
 
 root, workers = sys.argv[1], int(sys.argv[2])
 broken = len(sys.argv) > 3 and sys.argv[3] == "broken"
+
+if len(sys.argv) > 3 and sys.argv[3] == "torch":
+    # TorchTrainer on the same seam: its backend joins the ranks' process group before the function.
+    from nestor.train.torch import TorchConfig, TorchTrainer
+
+    assert isinstance(TorchConfig(), BackendConfig)
+
+    def torch_loop():
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(train.get_context().get_world_rank() + 1)])
+        dist.all_reduce(t)
+        print("RANK " + json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(),
+                                    "meet": os.environ.get("NESTOR_RENDEZVOUS", "file")}), flush=True)
+        train.report({"sum": t.item()})
+
+    result = TorchTrainer(torch_loop, scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
+                          run_config=RunConfig(name=f"torch-{workers}", storage_path=os.path.join(root, "runs"))).fit()
+    print(f"SUM {result.metrics['sum']}")
+    sys.exit(0)
 
 
 class RingConfig(BackendConfig):

@@ -55,3 +55,24 @@ fn a_backend_whose_hook_raises_fails_the_run_naming_its_error_and_still_shuts_do
     // The rank that failed first shut its backend down (the other may be stopped before it does).
     assert!(!shutdowns(dir.path()).is_empty(), "on_shutdown runs after a failed hook too");
 }
+
+#[test]
+fn torch_trainer_is_a_backend_whose_ranks_meet_in_one_process_group_through_a_file_or_the_group() {
+    // On one machine the ranks meet through a file; where the nodes share
+    // none (NESTOR_RENDEZVOUS=driver, as on Slurm nodes without a shared
+    // directory), rank 0's store address goes through the worker group.
+    for (workers, meet) in [(1u64, "file"), (2, "file"), (3, "file"), (2, "driver")] {
+        let dir = tempfile::tempdir().unwrap();
+        let env: Vec<(&str, String)> = if meet == "driver" { vec![("NESTOR_RENDEZVOUS", "driver".into())] } else { vec![] };
+        let out = passed(torch_python(dir.path(), "tests/py/backend.py", &[dir.path().to_str().unwrap(), &workers.to_string(), "torch"], &env));
+        let total = (workers * (workers + 1) / 2) as f64;
+        assert_eq!(line(&out, "SUM").parse::<f64>().unwrap(), total, "{out}");
+        let lines = rank_lines(&dir.path().join(format!("runs/torch-{workers}")), workers as u32);
+        for (r, rank) in lines.iter().enumerate() {
+            assert_eq!(rank[0]["rank"], r as u64);
+            assert_eq!(rank[0]["world"], workers, "rank {r}");
+            assert_eq!(rank[0]["sum"].as_f64().unwrap(), total, "rank {r}");
+            assert_eq!(rank[0]["meet"], meet, "rank {r}");
+        }
+    }
+}

@@ -1,6 +1,7 @@
-//! Gradient-boosted trees across the ranks of a trial, with the real
-//! frameworks (xgboost-cpu, lightgbm) on scikit-learn's bundled data:
-//! `XGBoostTrainer` and `LightGBMTrainer` on the `Backend` seam.
+//! Gradient-boosted trees and Keras across the ranks of a trial, with the
+//! real frameworks (xgboost-cpu, lightgbm, TensorFlow with Keras 2) on
+//! scikit-learn's bundled data: `XGBoostTrainer`, `LightGBMTrainer` and
+//! `TensorflowTrainer` on the `Backend` seam.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -127,4 +128,54 @@ fn lightgbm_ranks_on_two_slurm_nodes_form_one_network_across_them() {
     let hosts: std::collections::BTreeSet<&str> = machines.split(',').map(|m| m.rsplit_once(':').unwrap().0).collect();
     assert_eq!(hosts.len(), 2, "two nodes, two addresses: {machines}");
     assert_eq!(line(&stdout, "LOADED"), "10");
+}
+
+/// Runs tests/py/keras_mwms.py MODE; its output and the run's directory.
+fn keras(mode: &str) -> (String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = passed(torch_python(dir.path(), "tests/py/keras_mwms.py", &[dir.path().to_str().unwrap(), mode], &[]));
+    (out, dir)
+}
+
+#[test]
+fn a_keras_model_under_multi_worker_mirrored_strategy_trains_one_set_of_weights_across_two_ranks() {
+    let (out, dir) = keras("fit");
+    let run = dir.path().join("runs/fit");
+    let ranks: Vec<serde_json::Value> = rank_lines(&run, 2).into_iter().filter_map(|r| r.into_iter().next()).collect();
+    assert_eq!(ranks.len(), 2, "{out}");
+    for rank in &ranks {
+        assert_eq!(rank["workers"], 2, "the strategy spans both ranks (TF_CONFIG): {rank}");
+        assert_eq!(rank["rows"], 284, "each rank reads its half of the 569 rows (nestor.data's split): {rank}");
+        assert_eq!(rank["epochs"], 4);
+    }
+    assert_eq!(ranks[0]["model"], ranks[1]["model"], "the ranks' weights agree: {ranks:?}");
+    let trial = trials(dir.path(), &run).remove(0);
+    assert_eq!(rounds_reported(&trial), vec![1, 2, 3, 4], "ReportCheckpointCallback reports every epoch: {trial}");
+    assert_eq!(trial["checkpoints"].as_array().unwrap().len(), 4, "with a checkpoint each: {trial}");
+    assert_eq!(line(&out, "LOADED"), ranks[0]["model"].as_str().unwrap(), "the checkpoint loads as the trained model");
+    assert!(line(&out, "METRIC").parse::<f64>().unwrap() < 0.3, "{out}");
+}
+
+#[test]
+fn asha_stops_weak_keras_trials_and_both_ranks_leave_fit_at_the_stopped_epoch() {
+    let (out, dir) = keras("asha");
+    let epochs: Vec<u64> = serde_json::from_str(line(&out, "EPOCHS")).unwrap();
+    assert_eq!(epochs.len(), 4, "{out}");
+    assert!(epochs.iter().any(|&e| e < 6), "ASHA stopped no trial early: {epochs:?}");
+    assert!(epochs.contains(&6), "no trial ran its 6 epochs: {epochs:?}");
+    let trials_dir = dir.path().join("runs/asha/trials");
+    for entry in std::fs::read_dir(&trials_dir).unwrap() {
+        let logs = entry.unwrap().path().join("logs");
+        let mut ran = Vec::new();
+        for r in 0..2 {
+            let log = std::fs::read_to_string(logs.join(format!("rank-{r}.log"))).unwrap();
+            assert!(!log.contains("Traceback"), "rank {r} ended with an error: {log}");
+            let rank: serde_json::Value =
+                serde_json::from_str(log.lines().find_map(|l| l.strip_prefix("RANK ")).expect("the rank left fit")).unwrap();
+            ran.push((rank["epochs"].as_u64().unwrap(), rank["model"].clone()));
+        }
+        assert_eq!(ran[0], ran[1], "both ranks left fit at the same epoch with the same weights: {logs:?}");
+        assert!(epochs.contains(&ran[0].0), "a rank's epochs are its trial's reports: {ran:?} {epochs:?}");
+    }
+    assert_eq!(line(&out, "LOADED").len(), 16, "the best checkpoint loads: {out}");
 }

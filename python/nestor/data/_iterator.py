@@ -3,7 +3,7 @@
 
 import queue
 import threading
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from ._blocks import _apply, _Plan, _read_block, _to_format
 from ._split import permutation, rows_per_rank, share
@@ -160,6 +160,60 @@ class DataIterator:
                 return it.iter_rows(**kwargs)
 
         return _Rows()
+
+    def to_tf(self, feature_columns: Union[str, List[str]], label_columns: Optional[Union[str, List[str]]] = None, *,
+              additional_columns: Optional[Union[str, List[str]]] = None, prefetch_batches: int = 1, batch_size: int = 1,
+              drop_last: bool = False, local_shuffle_buffer_size: Optional[int] = None, local_shuffle_seed: Optional[int] = None,
+              feature_type_spec: Any = None, label_type_spec: Any = None, additional_type_spec: Any = None) -> Any:
+        """This share as a ``tf.data.Dataset`` of ``(features, labels)``
+        batches (features alone without ``label_columns``; a third part with
+        ``additional_columns``): a column name gives a tensor, a list of
+        names a dict of tensors. Each pass over it (each epoch of
+        ``model.fit``) is the next epoch. Wrap it in
+        ``nestor.train.tensorflow.prepare_dataset_shard`` under a
+        multi-worker strategy."""
+        import numpy as np
+        import tensorflow as tf
+
+        parts = [(feature_columns, feature_type_spec)]
+        if label_columns is not None:
+            parts.append((label_columns, label_type_spec))
+        if additional_columns is not None:
+            parts.append((additional_columns, additional_type_spec))
+        for cols, _ in parts:
+            names = [cols] if isinstance(cols, str) else list(cols)
+            if not names or not all(isinstance(c, str) for c in names):
+                raise ValueError(f"to_tf: columns are a name or a list of names, not {cols!r}")
+
+        def pick(batch: Dict[str, Any], cols: Union[str, List[str]]) -> Any:
+            missing = [c for c in ([cols] if isinstance(cols, str) else cols) if c not in batch]
+            if missing:
+                raise ValueError(f"to_tf: {self._plan.name!r} has no column {missing[0]!r} (it has {', '.join(batch)})")
+            return batch[cols] if isinstance(cols, str) else {c: batch[c] for c in cols}
+
+        def spec(values: Any) -> Any:
+            a = np.asarray(values)
+            dtype = tf.string if a.dtype.kind in "OUS" else tf.as_dtype(a.dtype)
+            return tf.TensorSpec(shape=(None,) + a.shape[1:], dtype=dtype)
+
+        signature = [given for _, given in parts]
+        if any(s is None for s in signature):
+            # The types from the first batch of the next epoch (read, not consumed: the epoch is read again in full).
+            first = next(iter(self._batches(self.epoch, batch_size, "numpy", False, 1, None, None)), None)
+            if first is None:
+                raise ValueError(f"to_tf: {self._plan.name!r} has no rows on this rank")
+            for i, (cols, given) in enumerate(parts):
+                if given is None:
+                    picked = pick(first, cols)
+                    signature[i] = spec(picked) if isinstance(cols, str) else {c: spec(v) for c, v in picked.items()}
+
+        def batches() -> Iterator[Any]:
+            for batch in self.iter_batches(batch_size=batch_size, drop_last=drop_last, prefetch_batches=prefetch_batches,
+                                           local_shuffle_buffer_size=local_shuffle_buffer_size, local_shuffle_seed=local_shuffle_seed):
+                out = tuple(pick(batch, cols) for cols, _ in parts)
+                yield out if len(out) > 1 else out[0]
+
+        return tf.data.Dataset.from_generator(batches, output_signature=tuple(signature) if len(signature) > 1 else signature[0])
 
     def __repr__(self) -> str:
         return f"DataIterator({self._plan.name}: rank {self._rank} of {self._world}, {self.count()} rows an epoch, epoch {self.epoch})"

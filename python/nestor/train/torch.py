@@ -7,11 +7,14 @@ process never imports torch."""
 import sys
 from typing import Any, Optional
 
-from ._trainer import _Trainer
+from .backend import Backend, BackendConfig
+from .data_parallel_trainer import DataParallelTrainer
 
 
-class TorchConfig:
-    """The collective's backend (``gloo``/``nccl``) and timeout."""
+class TorchConfig(BackendConfig):
+    """The collective's backend (``gloo``/``nccl``) and timeout; its
+    ``Backend`` joins every rank to one torch process group before the
+    training function runs and leaves it after."""
 
     def __init__(self, backend: Optional[str] = None, init_method: str = "env", timeout_s: int = 1800):
         if backend not in (None, "gloo", "nccl", "mpi", "ucc"):
@@ -23,21 +26,47 @@ class TorchConfig:
                   "(a file on one machine, the driver across nodes)", file=sys.stderr)
         self.backend, self.init_method, self.timeout_s = backend, init_method, timeout_s
 
+    @property
+    def backend_cls(self) -> Any:
+        return _TorchBackend
 
-class TorchTrainer(_Trainer):
+
+class _TorchBackend(Backend):
+    def on_start(self, worker_group: Any, backend_config: TorchConfig) -> None:
+        # The backend and timeout reach the ranks as NESTOR_TORCH_BACKEND and NESTOR_COLLECTIVE_TIMEOUT_S.
+        try:
+            from .. import torch as nestor_torch
+        except ImportError as e:
+            print(f"nestor: no torch process group: {e}", file=sys.stderr, flush=True)
+            return
+        nestor_torch.init_process_group(always=True, _group=worker_group)
+
+    def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+class TorchTrainer(DataParallelTrainer):
     """``train_loop_per_worker(config)`` on ``scaling_config.num_workers``
     workers, in one torch process group (``TorchConfig``'s backend and
-    timeout) that is up before the function runs and torn down after it."""
+    timeout) that is up before the function runs and torn down after it:
+    a ``DataParallelTrainer`` with ``TorchConfig``'s backend."""
 
     def __init__(self, train_loop_per_worker: Any, *, train_loop_config: Any = None, torch_config: Optional[TorchConfig] = None,
                  scaling_config: Any = None, run_config: Any = None, datasets: Any = None, **kwargs: Any):
-        super().__init__(train_loop_per_worker, train_loop_config=train_loop_config, scaling_config=scaling_config,
-                         run_config=run_config, datasets=datasets, **kwargs)
+        if torch_config is not None and not isinstance(torch_config, TorchConfig):
+            raise TypeError(f"torch_config is {type(torch_config).__name__}: give a nestor.train.torch.TorchConfig")
         self.torch_config = torch_config or TorchConfig()
+        super().__init__(train_loop_per_worker, backend_config=self.torch_config, train_loop_config=train_loop_config,
+                         scaling_config=scaling_config, run_config=run_config, datasets=datasets, **kwargs)
 
     def _parts(self) -> Any:
         parts = super()._parts()
-        parts["blob"]["backend"] = "torch"
+        parts["blob"]["backend"] = "torch"  # the warm process loads torch once for its ranks
         parts["trainer_extra"] = {}
         if self.torch_config.backend:
             parts["trainer_extra"]["backend"] = self.torch_config.backend

@@ -225,6 +225,8 @@ class Tuner:
         env = _driver.worker_env()
         env["NESTOR_EXPERIMENT_NAME"] = name
         env["NESTOR_STORAGE_PATH"] = os.path.expanduser(rc.storage_path) if rc.storage_path else os.path.dirname(exp_dir)
+        # What a trainer's framework needs in its ranks' environment from the start (TensorFlow's Keras switch).
+        env.update(parts.get("env") or {})
         trainer["env"] = env
         doc: Dict[str, Any] = {"experiment": experiment, "space": self._space}
         from .. import _declared_resources
