@@ -12,6 +12,14 @@ against Ray Train's trainers (``--ray``, with ``ray[train]`` importable by
 
 The data: 200,000 rows of 20 features and a label, generated from a seed,
 each rank its half; 40 boosting rounds of depth-6 trees, a report every round.
+
+``--sweep N``: a whole sweep instead, N XGBoost trials of 2 ranks each under
+ASHA in boosting rounds (20 rounds at most, 20,000 rows), 2 trials at a time,
+in Ray Train V2's Tune + Train form (a Tune function whose trainer reports
+through ``TuneReportCallback``), the same script under nestor and (``--ray``)
+under Ray Tune + Ray Train:
+
+    NESTOR_BIN=target/release/nestor "$VENV/bin/python" python/benches/trees.py --sweep 64 --ray --ray-python "$RAY_VENV/bin/python"
 """
 
 import argparse
@@ -101,6 +109,79 @@ def one_run(framework, side, storage):
             run_config=RunConfig(name="bench", storage_path=storage)).fit()
 
 
+SWEEP_ROWS, SWEEP_ROUNDS = 20_000, 20
+
+
+def sweep_loop(config):
+    """One trial's rank: XGBoost on its half of the sweep's rows."""
+    import numpy as np
+    import xgboost
+
+    if config["side"] == "ray":
+        from ray import train
+        from ray.train.xgboost import RayTrainReportCallback
+    else:
+        from nestor import train
+        from nestor.train.xgboost import RayTrainReportCallback
+    ctx = train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((SWEEP_ROWS, 10)).astype(np.float32)
+    y = (x[:, :4].sum(axis=1) + rng.standard_normal(SWEEP_ROWS) > 0).astype(np.float32)
+    dtrain = xgboost.DMatrix(x[rank::world], label=y[rank::world])
+    params = {"objective": "binary:logistic", "eval_metric": "logloss", "tree_method": "hist", "nthread": 1,
+              "eta": config["eta"], "max_depth": config["max_depth"]}
+    xgboost.train(params, dtrain, num_boost_round=SWEEP_ROUNDS, evals=[(dtrain, "train")], verbose_eval=False,
+                  callbacks=[RayTrainReportCallback(frequency=0, checkpoint_at_end=False)])
+
+
+def one_sweep(side, trials, storage):
+    """A whole sweep as a user's script makes it (this process)."""
+    if side == "ray":
+        import ray
+        from ray import tune
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.xgboost import XGBoostTrainer
+        from ray.tune.integration.ray_train import TuneReportCallback
+        from ray.tune.schedulers import ASHAScheduler
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    else:
+        from nestor import tune
+        from nestor.train import RunConfig, ScalingConfig
+        from nestor.train.xgboost import XGBoostTrainer
+        from nestor.tune.integration.ray_train import TuneReportCallback
+        from nestor.tune.schedulers import ASHAScheduler
+
+    def trial(config):
+        trainer = XGBoostTrainer(sweep_loop, train_loop_config={**config, "side": side},
+                                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                                 run_config=RunConfig(name=f"train-{tune.get_context().get_trial_id()}", storage_path=storage,
+                                                      callbacks=[TuneReportCallback()]))
+        trainer.fit()
+
+    space = {"eta": tune.loguniform(0.01, 0.5), "max_depth": tune.randint(2, 9)}
+    grid = tune.Tuner(tune.with_resources(trial, {"CPU": 0}), param_space=space,
+                      tune_config=tune.TuneConfig(num_samples=trials, max_concurrent_trials=2, metric="train-logloss", mode="min",
+                                                  scheduler=ASHAScheduler(max_t=SWEEP_ROUNDS, grace_period=2, reduction_factor=3)),
+                      run_config=tune.RunConfig(name="sweep", storage_path=storage)).fit()
+    rounds = sorted(r.metrics.get("training_iteration", 0) for r in grid)
+    errors = sum(r.error is not None for r in grid)
+    print(f"SWEEP {json.dumps({'trials': len(rounds), 'errors': errors, 'rounds': sum(rounds), 'best': grid.get_best_result().metrics['train-logloss']})}")
+
+
+def timed_sweep(side, python, trials):
+    with tempfile.TemporaryDirectory() as d:
+        started = time.time()
+        out = subprocess.run([python, HERE, "--one-sweep", side, str(trials), os.path.join(d, "runs")], cwd=d,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        took = time.time() - started
+        if out.returncode != 0:
+            sys.exit(f"{side} failed:\n{out.stdout[-3000:]}")
+        summary = next((line for line in out.stdout.splitlines() if line.startswith("SWEEP ")), "SWEEP {}")
+        return took, json.loads(summary[6:])
+
+
 def hand_rank(framework, rank, args):
     """One rank by hand, in the framework's own collective."""
     if framework == "xgboost":
@@ -159,12 +240,23 @@ def main():
         return hand(sys.argv[2], sys.executable)
     if len(sys.argv) > 1 and sys.argv[1] == "--run":
         return one_run(sys.argv[2], sys.argv[3], sys.argv[4])
+    if len(sys.argv) > 1 and sys.argv[1] == "--one-sweep":
+        return one_sweep(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     ap = argparse.ArgumentParser()
     ap.add_argument("--framework", choices=["xgboost", "lightgbm"], default="xgboost")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--ray", action="store_true", help="also Ray Train (ray[train] importable by --ray-python)")
     ap.add_argument("--ray-python", default=sys.executable)
+    ap.add_argument("--sweep", type=int, default=0, help="a sweep of this many XGBoost trials under ASHA instead")
     a = ap.parse_args()
+    if a.sweep:
+        print(f"a sweep of {a.sweep} XGBoost trials x 2 ranks under ASHA (<= {SWEEP_ROUNDS} rounds, {SWEEP_ROWS:,} rows), "
+              f"2 at a time; whole process, {a.reps} run(s) each")
+        for side, python in [("nestor", sys.executable)] + ([("ray", a.ray_python)] if a.ray else []):
+            for _ in range(a.reps):
+                took, summary = timed_sweep(side, python, a.sweep)
+                print(f"{side:>7}: {took:.1f} s  {json.dumps(summary)}", flush=True)
+        return
     sides = [("nestor", sys.executable), ("hand", sys.executable)] + ([("ray", a.ray_python)] if a.ray else [])
     print(f"{a.framework}: 2 ranks, {ROWS:,} rows x {FEATURES} features, {ROUNDS} rounds; whole process, {a.reps} runs each")
     for side, python in sides:

@@ -64,7 +64,8 @@ fn torch_trainer_is_a_backend_whose_ranks_meet_in_one_process_group_through_a_fi
     for (workers, meet) in [(1u64, "file"), (2, "file"), (3, "file"), (2, "driver")] {
         let dir = tempfile::tempdir().unwrap();
         let env: Vec<(&str, String)> = if meet == "driver" { vec![("NESTOR_RENDEZVOUS", "driver".into())] } else { vec![] };
-        let out = passed(torch_python(dir.path(), "tests/py/backend.py", &[dir.path().to_str().unwrap(), &workers.to_string(), "torch"], &env));
+        let out =
+            passed(torch_python(dir.path(), "tests/py/backend.py", &[dir.path().to_str().unwrap(), &workers.to_string(), "torch"], &env));
         let total = (workers * (workers + 1) / 2) as f64;
         assert_eq!(line(&out, "SUM").parse::<f64>().unwrap(), total, "{out}");
         let lines = rank_lines(&dir.path().join(format!("runs/torch-{workers}")), workers as u32);

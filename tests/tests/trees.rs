@@ -179,3 +179,47 @@ fn asha_stops_weak_keras_trials_and_both_ranks_leave_fit_at_the_stopped_epoch() 
     }
     assert_eq!(line(&out, "LOADED").len(), 16, "the best checkpoint loads: {out}");
 }
+
+#[test]
+fn the_xgboost_experiment_file_sweeps_2_rank_trials_under_asha_through_the_backend_hooks() {
+    // examples/xgboost: the ranks are the experiment file's `command`, run in
+    // XGBoostConfig's hooks by nestor.train.backend.run.
+    let dir = tempfile::tempdir().unwrap();
+    let path = format!("{}:{}", torch_venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let storage = dir.path().to_str().unwrap();
+    let out = std::process::Command::new(common::nestor_bin())
+        .args(["run", "examples/xgboost/sweep.toml", "--storage", storage, "--plain"])
+        .current_dir(repo())
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let exp = dir.path().join("xgboost");
+    let trials = trials(dir.path(), &exp);
+    assert_eq!(trials.len(), 12, "{stdout}");
+    let rounds: Vec<u64> = trials.iter().map(|t| *rounds_reported(t).last().unwrap()).collect();
+    assert!(rounds.iter().any(|&r| r < 30), "ASHA stopped no trial early: {rounds:?}");
+    assert!(rounds.contains(&30), "no trial boosted its 30 rounds: {rounds:?}");
+    for t in &trials {
+        assert_eq!(t["status"], "TERMINATED", "{t}");
+        let id = t["trial_id"].as_str().unwrap();
+        let models: Vec<String> = (0..2)
+            .map(|r| {
+                let log = std::fs::read_to_string(exp.join(format!("trials/{id}/logs/rank-{r}.log"))).unwrap();
+                log.lines().find_map(|l| l.strip_prefix("MODEL ")).unwrap_or_else(|| panic!("rank {r} of {id}: {log}")).to_string()
+            })
+            .collect();
+        assert_eq!(models[0], models[1], "{id}: the ranks trained one booster");
+    }
+    let best: serde_json::Value = serde_json::from_slice(
+        &std::process::Command::new(common::nestor_bin()).args(["best", exp.to_str().unwrap(), "--json"]).output().unwrap().stdout,
+    )
+    .unwrap();
+    let model = std::path::Path::new(best["checkpoint"].as_str().unwrap()).join("rank-0/model.ubj");
+    let check = format!("import xgboost; print(xgboost.Booster(model_file={:?}).num_boosted_rounds())", model.display().to_string());
+    let loaded = std::process::Command::new(torch_venv().join("bin/python")).args(["-c", &check]).output().unwrap();
+    let n: u64 = String::from_utf8_lossy(&loaded.stdout).trim().parse().unwrap_or_else(|_| panic!("{loaded:?}"));
+    assert_eq!(n % 5, 0, "the best checkpoint is a booster saved every 5 rounds: {n}");
+    assert!((5..=30).contains(&n), "{n}");
+}

@@ -27,7 +27,7 @@ import struct
 import sys
 from typing import Any, Callable, List, Optional, Type
 
-__all__ = ["Backend", "BackendConfig", "WorkerGroup"]
+__all__ = ["Backend", "BackendConfig", "WorkerGroup", "run"]
 
 
 class Backend:
@@ -212,6 +212,18 @@ class _Hub:
                 p.close()
             except OSError:
                 pass
+
+
+def run(backend_config: BackendConfig, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in this rank between ``backend_config``'s
+    hooks and inside its function context, as a trainer runs its training
+    function: for ranks nestor starts from an experiment file's ``command``
+    (every rank of the trial calls it). Returns what ``fn`` returns."""
+    from .. import get_context
+
+    if not isinstance(backend_config, BackendConfig):
+        raise TypeError(f"run: backend_config is {type(backend_config).__name__}: give a nestor.train.backend.BackendConfig")
+    return _run_hooks(backend_config, get_context(), lambda: fn(*args, **kwargs))
 
 
 def _run_hooks(config: BackendConfig, ctx: Any, call: Callable[[], Any]) -> Any:
