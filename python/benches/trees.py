@@ -15,8 +15,7 @@ each rank its half; 40 boosting rounds of depth-6 trees, a report every round.
 
 ``--sweep N``: a whole sweep instead, N XGBoost trials of 2 ranks each under
 ASHA in boosting rounds (20 rounds at most, 20,000 rows), 2 trials at a time,
-in Ray Train V2's Tune + Train form (a Tune function whose trainer reports
-through ``TuneReportCallback``), the same script under nestor and (``--ray``)
+a Tuner over the trainer, the same script under nestor and (``--ray``)
 under Ray Tune + Ray Train:
 
     NESTOR_BIN=target/release/nestor "$VENV/bin/python" python/benches/trees.py --sweep 64 --ray --ray-python "$RAY_VENV/bin/python"
@@ -136,13 +135,17 @@ def sweep_loop(config):
 
 
 def one_sweep(side, trials, storage):
-    """A whole sweep as a user's script makes it (this process)."""
+    """A whole sweep as a user's script makes it (this process): a Tuner
+    over the trainer, its ``train_loop_config`` the space (Ray Train V1's
+    form: Ray 2.60's V2 form, a Tune function calling ``fit()``, left the
+    workers of the trials ASHA stopped holding their CPUs here, and the
+    sweep waited for them after its first 2 trials)."""
     if side == "ray":
+        os.environ["RAY_TRAIN_V2_ENABLED"] = "0"
         import ray
         from ray import tune
         from ray.train import RunConfig, ScalingConfig
         from ray.train.xgboost import XGBoostTrainer
-        from ray.tune.integration.ray_train import TuneReportCallback
         from ray.tune.schedulers import ASHAScheduler
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -150,21 +153,15 @@ def one_sweep(side, trials, storage):
         from nestor import tune
         from nestor.train import RunConfig, ScalingConfig
         from nestor.train.xgboost import XGBoostTrainer
-        from nestor.tune.integration.ray_train import TuneReportCallback
         from nestor.tune.schedulers import ASHAScheduler
 
-    def trial(config):
-        trainer = XGBoostTrainer(sweep_loop, train_loop_config={**config, "side": side},
-                                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-                                 run_config=RunConfig(name=f"train-{tune.get_context().get_trial_id()}", storage_path=storage,
-                                                      callbacks=[TuneReportCallback()]))
-        trainer.fit()
-
-    space = {"eta": tune.loguniform(0.01, 0.5), "max_depth": tune.randint(2, 9)}
-    grid = tune.Tuner(tune.with_resources(trial, {"CPU": 0}), param_space=space,
+    trainer = XGBoostTrainer(sweep_loop, train_loop_config={"side": side},
+                             scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}))
+    space = {"train_loop_config": {"side": side, "eta": tune.loguniform(0.01, 0.5), "max_depth": tune.randint(2, 9)}}
+    grid = tune.Tuner(trainer, param_space=space,
                       tune_config=tune.TuneConfig(num_samples=trials, max_concurrent_trials=2, metric="train-logloss", mode="min",
                                                   scheduler=ASHAScheduler(max_t=SWEEP_ROUNDS, grace_period=2, reduction_factor=3)),
-                      run_config=tune.RunConfig(name="sweep", storage_path=storage)).fit()
+                      run_config=RunConfig(name="sweep", storage_path=storage)).fit()
     rounds = sorted(r.metrics.get("training_iteration", 0) for r in grid)
     errors = sum(r.error is not None for r in grid)
     print(f"SWEEP {json.dumps({'trials': len(rounds), 'errors': errors, 'rounds': sum(rounds), 'best': grid.get_best_result().metrics['train-logloss']})}")

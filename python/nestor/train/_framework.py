@@ -20,6 +20,15 @@ def need(module: str, extra: str) -> Any:
         ) from e
 
 
+def free_port() -> int:
+    """A TCP port free on this node now (a framework's rank listens on it next)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def lightning() -> Any:
     """Lightning's ``pytorch`` package: ``lightning.pytorch`` where
     installed, else ``pytorch_lightning`` (the user's ``Trainer`` must come

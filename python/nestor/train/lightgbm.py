@@ -8,10 +8,10 @@ on ``nestor.train.backend``.
 lightgbm is imported on first use (``pip install "nestor[lightgbm]"``)."""
 
 import os
-import socket
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, Union
 
+from ._framework import free_port
 from .backend import Backend, BackendConfig
 from .data_parallel_trainer import DataParallelTrainer
 
@@ -27,16 +27,10 @@ def _lightgbm() -> Any:
     return need("lightgbm", "lightgbm")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class _LightGBMBackend(Backend):
     def on_training_start(self, worker_group: Any, backend_config: "LightGBMConfig") -> None:
         # Every rank's address and a port free on its node, in rank order.
-        addresses = worker_group.execute(lambda: (worker_group.node_ip, _free_port()))
+        addresses = worker_group.execute(lambda: (worker_group.node_ip, free_port()))
         _network.clear()
         _network.update(num_machines=len(addresses), local_listen_port=addresses[worker_group.rank][1],
                         machines=",".join(f"{host}:{port}" for host, port in addresses))

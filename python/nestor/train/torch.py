@@ -42,12 +42,9 @@ class _TorchBackend(Backend):
         nestor_torch.init_process_group(always=True, _group=worker_group)
 
     def on_shutdown(self, worker_group: Any, backend_config: TorchConfig) -> None:
-        dist = sys.modules.get("torch.distributed")
-        try:
-            if dist is not None and dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
-        except Exception:
-            pass
+        from .._worker import _shutdown_torch
+
+        _shutdown_torch()
 
 
 class TorchTrainer(DataParallelTrainer):

@@ -14,9 +14,9 @@ As in Ray, the ranks run Keras 2 (``tf.keras`` is ``tf_keras``:
 import importlib.util
 import json
 import os
-import socket
 from typing import Any, Callable, Dict, Optional
 
+from .._framework import free_port
 from ..backend import Backend, BackendConfig
 from ..data_parallel_trainer import DataParallelTrainer
 
@@ -36,16 +36,10 @@ def _legacy_keras_env() -> Dict[str, str]:
     return {"TF_USE_LEGACY_KERAS": "1"} if importlib.util.find_spec("tf_keras") is not None else {}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class _TensorflowBackend(Backend):
     def on_start(self, worker_group: Any, backend_config: "TensorflowConfig") -> None:
         # Every rank's address and a port free on its node, in rank order: the cluster's workers.
-        workers = worker_group.execute(lambda: f"{worker_group.node_ip}:{_free_port()}")
+        workers = worker_group.execute(lambda: f"{worker_group.node_ip}:{free_port()}")
         os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": worker_group.rank}})
         os.environ.update(_legacy_keras_env())
 

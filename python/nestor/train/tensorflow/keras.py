@@ -4,8 +4,8 @@ a Keras callback that reports ``fit``'s logs (and the model, as
 on every rank when the trial is stopped. Built when first asked for, on
 ``tf.keras.callbacks.Callback`` (Keras 2 under ``TensorflowTrainer``)."""
 
-import os
 import shutil
+import types
 from typing import Any, Dict, List, Optional, Union
 
 __all__ = ["ReportCheckpointCallback"]
@@ -24,6 +24,17 @@ def _events(name: str, value: Union[str, List[str]]) -> List[str]:
         raise ValueError(f"ReportCheckpointCallback({name}={value!r}): {', '.join(map(repr, wrong))} is not a Keras event; "
                          f"give one of {', '.join(_EVENTS)}")
     return events
+
+
+def _hook(event: str) -> Any:
+    indexed = event.startswith("epoch") or "batch" in event  # (epoch or batch, logs) rather than (logs)
+
+    def hook(self: Any, *args: Any, **kwargs: Any) -> None:
+        logs = kwargs.get("logs", args[1] if indexed and len(args) > 1 else args[0] if not indexed and args else None)
+        self._on(event, logs)
+
+    hook.__name__ = f"on_{event}"
+    return hook
 
 
 def _callback_class() -> Any:
@@ -48,6 +59,10 @@ def _callback_class() -> Any:
             if metrics is not None and not isinstance(metrics, (str, list, dict)):
                 raise ValueError(f"ReportCheckpointCallback(metrics=...) is {type(metrics).__name__}: give a name, a list or a dict")
             self._metrics = metrics
+            # Keras's on_<event> methods for the events asked for alone: Keras
+            # skips the per-batch calls (and their syncs) no callback overrides.
+            for event in set(self._checkpoint_on + self._report_on):
+                setattr(self, f"on_{event}", types.MethodType(_hook(event), self))
 
         def _reported(self, logs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
             logs = logs or {}
@@ -88,48 +103,6 @@ def _callback_class() -> Any:
         def _on(self, when: str, logs: Optional[Dict[str, Any]]) -> None:
             if when in self._checkpoint_on or when in self._report_on:
                 self._handle(logs, when)
-
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self._on("epoch_begin", logs)
-
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            self._on("epoch_end", logs)
-
-        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            self._on("train_batch_begin", logs)
-
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            self._on("train_batch_end", logs)
-
-        def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
-            self._on("test_batch_begin", logs)
-
-        def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
-            self._on("test_batch_end", logs)
-
-        def on_predict_batch_begin(self, batch: int, logs: Any = None) -> None:
-            self._on("predict_batch_begin", logs)
-
-        def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
-            self._on("predict_batch_end", logs)
-
-        def on_train_begin(self, logs: Any = None) -> None:
-            self._on("train_begin", logs)
-
-        def on_train_end(self, logs: Any = None) -> None:
-            self._on("train_end", logs)
-
-        def on_test_begin(self, logs: Any = None) -> None:
-            self._on("test_begin", logs)
-
-        def on_test_end(self, logs: Any = None) -> None:
-            self._on("test_end", logs)
-
-        def on_predict_begin(self, logs: Any = None) -> None:
-            self._on("predict_begin", logs)
-
-        def on_predict_end(self, logs: Any = None) -> None:
-            self._on("predict_end", logs)
 
     ReportCheckpointCallback.__module__ = __name__
     _CLASSES[base] = ReportCheckpointCallback
