@@ -137,9 +137,9 @@ def sweep_loop(config):
 def one_sweep(side, trials, storage):
     """A whole sweep as a user's script makes it (this process): a Tuner
     over the trainer, its ``train_loop_config`` the space (Ray Train V1's
-    form: Ray 2.60's V2 form, a Tune function calling ``fit()``, left the
-    workers of the trials ASHA stopped holding their CPUs here, and the
-    sweep waited for them after its first 2 trials)."""
+    form: under Ray 2.60's V2 form, a Tune function calling ``fit()``, the
+    trials after the first 2 never got their workers here, and the sweep
+    waited)."""
     if side == "ray":
         os.environ["RAY_TRAIN_V2_ENABLED"] = "0"
         import ray
