@@ -6,6 +6,9 @@ Usage: trees.py DIR MODE [NAME]
   xgb          XGBoostTrainer(train_loop_per_worker): each rank its rows, 10 rounds, a checkpoint every 5
   xgb-legacy   Ray's older XGBoostTrainer(params=, label_column=, datasets=) over from_pandas data sets
   lgb          LightGBMTrainer: get_network_params(), 10 rounds, a checkpoint at the end
+  tune-callbacks  Ray Tune's form: function trainables with ray.tune.integration's xgboost / lightgbm
+                 TuneReportCheckpointCallback (xgboost.train, xgboost.cv, lightgbm.train) under ASHA;
+                 prints TUNE <name> <json summary>
   xgb-resume NAME   XGBoostTrainer resuming from its checkpoint (every 2 rounds), $SLOW_S a round,
                  FailureConfig(max_failures=1): the test kills a rank; the rank prints its pid and start round
 $PLACEMENT: the ScalingConfig's placement strategy (PACK).
@@ -96,6 +99,55 @@ elif mode == "lgb":
     print(f"BEST {best}")
     print(f"LOADED {lightgbm.Booster(model_file=best).current_iteration()}")
     print(f"METRIC {result.metrics['train-binary_logloss']}")
+elif mode == "tune-callbacks":
+    # Ray Tune's own tree pattern: function trainables (one process each) calling xgboost.train,
+    # xgboost.cv and lightgbm.train with ray.tune.integration's TuneReportCheckpointCallback, under ASHA.
+    import lightgbm
+    import xgboost
+    from sklearn.model_selection import train_test_split
+
+    from nestor import tune
+    from nestor.tune.integration.lightgbm import TuneReportCheckpointCallback as LgbCallback
+    from nestor.tune.integration.xgboost import TuneReportCheckpointCallback as XgbCallback
+    from nestor.tune.schedulers import ASHAScheduler
+
+    x, y = load_breast_cancer(return_X_y=True)
+    tx, vx, ty, vy = train_test_split(x, y, test_size=0.25, random_state=0)
+
+    def xgb_fn(config):
+        xgboost.train(config, xgboost.DMatrix(tx, label=ty), num_boost_round=10, evals=[(xgboost.DMatrix(vx, label=vy), "test")],
+                      verbose_eval=False, callbacks=[XgbCallback(frequency=1, filename="booster.json")])
+
+    def xgb_cv_fn(config):
+        def folds_mean(results):
+            return {k: float(np.mean(v)) for k, v in results.items()}
+
+        xgboost.cv(config, xgboost.DMatrix(x, label=y), num_boost_round=10, nfold=3, verbose_eval=False,
+                   callbacks=[XgbCallback(results_postprocessing_fn=folds_mean, frequency=0)])
+
+    def lgb_fn(config):
+        lightgbm.train(config, lightgbm.Dataset(tx, label=ty), num_boost_round=10, valid_sets=[lightgbm.Dataset(vx, label=vy)],
+                       valid_names=["eval"], callbacks=[LgbCallback({"logloss": "eval-binary_logloss"})])
+
+    xgb_space = {"objective": "binary:logistic", "eval_metric": ["logloss", "error"], "max_depth": tune.randint(1, 9),
+                 "eta": tune.grid_search([0.3, 0.1, 0.01, 0.001])}
+    runs = [("xgb", xgb_fn, xgb_space, "test-logloss"), ("xgb-cv", xgb_cv_fn, xgb_space, "test-logloss"),
+            ("lgb", lgb_fn, {"objective": "binary", "metric": "binary_logloss", "verbose": -1, "num_leaves": tune.randint(2, 32),
+                             "learning_rate": tune.grid_search([0.3, 0.1, 0.01, 0.001])}, "logloss")]
+    for name, fn, space, metric in runs:
+        grid = tune.Tuner(tune.with_resources(fn, resources={"cpu": 1}), param_space=space,
+                          tune_config=tune.TuneConfig(metric=metric, mode="min", scheduler=ASHAScheduler(max_t=10, grace_period=1, reduction_factor=2)),
+                          run_config=RunConfig(name=name, storage_path=os.path.join(root, "runs"))).fit()
+        best = grid.get_best_result()
+        summary = {"iterations": sorted(r.metrics["training_iteration"] for r in grid), "errors": sum(r.error is not None for r in grid),
+                   "best": best.metrics[metric], "checkpoint": bool(best.checkpoint)}
+        if name == "xgb":
+            summary["loaded"] = XgbCallback.get_model(best.checkpoint, filename="booster.json").num_boosted_rounds()
+            summary["best_iteration"] = best.metrics["training_iteration"]
+        if name == "lgb":
+            summary["loaded"] = LgbCallback.get_model(best.checkpoint).current_iteration()
+            summary["best_iteration"] = best.metrics["training_iteration"]
+        print(f"TUNE {name} " + json.dumps(summary), flush=True)
 elif mode == "xgb-resume":
     import time
 

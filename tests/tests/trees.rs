@@ -223,3 +223,27 @@ fn the_xgboost_experiment_file_sweeps_2_rank_trials_under_asha_through_the_backe
     assert_eq!(n % 5, 0, "the best checkpoint is a booster saved every 5 rounds: {n}");
     assert!((5..=30).contains(&n), "{n}");
 }
+
+#[test]
+fn ray_tunes_tree_callbacks_report_every_round_under_asha_for_train_cv_and_lightgbm() {
+    // Function trainables with ray.tune.integration.{xgboost,lightgbm}'s
+    // TuneReportCheckpointCallback: xgboost.train (a checkpoint every round,
+    // a file name of its own), xgboost.cv (its folds folded by
+    // results_postprocessing_fn, no checkpoint) and lightgbm.train.
+    let dir = tempfile::tempdir().unwrap();
+    let out = passed(torch_python(dir.path(), "tests/py/trees.py", &[dir.path().to_str().unwrap(), "tune-callbacks"], &[]));
+    for name in ["xgb", "xgb-cv", "lgb"] {
+        let summary: serde_json::Value = serde_json::from_str(line(&out, &format!("TUNE {name}"))).unwrap();
+        assert_eq!(summary["errors"], 0, "{name}: {summary}");
+        let iterations: Vec<u64> = summary["iterations"].as_array().unwrap().iter().map(|i| i.as_u64().unwrap()).collect();
+        assert_eq!(iterations.len(), 4, "{name}: {summary}");
+        assert!(iterations.iter().any(|&i| i < 10), "{name}: ASHA stopped no trial early: {iterations:?}");
+        assert!(iterations.contains(&10), "{name}: no trial ran its 10 rounds: {iterations:?}");
+        assert!(summary["best"].as_f64().unwrap() < 0.3, "{name}: {summary}");
+        if name == "xgb-cv" {
+            assert_eq!(summary["checkpoint"], false, "xgboost.cv has no one booster to save: {summary}");
+        } else {
+            assert_eq!(summary["loaded"], summary["best_iteration"], "{name}: the best checkpoint loads with its round: {summary}");
+        }
+    }
+}

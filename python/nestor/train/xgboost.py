@@ -183,24 +183,29 @@ def _callback_class() -> Any:
                 booster.load_model(os.path.join(d, filename))
                 return booster
 
-        def _flat(self, evals_log: Dict[str, Dict[str, List[Any]]]) -> Dict[str, float]:
-            out: Dict[str, float] = {}
-            for data, metrics in evals_log.items():
-                for metric, values in metrics.items():
-                    value = values[-1]
-                    out[f"{data}-{metric}"] = float(value[0] if isinstance(value, tuple) else value)
+        def _flat(self, evals_log: Dict[str, Dict[str, List[Any]]]) -> Dict[str, Any]:
+            # The round's value of each "<data>-<metric>"; under xgboost.cv a (mean, std) pair,
+            # given as it is to results_postprocessing_fn (as in Ray), else its mean.
+            out: Dict[str, Any] = {f"{data}-{metric}": values[-1] for data, metrics in evals_log.items() for metric, values in metrics.items()}
             if isinstance(self._metrics, dict):
-                return {name: out[key] for name, key in self._metrics.items() if key in out}
-            if self._metrics:
-                return {k: v for k, v in out.items() if k in self._metrics}
-            return out
+                out = {name: out[key] for name, key in self._metrics.items() if key in out}
+            elif self._metrics:
+                out = {k: v for k, v in out.items() if k in self._metrics}
+            if self._post is not None:
+                return self._post(out)
+            return {k: float(v[0] if isinstance(v, tuple) else v) for k, v in out.items()}
 
         def _report(self, model: Any, metrics: Dict[str, float], with_checkpoint: bool) -> bool:
             from . import Checkpoint, get_context
             from .. import _report_or_stop
 
-            if self._post is not None:
-                metrics = self._post(metrics)
+            if not hasattr(model, "save_model"):
+                # xgboost.cv's folds: nothing to checkpoint, and no clean way out of its loop
+                # (it reads an early stop's best round): a stopped trial's function ends here.
+                from .. import report
+
+                report(metrics)
+                return True
             if not with_checkpoint:
                 return _report_or_stop(metrics)
             with tempfile.TemporaryDirectory() as d:
@@ -212,7 +217,7 @@ def _callback_class() -> Any:
 
         def after_iteration(self, model: Any, epoch: int, evals_log: Dict[str, Any]) -> bool:
             self._last = self._flat(evals_log)
-            rounds = model.num_boosted_rounds()
+            rounds = model.num_boosted_rounds() if hasattr(model, "num_boosted_rounds") else epoch + 1
             save = self._frequency > 0 and rounds % self._frequency == 0
             if save:
                 self._saved_at = rounds
@@ -220,6 +225,8 @@ def _callback_class() -> Any:
             return not self._report(model, dict(self._last), save)
 
         def after_training(self, model: Any) -> Any:
+            if not hasattr(model, "save_model"):
+                return model  # xgboost.cv: every round was reported, and there is no one booster to save
             if self._at_end and self._saved_at != model.num_boosted_rounds():
                 from .. import _stopped
 
