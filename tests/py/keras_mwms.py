@@ -6,6 +6,7 @@ rows, 30 features) fed through nestor.data: ``get_dataset_shard`` ->
 Usage: keras_mwms.py DIR MODE
   fit    TensorflowTrainer on 2 ranks, 4 epochs, ReportCheckpointCallback every epoch
   asha   a Tuner over the same trainer: 4 learning rates, ASHA in epochs (max_t=6, grace 1)
+  tune-fn  a function trainable per trial (one process, Keras 3) with ray.tune.integration.keras's callback, under ASHA
 Rank log lines: RANK <json> (the weights' fingerprint, the epochs run, the rows an epoch).
 The driver prints LOADED <fingerprint> (the best checkpoint's model, loaded with
 TensorflowCheckpoint.get_model) and, for asha, EPOCHS <json list> (epochs reported per trial).
@@ -77,5 +78,31 @@ elif mode == "asha":
     print("EPOCHS " + json.dumps(sorted(r.metrics["training_iteration"] for r in grid)))
     best = grid.get_best_result()
     print(f"LOADED {fingerprint(TensorflowCheckpoint.get_model(best.checkpoint))}")
+elif mode == "tune-fn":
+    # Ray Tune's form: a function trainable of one process fitting a Keras model (Keras 3: no
+    # TensorflowTrainer set Keras 2 up) with ray.tune.integration.keras's callback, under ASHA.
+    from nestor.tune.integration.keras import TuneReportCheckpointCallback
+    from nestor.tune.schedulers import ASHAScheduler
+
+    def fit_fn(config):
+        import keras
+
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((len(columns),)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer=keras.optimizers.SGD(config["lr"]), loss="binary_crossentropy", metrics=["accuracy"])
+        model.fit(x.astype("float32"), y.astype("float32"), batch_size=64, epochs=6, verbose=0,
+                  callbacks=[TuneReportCheckpointCallback(metrics={"mean_accuracy": "accuracy", "loss": "loss"})])
+        print("KERAS " + keras.__version__, flush=True)
+
+    grid = tune.Tuner(tune.with_resources(fit_fn, resources={"cpu": 1}), param_space={"lr": tune.grid_search([0.3, 0.1, 0.001, 0.0001])},
+                      tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=ASHAScheduler(max_t=6, grace_period=1, reduction_factor=3)),
+                      run_config=RunConfig(name=mode, storage_path=os.path.join(root, "runs"))).fit()
+    print("EPOCHS " + json.dumps(sorted(r.metrics["training_iteration"] for r in grid)))
+    print(f"ERRORS {sum(r.error is not None for r in grid)}")
+    best = grid.get_best_result()
+    print(f"BEST {best.metrics['mean_accuracy']}")
+    model = TensorflowCheckpoint.get_model(best.checkpoint)
+    print(f"LOADED {type(model).__module__.split('.')[0]} {fingerprint(model)}")
 else:
     raise SystemExit(f"unknown mode {mode}")

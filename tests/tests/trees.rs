@@ -247,3 +247,20 @@ fn ray_tunes_tree_callbacks_report_every_round_under_asha_for_train_cv_and_light
         }
     }
 }
+
+#[test]
+fn ray_tunes_keras_callback_reports_a_keras_3_function_trainable_under_asha() {
+    let (out, dir) = keras("tune-fn");
+    let epochs: Vec<u64> = serde_json::from_str(line(&out, "EPOCHS")).unwrap();
+    assert_eq!(epochs.len(), 4, "{out}");
+    assert!(epochs.iter().any(|&e| e < 6) && epochs.contains(&6), "ASHA in epochs: {epochs:?}");
+    assert_eq!(line(&out, "ERRORS"), "0", "{out}");
+    assert!(line(&out, "BEST").parse::<f64>().unwrap() > 0.9, "{out}");
+    // The trials ran Keras 3 (no TensorflowTrainer set Keras 2 up), and the checkpoint loads with it.
+    let trials = dir.path().join("runs/tune-fn/trials");
+    for entry in std::fs::read_dir(&trials).unwrap() {
+        let log = std::fs::read_to_string(entry.unwrap().path().join("logs/rank-0.log")).unwrap();
+        assert!(log.lines().any(|l| l.starts_with("KERAS 3.")), "{log}");
+    }
+    assert!(line(&out, "LOADED").starts_with("keras "), "{out}");
+}
