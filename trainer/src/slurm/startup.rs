@@ -206,24 +206,36 @@ impl SlurmAllocation {
         let asked: Vec<String> = names.into_iter().filter(|n| !check.lost.iter().any(|(l, _)| l == n)).collect();
         let mut probes = tokio::task::JoinSet::new();
         for node in asked.clone() {
-            let mut cmd = tokio::process::Command::from(srun(&self.job_id));
-            cmd.arg(format!("--job-name={probe_name}"))
-                .args(["--overlap", "--nodes=1", "--ntasks=1", "--mem-per-cpu=1", "--quiet"])
-                .arg(format!("--nodelist={node}"))
-                .args(["/bin/sh", "-c", "cat \"$1\" 2>/dev/null; true", "probe"])
-                .arg(&probe)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true);
+            let job_id = self.job_id.clone();
+            let (probe_name, probe) = (probe_name.to_string(), probe.clone());
             probes.spawn(async move {
-                let answer = match tokio::time::timeout(PROBE_DEADLINE, cmd.output()).await {
-                    Err(_) => Err(format!("it did not run a job step within {} s", PROBE_DEADLINE.as_secs())),
-                    Ok(Err(e)) => Err(format!("cannot run srun: {e}")),
-                    Ok(Ok(out)) if out.status.success() => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
-                    Ok(Ok(out)) => {
-                        Err(format!("Slurm did not run a job step there: {}", srun_words(&String::from_utf8_lossy(&out.stderr))))
+                // A step Slurm refuses at once (a launch error, memory a cancelled step has not
+                // given back yet) is asked again, a little later, until the deadline: a busy
+                // slurmd is not a lost node.
+                let deadline = tokio::time::Instant::now() + PROBE_DEADLINE;
+                let mut pause = std::time::Duration::from_millis(250);
+                let answer = loop {
+                    let mut cmd = tokio::process::Command::from(srun(&job_id));
+                    cmd.arg(format!("--job-name={probe_name}"))
+                        .args(["--overlap", "--nodes=1", "--ntasks=1", "--mem-per-cpu=1", "--quiet"])
+                        .arg(format!("--nodelist={node}"))
+                        .args(["/bin/sh", "-c", "cat \"$1\" 2>/dev/null; true", "probe"])
+                        .arg(&probe)
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped())
+                        .kill_on_drop(true);
+                    let refused = match tokio::time::timeout_at(deadline, cmd.output()).await {
+                        Err(_) => break Err(format!("it did not run a job step within {} s", PROBE_DEADLINE.as_secs())),
+                        Ok(Err(e)) => break Err(format!("cannot run srun: {e}")),
+                        Ok(Ok(out)) if out.status.success() => break Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
+                        Ok(Ok(out)) => format!("Slurm did not run a job step there: {}", srun_words(&String::from_utf8_lossy(&out.stderr))),
+                    };
+                    if tokio::time::Instant::now() + pause >= deadline {
+                        break Err(refused);
                     }
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
                 };
                 (node, answer)
             });
