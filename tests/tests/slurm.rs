@@ -847,3 +847,58 @@ fn a_resume_after_a_node_loss_and_a_driver_kill_finishes_in_the_same_allocation(
     }
     let _ = cluster.run("scancel", &[&job]);
 }
+
+/// The state reader for trials that run as Slurm jobs of their own: one
+/// `squeue` call reads every job of an experiment (and no other's), each
+/// ended job says how it ended, and readings sooner than the interval
+/// reuse the last one.
+#[test]
+fn the_job_watch_reads_an_experiments_jobs_in_one_call_and_says_how_each_ended() {
+    use trainer::{SlurmJobEnd, SlurmJobState, SlurmJobWatch};
+    let cluster = SlurmCluster::start(1, 2, 2000);
+    let submit = |name: &str, script: &str| {
+        let out =
+            cluster.run("sbatch", &["--parsable", &format!("--job-name={name}"), "--mem=100", "--output=/dev/null", "--wrap", script]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap().to_string()
+    };
+    let ok = submit("nestor-exp-trial_00000-aa", "true");
+    let failed = submit("nestor-exp-trial_00001-bb", "exit 3");
+    let running = submit("nestor-exp-trial_00002-cc", "sleep 60");
+    let other = submit("nestor-other-trial_00000-dd", "sleep 60");
+    let conf = cluster.conf().display().to_string();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut watch = SlurmJobWatch::new("nestor-exp-", std::time::Duration::ZERO).env("SLURM_CONF", conf.clone());
+    let started = std::time::Instant::now();
+    let jobs = loop {
+        let jobs = rt.block_on(watch.jobs()).unwrap().clone();
+        let state = |id: &str| jobs.get(id).map(|j| j.state.clone());
+        if state(&ok) == Some(SlurmJobState::Completed)
+            && state(&failed) == Some(SlurmJobState::Failed)
+            && state(&running) == Some(SlurmJobState::Running)
+        {
+            break jobs;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "the jobs never got there: {jobs:?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(!jobs.contains_key(&other), "another experiment's job was read: {jobs:?}");
+    assert_eq!(jobs[&ok].state.end(), Some(SlurmJobEnd::Done));
+    assert_eq!(jobs[&failed].state.end(), Some(SlurmJobEnd::Failed));
+    assert_eq!(jobs[&running].state.end(), None, "a running job has not ended");
+    assert_eq!(jobs[&running].nodes, "node1");
+    cluster.run("scancel", &[&running]);
+    let started = std::time::Instant::now();
+    while rt.block_on(watch.jobs()).unwrap().get(&running).map(|j| j.state.clone()) != Some(SlurmJobState::Cancelled) {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "scancel was never seen");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // Paced: within the interval, a reading is the last one, and squeue is not called.
+    let mut paced = SlurmJobWatch::new("nestor-exp-", std::time::Duration::from_secs(3600)).env("SLURM_CONF", conf);
+    let first = rt.block_on(paced.jobs()).unwrap().clone();
+    for _ in 0..4 {
+        assert_eq!(rt.block_on(paced.jobs()).unwrap(), &first);
+    }
+    assert_eq!(paced.calls(), 1);
+    cluster.run("scancel", &[&other]);
+}

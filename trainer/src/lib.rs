@@ -58,8 +58,9 @@ pub use scaling::{DistBackend, FailureConfig, PlacementStrategy, Resources, Scal
 pub use section::TrainerConfig;
 pub use service::ReportServer;
 pub use slurm::{
-    cancel_leftovers as cancel_leftover_steps, expand_hostlist, probe_name, BatchJob, Held, Leftovers, NodeCheck, SlurmAllocation,
-    SlurmBackend, SlurmError, SlurmNode, StuckStep,
+    cancel_leftovers as cancel_leftover_steps, expand_hostlist, parse_squeue, probe_name, BatchJob, Held, JobEnd as SlurmJobEnd,
+    JobRow as SlurmJobRow, JobState as SlurmJobState, JobWatch as SlurmJobWatch, Leftovers, NodeCheck, SlurmAllocation, SlurmBackend,
+    SlurmError, SlurmNode, StuckStep, SQUEUE_FORMAT,
 };
 pub use storage::{Storage, StorageError, COMMITTED_MARKER};
 pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};

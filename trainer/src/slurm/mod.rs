@@ -10,12 +10,14 @@ use std::process::Command;
 
 use crate::resources::{Gpu, NodeResources, Source};
 
+mod jobs;
 mod output;
 mod startup;
 mod step;
 mod submit;
 mod supervisor;
 
+pub use jobs::{parse_squeue, JobEnd, JobRow, JobState, JobWatch, SQUEUE_FORMAT};
 pub use startup::{cancel_leftovers, probe_name, Held, Leftovers, NodeCheck, StuckStep};
 pub use step::SlurmBackend;
 pub use submit::BatchJob;
