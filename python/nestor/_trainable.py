@@ -161,11 +161,22 @@ def run(cls: type, kwargs: Dict[str, Any], stop: Dict[str, float], checkpoint_at
     stopped (``report`` raises ``SystemExit``) or is done. A result with
     ``should_checkpoint: True`` is saved with a checkpoint too (Ray's key)."""
     import shutil
+    import signal
     import tempfile
 
     from . import get_checkpoint, get_context, report
 
     ctx = get_context()
+    ending = []
+
+    def on_term(signum: int, _frame: Any) -> None:
+        # nestor stops a run the scheduler gave up on (or paused) with SIGTERM: as in Ray,
+        # its stop() and cleanup() still run; a second signal during them is ignored.
+        if not ending:
+            ending.append(signum)
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
     trainable = cls(ctx.config, **kwargs)
     try:
         resume = get_checkpoint()
@@ -191,6 +202,7 @@ def run(cls: type, kwargs: Dict[str, Any], stop: Dict[str, float], checkpoint_at
             if done:
                 return
     finally:
+        ending.append(0)
         trainable.stop()
 
 

@@ -15,6 +15,7 @@ Scenarios:
   done       a step returns done=True at iteration `stop_at`: the trial ends there
   crash      4 trials of 30 slow steps, for a kill and a restore; each
              acknowledged result is appended to $ACKS
+  budget     2 trials of endless 0.4 s steps, ended mid-step by a 3 s time budget
 """
 
 import json
@@ -137,6 +138,19 @@ def main():
                 run_config=tune.RunConfig(name=scenario, storage_path=storage, stop={"training_iteration": 30},
                                           checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1)),
             )
+    elif scenario == "budget":
+
+        class SlowSteps(Accumulate):
+            def step(self):
+                time.sleep(0.4)
+                return super().step()
+
+        tuner = tune.Tuner(
+            tune.with_resources(SlowSteps, {"cpu": 0.5}),
+            param_space={"rate": tune.grid_search([1.0, 2.0])},
+            tune_config=tune.TuneConfig(metric="score", mode="max", time_budget_s=3),
+            run_config=tune.RunConfig(name=scenario, storage_path=storage),
+        )
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     grid = tuner.fit()

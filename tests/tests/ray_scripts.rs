@@ -75,6 +75,21 @@ fn a_class_trainable_under_hyperband_is_paused_and_resumed_with_its_state() {
 }
 
 #[test]
+fn a_class_trainable_stopped_mid_step_still_runs_its_cleanup() {
+    // The time budget ends the sweep while both trials are inside step():
+    // nestor stops them with SIGTERM, and as in Ray their stop() and
+    // cleanup() still run.
+    let dir = tempfile::tempdir().unwrap();
+    let got = class_script(dir.path(), "budget");
+    let exp = dir.path().join("runs/budget");
+    assert_eq!(got.len(), 2);
+    for (id, t) in &got {
+        assert!(!t["history"].as_array().unwrap().is_empty(), "{id}: {t}");
+        assert_eq!(cleanups(&exp, id), 1, "{id}: cleanup() did not run when the run was stopped");
+    }
+}
+
+#[test]
 fn a_class_trainable_under_bohb_restores_from_files_it_wrote() {
     let dir = tempfile::tempdir().unwrap();
     let got = class_script(dir.path(), "bohb");
