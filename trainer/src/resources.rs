@@ -437,6 +437,8 @@ pub struct Allocation {
     pub workers: Vec<WorkerBundle>,
     /// What it holds on each node it uses.
     parts: Vec<Part>,
+    /// It holds one of a jobs pool's slots (its nodes are the cluster's to choose).
+    job: bool,
 }
 
 /// What an allocation holds on one node, in integer units.
@@ -455,7 +457,7 @@ impl Allocation {
     /// An allocation that holds nothing (a run that gave its bundles back
     /// and waits for others); releasing it changes nothing.
     pub fn empty() -> Self {
-        Self { workers: Vec::new(), parts: Vec::new() }
+        Self { workers: Vec::new(), parts: Vec::new(), job: false }
     }
 
     /// The names of the nodes it uses, rank 0's first (empty names on a
@@ -497,6 +499,44 @@ struct NodePool {
 #[derive(Debug, Clone)]
 pub struct ResourcePool {
     nodes: Vec<NodePool>,
+    /// A pool of cluster jobs instead of nodes: each run is a job of its
+    /// own, the cluster picks its nodes, and at most this many run or queue
+    /// at once.
+    jobs: Option<JobSlots>,
+}
+
+/// A jobs pool's slots.
+#[derive(Debug, Clone, PartialEq)]
+struct JobSlots {
+    max: usize,
+    held: usize,
+}
+
+/// A jobs pool's bundles for `request`: each worker's CPUs, memory and
+/// custom amounts as asked, its GPUs counted from 0 (the cluster binds
+/// the ones it gives), the trainer's share with rank 0. Refused: a share
+/// of a GPU (a cluster job gets whole GPUs).
+fn job_bundles(request: &Request) -> Result<Vec<WorkerBundle>, ResourceError> {
+    let mut workers = Vec::with_capacity(request.workers.len().max(1));
+    for (rank, r) in request.workers.iter().enumerate() {
+        let gpu = r.get("GPU").copied().unwrap_or(0.0);
+        if gpu > 0.0 && gpu.fract() != 0.0 {
+            return Err(ResourceError::Invalid {
+                name: "GPU".into(),
+                message: format!(
+                    "worker {rank} asks for {gpu} GPU: a Slurm job gets whole GPUs (ask 1 or more, or run the sweep inside one allocation, where workers may share one)"
+                ),
+            });
+        }
+        let extra = |k: &str| if rank == 0 { request.trainer.get(k).copied().unwrap_or(0.0) } else { 0.0 };
+        let mut b = WorkerBundle::cpus(r.get("CPU").copied().unwrap_or(0.0) + extra("CPU"));
+        b.gpus = (0..gpu as u32).collect();
+        b.gpu_share = if gpu > 0.0 { 1.0 } else { 0.0 };
+        b.memory_bytes = r.get("memory").copied().unwrap_or(0.0) + extra("memory");
+        b.custom = r.iter().filter(|(k, _)| !matches!(k.as_str(), "CPU" | "GPU" | "memory")).map(|(k, v)| (k.clone(), *v)).collect();
+        workers.push(b);
+    }
+    Ok(workers)
 }
 
 /// Books a bundle's CPU, memory and custom resources from `free` (its GPUs are
@@ -619,13 +659,29 @@ impl NodePool {
 impl ResourcePool {
     /// A pool holding all of one machine, `node`.
     pub fn new(node: NodeResources) -> Self {
-        Self { nodes: vec![NodePool::new(String::new(), node)] }
+        Self { nodes: vec![NodePool::new(String::new(), node)], jobs: None }
     }
 
     /// A pool of several named nodes (an allocation's); a trial's workers
     /// may span them, as its `placement_strategy` says.
     pub fn cluster(nodes: Vec<(String, NodeResources)>) -> Self {
-        Self { nodes: nodes.into_iter().map(|(name, node)| NodePool::new(name, node)).collect() }
+        Self { nodes: nodes.into_iter().map(|(name, node)| NodePool::new(name, node)).collect(), jobs: None }
+    }
+
+    /// A pool of cluster jobs: each run is a job of its own whose nodes the
+    /// cluster picks; at most `max_jobs` run or wait in its queue at once.
+    /// Its bundles name no node, and their GPUs are counts (indices from
+    /// 0), for the cluster binds the ones it gives. A request the cluster
+    /// cannot hold is refused by the cluster, when the job is submitted.
+    pub fn jobs(max_jobs: usize) -> Self {
+        let mut node = NodeResources::declared(0.0);
+        node.gpu_note = "GPUs as each job asks the cluster".into();
+        Self { nodes: vec![NodePool::new("jobs".into(), node)], jobs: Some(JobSlots { max: max_jobs.max(1), held: 0 }) }
+    }
+
+    /// How many runs a jobs pool holds at once (`None`: a pool of nodes).
+    pub fn job_slots(&self) -> Option<usize> {
+        self.jobs.as_ref().map(|j| j.max)
     }
 
     /// The first node (the only one of a local pool).
@@ -645,11 +701,17 @@ impl ResourcePool {
 
     /// True when nothing is allocated.
     pub fn is_idle(&self) -> bool {
-        self.nodes.iter().all(|n| n.free == n.total)
+        match &self.jobs {
+            Some(j) => j.held == 0,
+            None => self.nodes.iter().all(|n| n.free == n.total),
+        }
     }
 
     /// Refuses a request that would not fit even on the idle nodes.
     pub fn check(&self, request: &Request) -> Result<(), ResourceError> {
+        if self.jobs.is_some() {
+            return job_bundles(request).map(|_| ());
+        }
         let mut idle = self.clone();
         for n in &mut idle.nodes {
             n.free = n.total.clone();
@@ -682,6 +744,14 @@ impl ResourcePool {
     /// fewest of the trial's workers that has room; STRICT_SPREAD puts each
     /// on a node of its own. Within a node, GPUs are chosen by the strategy too.
     pub fn try_allocate(&mut self, request: &Request) -> Option<Allocation> {
+        if let Some(j) = &mut self.jobs {
+            if j.held >= j.max {
+                return None;
+            }
+            let workers = job_bundles(request).ok()?;
+            j.held += 1;
+            return Some(Allocation { workers, parts: Vec::new(), job: true });
+        }
         let strategy = request.strategy;
         let plan: Vec<usize> = if self.nodes.len() == 1 { vec![0; request.workers.len()] } else { self.plan(request)? };
         let mut free: Vec<Free> = self.nodes.iter().map(|n| n.free.clone()).collect();
@@ -706,7 +776,7 @@ impl ResourcePool {
             self.nodes[n].free = f;
         }
         let parts = parts.into_iter().filter(|p| order.contains(&p.node) || p.cpu > 0 || p.memory > 0).collect();
-        Some(Allocation { workers, parts })
+        Some(Allocation { workers, parts, job: false })
     }
 
     /// Which node each worker of `request` goes to, on several nodes.
@@ -809,6 +879,9 @@ impl ResourcePool {
 
     /// Returns an allocation's resources to the pool.
     pub fn release(&mut self, alloc: &Allocation) {
+        if let (Some(j), true) = (&mut self.jobs, alloc.job) {
+            j.held = j.held.saturating_sub(1);
+        }
         for p in &alloc.parts {
             let Some(node) = self.nodes.get_mut(p.node) else { continue };
             let (free, total) = (&mut node.free, &node.total);

@@ -434,11 +434,11 @@ impl Tuner {
             None => Storage::local(&exp_dir),
         };
         // Where the trials run, checked before anything is written.
-        let startup = Startup { file, exp_dir: &exp_dir, storage: &storage, resuming };
+        let request = Request::from_scaling(&trainable.scaling);
+        let startup = Startup { file, exp_dir: &exp_dir, storage: &storage, resuming, request: &request };
         let mut placement = crate::placement::find(file, &trainable.kind, self.resources.take())?;
         placement.check(&startup).await?;
         let Nodes { pool, description, notes: node_notes } = placement.nodes();
-        let request = Request::from_scaling(&trainable.scaling);
         // A trial that can never fit is refused now, not left pending.
         pool.check(&request)?;
         // A replay of recorded curves writes the scheduler's state at its end only.

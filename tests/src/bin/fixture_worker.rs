@@ -83,7 +83,7 @@ fn main() -> anyhow::Result<()> {
             "MASTER_ADDR": var("MASTER_ADDR"), "MASTER_PORT": var("MASTER_PORT"),
             "CUDA_VISIBLE_DEVICES": var("CUDA_VISIBLE_DEVICES"), "OMP_NUM_THREADS": var("OMP_NUM_THREADS"),
             "NESTOR_TORCH_BACKEND": var("NESTOR_TORCH_BACKEND"), "NESTOR_RENDEZVOUS_FILE": var("NESTOR_RENDEZVOUS_FILE"), "NESTOR_TRIAL_ID": var("NESTOR_TRIAL_ID"),
-            "NESTOR_ADDR": var("NESTOR_ADDR"), "SLURMD_NODENAME": var("SLURMD_NODENAME"),
+            "NESTOR_ADDR": var("NESTOR_ADDR"), "SLURMD_NODENAME": var("SLURMD_NODENAME"), "SLURM_JOB_ID": var("SLURM_JOB_ID"),
             "pid": std::process::id(), "child": leaked, "local_rank": ctx.local_rank(), "world_size": ctx.world_size(),
             "NESTOR_CHECKPOINT": var("NESTOR_CHECKPOINT"), "started_at": started_at,
         });

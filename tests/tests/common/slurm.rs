@@ -51,6 +51,12 @@ pub struct Options {
     /// cannot be made (no `CAP_NET_ADMIN`), the nodes stay on loopback and
     /// [`SlurmCluster::networked`] says so.
     pub networks: bool,
+    /// More `slurm.conf` lines (`Key=value`); a key the base file has too
+    /// takes this value instead (e.g. `MinJobAge=300`).
+    pub conf: String,
+    /// `PartitionName=` lines in place of the one default partition `test`
+    /// (`{nodes}` stands for every node).
+    pub partitions: String,
 }
 
 /// A bridge with a network namespace per node on it.
@@ -153,6 +159,13 @@ impl SlurmCluster {
             slurmd = free_port(),
             d = d.display(),
         );
+        if !options.conf.is_empty() {
+            let key = |l: &str| l.split('=').next().unwrap_or_default().trim().to_string();
+            let own: Vec<String> = options.conf.lines().map(key).filter(|k| !k.is_empty()).collect();
+            conf = conf.lines().filter(|l| !own.contains(&key(l))).map(|l| format!("{l}\n")).collect();
+            conf.push_str(options.conf.trim_end());
+            conf.push('\n');
+        }
         let mut gres = String::new();
         if options.gpus > 0 {
             conf.push_str("GresTypes=gpu\n");
@@ -185,7 +198,12 @@ impl SlurmCluster {
             }
             std::fs::write(&hosts, text).unwrap();
         }
-        conf.push_str(&format!("PartitionName=test Nodes={} Default=YES MaxTime=INFINITE State=UP\n", names.join(",")));
+        if options.partitions.is_empty() {
+            conf.push_str(&format!("PartitionName=test Nodes={} Default=YES MaxTime=INFINITE State=UP\n", names.join(",")));
+        } else {
+            conf.push_str(&options.partitions.replace("{nodes}", &names.join(",")));
+            conf.push('\n');
+        }
         let conf_path = d.join("slurm.conf");
         std::fs::write(&conf_path, conf).unwrap();
         let spawn = |program: &str, args: &[&str]| {

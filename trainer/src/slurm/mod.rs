@@ -10,6 +10,7 @@ use std::process::Command;
 
 use crate::resources::{Gpu, NodeResources, Source};
 
+mod batch;
 mod jobs;
 mod output;
 mod startup;
@@ -17,6 +18,7 @@ mod step;
 mod submit;
 mod supervisor;
 
+pub use batch::{cancel_leftover_jobs, check_job, SlurmJobsBackend};
 pub use jobs::{parse_squeue, JobEnd, JobRow, JobState, JobWatch, SQUEUE_FORMAT};
 pub use startup::{cancel_leftovers, probe_name, Held, Leftovers, NodeCheck, StuckStep};
 pub use step::SlurmBackend;

@@ -1,10 +1,11 @@
 //! Where a sweep's trials run: the seam between the experiment and the
 //! machines. A placement says what the pool holds (this machine's
-//! resources, or each node of a cluster allocation), runs its start-up
-//! checks before anything is written, and starts the backend that launches
-//! trials' worker processes there. One file per engine: `local.rs` (this
-//! machine), `slurm.rs` (the Slurm allocation nestor runs inside); another
-//! engine is one more file and one more arm in [`find`].
+//! resources, each node of a cluster allocation, or a number of cluster
+//! jobs), runs its start-up checks before anything is written, and starts
+//! the backend that launches trials' worker processes there. One file per
+//! engine: `local.rs` (this machine), `slurm.rs` (the Slurm allocation
+//! nestor runs inside), `slurm_jobs.rs` (a Slurm job per trial run);
+//! another engine is one more file and one more arm in [`find`].
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crate::TuneError;
 
 mod local;
 mod slurm;
+mod slurm_jobs;
 
 /// What a placement's start-up needs to know of the sweep.
 pub(crate) struct Startup<'a> {
@@ -29,6 +31,8 @@ pub(crate) struct Startup<'a> {
     pub storage: &'a Storage,
     /// Whether it continues an earlier run.
     pub resuming: bool,
+    /// What one trial run of the experiment asks for.
+    pub request: &'a trainer::Request,
 }
 
 /// The nodes a sweep runs on, as the pool books them.
@@ -68,13 +72,17 @@ pub(crate) trait Placement: Send {
 /// machine, with `node` (set in Rust), the file's `[resources]`, or what
 /// it detects.
 pub(crate) fn find(file: &ExperimentFile, kind: &Kind, node: Option<NodeResources>) -> Result<Box<dyn Placement>, TuneError> {
+    let backend = file.cluster.backend;
     let allocation = match kind {
+        Kind::Train(trainer::TrainLoop::Process(_)) if backend == trainer::ClusterBackend::SlurmJobs => {
+            return Ok(Box::new(slurm_jobs::SlurmJobsPlacement::new(file)?));
+        }
         Kind::Train(trainer::TrainLoop::Process(_)) => file.cluster.allocation().map_err(|e| TuneError::Cluster(e.to_string()))?,
-        _ if file.cluster.backend == trainer::ClusterBackend::Slurm => {
-            return Err(TuneError::Cluster(
-                "cluster.backend = \"slurm\" runs worker processes: give a [trainer] command (in-process trials run on this machine)"
-                    .into(),
-            ))
+        _ if matches!(backend, trainer::ClusterBackend::Slurm | trainer::ClusterBackend::SlurmJobs) => {
+            let name = if backend == trainer::ClusterBackend::Slurm { "slurm" } else { "slurm_jobs" };
+            return Err(TuneError::Cluster(format!(
+                "cluster.backend = \"{name}\" runs worker processes: give a [trainer] command (in-process trials run on this machine)"
+            )));
         }
         _ => None,
     };

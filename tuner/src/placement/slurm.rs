@@ -169,7 +169,7 @@ fn without(mut r: NodeResources, held: &Held) -> NodeResources {
 }
 
 /// This machine's name, as the nodes reach it (`gethostname`).
-fn host_name() -> String {
+pub(super) fn host_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most buf.len() bytes into buf.
     let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;

@@ -1160,6 +1160,10 @@ impl Runner {
             workers += 1;
         }
         let trial_workers = request.workers.len().max(1) as u32;
+        if let Some(jobs) = self.pool.job_slots() {
+            // A job per run: as many runs of the experiment's size as jobs.
+            workers = jobs as u32 * trial_workers;
+        }
         self.scheduler.on_capacity(Capacity { workers: workers.max(trial_workers), trial_workers })
     }
 }
