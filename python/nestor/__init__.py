@@ -15,7 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-__all__ = ["TrainContext", "ReportError", "get_context", "get_config", "get_checkpoint", "report"]
+__all__ = ["TrainContext", "ReportError", "PreemptionInfo", "get_context", "get_config", "get_checkpoint", "get_preemption_info",
+           "report"]
 __version__ = "0.1.0"
 
 
@@ -119,6 +120,64 @@ def _load_config() -> Dict[str, Any]:
 def get_config() -> Dict[str, Any]:
     """The trial's hyperparameters (a dict; nested tables are nested dicts)."""
     return get_context().config
+
+
+@dataclass(frozen=True)
+class PreemptionInfo:
+    """The run is about to be ended by its cluster (Ray's ``PreemptionInfo``):
+    its job nears its time limit, or is being preempted. Save a checkpoint
+    now; the trial goes on from it in a new job."""
+
+    #: The ranks that will be ended (all of the run's: the job ends whole).
+    world_ranks: List[int]
+    #: When, as ``time.time()`` reckons, the job will be ended at the latest.
+    deadline: float
+    #: Why, in words.
+    reason: str
+
+
+_preempted_at: Optional[float] = None
+
+
+def _on_preemption_signal(signum: int, frame: Any) -> None:
+    global _preempted_at
+    if _preempted_at is None:
+        import time
+
+        _preempted_at = time.time()
+        print("nestor: the cluster will end this job soon (its time limit, or preemption): checkpoint now", file=sys.stderr,
+              flush=True)
+
+
+def _watch_preemption() -> None:
+    """Under a Slurm job of its own, nestor asks Slurm for SIGUSR1 some time
+    before the job's limit (``NESTOR_PREEMPTION_SIGNAL``): recorded here for
+    :func:`get_preemption_info`, instead of its default, which ends the process."""
+    if os.environ.get("NESTOR_PREEMPTION_SIGNAL") != "USR1":
+        return
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, _on_preemption_signal)
+
+
+def get_preemption_info() -> Optional[PreemptionInfo]:
+    """None, until the cluster says it will end this run soon (a Slurm job
+    of its own nearing its time limit: ``[cluster.jobs] signal_s``); then
+    when and which ranks. Slurm tells every rank of the job at once, and
+    the ranks move in step (each report waits for all of them), so they see
+    it at the same step, as with Ray's. The answer is to save a checkpoint
+    with the next report: the trial goes on from it."""
+    if _preempted_at is None:
+        return None
+    ctx = get_context()
+    notice = float(os.environ.get("NESTOR_PREEMPTION_NOTICE_S", "0") or 0)
+    return PreemptionInfo(world_ranks=list(range(ctx.world_size)), deadline=_preempted_at + notice,
+                          reason="the job nears its time limit, or is being preempted")
+
+
+_watch_preemption()
 
 
 _fetched: Optional[str] = None

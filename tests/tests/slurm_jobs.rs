@@ -108,3 +108,129 @@ fn a_sweep_runs_each_trial_as_a_job_of_its_own_queued_beyond_the_clusters_size()
         }
     }
 }
+
+/// Waits up to `secs` for `cond`, failing with `what` and the driver's state when it never holds.
+fn wait_until(what: &str, secs: u64, run: &mut std::process::Child, mut cond: impl FnMut() -> bool) {
+    wait_for_run(what, secs as f64, run, &mut cond);
+}
+
+/// The driver, started outside any allocation with its output piped.
+fn spawn_driver(cluster: &SlurmCluster, dir: &Path, args: &[&str]) -> std::process::Child {
+    cluster
+        .cmd(nestor_bin())
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The trial's record, once the sweep has ended.
+fn trials(exp: &Path) -> Vec<tuner::store::TrialRecord> {
+    tuner::store::Store::open_existing(&exp.join("store")).unwrap().trials().unwrap()
+}
+
+/// The iterations of each trial's effective history: 1..=n with none twice.
+fn assert_histories_whole(exp: &Path) {
+    let grid = tuner::ResultGrid::load(exp).unwrap();
+    for t in grid.iter() {
+        let its: Vec<u64> = t.history.iter().map(|r| r.training_iteration).collect();
+        assert_eq!(its, (1..=its.len() as u64).collect::<Vec<_>>(), "{}: a step lost or run twice", t.trial_id);
+    }
+}
+
+/// One trial of 2 ranks that checkpoints every step, slow enough to be caught mid-run.
+fn one_trial(dir: &Path, name: &str, space_extra: &str, jobs: &str) {
+    let text = sweep(
+        name,
+        "num_samples = 1",
+        &format!("x = 0.5\nsteps = 12\nsleep_ms = 400\ncheckpoint = true\n{space_extra}"),
+        &format!(
+            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[checkpoint]\nfrequency = 1\n{}",
+            jobs_section(jobs)
+        ),
+    );
+    write(dir, &text);
+}
+
+/// Rank 0's log of `trial` holds `needle`.
+fn rank0_says(exp: &Path, needle: &str) -> bool {
+    std::fs::read_dir(exp.join("trials"))
+        .map(|d| d.flatten().any(|t| std::fs::read_to_string(t.path().join("logs/rank-0.log")).is_ok_and(|l| l.contains(needle))))
+        .unwrap_or(false)
+}
+
+/// A rank whose code fails ends its job FAILED, and the trial with rank 1
+/// named and its log's last lines, charged to `max_failures`.
+#[test]
+fn a_rank_that_fails_in_its_job_fails_the_trial_naming_the_rank() {
+    let cluster = cluster(2, 2, Options::default());
+    let dir = tempfile::tempdir().unwrap();
+    one_trial(dir.path(), "fails", "fail_at = 3\nfail_rank = 1", "");
+    let out = run_cmd(&cluster, dir.path()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        stdout.contains("1 trials (1 ERROR)") || stdout.contains("1 trial (1 ERROR)"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = &trials(&dir.path().join("runs/fails"))[0];
+    let error = t.error.clone().unwrap_or_default();
+    assert!(error.contains("rank 1") && error.contains("exited with code 3"), "{error}");
+    assert!(error.contains("failing on purpose at step 3"), "the rank's log tail: {error}");
+    assert_eq!((t.failures, t.infrastructure_failures), (1, 0));
+    let jobs = listed(&cluster, "nestor-fails-");
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].2, "FAILED");
+}
+
+/// A partition Slurm does not have is refused once, naming it, before the
+/// experiment exists: no trial ran and nothing was written.
+#[test]
+fn a_job_the_cluster_refuses_is_refused_once_before_anything_is_written() {
+    let cluster = cluster(1, 2, Options::default());
+    let dir = tempfile::tempdir().unwrap();
+    one_trial(dir.path(), "refused", "", "partition = \"nope\"");
+    let out = run_cmd(&cluster, dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success());
+    assert!(stderr.contains("Slurm would not take a trial's job") && stderr.contains("--partition=nope"), "{stderr}");
+    assert!(stderr.to_lowercase().contains("invalid partition"), "{stderr}");
+    assert_eq!(stderr.matches("Slurm would not take").count(), 1, "{stderr}");
+    assert!(!dir.path().join("runs/refused/store").exists(), "the store was written");
+    assert!(listed(&cluster, "nestor-refused-").is_empty());
+    // A key nestor sets itself is refused by name too.
+    one_trial(dir.path(), "refused", "", "sbatch = [\"--ntasks=8\"]");
+    let out = run_cmd(&cluster, dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stderr.contains("cluster.jobs.sbatch") && stderr.contains("--ntasks=8"), "{stderr}");
+}
+
+/// `scontrol requeue` puts a running trial's job back in Slurm's queue:
+/// nestor cancels it and the trial goes on from its latest checkpoint in a
+/// new job, not charged to `max_failures` (which is 0), nothing lost or run twice.
+#[test]
+fn a_job_requeued_by_slurm_goes_on_from_its_checkpoint_in_a_new_job() {
+    let cluster = cluster(2, 2, Options::default());
+    let dir = tempfile::tempdir().unwrap();
+    one_trial(dir.path(), "requeued", "", "");
+    let exp = dir.path().join("runs/requeued");
+    let mut child = spawn_driver(&cluster, dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]);
+    wait_until("step 3 acknowledged", 60, &mut child, || rank0_says(&exp, "acked step 3"));
+    let job = listed(&cluster, "nestor-requeued-").into_iter().find(|(_, _, s)| s == "RUNNING").expect("a running job").0;
+    let out = cluster.run("scontrol", &["requeue", &job]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stdout.contains("(1 TERMINATED)"), "{stdout}\n{stderr}");
+    let t = &trials(&exp)[0];
+    assert_eq!((t.failures, t.infrastructure_failures), (0, 1), "{stderr}");
+    assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 12);
+    assert!(stderr.contains(&format!("Slurm put job {job} back in its queue")), "{stderr}");
+    let jobs = listed(&cluster, "nestor-requeued-");
+    assert_eq!(jobs.len(), 2, "a new job for the rest: {jobs:?}");
+    assert!(rank0_says(&exp, "resumed from"), "the new job did not resume from a checkpoint");
+    assert_histories_whole(&exp);
+}

@@ -277,6 +277,17 @@ impl Context {
         }
     }
 
+    /// When the cluster said it will end this run soon (a Slurm job of its
+    /// own nearing its time limit, `[cluster.jobs] signal_s`), or `None`:
+    /// the time to save a checkpoint with the next report, from which the
+    /// trial goes on in a new job. Slurm tells every rank at once.
+    pub fn preemption_notice(&self) -> Option<std::time::SystemTime> {
+        match PREEMPTED_AT.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            ms => Some(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)),
+        }
+    }
+
     /// Builds the context of a worker process from the variables nestor sets
     /// (`NESTOR_ADDR`, `NESTOR_TOKEN`, `NESTOR_TRIAL_ID`, `NESTOR_CONFIG`, ...).
     pub fn from_env() -> Result<Self, ReportError> {
@@ -305,6 +316,9 @@ impl Context {
             Ok(v) => v.parse().map_err(|_| ReportError::Environment(format!("NESTOR_CHECKPOINT_FREQUENCY={v:?} is not a number")))?,
             Err(_) => 0,
         };
+        if std::env::var("NESTOR_PREEMPTION_SIGNAL").is_ok_and(|s| s == "USR1") {
+            watch_preemption();
+        }
         let rank = num("RANK", 0)?;
         let local_rank = num("LOCAL_RANK", rank)?;
         let world_size = num("WORLD_SIZE", 1)?;
@@ -684,5 +698,23 @@ fn block_on<F: std::future::Future>(runtime: Option<&tokio::runtime::Handle>, f:
             .build()
             .map_err(|e| ReportError::Transport(e.to_string()))?
             .block_on(f)),
+    }
+}
+
+/// When SIGUSR1 came (ms since the epoch; 0: not yet).
+static PREEMPTED_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn on_preemption_signal(_: libc::c_int) {
+    // Async-signal-safe: a clock read and an atomic store.
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64).max(1);
+    let _ = PREEMPTED_AT.compare_exchange(0, ms, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// SIGUSR1 (Slurm's notice before a job's time limit) is recorded for
+/// [`Context::preemption_notice`] instead of ending the process.
+fn watch_preemption() {
+    // SAFETY: the handler only reads the clock and stores an atomic.
+    unsafe {
+        libc::signal(libc::SIGUSR1, on_preemption_signal as *const () as libc::sighandler_t);
     }
 }

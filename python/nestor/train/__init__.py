@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from .. import ReportError
+from .. import PreemptionInfo, ReportError, get_preemption_info
 from .. import get_context as _worker_context
 from .. import report as _worker_report
 from .._results import Result, TrainingFailedError
@@ -173,6 +173,10 @@ class TrainContext:
     def get_config(self) -> Dict[str, Any]:
         return dict(self._ctx.config)
 
+    def get_preemption_info(self) -> Optional[PreemptionInfo]:
+        """None, until the cluster says it will end this run soon: see :func:`get_preemption_info`."""
+        return get_preemption_info()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
 
@@ -310,4 +314,5 @@ class UserCallback(_TuneCallback):
 __all__ = [
     "Checkpoint", "CheckpointConfig", "DataConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext",
     "TrainingFailedError", "UserCallback", "get_checkpoint", "get_context", "get_dataset_shard", "report", "ReportError",
+    "PreemptionInfo", "get_preemption_info",
 ]

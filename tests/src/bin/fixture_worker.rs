@@ -3,6 +3,7 @@
 //! - `x` (float): the loss is `(x - 0.3)^2 + 1 / iteration`, deterministic;
 //! - `steps` (int, default 5): iterations to run;
 //! - `sleep_ms` (int, default 0): time per iteration;
+//! - `resumed_sleep_ms` (int): time per iteration in a run that resumed from a checkpoint;
 //! - `checkpoint` (bool): save `{"step": n, "acc": a}` with every report and resume
 //!   from it (`acc`, reported too, sums the losses so far: state that only a
 //!   correct restore carries on);
@@ -20,6 +21,9 @@
 //! - `ignore_sigterm` (bool): ignore SIGTERM;
 //! - `leak_child` (bool): start a `sleep 300` that outlives this process;
 //! - `quiet` (bool): no log line per step (for benchmarks);
+//! - `on_notice` (bool): save a checkpoint only with the first report after the
+//!   cluster's notice that it will end the run (`Context::preemption_notice`),
+//!   logging `rank r: preemption notice at step n`;
 //! - `dump_env` (bool): write `rank-<r>.json` in the trial directory with this
 //!   rank's torchrun and nestor variables, its pid, its leaked child's pid, its
 //!   checkpoint and when it started.
@@ -102,11 +106,14 @@ fn main() -> anyhow::Result<()> {
         }
         eprintln!("resumed from {} at step {start}", dir.display());
     }
+    let sleep_ms: u64 = if ctx.checkpoint().is_some() { ctx.param("resumed_sleep_ms").unwrap_or(sleep_ms) } else { sleep_ms };
     // Below the trial directory, so a worker killed mid-run leaves nothing
     // behind once its experiment is removed.
     let scratch = ctx.trial_dir().join(format!(".scratch-rank-{rank}-{}", std::process::id()));
     let offset = 100.0 * f64::from(rank);
     let mut acked = start;
+    let on_notice: bool = ctx.param("on_notice").unwrap_or(false);
+    let mut noticed = false;
     for step in start + 1..=steps {
         std::thread::sleep(Duration::from_millis(sleep_ms));
         if fail_at == Some(step) {
@@ -123,7 +130,12 @@ fn main() -> anyhow::Result<()> {
         let loss = if nan_at == Some(step) { f64::NAN } else { (x - 0.3).powi(2) + 1.0 / step as f64 + offset };
         acc += loss;
         let name = if omit { "other" } else { "loss" };
-        let ckpt: Option<PathBuf> = if checkpoint {
+        let notice = on_notice && !noticed && ctx.preemption_notice().is_some();
+        if notice {
+            noticed = true;
+            eprintln!("rank {rank}: preemption notice at step {step}");
+        }
+        let ckpt: Option<PathBuf> = if checkpoint || notice {
             std::fs::create_dir_all(&scratch)?;
             std::fs::write(scratch.join("state.json"), serde_json::json!({ "step": step, "acc": acc }).to_string())?;
             if ckpt_mb > 0 {

@@ -315,6 +315,11 @@ impl Backend for SlurmJobsBackend {
             common_env(cfg, &spec, &self.report_url, &token, "", free_port(), &rendezvous).into_iter().filter(|(k, _)| k != "MASTER_ADDR"),
         );
         env.push(("NESTOR_RANKS_CKPT".into(), shards.join(";")));
+        if self.jobs.signal_s > 0 {
+            // Ranks record SIGUSR1 (get_preemption_info) instead of dying of it.
+            env.push(("NESTOR_PREEMPTION_SIGNAL".into(), "USR1".into()));
+            env.push(("NESTOR_PREEMPTION_NOTICE_S".into(), self.jobs.signal_s.to_string()));
+        }
         let gpus = bundles.iter().any(|b| !b.gpus.is_empty());
         if gpus {
             env.push(("NESTOR_GPUS_FROM_SLURM".into(), "1".into()));
