@@ -35,17 +35,19 @@ fn run_cmd(cluster: &SlurmCluster, dir: &Path) -> std::process::Command {
     c
 }
 
-/// The experiment's jobs `squeue` lists now: (id, name, state).
+/// The experiment's jobs `squeue` lists now, oldest first: (id, name, state).
 fn listed(cluster: &SlurmCluster, prefix: &str) -> Vec<(String, String, String)> {
     let out = cluster.run("squeue", &["--noheader", "--states=all", "--format=%i|%j|%T"]);
-    String::from_utf8_lossy(&out.stdout)
+    let mut jobs: Vec<(String, String, String)> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
             let mut f = l.trim().splitn(3, '|');
             Some((f.next()?.to_string(), f.next()?.to_string(), f.next()?.to_string()))
         })
         .filter(|(_, name, _)| name.starts_with(prefix))
-        .collect()
+        .collect();
+    jobs.sort_by_key(|(id, _, _)| id.parse::<u64>().unwrap_or(u64::MAX));
+    jobs
 }
 
 /// A sweep of more trials than the cluster holds at once, each a job of its
@@ -233,4 +235,121 @@ fn a_job_requeued_by_slurm_goes_on_from_its_checkpoint_in_a_new_job() {
     assert_eq!(jobs.len(), 2, "a new job for the rest: {jobs:?}");
     assert!(rank0_says(&exp, "resumed from"), "the new job did not resume from a checkpoint");
     assert_histories_whole(&exp);
+}
+
+/// A job that reaches its time limit: Slurm gives its ranks SIGUSR1
+/// `signal_s` before it, the trial saves a checkpoint on that notice (it
+/// saves none otherwise), the job ends TIMEOUT, and the trial goes on from
+/// that checkpoint in a new job, not charged to `max_failures`.
+#[test]
+fn a_job_at_its_time_limit_checkpoints_on_the_notice_and_goes_on_in_a_new_job() {
+    let cluster = cluster(1, 2, Options::default());
+    let dir = tempfile::tempdir().unwrap();
+    let text = sweep(
+        "limit",
+        "num_samples = 1",
+        "x = 0.5\nsteps = 60\nsleep_ms = 2000\nresumed_sleep_ms = 50\non_notice = true",
+        &format!(
+            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[cluster]\nbackend = \"slurm_jobs\"\n\n\
+             [cluster.jobs]\npoll_s = 0.5\ntime = \"1\"\nsignal_s = 45\n"
+        ),
+    );
+    write(dir.path(), &text);
+    let exp = dir.path().join("runs/limit");
+    let started = Instant::now();
+    let out = run_cmd(&cluster, dir.path()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let logs = |t: &str| {
+        ["job.log", "rank-0.log", "rank-1.log"].map(|f| format!("{f}:\n{}", read(&exp.join(format!("trials/{t}/logs/{f}"))))).join("\n")
+    };
+    assert!(stdout.contains("(1 TERMINATED)"), "{stdout}\n{stderr}\n{}", logs("trial_00000"));
+    let t = &trials(&exp)[0];
+    assert_eq!((t.failures, t.infrastructure_failures), (0, 1), "{stderr}");
+    assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 60);
+    assert!(stderr.contains("time limit ran out"), "{stderr}");
+    let jobs = listed(&cluster, "nestor-limit-");
+    let states: Vec<&str> = jobs.iter().map(|(_, _, s)| s.as_str()).collect();
+    assert_eq!(states, ["TIMEOUT", "COMPLETED"], "{jobs:?}");
+    // The notice came about 15 s into the first job (45 s before its 1-minute limit); its step's checkpoint
+    // is the one the second job resumed from.
+    let log = read(&exp.join(format!("trials/{}/logs/rank-0.log", t.id)));
+    let noticed: u64 = log.lines().find_map(|l| l.strip_prefix("rank 0: preemption notice at step ")).expect(&log).trim().parse().unwrap();
+    assert!((4..=14).contains(&noticed), "notice at step {noticed} (2 s a step): {log}");
+    assert!(log.contains(&format!("checkpoint_{noticed:06}/rank-0 at step {noticed}")), "{log}");
+    assert!(started.elapsed() > Duration::from_secs(55), "the first job ended before its limit");
+    assert_histories_whole(&exp);
+}
+
+/// A higher-priority partition's job takes the nodes of a preemptible
+/// partition's: Slurm preempts (requeues) the trial's job, nestor cancels
+/// it and queues a new one from the latest checkpoint, which runs once the
+/// other job is done; nothing is lost or charged to `max_failures`.
+#[test]
+fn a_job_preempted_by_a_higher_priority_partition_goes_on_from_its_checkpoint() {
+    let options = Options {
+        conf: "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE".into(),
+        partitions: "PartitionName=low Nodes={nodes} Default=YES PriorityTier=1 PreemptMode=REQUEUE MaxTime=INFINITE State=UP\n\
+                     PartitionName=high Nodes={nodes} PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP"
+            .into(),
+        ..Options::default()
+    };
+    let cluster = cluster(1, 2, options);
+    let dir = tempfile::tempdir().unwrap();
+    one_trial(dir.path(), "preempted", "", "partition = \"low\"");
+    let exp = dir.path().join("runs/preempted");
+    let mut child = spawn_driver(&cluster, dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]);
+    wait_until("step 3 acknowledged", 60, &mut child, || rank0_says(&exp, "acked step 3"));
+    let first = listed(&cluster, "nestor-preempted-").into_iter().find(|(_, _, s)| s == "RUNNING").expect("a running job").0;
+    let out = cluster.run("sbatch", &["--parsable", "-p", "high", "-n2", "--mem=100", "--output=/dev/null", "--wrap", "sleep 4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stdout.contains("(1 TERMINATED)"), "{stdout}\n{stderr}");
+    let t = &trials(&exp)[0];
+    assert_eq!((t.failures, t.infrastructure_failures), (0, 1), "{stderr}");
+    assert!(stderr.contains(&format!("job {first}")), "{stderr}");
+    assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 12);
+    assert!(rank0_says(&exp, "resumed from"), "the new job did not resume from a checkpoint");
+    assert_eq!(listed(&cluster, "nestor-preempted-").len(), 2);
+    assert_histories_whole(&exp);
+}
+
+/// The driver is SIGKILLed while its trials' jobs run and wait: the jobs
+/// outlive it (they are Slurm's), and `nestor resume` cancels them, says
+/// so, and finishes the sweep from the trials' checkpoints, each step once.
+#[test]
+fn a_resume_after_the_driver_is_killed_cancels_its_jobs_and_finishes_the_sweep() {
+    let cluster = cluster(2, 2, Options::default());
+    let dir = tempfile::tempdir().unwrap();
+    let text = sweep(
+        "orphans",
+        "num_samples = 1",
+        "x = { grid = [0.1, 0.2, 0.3, 0.4] }\nsteps = 10\nsleep_ms = 400\ncheckpoint = true",
+        &format!("num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[checkpoint]\nfrequency = 1\n{}", jobs_section("max_jobs = 4")),
+    );
+    write(dir.path(), &text);
+    let exp = dir.path().join("runs/orphans");
+    let mut child = spawn_driver(&cluster, dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]);
+    wait_until("a step acknowledged and a job queued", 60, &mut child, || {
+        rank0_says(&exp, "acked step 2") && listed(&cluster, "nestor-orphans-").iter().any(|(_, _, s)| s == "PENDING")
+    });
+    signal(child.id(), libc::SIGKILL);
+    child.wait().unwrap();
+    let left: Vec<String> =
+        listed(&cluster, "nestor-orphans-").into_iter().filter(|(_, _, s)| s == "RUNNING" || s == "PENDING").map(|(id, _, _)| id).collect();
+    assert!(!left.is_empty(), "the jobs died with the driver");
+    let out = cluster.cmd(nestor_bin()).args(["resume", &exp.display().to_string(), "--plain"]).current_dir(dir.path()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stdout.contains("4 trials (4 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains(&format!("cancelled {} job(s) an earlier driver of this experiment left", left.len())), "{stderr}");
+    for id in &left {
+        assert!(stderr.contains(id.as_str()), "job {id} not named: {stderr}");
+    }
+    assert_histories_whole(&exp);
+    for t in trials(&exp) {
+        assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 10, "{}", t.id);
+    }
 }

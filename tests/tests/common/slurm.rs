@@ -291,7 +291,8 @@ impl SlurmCluster {
         loop {
             let out = self.run("sinfo", &["-h", "-N", "-o", "%N %T"]);
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let idle = text.lines().filter(|l| l.ends_with(" idle")).count();
+            // A node of several partitions has a line in each.
+            let idle = text.lines().filter(|l| l.ends_with(" idle")).collect::<std::collections::BTreeSet<_>>().len();
             if idle == self.nodes.len() {
                 return;
             }

@@ -261,7 +261,9 @@ pub(crate) fn job_args(jobs: &SlurmJobsConfig, name: &str, output: &Path, bundle
 
 /// The batch script of a run: its ranks as one job step, `command` after
 /// the prologue; a requeued job runs nothing (the driver starts the trial
-/// again from its latest checkpoint as a new job).
+/// again from its latest checkpoint as a new job). Slurm's notice before
+/// the time limit (SIGUSR1) reaches every process of the job's steps, srun
+/// too, which would die of it: srun ignores it, the ranks record it.
 pub(crate) fn batch_script(command: &[String], gpus: bool) -> String {
     let words: Vec<String> = command.iter().map(|w| sh_quote(w)).collect();
     let gres = if gpus { "" } else { " --gres=none" };
@@ -271,6 +273,7 @@ pub(crate) fn batch_script(command: &[String], gpus: bool) -> String {
            echo \"nestor: job $SLURM_JOB_ID was put back in the queue; this run ends and the trial goes on in a new job\" >&2\n  \
            exit 0\n\
          fi\n\
+         trap '' USR1\n\
          srun --label --kill-on-bad-exit=1 --export=ALL --distribution=block{gres} /bin/sh -c {prologue} nestor-rank {words}\n\
          rc=$?\n\
          echo \"{STEP_EXIT}$rc\" >&2\n\
