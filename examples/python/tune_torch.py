@@ -71,6 +71,12 @@ def train_func(config):
             train.report({"val_loss": val_loss, "epoch": epoch + 1, "workers": workers}, checkpoint=checkpoint)
 
 
+if os.environ.get("EXAMPLE_SLURM_JOBS"):
+    # On a Slurm login node: each trial run a Slurm job of its own (the storage must be on a shared file system).
+    import nestor
+
+    nestor.init(cluster=nestor.SlurmJobs(max_jobs=4, poll_s=float(os.environ.get("EXAMPLE_SLURM_JOBS")), signal_s=60))
+
 trainer = TorchTrainer(
     train_func,
     train_loop_config={"epochs": 6, "hidden": 16},

@@ -353,3 +353,36 @@ fn a_resume_after_the_driver_is_killed_cancels_its_jobs_and_finishes_the_sweep()
         assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 10, "{}", t.id);
     }
 }
+
+/// The Ray Train + Tune example (a TorchTrainer of 2 DDP ranks in a Tuner
+/// with ASHA) from a Python driver outside any allocation, with
+/// `nestor.init(cluster=nestor.SlurmJobs(...))`: each trial run is a job of
+/// its own, its ranks meet in it, and the best checkpoint comes back.
+#[test]
+fn the_python_driver_runs_each_trial_as_a_slurm_job_with_slurm_jobs_in_init() {
+    let cluster = cluster(2, 2, Options::default());
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let mut c = common::python::torch_python_cmd(
+        dir.path(),
+        "examples/python/tune_torch.py",
+        &[],
+        &[("EXAMPLE_SLURM_JOBS", "0.5".into()), ("EXAMPLE_SAMPLES", "3".into()), ("EXAMPLE_STORAGE", storage.display().to_string())],
+    );
+    c.env("SLURM_CONF", cluster.conf());
+    let out = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("a Slurm job per trial run (at most 4 at once"), "{stderr}");
+    assert!(stdout.contains("best checkpoint:"), "{stdout}");
+    let exp = storage.join("tune-torch");
+    let jobs = listed(&cluster, "nestor-tune-torch-");
+    assert!(jobs.len() >= 3, "a job per trial run: {jobs:?}");
+    for t in trials(&exp) {
+        assert_eq!(t.status, tuner::TrialStatus::Terminated, "{}: {:?}", t.id, t.error);
+        assert!(jobs.iter().any(|(_, name, state)| name.starts_with(&format!("nestor-tune-torch-{}-", t.id)) && state == "COMPLETED"));
+        let log = read(&exp.join(format!("trials/{}/logs/rank-1.log", t.id)));
+        assert!(log.contains("nestor: rank 1 of 2 on node"), "{log}");
+    }
+}

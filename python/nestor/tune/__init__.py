@@ -229,7 +229,11 @@ class Tuner:
         env.update(parts.get("env") or {})
         trainer["env"] = env
         doc: Dict[str, Any] = {"experiment": experiment, "space": self._space}
-        from .. import _declared_resources
+        from .. import _cluster, _declared_resources
+
+        if _cluster is not None and _driver.granted is None:
+            # init(cluster=SlurmJobs(...)): each trial run a Slurm job of its own.
+            doc["cluster"] = _cluster
 
         if _driver.granted is not None:
             # A trainer's run inside a trial: the pool is what the trial booked for it.
