@@ -386,3 +386,101 @@ fn the_python_driver_runs_each_trial_as_a_slurm_job_with_slurm_jobs_in_init() {
         assert!(log.contains("nestor: rank 1 of 2 on node"), "{log}");
     }
 }
+
+/// Per trial: status, iterations of its effective history, its last loss.
+type Outcome = std::collections::BTreeMap<String, (String, Vec<u64>, String)>;
+
+fn outcome(exp: &Path) -> Outcome {
+    let grid = tuner::ResultGrid::load(exp).unwrap();
+    grid.iter()
+        .map(|t| {
+            let its = t.history.iter().map(|r| r.training_iteration).collect();
+            let loss = t.metrics.as_ref().map(|m| format!("{:.12}", m["loss"])).unwrap_or_default();
+            (t.trial_id.clone(), (t.status.as_str().to_string(), its, loss))
+        })
+        .collect()
+}
+
+/// Promotion ASHA pauses trials at their rungs and promotes them later: a
+/// paused trial holds no job, its promotion is a new job that resumes from
+/// the rung's checkpoint, and the sweep decides exactly what the same sweep
+/// decides inside one allocation.
+#[test]
+fn promotion_asha_across_jobs_decides_as_inside_one_allocation() {
+    let cluster = cluster(2, 2, Options::default());
+    let dir = tempfile::tempdir().unwrap();
+    let promotion =
+        "\n[checkpoint]\nfrequency = 1\n\n[scheduler]\ntype = \"asha\"\nasha_type = \"promotion\"\nmax_t = 9\nreduction_factor = 3\n";
+    let text = |name: &str, cluster: &str| {
+        sweep(
+            name,
+            "num_samples = 6\nmax_concurrent_trials = 1\nseed = 4",
+            "x = { uniform = [0.0, 1.0] }\nsteps = 9\nsleep_ms = 25\ncheckpoint = true",
+            &format!("num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n{promotion}{cluster}"),
+        )
+    };
+    write(dir.path(), &text("inside", ""));
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=1000"])
+        .arg(nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    ok(out);
+    let reference = outcome(&dir.path().join("runs/inside"));
+    write(dir.path(), &text("jobs", &jobs_section("")));
+    let out = run_cmd(&cluster, dir.path()).output().unwrap();
+    let stdout = ok(out);
+    assert!(stdout.contains("6 trials (6 TERMINATED)"), "{stdout}");
+    let exp = dir.path().join("runs/jobs");
+    assert_eq!(outcome(&exp), reference, "across jobs the sweep decided otherwise");
+    let grid = tuner::ResultGrid::load(&exp).unwrap();
+    let jobs = listed(&cluster, "nestor-jobs-");
+    let mut promoted = 0;
+    for t in grid.iter() {
+        // A job per run: the first, and one per promotion after a pause.
+        let mine = jobs.iter().filter(|(_, n, _)| n.starts_with(&format!("nestor-jobs-{}-", t.trial_id))).count();
+        assert_eq!(mine as u32, 1 + t.resumes, "{}: {jobs:?}", t.trial_id);
+        promoted += t.resumes;
+    }
+    assert!(promoted > 0, "no trial was paused and promoted");
+    assert_histories_whole(&exp);
+}
+
+/// A node dies under a running trial's job: Slurm ends the job (its step
+/// fails on the lost node, or the job ends NODE_FAIL), the run ends as the
+/// cluster's doing, and the trial finishes in a new job on the node left,
+/// from its checkpoint.
+#[test]
+fn a_node_failing_under_a_job_sends_the_trial_to_a_new_job_from_its_checkpoint() {
+    let mut cluster = cluster(2, 2, Options { conf: "SlurmdTimeout=5".into(), ..Options::default() });
+    let dir = tempfile::tempdir().unwrap();
+    let text = sweep(
+        "nodefail",
+        "num_samples = 1",
+        "x = 0.5\nsteps = 16\nsleep_ms = 400\ncheckpoint = true",
+        &format!(
+            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[checkpoint]\nfrequency = 1\n{}",
+            jobs_section("")
+        ),
+    );
+    write(dir.path(), &text);
+    let exp = dir.path().join("runs/nodefail");
+    let mut child = spawn_driver(&cluster, dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]);
+    wait_until("step 3 acknowledged", 60, &mut child, || rank0_says(&exp, "acked step 3"));
+    let log = read(&exp.join("trials/trial_00000/logs/rank-0.log"));
+    let node = log.lines().find_map(|l| l.strip_prefix("nestor: rank 0 of 2 on ")).unwrap().split(' ').next().unwrap().to_string();
+    cluster.kill_node(&node);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stdout.contains("(1 TERMINATED)"), "{stdout}\n{stderr}");
+    let t = &trials(&exp)[0];
+    assert_eq!((t.failures, t.infrastructure_failures), (0, 1), "{stderr}");
+    assert!(stderr.contains(&node), "the lost node is not named: {stderr}");
+    assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 16);
+    assert!(rank0_says(&exp, "resumed from"), "the new job did not resume from a checkpoint");
+    assert_histories_whole(&exp);
+}

@@ -368,6 +368,7 @@ impl Backend for SlurmJobsBackend {
             world,
             step_exit: None,
             requeue_seen: false,
+            rank_nodes: vec![String::new(); world as usize],
         };
         let groups: Groups = Arc::new(std::sync::Mutex::new(Vec::new()));
         supervise(spec.trial_id, events, groups, libc::SIGTERM, run.run());
@@ -399,6 +400,8 @@ struct JobRun {
     step_exit: Option<i32>,
     /// The job's output says Slurm started it again after a requeue.
     requeue_seen: bool,
+    /// Each rank's node, as its first line says (empty until then).
+    rank_nodes: Vec<String>,
 }
 
 /// How a job left the driver's sight.
@@ -486,7 +489,7 @@ impl JobRun {
     fn step_outcome(&mut self, code: i32, requested: StopLevel, id: &str) -> ExitOutcome {
         use std::os::unix::process::ExitStatusExt;
         let status = Ok(std::process::ExitStatus::from_raw((code & 0xff) << 8));
-        let rank_nodes: Vec<String> = (0..self.world).map(|_| String::new()).collect();
+        let rank_nodes = self.rank_nodes.clone();
         let failed = self.watch.failed.take().map(|(rank, node, how)| (rank, node, how));
         let end = StepEnd {
             status: &status,
@@ -643,6 +646,14 @@ impl JobRun {
         }
         if line.contains("was put back in the queue; this run ends") {
             self.requeue_seen = true;
+        }
+        // `  r: nestor: rank r of W on NODE (...)`: the prologue's first line says where rank r runs.
+        if let Some((r, text)) = super::output::labelled(line) {
+            if let Some(node) = text.strip_prefix(&format!("nestor: rank {r} of ")).and_then(|t| t.split(" on ").nth(1)) {
+                if let (Some(slot), Some(name)) = (self.rank_nodes.get_mut(r as usize), node.split_whitespace().next()) {
+                    *slot = name.to_string();
+                }
+            }
         }
         self.watch.on_line(line);
     }
