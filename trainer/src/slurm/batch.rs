@@ -448,6 +448,12 @@ impl JobRun {
         let requested = self.stopping.asked();
         let failed = |why: String| ExitOutcome::Failed(format!("job {id}: {why}"));
         let exit_code = self.step_exit;
+        // Slurm started it again after a requeue before a reading showed it queued: the batch script ran
+        // nothing and said so; the run ended when the job went back to the queue.
+        let left = match left {
+            Left::Ended(_) | Left::Vanished if self.requeue_seen => Left::Requeued("it was started again".into()),
+            other => other,
+        };
         match left {
             Left::Requeued(why) if requested == StopLevel::Run => {
                 ExitOutcome::Infrastructure(format!("Slurm put job {id} back in its queue ({why}); the trial goes on from its latest checkpoint in a new job"))
