@@ -249,10 +249,8 @@ fn a_job_at_its_time_limit_checkpoints_on_the_notice_and_goes_on_in_a_new_job() 
         "limit",
         "num_samples = 1",
         "x = 0.5\nsteps = 60\nsleep_ms = 2000\nresumed_sleep_ms = 50\non_notice = true",
-        &format!(
-            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[cluster]\nbackend = \"slurm_jobs\"\n\n\
-             [cluster.jobs]\npoll_s = 0.5\ntime = \"1\"\nsignal_s = 45\n"
-        ),
+        "num_workers = 2\nresources_per_worker = { CPU = 1 }\n\n[failure]\nmax_failures = 0\n\n[cluster]\nbackend = \"slurm_jobs\"\n\n\
+         [cluster.jobs]\npoll_s = 0.5\ntime = \"1\"\nsignal_s = 45\n",
     );
     write(dir.path(), &text);
     let exp = dir.path().join("runs/limit");

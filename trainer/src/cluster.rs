@@ -238,4 +238,32 @@ mod tests {
         ClusterConfig::default().check_reachable(bind("0.0.0.0:0"), "7").unwrap();
         ClusterConfig::default().check_reachable(None, "7").unwrap();
     }
+
+    #[test]
+    fn slurm_jobs_settings_are_checked_naming_the_key() {
+        let ok = SlurmJobsConfig::default();
+        assert_eq!(ok.validate(), Ok(()));
+        let bad = |c: SlurmJobsConfig| c.validate().unwrap_err();
+        assert_eq!(bad(SlurmJobsConfig { max_jobs: 0, ..ok.clone() }).0, "cluster.jobs.max_jobs");
+        assert_eq!(bad(SlurmJobsConfig { poll_s: 0.0, ..ok.clone() }).0, "cluster.jobs.poll_s");
+        assert_eq!(bad(SlurmJobsConfig { partition: Some("a b".into()), ..ok.clone() }).0, "cluster.jobs.partition");
+        for own in ["--ntasks=4", "-n4", "--output=x", "--signal=B:USR1@60", "--array=0-3"] {
+            let (key, why) = bad(SlurmJobsConfig { sbatch: vec![own.into()], ..ok.clone() });
+            assert_eq!(key, "cluster.jobs.sbatch");
+            assert!(why.contains("nestor sets it"), "{own}: {why}");
+        }
+        let (_, why) = bad(SlurmJobsConfig { sbatch: vec!["--partition=x".into()], ..ok.clone() });
+        assert!(why.contains("a key of its own"), "{why}");
+        let (_, why) = bad(SlurmJobsConfig { sbatch: vec!["constraint=a100".into()], ..ok.clone() });
+        assert!(why.contains("not an option"), "{why}");
+        for fine in ["--constraint=a100", "--exclusive", "-C", "--nice=10", "--reservation=r"] {
+            assert_eq!(SlurmJobsConfig { sbatch: vec![fine.into()], ..ok.clone() }.validate(), Ok(()), "{fine}");
+        }
+        // [cluster.jobs] as serde reads it, a misspelt key named.
+        let parsed: ClusterConfig =
+            serde_json::from_str(r#"{"backend": "slurm_jobs", "jobs": {"partition": "gpu", "max_jobs": 4}}"#).unwrap();
+        assert_eq!((parsed.backend, parsed.jobs.partition.as_deref(), parsed.jobs.max_jobs), (ClusterBackend::SlurmJobs, Some("gpu"), 4));
+        let err = serde_json::from_str::<ClusterConfig>(r#"{"jobs": {"partiton": "gpu"}}"#).unwrap_err().to_string();
+        assert!(err.contains("partiton"), "{err}");
+    }
 }

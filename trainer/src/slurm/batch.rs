@@ -496,7 +496,7 @@ impl JobRun {
         use std::os::unix::process::ExitStatusExt;
         let status = Ok(std::process::ExitStatus::from_raw((code & 0xff) << 8));
         let rank_nodes = self.rank_nodes.clone();
-        let failed = self.watch.failed.take().map(|(rank, node, how)| (rank, node, how));
+        let failed = self.watch.failed.take();
         let end = StepEnd {
             status: &status,
             requested,
@@ -738,4 +738,76 @@ pub async fn cancel_leftover_jobs(exp_dir: &Path) -> Result<Vec<JobRow>, super::
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     Ok(left)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_jobs_options_give_its_ranks_shape_and_the_configs_own() {
+        let jobs = SlurmJobsConfig {
+            partition: Some("gpu".into()),
+            time: Some("4:00:00".into()),
+            sbatch: vec!["--constraint=a100".into()],
+            signal_s: 90,
+            ..SlurmJobsConfig::default()
+        };
+        let rank = |cpus: f64, gpus: u32, memory: f64| crate::WorkerBundle {
+            gpus: (0..gpus).collect(),
+            gpu_share: if gpus > 0 { 1.0 } else { 0.0 },
+            memory_bytes: memory,
+            ..crate::WorkerBundle::cpus(cpus)
+        };
+        let bundles = [rank(1.5, 2, 3.0 * 1_048_576.0 * 1024.0), rank(1.0, 2, 0.0)];
+        let args = job_args(&jobs, "nestor-e-trial_00001-abcd", Path::new("/x/logs/job-abcd.out"), &bundles, Spread::NodeEach);
+        for want in [
+            "--parsable",
+            "--job-name=nestor-e-trial_00001-abcd",
+            "--output=/x/logs/job-abcd.out",
+            "--open-mode=append",
+            "--ntasks=2",
+            "--cpus-per-task=2",
+            "--mem-per-cpu=1536",
+            "--gpus-per-task=2",
+            "--ntasks-per-node=1",
+            "--signal=USR1@90",
+            "--partition=gpu",
+            "--time=4:00:00",
+            "--constraint=a100",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
+        }
+        assert!(!args.iter().any(|a| a.starts_with("--account") || a.starts_with("--qos")), "{args:?}");
+        let none = SlurmJobsConfig { signal_s: 0, ..SlurmJobsConfig::default() };
+        let args = job_args(&none, "n", Path::new("/o"), &[rank(1.0, 0, 0.0)], Spread::Any);
+        assert!(!args.iter().any(|a| a.starts_with("--signal") || a.starts_with("--gpus") || a.starts_with("--mem")), "{args:?}");
+        assert_eq!(Spread::of(4, PlacementStrategy::StrictPack), Spread::OneNode);
+        assert_eq!(Spread::of(1, PlacementStrategy::StrictSpread), Spread::Any);
+    }
+
+    #[test]
+    fn the_batch_script_guards_a_requeue_and_quotes_the_command() {
+        let script = batch_script(&["python".into(), "train it.py".into(), "--lr=it's".into()], false);
+        assert!(script.starts_with("#!/bin/sh\n"));
+        let guard = script.find("SLURM_RESTART_COUNT").unwrap();
+        let srun = script.find("srun --label").unwrap();
+        assert!(guard < srun, "the requeue guard comes first");
+        assert!(script.contains("trap '' USR1\nsrun"), "srun ignores the notice meant for the ranks:\n{script}");
+        assert!(script.contains("--gres=none"), "a CPU trial asks for no GPU");
+        assert!(script.contains(r#"nestor-rank python 'train it.py' '--lr=it'\''s'"#), "{script}");
+        assert!(script.contains(STEP_EXIT));
+        assert!(!batch_script(&["x".into()], true).contains("--gres=none"));
+    }
+
+    #[test]
+    fn a_refusal_that_may_pass_is_told_from_one_that_will_not() {
+        assert!(transient("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation"));
+        assert!(transient("sbatch: error: Slurm temporarily unable to accept job, sleeping and retrying"));
+        assert!(transient("sbatch: error: QOSMaxSubmitJobPerUserLimit"));
+        assert!(!transient("sbatch: error: Batch job submission failed: Invalid partition name specified"));
+        assert!(!transient("sbatch: error: Batch job submission failed: Requested node configuration is not available"));
+    }
 }
