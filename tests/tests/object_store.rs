@@ -145,3 +145,66 @@ fn ranks_upload_their_shards_to_the_bucket_themselves() {
     let t = grid.get("trial_00000").unwrap();
     assert_eq!(t.checkpoints.last().map(|c| (c.iteration, c.ranks.clone())), Some((4, vec![0, 1])));
 }
+
+/// With `storage` in a bucket, the result store is there too: `nestor
+/// status`, `best` and `export` read it from the bucket in a directory that
+/// never saw the sweep; the driver is killed mid-sweep, its local directory
+/// deleted, and `nestor resume s3://...` finishes the sweep from the bucket
+/// alone, every acknowledged step kept and none run twice.
+#[test]
+fn the_result_store_lives_in_the_bucket_and_a_sweep_resumes_from_it_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&dir.path().join("s3"));
+    let space = "x = { grid = [0.2, 0.4, 0.6] }\nsteps = 8\nsleep_ms = 150\ncheckpoint = true";
+    write(dir.path(), &s3_sweep("alone", space, "num_workers = 1\n\n[checkpoint]\nfrequency = 1"));
+    let mut run = spawn_nestor(dir.path(), &["run", "sweep.toml", "--plain"], &s3.env());
+    let committed = |t: u32, k: u32| s3.root.join(format!("bucket/runs/alone/trials/trial_0000{t}/checkpoint_{k:06}/.committed")).exists();
+    wait_for_run("a few checkpoints committed in the bucket", 30.0, &mut run, || committed(0, 3));
+    // Read from elsewhere while it runs: the bucket's store, not the running driver's.
+    let status = ok(nestor_env(elsewhere.path(), &["status", "s3://bucket/runs/alone"], &s3.env()));
+    assert!(status.contains("alone") && status.contains("trial_00000"), "{status}");
+    signal(run.id(), libc::SIGKILL);
+    let _ = run.wait();
+    wait_for("the workers to follow the driver", 10.0, || processes_mentioning(&dir.path().display().to_string()).is_empty());
+    // What the bucket says was stored before the kill.
+    let before: Vec<serde_json::Value> =
+        ok(nestor_env(elsewhere.path(), &["export", "s3://bucket/runs/alone", "--format", "json"], &s3.env()))
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    assert!(!before.is_empty(), "no result in the bucket's store");
+    // Nothing local is left: the sweep goes on from the bucket alone, in another directory.
+    std::fs::remove_dir_all(dir.path().join("local")).unwrap();
+    let out = nestor_env(elsewhere.path(), &["resume", "s3://bucket/runs/alone", "--plain"], &s3.env());
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = ok(out);
+    assert!(stdout.contains("3 trials (3 TERMINATED)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("read back from s3://bucket/runs/alone"), "{stderr}");
+    let local = elsewhere.path().join("local/alone");
+    let grid = ResultGrid::load(&local).unwrap();
+    for t in grid.iter() {
+        let its: Vec<u64> = t.history.iter().map(|r| r.training_iteration).collect();
+        assert_eq!(its, (1..=8).collect::<Vec<_>>(), "{}", t.trial_id);
+        let acc = (1..=8).fold(0.0, |a, s| a + (t.config["x"].as_f64().unwrap() - 0.3).powi(2) + 1.0 / s as f64);
+        assert!((t.metrics.as_ref().unwrap()["acc"] - acc).abs() < 1e-9, "{}: the state came back whole", t.trial_id);
+    }
+    // Every result stored before the kill is still there, the same.
+    let after: Vec<serde_json::Value> = ok(nestor_env(dir.path(), &["export", "s3://bucket/runs/alone", "--format", "json"], &s3.env()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for r in &before {
+        let same = after
+            .iter()
+            .any(|a| a["trial_id"] == r["trial_id"] && a["training_iteration"] == r["training_iteration"] && a["loss"] == r["loss"]);
+        assert!(same, "lost after the resume: {r}");
+    }
+    let best: serde_json::Value =
+        serde_json::from_str(&ok(nestor_env(dir.path(), &["best", "s3://bucket/runs/alone", "--json"], &s3.env()))).unwrap();
+    assert_eq!(best["trial_id"], "trial_00000", "{best}");
+    assert!(best["checkpoint"].as_str().unwrap().starts_with("s3://bucket/runs/alone/trials/trial_00000/checkpoint_"), "{best}");
+    // The store's objects: a base and the logs after it.
+    let objects = s3.objects("runs/alone/store");
+    assert!(objects.iter().any(|o| o.contains("/store/base-")), "{objects:?}");
+}

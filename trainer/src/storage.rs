@@ -221,6 +221,82 @@ impl Storage {
         }
     }
 
+    /// The bytes of the file at `rel`, or `None` when there is none.
+    pub async fn get_bytes(&self, rel: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        match &*self.kind {
+            Kind::Local(dir) => {
+                let path = dir.join(rel);
+                match std::fs::read(&path) {
+                    Ok(bytes) => Ok(Some(bytes)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(source) => Err(StorageError::Io { path, source }),
+                }
+            }
+            Kind::Object { store, .. } => match store.get(&self.object_path(rel)).await {
+                Ok(got) => got
+                    .bytes()
+                    .await
+                    .map(|b| Some(b.to_vec()))
+                    .map_err(|source| StorageError::Unreachable { location: self.uri(rel), source }),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(source) => Err(StorageError::Unreachable { location: self.uri(rel), source }),
+            },
+        }
+    }
+
+    /// The files below `rel`, as paths relative to it (`/`-separated), sorted.
+    pub async fn list_below(&self, rel: &str) -> Result<Vec<String>, StorageError> {
+        match &*self.kind {
+            Kind::Local(dir) => {
+                let root = dir.join(rel);
+                let mut out = Vec::new();
+                let mut todo = vec![root.clone()];
+                while let Some(d) = todo.pop() {
+                    let Ok(entries) = std::fs::read_dir(&d) else { continue };
+                    for e in entries.flatten() {
+                        let p = e.path();
+                        if p.is_dir() {
+                            todo.push(p);
+                        } else if let Ok(r) = p.strip_prefix(&root) {
+                            out.push(r.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/"));
+                        }
+                    }
+                }
+                out.sort();
+                Ok(out)
+            }
+            Kind::Object { store, .. } => {
+                let prefix = self.object_path(rel);
+                let skip = prefix.parts().count();
+                let listed: Vec<object_store::ObjectMeta> = store
+                    .list(Some(&prefix))
+                    .try_collect()
+                    .await
+                    .map_err(|source| StorageError::Unreachable { location: self.uri(rel), source })?;
+                let mut out: Vec<String> = listed
+                    .iter()
+                    .map(|m| m.location.parts().skip(skip).map(|p| p.as_ref().to_string()).collect::<Vec<_>>().join("/"))
+                    .collect();
+                out.sort();
+                Ok(out)
+            }
+        }
+    }
+
+    /// Deletes the file at `rel` (none there is no error).
+    pub async fn delete(&self, rel: &str) -> Result<(), StorageError> {
+        match &*self.kind {
+            Kind::Local(dir) => match std::fs::remove_file(dir.join(rel)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StorageError::Io { path: dir.join(rel), source: e }),
+                _ => Ok(()),
+            },
+            Kind::Object { store, .. } => match store.delete(&self.object_path(rel)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(source) => Err(StorageError::Unreachable { location: self.uri(rel), source }),
+            },
+        }
+    }
+
     /// Persists `src` as rank `rank`'s shard of the checkpoint of
     /// `iteration` below this (trial) location, and returns the checkpoint's
     /// URI. Local: copied, synced and renamed into place. Object store: every

@@ -422,6 +422,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             submit(&job, dry_run)
         }
         Command::Resume { dir, plain, dashboard, resume_errored, restart_errored } => {
+            // An experiment in an object store (`s3://bucket/prefix/<name>`): resumed from the bucket alone,
+            // in the local directory its file names.
+            let dir = match remote_experiment(&dir)? {
+                Some(remote) => remote.into_local()?,
+                None => dir,
+            };
             if let Some(port) = dashboard {
                 serve_beside(&dir, port)?;
             }
@@ -434,14 +440,88 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let grid = tuner.fit().map_err(|e| on_full_disk(e.into(), &dir))?;
             print_summary(&grid, &dir)
         }
-        Command::Status { dir } => status(&dir),
+        Command::Status { dir } => reading(&dir, status),
         Command::Dashboard { dirs, port, host, token } => dashboard(dirs, port, host, token),
-        Command::Exploits { dir, json } => exploits(&dir, json),
-        Command::Best { dir, metric, mode, scope, json } => best(&dir, metric.as_deref(), mode, scope, json),
-        Command::Export { dir, format } => export(&dir, format),
+        Command::Exploits { dir, json } => reading(&dir, |d| exploits(d, json)),
+        Command::Best { dir, metric, mode, scope, json } => reading(&dir, |d| best(d, metric.as_deref(), mode, scope, json)),
+        Command::Export { dir, format } => reading(&dir, |d| export(d, format)),
         Command::Fetch { uri, dest } => fetch(&uri, &dest),
         Command::PutShard { dir, store, iteration, rank } => put_shard(&dir, &store, iteration, rank),
         Command::Sample { file, n, sets } => sample(&file, n, &sets),
+    }
+}
+
+/// An experiment whose result store is mirrored in an object store: its
+/// URL (`s3://bucket/prefix/<name>`), and its store and file read back
+/// into a directory of this machine.
+struct RemoteExperiment {
+    url: String,
+    /// A private directory holding `store/` and `experiment.toml`, removed on drop.
+    scratch: PathBuf,
+    file: ExperimentFile,
+}
+
+impl Drop for RemoteExperiment {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.scratch);
+    }
+}
+
+/// `dir` read back from its object store when it is a URL; `None` for a local directory.
+fn remote_experiment(dir: &Path) -> Result<Option<RemoteExperiment>, Failure> {
+    let url = dir.to_string_lossy().trim_end_matches('/').to_string();
+    if !url.contains("://") || url.starts_with("file://") {
+        return Ok(None);
+    }
+    let failed = |message: String| Failure { code: 2, message };
+    let storage = trainer::Storage::parse(&url).map_err(|e| failed(e.to_string()))?;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let scratch = std::env::temp_dir().join(format!(
+        "nestor-remote-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let runtime = trainer::driver_runtime().map_err(|e| failed(format!("{url}: {e}")))?;
+    let text = runtime.block_on(async {
+        let text = storage.get_bytes("experiment.toml").await.map_err(|e| failed(e.to_string()))?;
+        let text = text.ok_or_else(|| failed(format!("no nestor experiment at {url} (no experiment.toml there)")))?;
+        crate::store::Store::materialize(&storage.join("store"), &scratch.join("store")).await.map_err(|e| failed(e.to_string()))?;
+        Ok::<_, Failure>(String::from_utf8_lossy(&text).into_owned())
+    })?;
+    std::fs::write(scratch.join("experiment.toml"), &text).map_err(|e| failed(format!("{}: {e}", scratch.display())))?;
+    let file = ExperimentFile::from_toml(&text, &url, &[]).map_err(TuneError::from)?;
+    Ok(Some(RemoteExperiment { url, scratch, file }))
+}
+
+impl RemoteExperiment {
+    /// The experiment's local directory (its file's `local_dir`, else
+    /// `nestor-runs`, and its name), holding the store read back and the
+    /// file: where a resume goes on.
+    fn into_local(self) -> Result<PathBuf, Failure> {
+        let dir = Path::new(&self.file.experiment.local_root()).join(&self.file.experiment.name);
+        let failed = |e: std::io::Error| Failure { code: 1, message: format!("{}: {e}", dir.display()) };
+        std::fs::create_dir_all(&dir).map_err(failed)?;
+        let store = dir.join("store");
+        if store.exists() {
+            std::fs::remove_dir_all(&store).map_err(failed)?;
+        }
+        std::fs::rename(self.scratch.join("store"), &store).map_err(failed)?;
+        std::fs::copy(self.scratch.join("experiment.toml"), dir.join("experiment.toml")).map_err(failed)?;
+        eprintln!("nestor: {} read back from {} into {}", self.file.experiment.name, self.url, dir.display());
+        Ok(dir)
+    }
+}
+
+/// Runs `read` on the experiment `dir`, or on the copy read back from its object store when it is a URL.
+fn reading(dir: &Path, read: impl FnOnce(&Path) -> Result<(), Failure>) -> Result<(), Failure> {
+    match remote_experiment(dir)? {
+        Some(remote) => {
+            SHOWN_AS.with(|s| *s.borrow_mut() = Some((remote.scratch.clone(), remote.url.clone())));
+            let done = read(&remote.scratch);
+            SHOWN_AS.with(|s| *s.borrow_mut() = None);
+            done
+        }
+        None => read(dir),
     }
 }
 
@@ -570,7 +650,16 @@ fn nodes_summary(bundles: &[trainer::WorkerBundle]) -> Option<String> {
 }
 
 fn abs(p: &Path) -> String {
+    // An experiment read back from its object store is shown by its URL.
+    if let Some(url) = SHOWN_AS.with(|s| s.borrow().as_ref().filter(|(dir, _)| dir == p).map(|(_, url)| url.clone())) {
+        return url;
+    }
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
+}
+
+thread_local! {
+    /// The directory an experiment was read back into, and its URL.
+    static SHOWN_AS: std::cell::RefCell<Option<(PathBuf, String)>> = const { std::cell::RefCell::new(None) };
 }
 
 /// A checkpoint's location as people use it: URLs as they are, paths absolute.

@@ -69,8 +69,9 @@ pub(crate) async fn create(
     store.put_searcher(&searcher.save())?;
     store.flush()?;
     if !storage.is_local() {
-        // Beside the checkpoints, for tools that only see the bucket.
+        // Beside the checkpoints, for tools that only see the bucket; and the store, mirrored from now on.
         storage.put_bytes("experiment.toml", text.into_bytes()).await.map_err(TuneError::Storage)?;
+        store.mirror_to(&storage.join("store")).await?;
     }
     let scheduler = Journaled::new(scheduler, &store, journal);
     Ok(Opened { store, scheduler, pending: VecDeque::new(), paused: Vec::new(), next_index: 0, finished: (0, 0) })
@@ -93,7 +94,21 @@ pub(crate) async fn resume(
     let mut paused = Vec::new();
     let mut next_index = 0;
     let mut finished = (0, 0);
-    let store = Store::open_existing(store_dir)?;
+    let store = if storage.is_local() {
+        Store::open_existing(store_dir)?
+    } else {
+        // The bucket's copy is the store of record: every acknowledged result is there. A local store
+        // that is behind it (another machine went on) or was never mirrored gives way to it.
+        let mirrored = storage.join("store");
+        let bucket = Store::mirror_next(&mirrored).await.map_err(TuneError::Storage)?;
+        let store = if bucket > 0 && Store::mirrored_seq(store_dir) != Some(bucket - 1) {
+            Store::materialize(&mirrored, store_dir).await?
+        } else {
+            Store::open_existing(store_dir)?
+        };
+        store.mirror_to(&mirrored).await?;
+        store
+    };
     if let Some(n) = store.meta(crate::runner::keep::LET_GO)?.and_then(|v| v.as_u64()) {
         return Err(TuneError::Corrupt(
             store_dir.to_path_buf(),

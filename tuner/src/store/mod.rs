@@ -16,6 +16,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod mirror;
 mod segments;
 mod snapshot;
 use segments::{Op, Segment, Segments};
@@ -255,6 +256,9 @@ pub struct Store {
     segments: Arc<Segments>,
     /// Held by a flush.
     flushing: Arc<std::sync::Mutex<()>>,
+    /// Where the store is mirrored, when the experiment's storage is an
+    /// object store (mirror.rs): set once, shared by every handle.
+    mirror: Arc<std::sync::OnceLock<mirror::Mirror>>,
     /// The private copy a read-only store was opened from (last: removed
     /// after the database is closed).
     snapshot: Option<Arc<snapshot::Snapshot>>,
@@ -366,6 +370,7 @@ impl Store {
             exploits: tree("exploits")?,
             segments: Arc::default(),
             flushing: Arc::default(),
+            mirror: Arc::default(),
             db,
             snapshot: None,
         })
@@ -398,7 +403,7 @@ impl Store {
 
     /// Stores the resolved experiment file.
     pub fn put_experiment(&self, toml_text: &str) -> Result<(), StoreError> {
-        self.meta.insert("experiment", toml_text.as_bytes()).map_err(self.sled_err())?;
+        self.put(0, b"experiment", toml_text.as_bytes().to_vec())?;
         Ok(())
     }
 
@@ -414,13 +419,13 @@ impl Store {
 
     /// Stores a meta value (e.g. the searcher's state).
     pub fn put_meta(&self, key: &str, value: &Value) -> Result<(), StoreError> {
-        self.meta.insert(key, Self::encode(value)).map_err(self.sled_err())?;
+        self.put(0, key.as_bytes(), Self::encode(value))?;
         Ok(())
     }
 
     /// Stores a meta value given as JSON text.
     pub(crate) fn put_meta_json(&self, key: &str, json: Vec<u8>) -> Result<(), StoreError> {
-        self.meta.insert(key, json).map_err(self.sled_err())?;
+        self.put(0, key.as_bytes(), json)?;
         Ok(())
     }
 
@@ -467,14 +472,14 @@ impl Store {
     /// trial's own key is written after it.
     pub fn create_trial(&self, trial: &TrialRecord, searcher_state: &Value) -> Result<(), StoreError> {
         let saved = SavedSearcher { searcher_state, created: Some(trial) };
-        self.meta.insert("searcher", Self::encode(&saved)).map_err(self.sled_err())?;
+        self.put(0, b"searcher", Self::encode(&saved))?;
         self.put_trial(trial)
     }
 
     /// Stores the searcher's state.
     pub fn put_searcher(&self, searcher_state: &Value) -> Result<(), StoreError> {
         let saved = SavedSearcher { searcher_state, created: None };
-        self.meta.insert("searcher", Self::encode(&saved)).map_err(self.sled_err())?;
+        self.put(0, b"searcher", Self::encode(&saved))?;
         Ok(())
     }
 
@@ -507,7 +512,7 @@ impl Store {
 
     /// Writes a trial's record.
     pub fn put_trial(&self, trial: &TrialRecord) -> Result<(), StoreError> {
-        self.trials.insert(trial.id.as_bytes(), Self::encode(trial)).map_err(self.sled_err())?;
+        self.put(1, trial.id.as_bytes(), Self::encode(trial))?;
         Ok(())
     }
 
@@ -539,17 +544,17 @@ impl Store {
     /// trials (`Tuner::keep_best`).
     pub fn remove_trial(&self, id: &str) -> Result<(), StoreError> {
         self.clear_series(id)?;
-        self.trials.remove(id.as_bytes()).map_err(self.sled_err())?;
+        self.remove(1, id.as_bytes())?;
         Ok(())
     }
 
     /// Deletes a trial's results, checkpoint and exploit rows (its record stays).
     pub fn clear_series(&self, id: &str) -> Result<(), StoreError> {
         let prefix = series_prefix(id);
-        for tree in [&self.results, &self.checkpoints, &self.exploits] {
+        for (n, tree) in [(2, &self.results), (3, &self.checkpoints), (4, &self.exploits)] {
             let keys: Vec<sled::IVec> = tree.scan_prefix(&prefix).keys().collect::<Result<_, _>>().map_err(self.sled_err())?;
             for k in keys {
-                tree.remove(k).map_err(self.sled_err())?;
+                self.remove(n, &k)?;
             }
         }
         Ok(())
@@ -557,7 +562,7 @@ impl Store {
 
     /// Appends a result (its `seq` must be the trial's next sequence number).
     pub fn put_result(&self, result: &TrialResult) -> Result<(), StoreError> {
-        self.results.insert(series_key(&result.trial_id, result.seq), Self::encode(result)).map_err(self.sled_err())?;
+        self.put(2, &series_key(&result.trial_id, result.seq), Self::encode(result))?;
         Ok(())
     }
 
@@ -638,13 +643,13 @@ impl Store {
 
     /// Records a committed checkpoint.
     pub fn put_checkpoint(&self, trial_id: &str, ckpt: &CheckpointRecord) -> Result<(), StoreError> {
-        self.checkpoints.insert(series_key(trial_id, ckpt.iteration), Self::encode(ckpt)).map_err(self.sled_err())?;
+        self.put(3, &series_key(trial_id, ckpt.iteration), Self::encode(ckpt))?;
         Ok(())
     }
 
     /// Uncommits a checkpoint (before its files are deleted).
     pub fn remove_checkpoint(&self, trial_id: &str, iteration: u64) -> Result<(), StoreError> {
-        self.checkpoints.remove(series_key(trial_id, iteration)).map_err(self.sled_err())?;
+        self.remove(3, &series_key(trial_id, iteration))?;
         Ok(())
     }
 
@@ -656,7 +661,7 @@ impl Store {
     /// Records an exploit carried out (keyed by recipient and `n`: one
     /// redone after a crash replaces its first record).
     pub fn put_exploit(&self, e: &ExploitRecord) -> Result<(), StoreError> {
-        self.exploits.insert(series_key(&e.trial_id, u64::from(e.n)), Self::encode(e)).map_err(self.sled_err())?;
+        self.put(4, &series_key(&e.trial_id, u64::from(e.n)), Self::encode(e))?;
         Ok(())
     }
 
@@ -670,15 +675,145 @@ impl Store {
 
     /// Makes every write so far durable (fsync), then writes the journal
     /// calls made before it started (see segments.rs). One flush at a
-    /// time, so the journal keeps the order of its calls.
+    /// time, so the journal keeps the order of its calls. A mirrored store
+    /// then uploads what changed since the last flush (mirror.rs): a flush
+    /// returns once the object store holds it too.
     pub fn flush(&self) -> Result<(), StoreError> {
         let _one = self.flushing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let journal = self.segments.take();
+        let changes = self.mirror.get().map(|m| m.take(&journal));
         self.db.flush().map_err(self.sled_err())?;
         if !journal.is_empty() && self.snapshot.is_none() {
             self.segments.write(&self.path, journal).map_err(|e| self.io_err("journal", e))?;
         }
+        if let (Some(m), Some(changes)) = (self.mirror.get(), changes) {
+            let uploaded = m.upload(changes, || self.dump().unwrap_or_default()).map_err(|e| self.mirror_err(e))?;
+            if let Some(seq) = uploaded {
+                let _ = std::fs::write(self.path.join("mirror-seq"), seq.to_string());
+            }
+        }
         Ok(())
+    }
+
+    /// Writes `value` at `key` of tree `n` (of [`mirror::TREES`]), recorded for the mirror.
+    fn put(&self, n: u8, key: &[u8], value: Vec<u8>) -> Result<(), StoreError> {
+        self.tree(n).insert(key, value.as_slice()).map_err(self.sled_err())?;
+        if let Some(m) = self.mirror.get() {
+            m.record(mirror::Change::Put { tree: n, key: key.to_vec(), value });
+        }
+        Ok(())
+    }
+
+    /// Removes `key` of tree `n`, recorded for the mirror.
+    fn remove(&self, n: u8, key: &[u8]) -> Result<(), StoreError> {
+        self.tree(n).remove(key).map_err(self.sled_err())?;
+        if let Some(m) = self.mirror.get() {
+            m.record(mirror::Change::Remove { tree: n, key: key.to_vec() });
+        }
+        Ok(())
+    }
+
+    fn tree(&self, n: u8) -> &sled::Tree {
+        match n {
+            0 => &self.meta,
+            1 => &self.trials,
+            2 => &self.results,
+            3 => &self.checkpoints,
+            _ => &self.exploits,
+        }
+    }
+
+    fn mirror_err(&self, e: trainer::StorageError) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.clone(),
+            key: "mirror".into(),
+            message: format!("could not copy the store to its object store: {e}"),
+        }
+    }
+
+    /// The whole store as changes: every record, and the journal's latest segment.
+    fn dump(&self) -> Result<Vec<mirror::Change>, StoreError> {
+        let mut out = Vec::new();
+        for n in 0..mirror::TREES.len() as u8 {
+            for kv in self.tree(n).iter() {
+                let (k, v) = kv.map_err(self.sled_err())?;
+                out.push(mirror::Change::Put { tree: n, key: k.to_vec(), value: v.to_vec() });
+            }
+        }
+        if let Some((generation, records)) = self.latest_journal()? {
+            let mut records = records.into_iter();
+            if let Some(snapshot) = records.next() {
+                out.push(mirror::Change::Start { generation, snapshot });
+                out.extend(records.map(mirror::Change::Call));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Mirrors the store to `storage` from now on (mirror.rs): the whole
+    /// store is written there first, as a base the logs of later flushes
+    /// follow.
+    pub async fn mirror_to(&self, storage: &trainer::Storage) -> Result<(), StoreError> {
+        let seq = mirror::next_seq(storage).await.map_err(|e| self.mirror_err(e))?;
+        // Flushed first: the base holds what the local store holds durably, and nothing waits in the journal.
+        self.flush()?;
+        let all = self.dump()?;
+        mirror::write_base(storage, seq, &all).await.map_err(|e| self.mirror_err(e))?;
+        let m = mirror::Mirror::new(storage.clone(), seq + 1).map_err(|e| self.io_err("mirror", e))?;
+        let _ = std::fs::write(self.path.join("mirror-seq"), seq.to_string());
+        let _ = self.mirror.set(m);
+        Ok(())
+    }
+
+    /// Reads the store mirrored at `storage` back into a new store at
+    /// `path` (what was there is replaced): its latest base and the logs
+    /// after it, replayed in order. Errors when `storage` holds none.
+    pub async fn materialize(storage: &trainer::Storage, path: &Path) -> Result<Self, StoreError> {
+        let (changes, next) = mirror::read_all(storage).await.map_err(|message| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            key: storage.uri(""),
+            message,
+        })?;
+        if next == 0 {
+            return Err(StoreError::Missing(PathBuf::from(storage.uri(""))));
+        }
+        if path.exists() {
+            std::fs::remove_dir_all(path).map_err(|e| StoreError::Corrupt {
+                path: path.to_path_buf(),
+                key: "store".into(),
+                message: e.to_string(),
+            })?;
+        }
+        let store = Self::open(path)?;
+        let mut journal = Vec::new();
+        for c in changes {
+            match c {
+                mirror::Change::Put { tree, key, value } => {
+                    store.tree(tree).insert(key, value).map_err(store.sled_err())?;
+                }
+                mirror::Change::Remove { tree, key } => {
+                    store.tree(tree).remove(key).map_err(store.sled_err())?;
+                }
+                mirror::Change::Call(bytes) => journal.push(Op::Call(bytes)),
+                mirror::Change::Start { generation, snapshot } => journal.push(Op::Start { generation, snapshot }),
+            }
+        }
+        store.db.flush().map_err(store.sled_err())?;
+        if !journal.is_empty() {
+            store.segments.write(&store.path, journal).map_err(|e| store.io_err("journal", e))?;
+        }
+        let _ = std::fs::write(path.join("mirror-seq"), (next - 1).to_string());
+        Ok(store)
+    }
+
+    /// How far the local store's mirror went (`None`: not mirrored here).
+    pub fn mirrored_seq(path: &Path) -> Option<u64> {
+        mirror::local_seq(path)
+    }
+
+    /// The number the next log of the store mirrored at `storage` takes.
+    pub async fn mirror_next(storage: &trainer::Storage) -> Result<u64, trainer::StorageError> {
+        mirror::next_seq(storage).await
     }
 }
 
