@@ -29,6 +29,27 @@ def experiment_dirs(storage: Optional[str], name: str) -> str:
     return os.path.abspath(os.path.join("nestor-runs", name))
 
 
+def is_url(path: str) -> bool:
+    """Whether ``path`` names an experiment in an object store (``s3://``, ``gs://``, ``az://``)."""
+    return "://" in path and not path.startswith("file://")
+
+
+def pull(url: str, check: bool = True) -> Optional[str]:
+    """``nestor pull URL``: the experiment in an object store brought back
+    into its local directory (its files and its result store); that
+    directory, or None (``check=False``) when there is no experiment there."""
+    import subprocess
+
+    from . import _binary
+
+    out = subprocess.run([_binary.find(), "pull", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        if not check:
+            return None
+        raise ValueError(f"Tuner.restore({url!r}): {out.stderr.strip() or 'nestor pull failed'}")
+    return out.stdout.strip().splitlines()[-1]
+
+
 def default_name(trainable: Any) -> str:
     stem = getattr(trainable, "__name__", None) or type(trainable).__name__
     return f"{stem}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"

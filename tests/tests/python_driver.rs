@@ -190,6 +190,50 @@ fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknow
     }
 }
 
+/// The same with `storage_path` in a bucket: the driver and the binary
+/// are killed, the directory they ran in is deleted, and
+/// `Tuner.restore("s3://bucket/runs/crash", trainable)` in another
+/// directory brings the experiment back from the bucket alone (its store
+/// and its driver's files) and finishes it, every acknowledged step kept.
+#[test]
+fn tuner_restore_from_the_bucket_alone_on_another_machine_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&dir.path().join("s3"));
+    let acks = dir.path().join("acks.txt");
+    let ran = dir.path().join("ran");
+    std::fs::create_dir_all(&ran).unwrap();
+    let path = format!("{}:{}", venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let mut cmd = Command::new(venv().join("bin/python"));
+    cmd.arg(repo().join("tests/py/driver_crash.py"))
+        .args(["s3://bucket/runs", "run"])
+        .current_dir(&ran)
+        .env("PATH", &path)
+        .env_remove("NESTOR_BIN")
+        .envs(s3.env())
+        .env("ACKS", &acks);
+    let acked = trial_iterations(&kill_driver_midway(cmd, &acks, 10, dir.path()));
+    assert!(!acked.is_empty());
+    std::fs::remove_dir_all(&ran).unwrap();
+    let mut env: Vec<(&str, String)> = vec![("ACKS", acks.display().to_string())];
+    let creds = s3.env();
+    env.extend(creds.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    let out = passed(python(elsewhere.path(), "tests/py/driver_crash.py", &["s3://bucket/runs", "restore"], &env));
+    let status: BTreeMap<String, String> = serde_json::from_str(line(&out, "STATUS")).unwrap();
+    assert_eq!(status.len(), 4, "{out}");
+    assert!(status.values().all(|s| s == "TERMINATED"), "{status:?}");
+    let results: BTreeMap<String, Vec<u64>> = serde_json::from_str(line(&out, "RESULT")).unwrap();
+    for (trial, iters) in &results {
+        assert_eq!(iters, &(1..=25).collect::<Vec<u64>>(), "{trial}: every iteration once, in order");
+    }
+    for (trial, iter) in &acked {
+        assert!(results[trial].contains(iter), "acknowledged {trial} {iter} is missing");
+    }
+    assert!(elsewhere.path().join("nestor-runs/crash/store").exists());
+    // The files for people went up at the end too.
+    assert!(s3.objects("runs/crash/trials/trial_00000").iter().any(|o| o.ends_with("result.jsonl")), "{:?}", s3.objects("runs/crash"));
+}
+
 #[test]
 fn the_ray_train_and_tune_pattern_runs_with_its_imports_changed() {
     let dir = tempfile::tempdir().unwrap();

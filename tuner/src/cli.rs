@@ -152,7 +152,9 @@ enum Command {
     },
     /// Continue an interrupted or crashed experiment.
     Resume {
-        /// The experiment directory (<storage>/<name>).
+        /// The experiment directory (<storage>/<name>), or its URL when its
+        /// storage is an object store (s3://bucket/prefix/<name>): it goes on
+        /// from the bucket alone.
         dir: PathBuf,
         /// Print plain progress lines even on a terminal.
         #[arg(long)]
@@ -167,11 +169,21 @@ enum Command {
         /// Run the trials in ERROR again from the start (their results and checkpoints deleted).
         #[arg(long)]
         restart_errored: bool,
+        /// Override a `trainer.` key of the stored experiment, what differs on
+        /// this machine (e.g. --set trainer.working_dir="/home/me/project").
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
     },
     /// Show every trial: state, iteration, restarts, latest metrics.
     Status {
-        /// The experiment directory.
+        /// The experiment directory, or its URL (s3://bucket/prefix/<name>).
         dir: PathBuf,
+    },
+    /// Bring an experiment whose storage is an object store back into its
+    /// local directory (its files and its result store); prints the directory.
+    Pull {
+        /// The experiment's URL (s3://bucket/prefix/<name>, gs://, az://).
+        url: PathBuf,
     },
     /// List the exploits of a population-based sweep: who took whose
     /// checkpoint, at which iteration, and how the config changed.
@@ -421,7 +433,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let job = SubmitJob { file: &file, nodes, gpus_per_node, partition, time, sets: &sets, sbatch_args: &sbatch_args };
             submit(&job, dry_run)
         }
-        Command::Resume { dir, plain, dashboard, resume_errored, restart_errored } => {
+        Command::Resume { dir, plain, dashboard, resume_errored, restart_errored, sets } => {
             // An experiment in an object store (`s3://bucket/prefix/<name>`): resumed from the bucket alone,
             // in the local directory its file names.
             let dir = match remote_experiment(&dir)? {
@@ -436,10 +448,18 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 (_, true) => crate::Errored::Restart,
                 _ => crate::Errored::Keep,
             };
-            let tuner = Tuner::restore(&dir, None)?.progress(progress(plain)).errored(errored);
+            let tuner = Tuner::restore_with(&dir, None, &sets)?.progress(progress(plain)).errored(errored);
             let grid = tuner.fit().map_err(|e| on_full_disk(e.into(), &dir))?;
             print_summary(&grid, &dir)
         }
+        Command::Pull { url } => match remote_experiment(&url)? {
+            Some(remote) => {
+                let dir = remote.into_local()?;
+                println!("{}", dir.display());
+                Ok(())
+            }
+            None => Err(Failure { code: 2, message: format!("{}: give the experiment's URL (s3://bucket/prefix/<name>)", url.display()) }),
+        },
         Command::Status { dir } => reading(&dir, status),
         Command::Dashboard { dirs, port, host, token } => dashboard(dirs, port, host, token),
         Command::Exploits { dir, json } => reading(&dir, |d| exploits(d, json)),
@@ -494,19 +514,16 @@ fn remote_experiment(dir: &Path) -> Result<Option<RemoteExperiment>, Failure> {
 }
 
 impl RemoteExperiment {
-    /// The experiment's local directory (its file's `local_dir`, else
-    /// `nestor-runs`, and its name), holding the store read back and the
-    /// file: where a resume goes on.
+    /// The experiment brought back from its object store (its files and
+    /// its store) into its local directory (its file's `local_dir`, else
+    /// `nestor-runs`, and its name): where a resume goes on.
     fn into_local(self) -> Result<PathBuf, Failure> {
         let dir = Path::new(&self.file.experiment.local_root()).join(&self.file.experiment.name);
-        let failed = |e: std::io::Error| Failure { code: 1, message: format!("{}: {e}", dir.display()) };
-        std::fs::create_dir_all(&dir).map_err(failed)?;
-        let store = dir.join("store");
-        if store.exists() {
-            std::fs::remove_dir_all(&store).map_err(failed)?;
-        }
-        std::fs::rename(self.scratch.join("store"), &store).map_err(failed)?;
-        std::fs::copy(self.scratch.join("experiment.toml"), dir.join("experiment.toml")).map_err(failed)?;
+        let failed = |message: String| Failure { code: 1, message };
+        let storage = trainer::Storage::parse(&self.url).map_err(|e| failed(e.to_string()))?;
+        let runtime = trainer::driver_runtime().map_err(|e| failed(format!("{}: {e}", self.url)))?;
+        runtime.block_on(crate::remote::pull(&storage, &dir)).map_err(|e| failed(e.to_string()))?;
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
         eprintln!("nestor: {} read back from {} into {}", self.file.experiment.name, self.url, dir.display());
         Ok(dir)
     }

@@ -16,6 +16,7 @@ mod journal;
 mod opening;
 mod placement;
 mod progress;
+pub mod remote;
 mod result_grid;
 mod retention;
 mod runner;

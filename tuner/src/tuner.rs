@@ -300,12 +300,26 @@ impl Tuner {
     /// searcher continues its sequence. `trainable` is needed when the
     /// experiment ran a Rust function (its file has no `[trainer]`).
     pub fn restore(experiment_dir: impl AsRef<Path>, trainable: Option<Trainable>) -> Result<Self, TuneError> {
+        Self::restore_with(experiment_dir, trainable, &[])
+    }
+
+    /// [`Tuner::restore`], with `trainer.` keys of the stored experiment
+    /// overridden (`trainer.working_dir=...`): what differs on the machine it
+    /// goes on from (a command's paths, its working directory). Other keys
+    /// are refused: the sweep goes on as it started.
+    pub fn restore_with(experiment_dir: impl AsRef<Path>, trainable: Option<Trainable>, sets: &[String]) -> Result<Self, TuneError> {
         let dir = experiment_dir.as_ref().to_path_buf();
+        let origin = format!("{}/experiment.toml", dir.display());
+        if let Some(bad) = sets.iter().find(|s| !s.trim_start().starts_with("trainer.")) {
+            return Err(TuneError::Experiment(crate::ExperimentError::Set {
+                arg: bad.clone(),
+                message: "a resumed sweep takes overrides of trainer. keys only (what differs on this machine)".into(),
+            }));
+        }
         let store = Store::open_existing(&dir.join("store"))?;
         let text = store.experiment()?.ok_or_else(|| TuneError::Corrupt(dir.clone(), "the store holds no experiment".into()))?;
         drop(store);
-        let origin = format!("{}/experiment.toml", dir.display());
-        let file = ExperimentFile::from_toml(&text, &origin, &[])?;
+        let file = ExperimentFile::from_toml(&text, &origin, sets)?;
         let mut t = Tuner::from_file(file, origin, trainable);
         t.restore_dir = Some(dir);
         Ok(t)
@@ -552,6 +566,14 @@ impl Tuner {
             workers_from: file.trainer.as_ref().and_then(|t| t.num_workers_from.clone()),
             datasets,
         };
+        // An experiment in an object store: what a Python driver wrote for it goes up now, the files for
+        // people when the sweep ends (its store is mirrored at every flush).
+        let remote = (!storage.is_local()).then(|| storage.clone());
+        if let Some(r) = &remote {
+            if let Err(e) = crate::remote::push(&exp_dir, r, "driver").await {
+                tracing::warn!("copying the driver's files to {}: {e}", r.uri("driver"));
+            }
+        }
         let (runner, inputs) = Runner::new(Parts {
             settings,
             store: store.clone(),
@@ -568,7 +590,14 @@ impl Tuner {
             next_index,
             reporter,
         });
-        match runner.run(inputs).await? {
+        let finish = runner.run(inputs).await;
+        if let Some(r) = &remote {
+            match crate::remote::push(&exp_dir, r, "").await {
+                Ok(n) => tracing::debug!("copied {n} files to {}", r.uri("")),
+                Err(e) => eprintln!("nestor: could not copy the experiment's files to {}: {e}", r.uri("")),
+            }
+        }
+        match finish? {
             Finish::Interrupted => Err(TuneError::Interrupted(exp_dir)),
             Finish::Done => Ok((exp_dir, store)),
         }

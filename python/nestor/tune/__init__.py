@@ -6,6 +6,7 @@
 file describes), pickles the trainable by value, runs ``nestor run`` and
 returns the ``ResultGrid`` read from the experiment's store."""
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -181,6 +182,9 @@ class Tuner:
             raise ValueError("Tuner.restore(resume_unfinished=False) is not supported: unfinished trials always resume")
         if resume_errored and restart_errored:
             raise ValueError("Tuner.restore: give resume_errored or restart_errored, not both")
+        if _driver.is_url(path):
+            # An experiment whose storage is an object store: brought back from the bucket alone.
+            path = _driver.pull(path)
         if not cls.can_restore(path):
             raise ValueError(f"Tuner.restore: {path} is not a nestor experiment (no store/ and experiment.toml in it)")
         if param_space is not None:
@@ -192,7 +196,14 @@ class Tuner:
 
     @staticmethod
     def can_restore(path: str) -> bool:
-        """Whether ``path`` holds an experiment that ``Tuner.restore`` can continue."""
+        """Whether ``path`` holds an experiment that ``Tuner.restore`` can continue
+        (a directory, or the URL of one whose storage is an object store)."""
+        if _driver.is_url(path):
+            import subprocess
+
+            from .. import _binary
+
+            return subprocess.run([_binary.find(), "status", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
         return os.path.isdir(os.path.join(path, "store")) and os.path.isfile(os.path.join(path, "experiment.toml"))
 
     def _experiment(self, name: str, blob_path: str, exp_dir: str) -> Dict[str, Any]:
@@ -327,14 +338,18 @@ class Tuner:
         tc = self._tune_config
         if self._restore_path:
             exp_dir = self._restore_path
-            _driver.write_blob(exp_dir, {**_plan_datasets(self._parts["blob"], exp_dir), **_driver.read_run_settings(exp_dir)})
+            blob = _driver.write_blob(exp_dir, {**_plan_datasets(self._parts["blob"], exp_dir), **_driver.read_run_settings(exp_dir)})
             hooks = _driver.read_hooks(exp_dir)
             if hooks and hooks.get("search") is not None:
                 from .._hooks import DefineByRun
 
                 # The define-by-run study as it was last saved (every trial it suggested and was told of).
                 hooks["search"] = DefineByRun.saved(exp_dir) or hooks["search"]
-            _driver.run_binary(["resume", exp_dir, *self._errored], hooks=_serve(exp_dir, hooks))
+            # This machine's Python, working directory and module path: the sweep may go on elsewhere than it began.
+            here = {"trainer.command": [sys.executable, "-m", "nestor._worker", blob], "trainer.working_dir": os.getcwd(),
+                    "trainer.files": [blob], **{f"trainer.env.{k}": v for k, v in _driver.worker_env().items()}}
+            sets = [a for k, v in here.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+            _driver.run_binary(["resume", exp_dir, *self._errored, *sets], hooks=_serve(exp_dir, hooks))
         else:
             rc = self._run_config
             name = rc.name or _driver.default_name(self._trainable)
