@@ -17,6 +17,10 @@
 
 use std::time::Instant;
 
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
 // The allocator of the `nestor` binary, so the driver here is the one users run.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -71,6 +75,17 @@ async fn start_times(n: u32, reps: u64, command: &[&str], reports: bool) -> Resu
 }
 
 fn throughput(trials: u64, workers: u32, steps: u64, in_process: bool) -> Result<(f64, u64), Box<dyn std::error::Error>> {
+    throughput_to(trials, workers, steps, in_process, None)
+}
+
+/// [`throughput`], the experiment's storage at `url` (its store mirrored there at every flush).
+fn throughput_to(
+    trials: u64,
+    workers: u32,
+    steps: u64,
+    in_process: bool,
+    url: Option<&str>,
+) -> Result<(f64, u64), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let space = Space::builder().constant("x", 0.5).constant("steps", steps).constant("quiet", true).build()?;
     let trainable = if in_process {
@@ -97,6 +112,7 @@ fn throughput(trials: u64, workers: u32, steps: u64, in_process: bool) -> Result
         .run_config(RunConfig {
             name: "throughput".into(),
             storage: dir.path().into(),
+            storage_url: url.map(String::from),
             progress: ProgressMode::Quiet,
             ..Default::default()
         })
@@ -175,6 +191,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let secs = t.elapsed().as_secs_f64();
         println!(
             "(the driver alone: 16 in-process trials x {steps} steps: {n} results persisted, {rate:.0} results/s, {secs:.1} s in all)"
+        );
+    }
+    if part("driver-s3") {
+        // The same, with the experiment's storage in a bucket of an S3 server on loopback: each flush
+        // uploads its batch of results before they are acknowledged.
+        let dir = tempfile::tempdir()?;
+        let s3 = common::S3Server::start(&dir.path().join("s3"));
+        for (k, v) in s3.env() {
+            std::env::set_var(k, v);
+        }
+        let t = Instant::now();
+        let (rate, n) = throughput_to(16, 1, steps, true, Some("s3://bucket/runs"))?;
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "(the driver alone, its store mirrored to S3 on loopback: 16 in-process trials x {steps} steps: {n} results persisted, {rate:.0} results/s, {secs:.1} s in all)"
         );
     }
     if part("processes") {

@@ -221,6 +221,9 @@ impl std::fmt::Debug for Mirror {
 impl Mirror {
     /// A mirror at `storage` whose next log is `next`.
     pub(super) fn new(storage: Storage, next: u64) -> std::io::Result<Self> {
+        // A client of its own: one an object store's client made for another runtime would hand this
+        // thread's runtime connections that runtime drives (and the other way round), which then hang.
+        let storage = Storage::parse(&storage.uri("")).map_err(std::io::Error::other)?;
         let (tx, rx) = sync_mpsc::channel::<Job>();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         std::thread::Builder::new().name("nestor-store-mirror".into()).spawn(move || {
