@@ -31,6 +31,9 @@ use super::segments::Op;
 /// A base every this many logs.
 const BASE_EVERY: u64 = 256;
 
+/// How often a mirror that fell behind tries to catch up.
+const RETRY_BEHIND: std::time::Duration = std::time::Duration::from_secs(10);
+
 const MAGIC: &[u8; 8] = b"NSTMIR01";
 
 /// The store's trees, as a byte in a record.
@@ -209,6 +212,8 @@ pub(super) struct Mirror {
     storage: Storage,
     recorded: Mutex<Vec<Change>>,
     next: Mutex<u64>,
+    /// Since when the object store could not be written (the mirror is behind).
+    behind: Mutex<Option<std::time::Instant>>,
     jobs: Mutex<sync_mpsc::Sender<Job>>,
 }
 
@@ -240,7 +245,7 @@ impl Mirror {
                 let _ = job.reply.send(done);
             }
         })?;
-        Ok(Self { storage, recorded: Mutex::default(), next: Mutex::new(next), jobs: Mutex::new(tx) })
+        Ok(Self { storage, recorded: Mutex::default(), next: Mutex::new(next), behind: Mutex::default(), jobs: Mutex::new(tx) })
     }
 
     /// Records a change for the next flush.
@@ -272,20 +277,53 @@ impl Mirror {
     /// a base is due, `base` gives the whole store's changes and it is
     /// written too, the logs before it deleted. Called by a flush, after
     /// the local database is durable.
-    /// Returns the number of the log written.
+    /// Returns the number of the object written.
+    ///
+    /// An object store that cannot be reached does not stop the sweep: the
+    /// local store is durable, results are acknowledged from it, and the
+    /// mirror falls behind (said once); then, at most every
+    /// [`RETRY_BEHIND`], a flush writes the whole store as a base instead
+    /// of a log, and once one is written the mirror is whole again.
     pub(super) fn upload(&self, changes: Vec<Change>, base: impl FnOnce() -> Vec<Change>) -> Result<Option<u64>, StorageError> {
-        if changes.is_empty() {
+        let mut behind = self.behind.lock().unwrap_or_else(PoisonError::into_inner);
+        if changes.is_empty() && behind.is_none() {
             return Ok(None);
         }
         let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
         let seq = *next;
-        self.run(vec![(log_name(seq), encode(&changes))], None)?;
-        *next = seq + 1;
-        if seq > 0 && seq % BASE_EVERY == 0 {
-            // The whole store as of this log: readers start here, the logs up to it go.
-            self.run(vec![(base_name(seq), encode(&base()))], Some(seq))?;
+        let written = match *behind {
+            Some(since) if since.elapsed() < RETRY_BEHIND => return Ok(None),
+            // Behind: the whole store, in place of the logs that did not go up.
+            Some(_) => self.run(vec![(base_name(seq), encode(&base()))], Some(seq)),
+            None => self.run(vec![(log_name(seq), encode(&changes))], None).and_then(|()| {
+                if seq > 0 && seq % BASE_EVERY == 0 {
+                    // The whole store as of this log: readers start here, the logs up to it go.
+                    self.run(vec![(base_name(seq), encode(&base()))], Some(seq))
+                } else {
+                    Ok(())
+                }
+            }),
+        };
+        match written {
+            Ok(()) => {
+                if behind.take().is_some() {
+                    eprintln!("nestor: the result store's copy at {} is whole again", self.storage.uri(""));
+                }
+                *next = seq + 1;
+                Ok(Some(seq))
+            }
+            Err(e) => {
+                if behind.is_none() {
+                    eprintln!(
+                        "nestor: the result store's copy at {} falls behind ({e}); results are acknowledged once on this machine's disk, \
+                         and the copy catches up when the object store answers again",
+                        self.storage.uri("")
+                    );
+                }
+                *behind = Some(std::time::Instant::now());
+                Ok(None)
+            }
         }
-        Ok(Some(seq))
     }
 }
 
