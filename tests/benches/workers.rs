@@ -18,7 +18,6 @@
 use std::time::Instant;
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 // The allocator of the `nestor` binary, so the driver here is the one users run.

@@ -44,6 +44,7 @@ fn tables() -> BTreeMap<String, BTreeSet<String>> {
         out.insert(format!("[{table}]"), accepted(&format!("[{table}]"), ""));
     }
     out.insert("[trainer]".into(), accepted("[trainer]", "command = [\"true\"]\n"));
+    out.insert("[cluster.jobs]".into(), accepted("[cluster.jobs]", ""));
     // A data set's table form (the section's own keys are the data sets' names).
     out.insert("[datasets]".into(), accepted("[datasets.train]", "path = \"x\"\n"));
     for t in ["asha", "hyperband", "hyperband_bohb", "median_stopping", "learning_curve", "pbt", "pb2", "resource_changing"] {

@@ -296,7 +296,7 @@ impl Mirror {
             // Behind: the whole store, in place of the logs that did not go up.
             Some(_) => self.run(vec![(base_name(seq), encode(&base()))], Some(seq)),
             None => self.run(vec![(log_name(seq), encode(&changes))], None).and_then(|()| {
-                if seq > 0 && seq % BASE_EVERY == 0 {
+                if seq > 0 && seq.is_multiple_of(BASE_EVERY) {
                     // The whole store as of this log: readers start here, the logs up to it go.
                     self.run(vec![(base_name(seq), encode(&base()))], Some(seq))
                 } else {
