@@ -177,15 +177,21 @@ fn tuner_restore_after_the_driver_and_the_binary_are_killed_loses_nothing_acknow
         &[storage.to_str().unwrap(), "restore"],
         &[("ACKS", acks.display().to_string())],
     ));
-    let status: BTreeMap<String, String> = serde_json::from_str(line(&out, "STATUS")).unwrap();
+    restored_whole(&out, &acked);
+}
+
+/// driver_crash.py's restore printed 4 TERMINATED trials, each with every
+/// iteration once, in order, and every report acknowledged before the kill.
+fn restored_whole(out: &str, acked: &std::collections::BTreeSet<(String, u64)>) {
+    let status: BTreeMap<String, String> = serde_json::from_str(line(out, "STATUS")).unwrap();
     assert_eq!(status.len(), 4, "{out}");
     assert!(status.values().all(|s| s == "TERMINATED"), "{status:?}");
-    let results: BTreeMap<String, Vec<u64>> = serde_json::from_str(line(&out, "RESULT")).unwrap();
+    let results: BTreeMap<String, Vec<u64>> = serde_json::from_str(line(out, "RESULT")).unwrap();
     for (trial, iters) in &results {
         assert_eq!(iters, &(1..=25).collect::<Vec<u64>>(), "{trial}: every iteration once, in order");
     }
     // Every report a rank saw acknowledged before the kill is in the store (the histories above are whole).
-    for (trial, iter) in &acked {
+    for (trial, iter) in acked {
         assert!(results[trial].contains(iter), "acknowledged {trial} {iter} is missing");
     }
 }
@@ -219,16 +225,7 @@ fn tuner_restore_from_the_bucket_alone_on_another_machine_loses_nothing_acknowle
     let creds = s3.env();
     env.extend(creds.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let out = passed(python(elsewhere.path(), "tests/py/driver_crash.py", &["s3://bucket/runs", "restore"], &env));
-    let status: BTreeMap<String, String> = serde_json::from_str(line(&out, "STATUS")).unwrap();
-    assert_eq!(status.len(), 4, "{out}");
-    assert!(status.values().all(|s| s == "TERMINATED"), "{status:?}");
-    let results: BTreeMap<String, Vec<u64>> = serde_json::from_str(line(&out, "RESULT")).unwrap();
-    for (trial, iters) in &results {
-        assert_eq!(iters, &(1..=25).collect::<Vec<u64>>(), "{trial}: every iteration once, in order");
-    }
-    for (trial, iter) in &acked {
-        assert!(results[trial].contains(iter), "acknowledged {trial} {iter} is missing");
-    }
+    restored_whole(&out, &acked);
     assert!(elsewhere.path().join("nestor-runs/crash/store").exists());
     // The files for people went up at the end too.
     assert!(s3.objects("runs/crash/trials/trial_00000").iter().any(|o| o.ends_with("result.jsonl")), "{:?}", s3.objects("runs/crash"));

@@ -6,9 +6,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::Path;
-
 use common::*;
 
 fn promotion_sweep(name: &str) -> String {
@@ -18,20 +15,6 @@ fn promotion_sweep(name: &str) -> String {
         "x = { uniform = [0.0, 1.0] }\nsteps = 9\nsleep_ms = 25\ncheckpoint = true",
         "\n[checkpoint]\nfrequency = 1\n\n[scheduler]\ntype = \"asha\"\nasha_type = \"promotion\"\nmax_t = 9\nreduction_factor = 3\n",
     )
-}
-
-/// Per trial: status, iterations of its effective history, its last loss.
-type Outcome = BTreeMap<String, (String, Vec<u64>, String)>;
-
-fn outcome(exp: &Path) -> Outcome {
-    let grid = tuner::ResultGrid::load(exp).unwrap();
-    grid.iter()
-        .map(|t| {
-            let its = t.history.iter().map(|r| r.training_iteration).collect();
-            let loss = t.metrics.as_ref().map(|m| format!("{:.12}", m["loss"])).unwrap_or_default();
-            (t.trial_id.clone(), (t.status.as_str().to_string(), its, loss))
-        })
-        .collect()
 }
 
 #[test]

@@ -142,6 +142,22 @@ fn assert_histories_whole(exp: &Path) {
     }
 }
 
+/// The sweep of one trial, once its first job was ended by the cluster:
+/// the trial finished all `steps` in a new job resumed from a checkpoint,
+/// charged once to `max_infrastructure_failures` and never to
+/// `max_failures`, each step once in its history. The driver's stderr.
+fn went_on_in_a_new_job(out: std::process::Output, exp: &Path, steps: u64) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stdout.contains("(1 TERMINATED)"), "{stdout}\n{stderr}");
+    let t = &trials(exp)[0];
+    assert_eq!((t.failures, t.infrastructure_failures), (0, 1), "{stderr}");
+    assert_eq!(t.last_result.as_ref().unwrap().training_iteration, steps);
+    assert!(rank0_says(exp, "resumed from"), "the new job did not resume from a checkpoint");
+    assert_histories_whole(exp);
+    stderr
+}
+
 /// One trial of 2 ranks that checkpoints every step, slow enough to be caught mid-run.
 fn one_trial(dir: &Path, name: &str, space_extra: &str, jobs: &str) {
     let text = sweep(
@@ -223,18 +239,10 @@ fn a_job_requeued_by_slurm_goes_on_from_its_checkpoint_in_a_new_job() {
     let job = listed(&cluster, "nestor-requeued-").into_iter().find(|(_, _, s)| s == "RUNNING").expect("a running job").0;
     let out = cluster.run("scontrol", &["requeue", &job]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(stdout.contains("(1 TERMINATED)"), "{stdout}\n{stderr}");
-    let t = &trials(&exp)[0];
-    assert_eq!((t.failures, t.infrastructure_failures), (0, 1), "{stderr}");
-    assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 12);
+    let stderr = went_on_in_a_new_job(child.wait_with_output().unwrap(), &exp, 12);
     assert!(stderr.contains(&format!("Slurm put job {job} back in its queue")), "{stderr}");
     let jobs = listed(&cluster, "nestor-requeued-");
     assert_eq!(jobs.len(), 2, "a new job for the rest: {jobs:?}");
-    assert!(rank0_says(&exp, "resumed from"), "the new job did not resume from a checkpoint");
-    assert_histories_whole(&exp);
 }
 
 /// A job that reaches its time limit: Slurm gives its ranks SIGUSR1
@@ -301,17 +309,9 @@ fn a_job_preempted_by_a_higher_priority_partition_goes_on_from_its_checkpoint() 
     let first = listed(&cluster, "nestor-preempted-").into_iter().find(|(_, _, s)| s == "RUNNING").expect("a running job").0;
     let out = cluster.run("sbatch", &["--parsable", "-p", "high", "-n2", "--mem=100", "--output=/dev/null", "--wrap", "sleep 4"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(stdout.contains("(1 TERMINATED)"), "{stdout}\n{stderr}");
-    let t = &trials(&exp)[0];
-    assert_eq!((t.failures, t.infrastructure_failures), (0, 1), "{stderr}");
+    let stderr = went_on_in_a_new_job(child.wait_with_output().unwrap(), &exp, 12);
     assert!(stderr.contains(&format!("job {first}")), "{stderr}");
-    assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 12);
-    assert!(rank0_says(&exp, "resumed from"), "the new job did not resume from a checkpoint");
     assert_eq!(listed(&cluster, "nestor-preempted-").len(), 2);
-    assert_histories_whole(&exp);
 }
 
 /// The driver is SIGKILLed while its trials' jobs run and wait: the jobs
@@ -383,20 +383,6 @@ fn the_python_driver_runs_each_trial_as_a_slurm_job_with_slurm_jobs_in_init() {
         let log = read(&exp.join(format!("trials/{}/logs/rank-1.log", t.id)));
         assert!(log.contains("nestor: rank 1 of 2 on node"), "{log}");
     }
-}
-
-/// Per trial: status, iterations of its effective history, its last loss.
-type Outcome = std::collections::BTreeMap<String, (String, Vec<u64>, String)>;
-
-fn outcome(exp: &Path) -> Outcome {
-    let grid = tuner::ResultGrid::load(exp).unwrap();
-    grid.iter()
-        .map(|t| {
-            let its = t.history.iter().map(|r| r.training_iteration).collect();
-            let loss = t.metrics.as_ref().map(|m| format!("{:.12}", m["loss"])).unwrap_or_default();
-            (t.trial_id.clone(), (t.status.as_str().to_string(), its, loss))
-        })
-        .collect()
 }
 
 /// Promotion ASHA pauses trials at their rungs and promotes them later: a
@@ -471,14 +457,6 @@ fn a_node_failing_under_a_job_sends_the_trial_to_a_new_job_from_its_checkpoint()
     let log = read(&exp.join("trials/trial_00000/logs/rank-0.log"));
     let node = log.lines().find_map(|l| l.strip_prefix("nestor: rank 0 of 2 on ")).unwrap().split(' ').next().unwrap().to_string();
     cluster.kill_node(&node);
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(stdout.contains("(1 TERMINATED)"), "{stdout}\n{stderr}");
-    let t = &trials(&exp)[0];
-    assert_eq!((t.failures, t.infrastructure_failures), (0, 1), "{stderr}");
+    let stderr = went_on_in_a_new_job(child.wait_with_output().unwrap(), &exp, 16);
     assert!(stderr.contains(&node), "the lost node is not named: {stderr}");
-    assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 16);
-    assert!(rank0_says(&exp, "resumed from"), "the new job did not resume from a checkpoint");
-    assert_histories_whole(&exp);
 }

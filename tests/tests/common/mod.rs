@@ -290,3 +290,18 @@ pub fn rank_pid(trial_dir: &Path, rank: u32) -> Option<u32> {
         environ.contains(&needle) && environ.contains(&rank_var)
     })
 }
+
+/// Per trial: status, iterations of its effective history, its last loss.
+pub type Outcome = std::collections::BTreeMap<String, (String, Vec<u64>, String)>;
+
+/// What a sweep decided, trial by trial: compared between runs of the same sweep.
+pub fn outcome(exp: &Path) -> Outcome {
+    let grid = tuner::ResultGrid::load(exp).unwrap();
+    grid.iter()
+        .map(|t| {
+            let its = t.history.iter().map(|r| r.training_iteration).collect();
+            let loss = t.metrics.as_ref().map(|m| format!("{:.12}", m["loss"])).unwrap_or_default();
+            (t.trial_id.clone(), (t.status.as_str().to_string(), its, loss))
+        })
+        .collect()
+}

@@ -330,13 +330,7 @@ impl Backend for SlurmJobsBackend {
         let spread = Spread::of(bundles.len(), self.strategy);
         let args = self.sbatch_args(&name, &output, &bundles, spread);
         let script = batch_script(&cfg.command, gpus);
-        let log_paths: Vec<PathBuf> = (0..world).map(|r| logs.join(format!("rank-{r}.log"))).collect();
-        let job_log = logs.join("job.log");
-        let open = |p: &PathBuf| {
-            std::fs::OpenOptions::new().create(true).append(true).open(p).map_err(|source| LaunchError::Io { path: p.clone(), source })
-        };
-        let rank_files = log_paths.iter().map(open).collect::<Result<Vec<_>, _>>()?;
-        let job_file = open(&job_log)?;
+        let (log_paths, rank_files, job_log, job_file) = super::output::open_logs(&logs, world, "job.log")?;
         let roots = spec.roots(cfg.working_dir.as_deref());
         let registration = self.server.register(&spec, token, roots, events.clone());
         let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>));

@@ -111,6 +111,28 @@ impl StepWatch {
     }
 }
 
+/// The logs a run's step writes below `logs`: each rank's
+/// (`rank-<r>.log`) and the one for the rest (`name`), opened to append;
+/// their paths and files.
+pub(super) fn open_logs(
+    logs: &Path,
+    world: u32,
+    name: &str,
+) -> Result<(Vec<PathBuf>, Vec<std::fs::File>, PathBuf, std::fs::File), crate::backend::LaunchError> {
+    let open = |p: &PathBuf| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map_err(|source| crate::backend::LaunchError::Io { path: p.clone(), source })
+    };
+    let paths: Vec<PathBuf> = (0..world).map(|r| logs.join(format!("rank-{r}.log"))).collect();
+    let files = paths.iter().map(open).collect::<Result<Vec<_>, _>>()?;
+    let other = logs.join(name);
+    let file = open(&other)?;
+    Ok((paths, files, other, file))
+}
+
 /// How a job step ended, as its supervisor saw it.
 pub(super) struct StepEnd<'a> {
     /// srun's exit.

@@ -17,7 +17,6 @@
 //! then ends the step on every node. `srun` gets that same SIGTERM when the
 //! driver dies (`PR_SET_PDEATHSIG`), so a killed driver leaves no step behind.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 
@@ -369,13 +368,7 @@ impl Backend for SlurmBackend {
         }
         // srun ends its step on SIGTERM: the driver's death takes the step with it.
         dies_with_driver(&mut cmd, libc::SIGTERM);
-        let log_paths: Vec<PathBuf> = (0..world).map(|r| logs.join(format!("rank-{r}.log"))).collect();
-        let srun_log = logs.join("srun.log");
-        let open = |p: &PathBuf| {
-            std::fs::OpenOptions::new().create(true).append(true).open(p).map_err(|source| LaunchError::Io { path: p.clone(), source })
-        };
-        let rank_files = log_paths.iter().map(open).collect::<Result<Vec<_>, _>>()?;
-        let srun_file = open(&srun_log)?;
+        let (log_paths, rank_files, srun_log, srun_file) = super::output::open_logs(&logs, world, "srun.log")?;
         let roots = spec.roots(cfg.working_dir.as_deref());
         let registration = self.server.register(&spec, token, roots, events.clone());
         let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { program: "srun".into(), source })?;
