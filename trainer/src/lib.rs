@@ -47,7 +47,7 @@ pub use backend::{
     Backend, CheckpointRef, Directive, Event, EventKind, ExitOutcome, LaunchError, LaunchSpec, Reply, Report, StopLevel, TrialHandle,
 };
 pub use checkpoint::{check_source, checkpoint_dir_name, default_roots, persist_checkpoint, shard_for, CheckpointError};
-pub use cluster::{ClusterBackend, ClusterConfig, SlurmJobsConfig};
+pub use cluster::{ClusterBackend, ClusterConfig};
 pub use collective::{CollectiveError, ReduceOp};
 pub use context::{Context, ReportError};
 pub use function::{FunctionBackend, TrainFn, TrainResult};
@@ -60,7 +60,8 @@ pub use service::ReportServer;
 pub use slurm::{
     cancel_leftover_jobs, cancel_leftovers as cancel_leftover_steps, check_job as check_slurm_job, expand_hostlist, parse_squeue,
     probe_name, BatchJob, Held, JobEnd as SlurmJobEnd, JobRow as SlurmJobRow, JobState as SlurmJobState, JobWatch as SlurmJobWatch,
-    Leftovers, NodeCheck, SlurmAllocation, SlurmBackend, SlurmError, SlurmJobsBackend, SlurmNode, StuckStep, SQUEUE_FORMAT,
+    Leftovers, NodeCheck, SlurmAllocation, SlurmBackend, SlurmError, SlurmJobsBackend, SlurmJobsConfig, SlurmNode, StuckStep,
+    SQUEUE_FORMAT,
 };
 pub use storage::{Storage, StorageError, COMMITTED_MARKER};
 pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};

@@ -41,11 +41,11 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 
+use super::config::SlurmJobsConfig;
 use super::jobs::{JobEnd, JobRow, JobState, JobWatch};
 use super::output::{step_outcome, StepEnd, StepWatch};
 use super::step::cpus_per_task;
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
-use crate::cluster::SlurmJobsConfig;
 use crate::process::{common_env, free_port, log_tail, ProcessConfig};
 use crate::scaling::PlacementStrategy;
 use crate::service::{Registration, ReportServer};

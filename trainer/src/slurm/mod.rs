@@ -11,6 +11,7 @@ use std::process::Command;
 use crate::resources::{Gpu, NodeResources, Source};
 
 mod batch;
+mod config;
 mod jobs;
 mod output;
 mod startup;
@@ -19,6 +20,7 @@ mod submit;
 mod supervisor;
 
 pub use batch::{cancel_leftover_jobs, check_job, SlurmJobsBackend};
+pub use config::SlurmJobsConfig;
 pub use jobs::{parse_squeue, JobEnd, JobRow, JobState, JobWatch, SQUEUE_FORMAT};
 pub use startup::{cancel_leftovers, probe_name, Held, Leftovers, NodeCheck, StuckStep};
 pub use step::SlurmBackend;
