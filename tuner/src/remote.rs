@@ -26,34 +26,11 @@ fn copied(rel: &str) -> bool {
     }) && !rel.ends_with(".tmp")
 }
 
-/// The files below `dir`, as `/`-separated paths relative to it.
-fn files_below(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
-        for e in entries.flatten() {
-            let p = e.path();
-            let Ok(kind) = e.file_type() else { continue };
-            if kind.is_dir() {
-                todo.push(p);
-            } else if kind.is_file() {
-                if let Ok(r) = p.strip_prefix(dir) {
-                    out.push(r.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/"));
-                }
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 /// Copies the experiment's files below `under` (`""`: all of them) up to
 /// `storage` (the experiment's root there); how many.
 pub(crate) async fn push(exp_dir: &Path, storage: &Storage, under: &str) -> Result<usize, StorageError> {
-    let root = if under.is_empty() { exp_dir.to_path_buf() } else { exp_dir.join(under) };
     let mut n = 0;
-    for rel in files_below(&root) {
+    for rel in Storage::local(exp_dir).list_below(under).await? {
         let rel = if under.is_empty() { rel } else { format!("{under}/{rel}") };
         if !copied(&rel) {
             continue;

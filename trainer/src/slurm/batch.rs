@@ -45,6 +45,7 @@ use super::config::SlurmJobsConfig;
 use super::jobs::{JobEnd, JobRow, JobState, JobWatch};
 use super::output::{step_outcome, StepEnd, StepWatch};
 use super::step::cpus_per_task;
+use super::submit::sh_quote;
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
 use crate::process::{common_env, free_port, log_tail, ProcessConfig};
 use crate::scaling::PlacementStrategy;
@@ -113,6 +114,8 @@ impl Board {
         let weak = Arc::downgrade(&board);
         tokio::spawn(async move {
             let mut watch = JobWatch::new(prefix, interval / 5);
+            // squeue calls already in `calls`.
+            let mut counted = 0;
             loop {
                 let Some(board) = weak.upgrade() else { return };
                 if board.readings.receiver_count() > 0 {
@@ -120,7 +123,8 @@ impl Board {
                         Ok(jobs) => Reading { jobs: Arc::new(jobs.clone()), error: None },
                         Err(e) => Reading { jobs: Arc::clone(&board.readings.borrow().jobs), error: Some(e.0) },
                     };
-                    board.calls.store(board.calls.load(Ordering::Relaxed).max(watch.calls()), Ordering::Relaxed);
+                    board.calls.fetch_add(watch.calls() - counted, Ordering::Relaxed);
+                    counted = watch.calls();
                     board.readings.send_replace(reading);
                 }
                 let poke = Arc::clone(&board.poke);
@@ -187,11 +191,6 @@ impl SlurmJobsBackend {
     /// `sbatch`, `scancel`) for this experiment's jobs.
     pub fn controller_calls(&self) -> u64 {
         self.board.calls.load(Ordering::Relaxed)
-    }
-
-    /// The `sbatch` options of one run with `bundles` (one per rank), named `name`.
-    fn sbatch_args(&self, name: &str, output: &Path, bundles: &[crate::WorkerBundle], strategy: Spread) -> Vec<String> {
-        job_args(&self.jobs, name, output, bundles, strategy)
     }
 }
 
@@ -283,15 +282,6 @@ pub(crate) fn batch_script(command: &[String], gpus: bool) -> String {
     )
 }
 
-/// A word as the shell reads it back unchanged.
-fn sh_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c)) {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
-}
-
 /// Variables of the driver's environment a job must not inherit: an
 /// allocation the driver runs in is not the job's.
 fn inherited_slurm_vars() -> Vec<String> {
@@ -328,7 +318,7 @@ impl Backend for SlurmJobsBackend {
             env.push(("NESTOR_GPUS_FROM_SLURM".into(), "1".into()));
         }
         let spread = Spread::of(bundles.len(), self.strategy);
-        let args = self.sbatch_args(&name, &output, &bundles, spread);
+        let args = job_args(&self.jobs, &name, &output, &bundles, spread);
         let script = batch_script(&cfg.command, gpus);
         let (log_paths, rank_files, job_log, job_file) = super::output::open_logs(&logs, world, "job.log")?;
         let roots = spec.roots(cfg.working_dir.as_deref());
@@ -568,7 +558,7 @@ impl JobRun {
                         Some(row) => {
                             match &row.state {
                                 JobState::Running | JobState::Completing | JobState::Suspended => ran = true,
-                                JobState::Pending | JobState::Requeued | JobState::Held if ran || self.restarted() => {
+                                JobState::Pending | JobState::Requeued | JobState::Held if ran || self.requeue_seen => {
                                     let why = if row.reason.is_empty() { format!("{:?}", row.state) } else { row.reason.clone() };
                                     self.cancel(id, None).await;
                                     return Left::Requeued(why);
@@ -594,11 +584,6 @@ impl JobRun {
                 },
             }
         }
-    }
-
-    /// Whether the job's output says Slurm started it again after a requeue.
-    fn restarted(&self) -> bool {
-        self.requeue_seen
     }
 
     /// `scancel` (with `signal`: the signal to the job's steps' tasks; else the whole job).

@@ -40,7 +40,7 @@ pub struct BatchJob {
 }
 
 /// A word as the shell reads it back unchanged.
-fn sh_quote(s: &str) -> String {
+pub(super) fn sh_quote(s: &str) -> String {
     if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c)) {
         s.to_string()
     } else {
