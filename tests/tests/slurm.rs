@@ -866,6 +866,9 @@ fn the_job_watch_reads_an_experiments_jobs_in_one_call_and_says_how_each_ended()
     let failed = submit("nestor-exp-trial_00001-bb", "exit 3");
     let running = submit("nestor-exp-trial_00002-cc", "sleep 60");
     let other = submit("nestor-other-trial_00000-dd", "sleep 60");
+    // An experiment whose name extends this one's, and a driver's own job.
+    let longer = submit("nestor-exp-x-trial_00000-ee", "sleep 60");
+    let driver = submit("nestor-exp", "sleep 60");
     let conf = cluster.conf().display().to_string();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut watch = SlurmJobWatch::new("nestor-exp-", std::time::Duration::ZERO).env("SLURM_CONF", conf.clone());
@@ -882,7 +885,9 @@ fn the_job_watch_reads_an_experiments_jobs_in_one_call_and_says_how_each_ended()
         assert!(started.elapsed() < std::time::Duration::from_secs(30), "the jobs never got there: {jobs:?}");
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
-    assert!(!jobs.contains_key(&other), "another experiment's job was read: {jobs:?}");
+    for not_ours in [&other, &longer, &driver] {
+        assert!(!jobs.contains_key(not_ours), "another experiment's job was read: {jobs:?}");
+    }
     assert_eq!(jobs[&ok].state.end(), Some(SlurmJobEnd::Done));
     assert_eq!(jobs[&failed].state.end(), Some(SlurmJobEnd::Failed));
     assert_eq!(jobs[&running].state.end(), None, "a running job has not ended");

@@ -460,3 +460,73 @@ fn a_node_failing_under_a_job_sends_the_trial_to_a_new_job_from_its_checkpoint()
     let stderr = went_on_in_a_new_job(child.wait_with_output().unwrap(), &exp, 16);
     assert!(stderr.contains(&node), "the lost node is not named: {stderr}");
 }
+
+/// Nodes that share no directory with the driver (its working and
+/// experiment directories hidden on both), the experiment in an object
+/// store: each job's output comes to the driver over the report channel
+/// and its ranks ship their checkpoints through it. A job requeued by
+/// Slurm goes on in a new job from the checkpoint its ranks fetch back
+/// through the driver, and `nestor status s3://...` reads the sweep from
+/// another directory.
+#[test]
+fn jobs_on_nodes_that_share_no_directory_send_output_and_checkpoints_through_the_driver() {
+    let hidden = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&elsewhere.path().join("s3"));
+    let both = vec![(0, hidden.path().to_path_buf()), (1, hidden.path().to_path_buf())];
+    let cluster = cluster(2, 2, Options { hidden: both, ..Options::default() });
+    let work = hidden.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let local = hidden.path().join("local");
+    let text = sweep(
+        "unshared",
+        &format!("num_samples = 1\nstorage = \"s3://bucket/runs\"\nlocal_dir = \"{}\"", local.display()),
+        "x = 0.5\nsteps = 12\nsleep_ms = 400\ncheckpoint = true\ndump_env = true",
+        &format!(
+            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[checkpoint]\nfrequency = 1\n{}",
+            jobs_section("")
+        ),
+    );
+    write(&work, &text);
+    let exp = local.join("unshared");
+    let mut child = cluster
+        .cmd(nestor_bin())
+        .args(["run", "sweep.toml", "--plain"])
+        .envs(s3.env())
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The ranks' lines reach the driver's logs while the job runs.
+    wait_until("step 3 acknowledged", 90, &mut child, || rank0_says(&exp, "acked step 3"));
+    let job = listed(&cluster, "nestor-unshared-").into_iter().find(|(_, _, s)| s == "RUNNING").expect("a running job").0;
+    let out = cluster.run("scontrol", &["requeue", &job]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = went_on_in_a_new_job(child.wait_with_output().unwrap(), &exp, 12);
+    assert!(
+        stderr.contains(&format!("{} is not visible on node", exp.display())) && stderr.contains("ship checkpoints through it"),
+        "{stderr}"
+    );
+    assert_eq!(listed(&cluster, "nestor-unshared-").len(), 2, "a new job for the rest");
+    let logs = exp.join("trials/trial_00000/logs");
+    let job_log = read(&logs.join("job.log"));
+    assert_eq!(job_log.matches("the experiment's directory is not visible on node").count(), 2, "{job_log}");
+    assert!(job_log.contains("nestor: the ranks' job step exited with code 0"), "the second job's last line: {job_log}");
+    for r in 0..2 {
+        let log = read(&logs.join(format!("rank-{r}.log")));
+        assert_eq!(log.matches(&format!("nestor: rank {r} of 2 on node")).count(), 2, "rank {r} in both jobs: {log}");
+        // It resumed from a copy fetched to its node, not from a path of the driver's.
+        let resumed = log.lines().find(|l| l.starts_with("resumed from ")).unwrap_or_else(|| panic!("rank {r} never resumed: {log}"));
+        assert!(!resumed.contains(&local.display().to_string()), "{resumed}");
+    }
+    // What the ranks wrote themselves stayed on their nodes.
+    let trial = exp.join("trials/trial_00000");
+    let here: Vec<String> = std::fs::read_dir(&trial).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    assert!(!here.iter().any(|n| n.starts_with("rank-")), "{here:?}");
+    // The latest checkpoint holds both ranks' shards, in the bucket; the sweep reads back from there alone.
+    let latest = trials(&exp)[0].latest_checkpoint.clone().unwrap();
+    assert_eq!((latest.ranks.clone(), latest.iteration), (vec![0, 1], 12), "{latest:?}");
+    let status = ok(nestor_env(elsewhere.path(), &["status", "s3://bucket/runs/unshared"], &s3.env()));
+    assert!(status.contains("trial_00000") && status.contains("TERMINATED"), "{status}");
+}

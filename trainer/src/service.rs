@@ -15,8 +15,8 @@ use crate::backend::{Directive, Event, EventKind};
 use crate::intake::{Intake, IntakeError, Shard};
 use crate::proto::reporter_server::{Reporter, ReporterServer};
 use crate::proto::{
-    self, BookReply, BookRequest, GrantedBundle, RendezvousReply, RendezvousRequest, ReportReply, ReportRequest, ShardChunk, ShardReceipt,
-    ShardRequest,
+    self, BookReply, BookRequest, GrantedBundle, OutputChunk, OutputReceipt, RendezvousReply, RendezvousRequest, ReportReply,
+    ReportRequest, ShardChunk, ShardReceipt, ShardRequest,
 };
 use crate::shards::{read_chunks, ChunkWriter, ShardError, Shipping};
 
@@ -32,6 +32,8 @@ struct Entry {
     meeting: tokio::sync::watch::Sender<Option<String>>,
     /// The trial's events: where a `Book` goes.
     events: mpsc::UnboundedSender<Event>,
+    /// Where its job's output goes (`JobOutput`), for a run that takes it.
+    output: mpsc::UnboundedSender<Vec<u8>>,
 }
 
 #[derive(Default)]
@@ -55,12 +57,20 @@ pub(crate) struct Registration {
     registry: std::sync::Weak<Registry>,
     trial_id: String,
     intake: Arc<Intake>,
+    /// What its job sends with `JobOutput`, until the launcher takes it.
+    output: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
 }
 
 impl Registration {
     /// The trial's step aggregator (told when a rank ends or fails).
     pub(crate) fn aggregator(&self) -> &Arc<Aggregator> {
         self.intake.aggregator()
+    }
+
+    /// The bytes the run's job sends (`JobOutput`), in order: taken by a
+    /// launcher whose runs send their output so; for any other, the call is refused.
+    pub(crate) fn take_output(&mut self) -> Option<mpsc::UnboundedReceiver<Vec<u8>>> {
+        self.output.take()
     }
 }
 
@@ -152,11 +162,12 @@ impl ReportServer {
         let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events.clone()));
         let intake = Arc::new(Intake::new(spec.storage.clone(), roots, aggregator));
         let shipping = Shipping::new(&spec.trial_dir, spec.checkpoint.clone(), spec.world_size());
-        let entry = Entry { token, intake: Arc::clone(&intake), shipping, meeting: tokio::sync::watch::Sender::new(None), events };
+        let (output, lines) = mpsc::unbounded_channel();
+        let entry = Entry { token, intake: Arc::clone(&intake), shipping, meeting: tokio::sync::watch::Sender::new(None), events, output };
         if let Ok(mut map) = self.registry.trials.write() {
             map.insert(spec.trial_id.clone(), Arc::new(entry));
         }
-        Registration { registry: Arc::downgrade(&self.registry), trial_id: spec.trial_id.clone(), intake }
+        Registration { registry: Arc::downgrade(&self.registry), trial_id: spec.trial_id.clone(), intake, output: Some(lines) }
     }
 }
 
@@ -373,6 +384,24 @@ impl Reporter for Service {
     async fn put_shard(&self, request: Request<tonic::Streaming<ShardChunk>>) -> Result<Response<ShardReceipt>, Status> {
         let peer = peer(&request);
         put_shard(&self.registry, request.into_inner(), &peer).await.map(Response::new)
+    }
+
+    async fn job_output(&self, request: Request<tonic::Streaming<OutputChunk>>) -> Result<Response<OutputReceipt>, Status> {
+        let peer = peer(&request);
+        let mut inbound = request.into_inner();
+        let mut bytes = 0u64;
+        let mut entry: Option<Arc<Entry>> = None;
+        while let Some(chunk) = inbound.message().await? {
+            let sink = match &entry {
+                Some(e) => e,
+                None => entry.insert(authenticate(&self.registry, chunk.version, &chunk.trial_id, &chunk.token, 0, &peer)?),
+            };
+            bytes += chunk.data.len() as u64;
+            if sink.output.send(chunk.data).is_err() {
+                return Err(Status::failed_precondition(format!("trial `{}` runs no job whose output comes here", chunk.trial_id)));
+            }
+        }
+        Ok(Response::new(OutputReceipt { bytes }))
     }
 
     async fn rendezvous(&self, request: Request<RendezvousRequest>) -> Result<Response<RendezvousReply>, Status> {

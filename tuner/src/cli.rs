@@ -117,18 +117,22 @@ enum Command {
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "compare")]
         keep: Option<u64>,
     },
-    /// Submit the sweep as a Slurm batch job over `--nodes` nodes: writes
-    /// the batch script next to the experiment (`<storage>/<name>.sbatch`)
-    /// and prints the job's id and the experiment directory. The job runs
-    /// `nestor run`, or `nestor resume` when the experiment exists already,
-    /// so submitting again continues it.
+    /// Submit the sweep as a Slurm batch job: writes the batch script next
+    /// to the experiment (`<storage>/<name>.sbatch`) and prints the job's id
+    /// and the experiment directory. The job runs `nestor run`, or `nestor
+    /// resume` when the experiment exists already, so submitting again
+    /// continues it. The sweep runs on the job's `--nodes` nodes; or, with
+    /// `[cluster] backend = "slurm_jobs"`, the job holds the driver alone
+    /// (one task: the trials are jobs of their own) and, near its time
+    /// limit, stops the sweep and submits a new job of its own that
+    /// resumes it.
     Submit {
         /// The experiment file (TOML).
         file: PathBuf,
-        /// Nodes of the job.
+        /// Nodes of the job (not with backend = "slurm_jobs").
         #[arg(long)]
-        nodes: u32,
-        /// GPUs per node.
+        nodes: Option<u32>,
+        /// GPUs per node (not with backend = "slurm_jobs").
         #[arg(long)]
         gpus_per_node: Option<u32>,
         /// The partition.
@@ -137,6 +141,11 @@ enum Command {
         /// The job's time limit (Slurm's forms: minutes, HH:MM:SS, D-HH:MM).
         #[arg(long)]
         time: Option<String>,
+        /// How long before its time limit the job is told: the sweep then
+        /// stops its trials so they resume later (a driver's job hands the
+        /// sweep on to a new job of its own).
+        #[arg(long, value_name = "SECONDS", default_value_t = 120, value_parser = clap::value_parser!(u32).range(1..))]
+        notice: u32,
         /// Override a key of the file.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
@@ -234,6 +243,12 @@ enum Command {
         #[arg(long)]
         rank: u32,
     },
+    /// Send standard input to the driver as a trial's job output (what a
+    /// trial's Slurm job runs when its node does not see the experiment's
+    /// directory; the run is named by `NESTOR_ADDR`, `NESTOR_TRIAL_ID` and
+    /// `NESTOR_TOKEN`). Never blocks the writer: output the driver cannot
+    /// take in time is dropped, and said.
+    RelayOutput,
     /// Copy a committed checkpoint (a directory or an object store URL, as
     /// `nestor best` prints it) into a local directory: one `rank-<r>/` per
     /// rank that saved a shard.
@@ -425,12 +440,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Command::Submit { file, nodes, gpus_per_node, partition, time, sets, storage, dry_run, sbatch_args } => {
+        Command::Submit { file, nodes, gpus_per_node, partition, time, notice, sets, storage, dry_run, sbatch_args } => {
             let mut sets = sets;
             if let Some(s) = storage {
                 sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
             }
-            let job = SubmitJob { file: &file, nodes, gpus_per_node, partition, time, sets: &sets, sbatch_args: &sbatch_args };
+            let job = SubmitJob { file: &file, nodes, gpus_per_node, partition, time, notice, sets: &sets, sbatch_args: &sbatch_args };
             submit(&job, dry_run)
         }
         Command::Resume { dir, plain, dashboard, resume_errored, restart_errored, sets } => {
@@ -467,6 +482,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Export { dir, format } => reading(&dir, |d| export(d, format)),
         Command::Fetch { uri, dest } => fetch(&uri, &dest),
         Command::PutShard { dir, store, iteration, rank } => put_shard(&dir, &store, iteration, rank),
+        Command::RelayOutput => relay_output(),
         Command::Sample { file, n, sets } => sample(&file, n, &sets),
     }
 }
@@ -1115,6 +1131,13 @@ fn put_shard(dir: &Path, store: &str, iteration: u64, rank: u32) -> Result<(), F
     writeln!(std::io::stdout(), "{uri}").map_err(out_err)
 }
 
+fn relay_output() -> Result<(), Failure> {
+    let fail = |code: u8, message: String| Failure { code, message };
+    let target = trainer::RelayTarget::from_env().map_err(|e| fail(2, e))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, e.to_string()))?;
+    rt.block_on(trainer::relay_output(target, tokio::io::stdin())).map(|_| ()).map_err(|e| fail(1, e))
+}
+
 fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dest)?;
     for entry in std::fs::read_dir(src)? {
@@ -1132,10 +1155,11 @@ fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
 /// What `nestor submit` was asked for.
 struct SubmitJob<'a> {
     file: &'a Path,
-    nodes: u32,
+    nodes: Option<u32>,
     gpus_per_node: Option<u32>,
     partition: Option<String>,
     time: Option<String>,
+    notice: u32,
     sets: &'a [String],
     sbatch_args: &'a [String],
 }
@@ -1144,21 +1168,36 @@ struct SubmitJob<'a> {
 /// the experiment and submits it with sbatch (prints it, with `dry_run`).
 fn submit(job: &SubmitJob<'_>, dry_run: bool) -> Result<(), Failure> {
     let fail = |message: String| Failure { code: 2, message };
-    if job.nodes == 0 {
-        return Err(fail("--nodes must be at least 1".into()));
-    }
     // Checked now, so a bad file fails here and not in the queue.
     let experiment = ExperimentFile::read(job.file, job.sets).map_err(TuneError::from)?;
     experiment.clone().resolve(&job.file.display().to_string()).map_err(TuneError::from)?;
+    let shape = if experiment.cluster.backend == trainer::ClusterBackend::SlurmJobs {
+        if job.nodes.is_some() || job.gpus_per_node.is_some() {
+            return Err(fail(
+                "--nodes/--gpus-per-node: with [cluster] backend = \"slurm_jobs\" the trials are Slurm jobs of their own, \
+                 each asking for its own resources; the submitted job holds the driver alone"
+                    .into(),
+            ));
+        }
+        trainer::SubmitShape::Driver { cpus: 1 }
+    } else {
+        match job.nodes {
+            Some(0) => return Err(fail("--nodes must be at least 1".into())),
+            Some(nodes) => trainer::SubmitShape::Nodes { nodes, gpus_per_node: job.gpus_per_node },
+            None => return Err(fail("--nodes is required: the sweep's trials run on the job's nodes".into())),
+        }
+    };
     let abs = |p: &Path| std::path::absolute(p).map_err(|e| fail(format!("{}: {e}", p.display())));
     let root = abs(Path::new(&experiment.experiment.local_root()))?;
+    let name = experiment.experiment.name.clone();
     let batch = trainer::BatchJob {
-        name: experiment.experiment.name.clone(),
-        exp_dir: root.join(&experiment.experiment.name),
+        exp_dir: root.join(&name),
+        url: experiment.experiment.storage_url().map(|u| format!("{}/{name}", u.trim_end_matches('/'))),
+        name,
         file: abs(job.file)?,
         sets: job.sets.to_vec(),
-        nodes: job.nodes,
-        gpus_per_node: job.gpus_per_node,
+        shape,
+        notice_s: job.notice,
         partition: job.partition.clone(),
         time: job.time.clone(),
         sbatch_args: job.sbatch_args.to_vec(),
@@ -1172,7 +1211,7 @@ fn submit(job: &SubmitJob<'_>, dry_run: bool) -> Result<(), Failure> {
     }
     let (id, path) = batch.submit().map_err(|e| fail(e.0))?;
     println!("Submitted job {id}: {} ({})", batch.exp_dir.display(), path.display());
-    println!("  nestor status {}", batch.exp_dir.display());
+    println!("  nestor status {}", batch.url.as_deref().map_or_else(|| batch.exp_dir.display().to_string(), str::to_string));
     Ok(())
 }
 

@@ -11,7 +11,11 @@
 //!   of queued jobs costs `slurmctld` one call per interval;
 //! - output: the job writes srun's labelled lines to one file in the
 //!   trial's `logs/`, which the driver reads as it grows and splits into
-//!   `rank-<r>.log` and `job.log` (the file system the nodes share);
+//!   `rank-<r>.log` and `job.log`. A job whose node does not see that file
+//!   (no directory shared with the driver) sends them to the driver
+//!   instead (`nestor relay-output`, the report channel's `JobOutput`),
+//!   and its ranks ship their checkpoint shards through the driver and
+//!   meet through it, as ranks on such nodes inside an allocation do;
 //! - the end: the job's final state says how it ended ([`JobEnd`]): its
 //!   ranks finished, its code failed (the failed rank named from srun's
 //!   lines), out of memory, or the cluster ended it (preempted, out of
@@ -68,6 +72,7 @@ done
 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 MASTER_ADDR=${NESTOR_MASTER_ADDR:-${SLURM_LAUNCH_NODE_IPADDR:-$(hostname)}}
 export RANK WORLD_SIZE LOCAL_RANK NODE_RANK GROUP_RANK LOCAL_WORLD_SIZE OMP_NUM_THREADS MASTER_ADDR
+if [ -n "$NESTOR_SHIP_CHECKPOINTS" ]; then mkdir -p "$NESTOR_TRIAL_DIR"; fi
 if [ -z "$NESTOR_GPUS_FROM_SLURM" ]; then unset CUDA_VISIBLE_DEVICES; fi
 c=$(pick "$NESTOR_RANKS_CKPT")
 if [ -n "$c" ]; then export NESTOR_CHECKPOINT="$c"; else unset NESTOR_CHECKPOINT; fi
@@ -78,6 +83,10 @@ exec "$@""#;
 
 /// The line the batch script ends with: the ranks' step's exit code.
 const STEP_EXIT: &str = "nestor: the ranks' job step exited with code ";
+
+/// The batch script's first line on a node that does not see the trial's
+/// directory, before the node's name.
+const UNSHARED: &str = "nestor: the experiment's directory is not visible on ";
 
 /// How long a run may wait for Slurm to list a job it just accepted.
 const LISTED_WITHIN: Duration = Duration::from_secs(60);
@@ -159,6 +168,8 @@ pub struct SlurmJobsBackend {
     board: Arc<Board>,
     /// How a trial's ranks spread over its job's nodes.
     strategy: PlacementStrategy,
+    /// Said once: a job ran on a node that does not see the experiment's directory.
+    unshared_noted: Arc<AtomicBool>,
 }
 
 impl SlurmJobsBackend {
@@ -179,7 +190,16 @@ impl SlurmJobsBackend {
         let report_url = if advertise.contains(':') { format!("http://{advertise}") } else { format!("http://{advertise}:{port}") };
         let prefix = super::step::step_prefix(exp_dir);
         let board = Board::start(prefix.clone(), Duration::from_secs_f64(jobs.poll_s));
-        Ok(Self { config: Arc::new(config), server: Arc::new(server), jobs: Arc::new(jobs), report_url, prefix, board, strategy })
+        Ok(Self {
+            config: Arc::new(config),
+            server: Arc::new(server),
+            jobs: Arc::new(jobs),
+            report_url,
+            prefix,
+            board,
+            strategy,
+            unshared_noted: Arc::default(),
+        })
     }
 
     /// The URL workers report to.
@@ -217,16 +237,17 @@ impl Spread {
     }
 }
 
-/// `sbatch`'s options for one run: its name and output file, its ranks'
-/// shape (whole CPUs and GPUs per task, memory per CPU when asked), the
-/// signal before its time limit, and `[cluster.jobs]`'s own.
-pub(crate) fn job_args(jobs: &SlurmJobsConfig, name: &str, output: &Path, bundles: &[crate::WorkerBundle], spread: Spread) -> Vec<String> {
+/// `sbatch`'s options for one run: its name, its ranks' shape (whole CPUs
+/// and GPUs per task, memory per CPU when asked), the signal before its
+/// time limit, and `[cluster.jobs]`'s own. Its output goes where its batch
+/// script sends it (Slurm would fail a job whose output file its node
+/// cannot open, and the trial's directory may be one it cannot see).
+pub(crate) fn job_args(jobs: &SlurmJobsConfig, name: &str, bundles: &[crate::WorkerBundle], spread: Spread) -> Vec<String> {
     let cpus = cpus_per_task(bundles);
     let mut args = vec![
         "--parsable".to_string(),
         format!("--job-name={name}"),
-        format!("--output={}", output.display()),
-        "--open-mode=append".into(),
+        "--output=/dev/null".into(),
         format!("--ntasks={}", bundles.len().max(1)),
         format!("--cpus-per-task={cpus}"),
         // Slurm may put it back in its queue (preemption, an operator); the driver then starts a new one.
@@ -263,23 +284,56 @@ pub(crate) fn job_args(jobs: &SlurmJobsConfig, name: &str, output: &Path, bundle
 /// again from its latest checkpoint as a new job). Slurm's notice before
 /// the time limit (SIGUSR1) reaches every process of the job's steps, srun
 /// too, which would die of it: srun ignores it, the ranks record it.
+///
+/// Its output goes to the file the driver made for it
+/// (`NESTOR_JOB_OUTPUT`) when this node sees it; else to the driver
+/// through `nestor relay-output` (`NESTOR_RELAY`), the ranks then shipping
+/// their checkpoints through the driver (fetching the one they resume
+/// from, `NESTOR_JOB_RESUMES`) and meeting through it.
 pub(crate) fn batch_script(command: &[String], gpus: bool) -> String {
     let words: Vec<String> = command.iter().map(|w| sh_quote(w)).collect();
     let gres = if gpus { "" } else { " --gres=none" };
     format!(
         "#!/bin/sh\n\
+         relay=\n\
+         if [ -f \"$NESTOR_JOB_OUTPUT\" ]; then\n  \
+           exec >>\"$NESTOR_JOB_OUTPUT\" 2>&1\n\
+         else\n  \
+           if [ -n \"$NESTOR_RELAY\" ] && d=$(mktemp -d) && mkfifo \"$d/out\"; then\n    \
+             \"$NESTOR_RELAY\" relay-output <\"$d/out\" >/dev/null 2>&1 &\n    \
+             relay=$!\n    \
+             exec >\"$d/out\" 2>&1\n    \
+             rm -rf \"$d\"\n  \
+           else\n    \
+             exec >/dev/null 2>&1\n  \
+           fi\n  \
+           echo \"{UNSHARED}${{SLURMD_NODENAME:-$(hostname)}}: the job's output and its ranks' checkpoints go through the driver\"\n  \
+           export NESTOR_SHIP_CHECKPOINTS=1 NESTOR_RENDEZVOUS=driver NESTOR_RANKS_CKPT=\n  \
+           unset NESTOR_RENDEZVOUS_FILE\n  \
+           if [ -n \"$NESTOR_JOB_RESUMES\" ]; then export NESTOR_CHECKPOINT_FETCH=1; fi\n\
+         fi\n\
+         unset NESTOR_JOB_RESUMES NESTOR_RELAY\n\
+         finish() {{\n  \
+           if [ -n \"$relay\" ]; then exec >/dev/null 2>&1; wait \"$relay\"; fi\n  \
+           exit \"$1\"\n\
+         }}\n\
          if [ \"${{SLURM_RESTART_COUNT:-0}}\" != 0 ]; then\n  \
            echo \"nestor: job $SLURM_JOB_ID was put back in the queue; this run ends and the trial goes on in a new job\" >&2\n  \
-           exit 0\n\
+           finish 0\n\
          fi\n\
          trap '' USR1\n\
          srun --label --kill-on-bad-exit=1 --export=ALL --distribution=block{gres} /bin/sh -c {prologue} nestor-rank {words}\n\
          rc=$?\n\
          echo \"{STEP_EXIT}$rc\" >&2\n\
-         exit $rc\n",
+         finish $rc\n",
         prologue = sh_quote(PROLOGUE),
         words = words.join(" "),
     )
+}
+
+/// The `nestor` binary a job relays its output with, when the driver is one.
+fn relay_binary() -> Option<String> {
+    std::env::current_exe().ok().filter(|exe| exe.file_name().is_some_and(|n| n == "nestor")).map(|exe| exe.display().to_string())
 }
 
 /// Variables of the driver's environment a job must not inherit: an
@@ -318,11 +372,21 @@ impl Backend for SlurmJobsBackend {
             env.push(("NESTOR_GPUS_FROM_SLURM".into(), "1".into()));
         }
         let spread = Spread::of(bundles.len(), self.strategy);
-        let args = job_args(&self.jobs, &name, &output, &bundles, spread);
+        let args = job_args(&self.jobs, &name, &bundles, spread);
+        // The job writes here when its node sees it (the batch script looks for it); else it relays to the driver.
+        std::fs::write(&output, b"").map_err(|source| LaunchError::Io { path: output.clone(), source })?;
+        env.push(("NESTOR_JOB_OUTPUT".into(), output.display().to_string()));
+        if let Some(relay) = relay_binary() {
+            env.push(("NESTOR_RELAY".into(), relay));
+        }
+        if spec.checkpoint.is_some() {
+            env.push(("NESTOR_JOB_RESUMES".into(), "1".into()));
+        }
         let script = batch_script(&cfg.command, gpus);
         let (log_paths, rank_files, job_log, job_file) = super::output::open_logs(&logs, world, "job.log")?;
         let roots = spec.roots(cfg.working_dir.as_deref());
-        let registration = self.server.register(&spec, token, roots, events.clone());
+        let mut registration = self.server.register(&spec, token, roots, events.clone());
+        let relayed = registration.take_output().unwrap_or_else(|| mpsc::unbounded_channel().1);
         let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>));
         let started = Arc::new(AtomicBool::new(false));
         let handle = handle.started_by(Arc::clone(&started));
@@ -341,6 +405,8 @@ impl Backend for SlurmJobsBackend {
             script,
             output,
             offset: 0,
+            relayed,
+            unshared_noted: Arc::clone(&self.unshared_noted),
             pending: String::new(),
             watch: StepWatch::new(rank_files, job_file, started),
             stopping: Escalation::new(stop, cfg.grace_period),
@@ -370,6 +436,10 @@ struct JobRun {
     /// The job's output file, and how far the driver has read it.
     output: PathBuf,
     offset: u64,
+    /// The job's output as its node sends it (`JobOutput`), when that node does not see the file.
+    relayed: mpsc::UnboundedReceiver<Vec<u8>>,
+    /// Whether the driver has said that jobs run where the experiment's directory is not.
+    unshared_noted: Arc<AtomicBool>,
     /// A line read in part.
     pending: String,
     watch: StepWatch,
@@ -427,7 +497,10 @@ impl JobRun {
             .open(&self.job_log)
             .and_then(|mut f| std::io::Write::write_all(&mut f, format!("nestor: job {id} ({}) submitted\n", self.name).as_bytes()));
         let left = self.watch_job(&id).await;
-        // What the job wrote last.
+        // What the job wrote last (a job's relay has sent everything before its job ends).
+        while let Ok(bytes) = self.relayed.try_recv() {
+            self.take_output(&bytes, false);
+        }
         self.read_output(true);
         let requested = self.stopping.asked();
         let failed = |why: String| ExitOutcome::Failed(format!("job {id}: {why}"));
@@ -577,6 +650,7 @@ impl JobRun {
                     }
                 }
                 _ = tail.tick() => self.read_output(false),
+                Some(bytes) = self.relayed.recv() => self.take_output(&bytes, false),
                 step = self.stopping.next() => match step {
                     StopStep::Terminate if ran => self.cancel(id, Some("TERM")).await,
                     // Not running yet, or past its grace period: the job goes.
@@ -614,7 +688,13 @@ impl JobRun {
         let mut bytes = Vec::new();
         let Ok(n) = f.read_to_end(&mut bytes) else { return };
         self.offset += n as u64;
-        self.pending.push_str(&String::from_utf8_lossy(&bytes));
+        self.take_output(&bytes, all);
+    }
+
+    /// Handles what the job wrote next: its whole lines; `all`: a last
+    /// line without its newline too.
+    fn take_output(&mut self, bytes: &[u8], all: bool) {
+        self.pending.push_str(&String::from_utf8_lossy(bytes));
         while let Some(at) = self.pending.find('\n') {
             let line: String = self.pending.drain(..=at).collect();
             self.on_line(line.trim_end_matches(['\n', '\r']));
@@ -631,6 +711,15 @@ impl JobRun {
         }
         if line.contains("was put back in the queue; this run ends") {
             self.requeue_seen = true;
+        }
+        if let Some(node) = line.strip_prefix(UNSHARED).and_then(|rest| rest.split(':').next()) {
+            if !self.unshared_noted.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "nestor: {} is not visible on {node} (trial {}): jobs' output comes to the driver, and their ranks ship checkpoints through it",
+                    self.output.parent().and_then(Path::parent).and_then(Path::parent).and_then(Path::parent).unwrap_or(&self.output).display(),
+                    self.trial_id
+                );
+            }
         }
         // `  r: nestor: rank r of W on NODE (...)`: the prologue's first line says where rank r runs.
         if let Some((r, text)) = super::output::labelled(line) {
@@ -663,7 +752,7 @@ pub async fn check_job(
 ) -> Result<String, super::SlurmError> {
     let spread = Spread::of(bundles.len(), strategy);
     let name = format!("{}check", super::step::step_prefix(exp_dir));
-    let mut args = job_args(jobs, &name, &exp_dir.join("slurm-check.out"), bundles, spread);
+    let mut args = job_args(jobs, &name, bundles, spread);
     args.retain(|a| a != "--parsable");
     args.push("--test-only".into());
     let mut c = tokio::process::Command::new("sbatch");
@@ -741,12 +830,11 @@ mod tests {
             ..crate::WorkerBundle::cpus(cpus)
         };
         let bundles = [rank(1.5, 2, 3.0 * 1_048_576.0 * 1024.0), rank(1.0, 2, 0.0)];
-        let args = job_args(&jobs, "nestor-e-trial_00001-abcd", Path::new("/x/logs/job-abcd.out"), &bundles, Spread::NodeEach);
+        let args = job_args(&jobs, "nestor-e-trial_00001-abcd", &bundles, Spread::NodeEach);
         for want in [
             "--parsable",
             "--job-name=nestor-e-trial_00001-abcd",
-            "--output=/x/logs/job-abcd.out",
-            "--open-mode=append",
+            "--output=/dev/null",
             "--ntasks=2",
             "--cpus-per-task=2",
             "--mem-per-cpu=1536",
@@ -761,7 +849,7 @@ mod tests {
         }
         assert!(!args.iter().any(|a| a.starts_with("--account") || a.starts_with("--qos")), "{args:?}");
         let none = SlurmJobsConfig { signal_s: 0, ..SlurmJobsConfig::default() };
-        let args = job_args(&none, "n", Path::new("/o"), &[rank(1.0, 0, 0.0)], Spread::Any);
+        let args = job_args(&none, "n", &[rank(1.0, 0, 0.0)], Spread::Any);
         assert!(!args.iter().any(|a| a.starts_with("--signal") || a.starts_with("--gpus") || a.starts_with("--mem")), "{args:?}");
         assert_eq!(Spread::of(4, PlacementStrategy::StrictPack), Spread::OneNode);
         assert_eq!(Spread::of(1, PlacementStrategy::StrictSpread), Spread::Any);

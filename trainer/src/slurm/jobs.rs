@@ -159,6 +159,17 @@ pub struct JobWatch {
 }
 
 impl JobWatch {
+    /// Whether a job named `name` is one of the experiment's trial runs:
+    /// `<prefix><trial>-<token>`, the trial's id without a `-` and the token
+    /// hex digits (the jobs of an experiment whose name extends this one's,
+    /// `nestor-<experiment>-x-<trial>-<token>`, and a driver's job,
+    /// `nestor-<experiment>`, are not).
+    fn names_ours(&self, name: &str) -> bool {
+        name.strip_prefix(&self.prefix).and_then(|rest| rest.rsplit_once('-')).is_some_and(|(trial, token)| {
+            !trial.is_empty() && !trial.contains('-') && !token.is_empty() && token.chars().all(|c| c.is_ascii_hexdigit())
+        })
+    }
+
     /// Watches the jobs whose names start with `prefix`, reading at most every `interval`.
     pub fn new(prefix: impl Into<String>, interval: Duration) -> Self {
         Self { prefix: prefix.into(), interval, env: Vec::new(), last: None, calls: 0 }
@@ -192,7 +203,7 @@ impl JobWatch {
                 return Err(SlurmError(format!("squeue failed: {}", String::from_utf8_lossy(&out.stderr).trim())));
             }
             let rows = parse_squeue(&String::from_utf8_lossy(&out.stdout))?;
-            let mine = rows.into_iter().filter(|r| r.name.starts_with(&self.prefix)).map(|r| (r.id.clone(), r)).collect();
+            let mine = rows.into_iter().filter(|r| self.names_ours(&r.name)).map(|r| (r.id.clone(), r)).collect();
             self.last = Some((Instant::now(), mine));
         }
         match &self.last {

@@ -14,6 +14,7 @@ mod batch;
 mod config;
 mod jobs;
 mod output;
+mod relay;
 mod startup;
 mod step;
 mod submit;
@@ -22,9 +23,10 @@ mod supervisor;
 pub use batch::{cancel_leftover_jobs, check_job, SlurmJobsBackend};
 pub use config::SlurmJobsConfig;
 pub use jobs::{parse_squeue, JobEnd, JobRow, JobState, JobWatch, SQUEUE_FORMAT};
+pub use relay::{relay_output, RelayTarget};
 pub use startup::{cancel_leftovers, probe_name, Held, Leftovers, NodeCheck, StuckStep};
 pub use step::SlurmBackend;
-pub use submit::BatchJob;
+pub use submit::{BatchJob, Shape as SubmitShape};
 
 /// Why the allocation could not be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -1,10 +1,21 @@
-//! `nestor submit`: a sweep as a Slurm batch job. The script asks for whole
-//! nodes (the sweep places its trials' ranks on them itself), survives a
-//! node going down (`--no-kill`: the node is set aside and the sweep goes
-//! on), gets SIGTERM two minutes before its time limit (nestor then stops
-//! its trials so they resume later), and runs `nestor resume` when the
-//! experiment has a store already, else `nestor run`: submitting again
-//! continues the sweep.
+//! `nestor submit`: a sweep as a Slurm batch job, in one of two shapes.
+//!
+//! - The sweep inside the job ([`Shape::Nodes`]): the script asks for whole
+//!   nodes (the sweep places its trials' ranks on them itself), survives a
+//!   node going down (`--no-kill`: the node is set aside and the sweep goes
+//!   on), gets SIGTERM two minutes before its time limit (nestor then stops
+//!   its trials so they resume later); submitting again continues the sweep.
+//! - The driver alone ([`Shape::Driver`], for `[cluster] backend =
+//!   "slurm_jobs"`: the trials are jobs of their own): one task, asked back
+//!   into the queue by Slurm after a node failure or preemption
+//!   (`--requeue`), and, warned before its time limit (`B:USR1`), it stops
+//!   the sweep (the trials' jobs are cancelled, their trials go on from
+//!   their checkpoints) and submits its own successor, which starts once it
+//!   has ended (`--dependency=singleton`, the same name) and resumes: the
+//!   sweep outlives any one job's limit.
+//!
+//! Either script runs `nestor resume` when the experiment has a store
+//! already, else `nestor run`.
 
 use std::path::{Path, PathBuf};
 
@@ -17,14 +28,19 @@ pub struct BatchJob {
     pub name: String,
     /// The experiment's directory (absolute): resumed when it has a store.
     pub exp_dir: PathBuf,
+    /// The experiment's URL when its storage is an object store
+    /// (`s3://bucket/prefix/<name>`): a driver's job resumes from it when
+    /// the bucket holds it (it may start on a node that has no copy).
+    pub url: Option<String>,
     /// The experiment file to run (absolute), and its `--set`s.
     pub file: PathBuf,
     /// `--set KEY=VALUE` overrides for `nestor run`.
     pub sets: Vec<String>,
-    /// Whole nodes to ask for.
-    pub nodes: u32,
-    /// GPUs per node to ask for.
-    pub gpus_per_node: Option<u32>,
+    /// What the job holds.
+    pub shape: Shape,
+    /// Seconds before its time limit the job is told (the sweep stops, or
+    /// a driver's job hands it on).
+    pub notice_s: u32,
     /// The partition.
     pub partition: Option<String>,
     /// The time limit, in Slurm's form.
@@ -37,6 +53,23 @@ pub struct BatchJob {
     pub cwd: PathBuf,
     /// The `nestor` binary the job runs.
     pub nestor: PathBuf,
+}
+
+/// What a submitted job holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shape {
+    /// Whole nodes, the sweep's trials run on them.
+    Nodes {
+        /// Nodes to ask for.
+        nodes: u32,
+        /// GPUs per node to ask for.
+        gpus_per_node: Option<u32>,
+    },
+    /// The driver alone, one task; its trials are Slurm jobs of their own.
+    Driver {
+        /// CPUs for the driver.
+        cpus: u32,
+    },
 }
 
 /// A word as the shell reads it back unchanged.
@@ -55,21 +88,36 @@ fn quoted(p: &Path) -> String {
 impl BatchJob {
     /// The batch script.
     pub fn script(&self) -> String {
-        let mut lines = vec![
-            "#!/bin/bash".to_string(),
-            format!("#SBATCH --job-name={}", sh_quote(&format!("nestor-{}", self.name))),
-            format!("#SBATCH --nodes={}", self.nodes),
-            // Whole nodes: the sweep places its trials' ranks on them itself.
-            "#SBATCH --exclusive".to_string(),
-            "#SBATCH --mem=0".to_string(),
-            // A node that goes down is set aside and the sweep goes on with the others.
-            "#SBATCH --no-kill".to_string(),
-            format!("#SBATCH --output={}", self.output_dir.join(format!("{}-%j.out", self.name)).display()),
-            // Time limit: SIGTERM two minutes before, and nestor stops its trials so they resume later.
-            "#SBATCH --signal=B:TERM@120".to_string(),
-        ];
-        if let Some(g) = self.gpus_per_node {
-            lines.push(format!("#SBATCH --gpus-per-node={g}"));
+        let mut lines = vec!["#!/bin/bash".to_string(), format!("#SBATCH --job-name={}", sh_quote(&format!("nestor-{}", self.name)))];
+        let output = self.output_dir.join(format!("{}-%j.out", self.name));
+        match &self.shape {
+            Shape::Nodes { nodes, gpus_per_node } => {
+                lines.extend([
+                    format!("#SBATCH --nodes={nodes}"),
+                    // Whole nodes: the sweep places its trials' ranks on them itself.
+                    "#SBATCH --exclusive".to_string(),
+                    "#SBATCH --mem=0".to_string(),
+                    // A node that goes down is set aside and the sweep goes on with the others.
+                    "#SBATCH --no-kill".to_string(),
+                    format!("#SBATCH --output={}", output.display()),
+                    // Time limit: SIGTERM before it, and nestor stops its trials so they resume later.
+                    format!("#SBATCH --signal=B:TERM@{}", self.notice_s),
+                ]);
+                if let Some(g) = gpus_per_node {
+                    lines.push(format!("#SBATCH --gpus-per-node={g}"));
+                }
+            }
+            Shape::Driver { cpus } => lines.extend([
+                "#SBATCH --nodes=1".to_string(),
+                "#SBATCH --ntasks=1".to_string(),
+                format!("#SBATCH --cpus-per-task={cpus}"),
+                format!("#SBATCH --output={}", output.display()),
+                // Requeued after a node failure or preemption, it resumes.
+                "#SBATCH --requeue".to_string(),
+                "#SBATCH --open-mode=append".to_string(),
+                // Before its time limit, the script (not the driver) is told, and hands the sweep on.
+                format!("#SBATCH --signal=B:USR1@{}", self.notice_s),
+            ]),
         }
         if let Some(p) = &self.partition {
             lines.push(format!("#SBATCH --partition={}", sh_quote(p)));
@@ -82,13 +130,54 @@ impl BatchJob {
         }
         let sets: String = self.sets.iter().map(|s| format!(" --set {}", sh_quote(s))).collect();
         let nestor = quoted(&self.nestor);
+        let exp = quoted(&self.exp_dir);
+        let (started, resume) = match (&self.shape, &self.url) {
+            (Shape::Driver { .. }, Some(url)) => {
+                (format!("{nestor} status {} >/dev/null 2>&1", sh_quote(url)), format!("{nestor} resume {} --plain", sh_quote(url)))
+            }
+            _ => (format!("[ -d {exp}/store ]"), format!("{nestor} resume {exp} --plain")),
+        };
+        let run = format!("{nestor} run {}{sets} --plain", quoted(&self.file));
         lines.push(String::new());
         lines.push(format!("cd {}", quoted(&self.cwd)));
-        lines.push(format!("if [ -d {}/store ]; then", quoted(&self.exp_dir)));
-        lines.push(format!("    exec {nestor} resume {} --plain", quoted(&self.exp_dir)));
-        lines.push("else".into());
-        lines.push(format!("    exec {nestor} run {}{sets} --plain", quoted(&self.file)));
-        lines.push("fi".into());
+        match &self.shape {
+            Shape::Nodes { .. } => lines.extend([
+                format!("if {started}; then"),
+                format!("    exec {resume}"),
+                "else".into(),
+                format!("    exec {run}"),
+                "fi".into(),
+            ]),
+            Shape::Driver { .. } => {
+                let script = quoted(&self.output_dir.join(format!("{}.sbatch", self.name)));
+                lines.extend([
+                    "# Near the time limit: the driver stops the sweep (its trials go on from their checkpoints),".to_string(),
+                    "# and a new job of the same name, started once this one has ended, resumes it.".to_string(),
+                    "hand_on() {".to_string(),
+                    "    echo \"nestor: job $SLURM_JOB_ID nears its time limit; the sweep goes on in a new job\"".to_string(),
+                    "    kill -TERM \"$driver\"".to_string(),
+                    "    wait \"$driver\"".to_string(),
+                    "    rc=$?".to_string(),
+                    "    if [ \"$rc\" = 130 ]; then".to_string(),
+                    format!("        next=$(sbatch --parsable --dependency=singleton {script}) || exit 1"),
+                    "        echo \"nestor: the sweep goes on in job ${next%%;*}\"".to_string(),
+                    "        exit 0".to_string(),
+                    "    fi".to_string(),
+                    "    exit \"$rc\"".to_string(),
+                    "}".to_string(),
+                    "trap hand_on USR1".to_string(),
+                    format!("if {started}; then"),
+                    format!("    {resume} &"),
+                    "else".into(),
+                    format!("    {run} &"),
+                    "fi".into(),
+                    "driver=$!".into(),
+                    // `wait` returns early when the notice comes; the trap then ends the script.
+                    "wait \"$driver\"".into(),
+                    "exit $?".into(),
+                ]);
+            }
+        }
         lines.join("\n") + "\n"
     }
 
@@ -121,10 +210,11 @@ mod tests {
         let job = BatchJob {
             name: "my sweep".into(),
             exp_dir: "/runs/my sweep".into(),
+            url: None,
             file: "/home/u/sweep.toml".into(),
             sets: vec!["experiment.num_samples=8".into(), "trainer.command=['python', 'x.py']".into()],
-            nodes: 2,
-            gpus_per_node: Some(4),
+            shape: Shape::Nodes { nodes: 2, gpus_per_node: Some(4) },
+            notice_s: 120,
             partition: Some("gpu".into()),
             time: Some("1:00:00".into()),
             sbatch_args: vec!["--account=ml".into()],
@@ -147,5 +237,43 @@ mod tests {
         ] {
             assert!(s.lines().any(|l| l == line), "no line {line:?} in:\n{s}");
         }
+    }
+
+    #[test]
+    fn a_drivers_job_hands_the_sweep_on_near_its_limit_and_resumes_from_the_bucket() {
+        let job = BatchJob {
+            name: "x".into(),
+            exp_dir: "/runs/x".into(),
+            url: Some("s3://b/runs/x".into()),
+            file: "/home/u/sweep.toml".into(),
+            sets: Vec::new(),
+            shape: Shape::Driver { cpus: 1 },
+            notice_s: 60,
+            partition: None,
+            time: Some("1-00:00:00".into()),
+            sbatch_args: Vec::new(),
+            output_dir: "/runs".into(),
+            cwd: "/home/u".into(),
+            nestor: "/opt/nestor".into(),
+        };
+        let s = job.script();
+        for line in [
+            "#SBATCH --job-name=nestor-x",
+            "#SBATCH --ntasks=1",
+            "#SBATCH --requeue",
+            "#SBATCH --signal=B:USR1@60",
+            "#SBATCH --time=1-00:00:00",
+            "trap hand_on USR1",
+            "if /opt/nestor status s3://b/runs/x >/dev/null 2>&1; then",
+            "    /opt/nestor resume s3://b/runs/x --plain &",
+            "    /opt/nestor run /home/u/sweep.toml --plain &",
+            "        next=$(sbatch --parsable --dependency=singleton /runs/x.sbatch) || exit 1",
+        ] {
+            assert!(s.lines().any(|l| l == line), "no line {line:?} in:\n{s}");
+        }
+        assert!(!s.contains("--exclusive") && !s.contains("--nodes=2"), "a driver holds no whole nodes:\n{s}");
+        // The trap is set before the driver starts, and the driver is waited for.
+        let (trap, start) = (s.find("trap hand_on USR1").unwrap(), s.find("resume s3://b/runs/x --plain &").unwrap());
+        assert!(trap < start && s.trim_end().ends_with("wait \"$driver\"\nexit $?"), "{s}");
     }
 }

@@ -1,0 +1,163 @@
+//! `nestor relay-output`: inside a trial's Slurm job whose node does not
+//! see the experiment's directory, the job's output (its batch script's
+//! lines and srun's labelled ones) goes to the driver over the report
+//! channel (`JobOutput`) instead of into a file the driver reads.
+//!
+//! The job must never wait on the driver: what is read from the job is
+//! queued (up to [`QUEUED_BYTES`]) while the driver is slow or being
+//! reached again, and dropped past that (counted, said once the driver
+//! answers again), so a rank writing to its output never blocks.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::Notify;
+
+use crate::proto::{self, OutputChunk};
+
+/// The most output held for the driver at once.
+const QUEUED_BYTES: usize = 16 << 20;
+
+/// How long to keep trying a driver that does not answer once the job's
+/// output has ended (the job is over; its last lines wait no longer).
+const LAST_TRIES: Duration = Duration::from_secs(30);
+
+/// What the job wrote and the driver has not had yet.
+#[derive(Default)]
+struct Queue {
+    chunks: VecDeque<Vec<u8>>,
+    bytes: usize,
+    /// Bytes dropped since the driver last took any.
+    dropped: u64,
+    /// The job's output has ended.
+    ended: bool,
+}
+
+/// Who the output is sent as: the run's report address and credentials.
+#[derive(Debug, Clone)]
+pub struct RelayTarget {
+    /// `NESTOR_ADDR`.
+    pub addr: String,
+    /// `NESTOR_TRIAL_ID`.
+    pub trial_id: String,
+    /// `NESTOR_TOKEN`.
+    pub token: String,
+}
+
+impl RelayTarget {
+    /// The run's target from the environment a job's batch script has.
+    pub fn from_env() -> Result<Self, String> {
+        let var = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set (run inside a nestor trial's job)"));
+        Ok(Self { addr: var("NESTOR_ADDR")?, trial_id: var("NESTOR_TRIAL_ID")?, token: var("NESTOR_TOKEN")? })
+    }
+}
+
+/// Sends everything read from `input` to the driver, until `input` ends
+/// and the driver has it all (or stops answering for [`LAST_TRIES`]
+/// after that). Returns the bytes the driver took and the bytes dropped.
+pub async fn relay_output(target: RelayTarget, mut input: impl AsyncRead + Unpin + Send + 'static) -> Result<(u64, u64), String> {
+    let endpoint = tonic::transport::Endpoint::from_shared(target.addr.clone())
+        .map_err(|e| format!("NESTOR_ADDR={:?}: {e}", target.addr))?
+        .connect_timeout(Duration::from_secs(10));
+    let queue = Arc::new(Mutex::new(Queue::default()));
+    let more = Arc::new(Notify::new());
+    let reader = {
+        let (queue, more) = (Arc::clone(&queue), Arc::clone(&more));
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let n = input.read(&mut buf).await.unwrap_or(0);
+                let mut q = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if n == 0 {
+                    q.ended = true;
+                    drop(q);
+                    more.notify_one();
+                    return;
+                }
+                if q.bytes + n > QUEUED_BYTES {
+                    q.dropped += n as u64;
+                } else {
+                    q.bytes += n;
+                    q.chunks.push_back(buf[..n].to_vec());
+                }
+                drop(q);
+                more.notify_one();
+            }
+        })
+    };
+    let (mut sent, mut dropped) = (0u64, 0u64);
+    let mut failing_since: Option<tokio::time::Instant> = None;
+    loop {
+        let channel = endpoint.connect_lazy();
+        let mut client = proto::reporter_client::ReporterClient::new(channel);
+        // One call for as long as the driver takes what comes; a chunk is
+        // taken off the queue only when handed to the call.
+        let chunks = futures_util::stream::unfold((Arc::clone(&queue), Arc::clone(&more), target.clone()), |(queue, more, t)| async move {
+            loop {
+                let notified = more.notified();
+                {
+                    let mut q = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let mut data = Vec::new();
+                    if q.dropped > 0 {
+                        data.extend_from_slice(
+                            format!("nestor: {} bytes of this job's output were dropped while the driver did not answer\n", q.dropped)
+                                .as_bytes(),
+                        );
+                        q.dropped = 0;
+                    }
+                    while let Some(c) = q.chunks.pop_front() {
+                        q.bytes -= c.len();
+                        data.extend_from_slice(&c);
+                        if data.len() >= 64 << 10 {
+                            break;
+                        }
+                    }
+                    if !data.is_empty() {
+                        let chunk = OutputChunk { version: 1, trial_id: t.trial_id.clone(), token: t.token.clone(), data };
+                        return Some((chunk, (Arc::clone(&queue), Arc::clone(&more), t)));
+                    }
+                    if q.ended {
+                        return None;
+                    }
+                }
+                notified.await;
+            }
+        });
+        match client.job_output(chunks).await {
+            Ok(receipt) => {
+                sent += receipt.into_inner().bytes;
+                let q = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if q.ended && q.chunks.is_empty() && q.dropped == 0 {
+                    break;
+                }
+                failing_since = None;
+            }
+            Err(status) => {
+                // What the failed call had taken is lost; count it with the drops.
+                let q = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let ended = q.ended;
+                drop(q);
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::FailedPrecondition | tonic::Code::InvalidArgument
+                ) {
+                    // The run is over for the driver (or never was one): nothing will take it. The job's
+                    // output is still read to its end, so that nothing writing it dies of a closed pipe.
+                    let _ = reader.await;
+                    return Err(format!("the driver at {} refused the job's output: {}", target.addr, status.message()));
+                }
+                let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                if ended && since.elapsed() > LAST_TRIES {
+                    let q = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    dropped += q.bytes as u64 + q.dropped;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    let _ = reader.await;
+    Ok((sent, dropped))
+}
