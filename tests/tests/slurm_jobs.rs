@@ -530,3 +530,75 @@ fn jobs_on_nodes_that_share_no_directory_send_output_and_checkpoints_through_the
     let status = ok(nestor_env(elsewhere.path(), &["status", "s3://bucket/runs/unshared"], &s3.env()));
     assert!(status.contains("trial_00000") && status.contains("TERMINATED"), "{status}");
 }
+
+/// `nestor submit` of a jobs-per-trial sweep: the job holds the driver
+/// alone (one task) and, told before its time limit, stops the sweep (its
+/// trials' jobs cancelled, their checkpoints kept) and submits a new job
+/// of its own, which starts once it has ended and resumes the sweep: the
+/// sweep outlives its first driver's time limit and ends whole.
+#[test]
+fn a_submitted_driver_hands_the_sweep_on_to_a_new_job_before_its_time_limit() {
+    let cluster = cluster(2, 3, Options::default());
+    let dir = tempfile::tempdir().unwrap();
+    let text = sweep(
+        "handon",
+        "num_samples = 1",
+        // A minute of steps: more than the first driver's job holds.
+        "x = { grid = [0.2, 0.7] }\nsteps = 150\nsleep_ms = 400\ncheckpoint = true",
+        &format!(
+            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[checkpoint]\nfrequency = 1\n{}",
+            jobs_section("")
+        ),
+    );
+    write(dir.path(), &text);
+    let out = cluster
+        .cmd(nestor_bin())
+        .args(["submit", "sweep.toml", "--storage", "runs", "--time", "1", "--notice", "40"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = ok(out);
+    let first = stdout.strip_prefix("Submitted job ").and_then(|r| r.split(':').next()).unwrap_or_else(|| panic!("{stdout}")).to_string();
+    let exp = dir.path().join("runs/handon");
+    // The sweep goes on through driver jobs until one of them ends it.
+    let started = Instant::now();
+    let drivers = loop {
+        let drivers: Vec<(String, String, String)> =
+            listed(&cluster, "nestor-handon").into_iter().filter(|(_, name, _)| name == "nestor-handon").collect();
+        if drivers.len() > 1 && drivers.iter().all(|(_, _, s)| s != "PENDING" && s != "RUNNING" && s != "COMPLETING") {
+            break drivers;
+        }
+        let done = drivers.len() == 1 && drivers[0].2 == "COMPLETED";
+        assert!(!done && started.elapsed() < Duration::from_secs(480), "the sweep was not handed on: {drivers:?}\n{}", outputs(dir.path()));
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(drivers[0].0, first);
+    assert!(drivers.iter().all(|(_, _, s)| s == "COMPLETED"), "{drivers:?}\n{}", outputs(dir.path()));
+    let said = read(&dir.path().join(format!("runs/handon-{first}.out")));
+    assert!(said.contains(&format!("nestor: job {first} nears its time limit; the sweep goes on in a new job")), "{said}");
+    assert!(said.contains(&format!("nestor: the sweep goes on in job {}", drivers[1].0)), "{said}");
+    // Every trial finished all its steps once, at least one of them resumed from a checkpoint in a later driver's job.
+    let ts = trials(&exp);
+    assert_eq!(ts.len(), 2);
+    for t in &ts {
+        assert_eq!((t.status, t.failures), (tuner::TrialStatus::Terminated, 0), "{}: {:?}", t.id, t.error);
+        assert_eq!(t.last_result.as_ref().unwrap().training_iteration, 150, "{}", t.id);
+    }
+    assert!(rank0_says(&exp, "resumed from"), "no trial went on from a checkpoint:\n{}", outputs(dir.path()));
+    assert_histories_whole(&exp);
+    let last = read(&dir.path().join(format!("runs/handon-{}.out", drivers.last().unwrap().0)));
+    assert!(last.contains("2 trials (2 TERMINATED)"), "{last}");
+}
+
+/// The driver jobs' output files, for a failure's message.
+fn outputs(dir: &Path) -> String {
+    std::fs::read_dir(dir.join("runs"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".out"))
+                .map(|e| format!("{}:\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}

@@ -135,10 +135,8 @@ pub async fn relay_output(target: RelayTarget, mut input: impl AsyncRead + Unpin
                 failing_since = None;
             }
             Err(status) => {
-                // What the failed call had taken is lost; count it with the drops.
-                let q = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let ended = q.ended;
-                drop(q);
+                // What the failed call had taken is lost.
+                let ended = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).ended;
                 if matches!(
                     status.code(),
                     tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::FailedPrecondition | tonic::Code::InvalidArgument
@@ -160,4 +158,43 @@ pub async fn relay_output(target: RelayTarget, mut input: impl AsyncRead + Unpin
     }
     let _ = reader.await;
     Ok((sent, dropped))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::service::ReportServer;
+
+    fn target(server: &ReportServer, token: &str) -> RelayTarget {
+        RelayTarget { addr: server.url(), trial_id: "t1".into(), token: token.into() }
+    }
+
+    /// Megabytes of output reach the run whole and in order; a wrong token
+    /// and a run that takes no job output are refused, the input still read
+    /// to its end (nothing writing it dies of a closed pipe).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_jobs_output_reaches_its_run_whole_and_in_order() {
+        let server = ReportServer::start(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::LaunchSpec::new("t1", serde_json::json!({}), dir.path());
+        let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut registration = server.register(&spec, "secret".into(), Vec::new(), events.clone());
+        let mut lines = registration.take_output().unwrap();
+        let text: Vec<u8> = (0..100_000).flat_map(|i| format!("    {}: line {i} of the job\n", i % 4).into_bytes()).collect();
+        let (sent, dropped) = relay_output(target(&server, "secret"), std::io::Cursor::new(text.clone())).await.unwrap();
+        assert_eq!((sent, dropped), (text.len() as u64, 0));
+        let mut got = Vec::new();
+        while let Ok(chunk) = lines.try_recv() {
+            got.extend(chunk);
+        }
+        assert!(got == text, "{} bytes came, {} were sent", got.len(), text.len());
+        let refused = relay_output(target(&server, "wrong"), std::io::Cursor::new(text.clone())).await.unwrap_err();
+        assert!(refused.contains("refused the job's output") && refused.contains("wrong token"), "{refused}");
+        drop(lines);
+        let refused = relay_output(target(&server, "secret"), std::io::Cursor::new(b"x\n".to_vec())).await.unwrap_err();
+        assert!(refused.contains("runs no job whose output comes here"), "{refused}");
+        drop(registration);
+    }
 }
