@@ -385,6 +385,69 @@ fn the_python_driver_runs_each_trial_as_a_slurm_job_with_slurm_jobs_in_init() {
     }
 }
 
+/// The same example with nothing shared between the driver and the nodes
+/// (its directory hidden on both) and `storage_path="s3://..."`: the
+/// pickled training function comes to the ranks from the driver, the two
+/// DDP ranks of each job meet through it, their output and checkpoints go
+/// through it, the best checkpoint is in the bucket, and `nestor status`
+/// reads the sweep from the bucket in another directory.
+#[test]
+fn the_python_driver_runs_jobs_on_nodes_that_share_no_directory_with_it() {
+    let hidden = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&elsewhere.path().join("s3"));
+    let both = vec![(0, hidden.path().to_path_buf()), (1, hidden.path().to_path_buf())];
+    let cluster = cluster(2, 2, Options { hidden: both, ..Options::default() });
+    let mut c = common::python::torch_python_cmd(
+        hidden.path(),
+        "examples/python/tune_torch.py",
+        &[],
+        &[
+            ("EXAMPLE_SLURM_JOBS", "0.5".into()),
+            ("EXAMPLE_SAMPLES", "2".into()),
+            ("EXAMPLE_NAME", "unshared-torch".into()),
+            ("EXAMPLE_STORAGE", "s3://bucket/runs".into()),
+        ],
+    );
+    c.env("SLURM_CONF", cluster.conf()).envs(s3.env());
+    let out = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("is not visible on node") && stderr.contains("ship checkpoints through it"), "{stderr}");
+    assert!(stdout.contains("best checkpoint: s3://bucket/runs/unshared-torch/trials/"), "{stdout}");
+    let jobs = listed(&cluster, "nestor-unshared-torch-");
+    assert!(jobs.len() >= 2 && jobs.iter().all(|(_, _, s)| s == "COMPLETED"), "{jobs:?}");
+    let status = ok(nestor_env(elsewhere.path(), &["status", "s3://bucket/runs/unshared-torch"], &s3.env()));
+    assert_eq!(status.lines().filter(|l| l.starts_with("trial_") && l.contains(" TERMINATED ")).count(), 2, "{status}");
+    // Each rank's lines came to the driver's logs; a 2-rank DDP run formed its group.
+    let logs: Vec<std::path::PathBuf> = walk(hidden.path()).into_iter().filter(|p| p.ends_with("logs/rank-1.log")).collect();
+    assert_eq!(logs.len(), 2, "{logs:?}");
+    for log in logs {
+        let text = read(&log);
+        assert!(text.contains("nestor: rank 1 of 2 on node"), "{text}");
+    }
+    let results = ok(nestor_env(elsewhere.path(), &["export", "s3://bucket/runs/unshared-torch", "--format", "json"], &s3.env()));
+    for line in results.lines() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(r["workers"].as_f64(), Some(2.0), "not a DDP group of 2: {line}");
+    }
+}
+
+/// Every file below `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 /// Promotion ASHA pauses trials at their rungs and promotes them later: a
 /// paused trial holds no job, its promotion is a new job that resumes from
 /// the rung's checkpoint, and the sweep decides exactly what the same sweep
