@@ -11,7 +11,10 @@
 //!   in its new job;
 //! - the load the driver puts on `slurmctld` while 100 jobs wait in the
 //!   queue: the remote procedure calls `sdiag` counts for this user over a
-//!   minute, with `[cluster.jobs] poll_s` at its default (10 s).
+//!   minute, with `[cluster.jobs] poll_s` at its default (10 s);
+//! - the overhead of a job on nodes that do not see the experiment's
+//!   directory (its output relayed to the driver, the checkpoint shipped
+//!   through it), as in the first.
 //!
 //! `cargo bench -p nestor-tests --bench slurm_jobs [-- --reps N]`
 
@@ -225,4 +228,32 @@ fn main() {
     common::signal(child.id(), libc::SIGTERM);
     let _ = child.wait();
     cluster.run("scancel", &["--user", "root"]);
+    drop(cluster);
+
+    // 4. Nodes that do not see the experiment's directory: the job's output
+    // and the ranks' checkpoints go through the driver.
+    let hidden = tempfile::tempdir().unwrap();
+    let conf = "MinJobAge=300\nDefMemPerCPU=200\nJobRequeue=1".to_string();
+    let both = vec![(0, hidden.path().to_path_buf()), (1, hidden.path().to_path_buf())];
+    let cluster = SlurmCluster::start_with(2, 2, 2000, Options { networks: true, conf, hidden: both, ..Options::default() });
+    let mut relayed = Vec::new();
+    for rep in 0..reps {
+        let dir = tempfile::tempdir_in(hidden.path()).unwrap();
+        fixture_sweep(
+            dir.path(),
+            "one",
+            "",
+            "x = 0.5\nsteps = 1\nquiet = true\ncheckpoint = true",
+            &format!("{trainer}\n{JOBS}poll_s = 1\n"),
+        );
+        let out = nestor(&cluster, dir.path()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.contains("is not visible on"), "run {rep}: {stderr}");
+        let exp = dir.path().join("runs/one");
+        relayed.push(results(&exp)[0].0 - started_at(&exp));
+    }
+    stats(
+        "2-rank trial as a job of its own on nodes that do not see the experiment's directory (output and checkpoint through the driver), poll_s = 1",
+        &relayed,
+    );
 }
