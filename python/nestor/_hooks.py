@@ -115,7 +115,8 @@ class Sample:
 
 
 class DefineByRun:
-    """``OptunaSearch(space=fn)``: Optuna's own study, in the script. Each
+    """``OptunaSearch(space=fn)``, or over several metrics (a study of as
+    many directions, told every metric's last value): Optuna's own study, in the script. Each
     suggestion is a new ``study.ask()`` trial passed to ``fn`` (which calls
     ``trial.suggest_*`` and may return constants); its parameters, with
     ``a/b`` names nested as Ray nests them, are the config. A trial's end
@@ -123,17 +124,18 @@ class DefineByRun:
     After each, the searcher (the study with its sampler's state) is saved
     to ``state_path``, so ``Tuner.restore`` goes on with the same study."""
 
-    def __init__(self, space: Callable[[Any], Any], metric: Optional[str], mode: Optional[str], sampler: Any,
+    def __init__(self, space: Callable[[Any], Any], metrics: List[Optional[str]], modes: List[Optional[str]], sampler: Any,
                  seed: Optional[int]):
         try:
             import optuna
         except ImportError:
-            raise ImportError("OptunaSearch(space=fn) runs Optuna itself: pip install optuna") from None
-        if not metric or mode not in ("min", "max"):
+            raise ImportError("OptunaSearch(space=fn) and OptunaSearch over several metrics run Optuna itself: "
+                              "pip install optuna") from None
+        if not metrics or not all(metrics) or any(m not in ("min", "max") for m in modes):
             raise ValueError("OptunaSearch(space=fn) needs a metric and a mode (in it or in TuneConfig)")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.space, self.metric = space, metric
-        self.study = optuna.create_study(direction="minimize" if mode == "min" else "maximize",
+        self.space, self.metrics = space, [str(m) for m in metrics]
+        self.study = optuna.create_study(directions=["minimize" if m == "min" else "maximize" for m in modes],
                                          sampler=sampler or optuna.samplers.TPESampler(seed=seed))
         #: The study's trial number of each live trial.
         self.live: Dict[str, int] = {}
@@ -156,11 +158,13 @@ class DefineByRun:
         number = self.live.pop(trial_id, None)
         if number is None:
             return
-        value = (result or {}).get(self.metric)
-        if error or not isinstance(value, (int, float)) or isinstance(value, bool):
+        # A study saved before several metrics were possible names one.
+        metrics = getattr(self, "metrics", None) or [getattr(self, "metric")]
+        values = [(result or {}).get(m) for m in metrics]
+        if error or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             self.study.tell(number, state=optuna.trial.TrialState.FAIL)
         else:
-            self.study.tell(number, float(value))
+            self.study.tell(number, [float(v) for v in values] if len(values) > 1 else float(values[0]))
         self._save()
 
     def _save(self) -> None:

@@ -95,8 +95,10 @@ class Trainable:
         return self._ctx.trial_dir
 
     @property
-    def trial_resources(self) -> Dict[str, float]:
-        return {"CPU": float(os.environ.get("OMP_NUM_THREADS", "1") or 1)}
+    def trial_resources(self) -> Any:
+        from ._resources import this_trials
+
+        return this_trials()
 
     def get_config(self) -> Dict[str, Any]:
         return self.config

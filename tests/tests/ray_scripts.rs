@@ -447,3 +447,95 @@ fn a_class_trainable_sweep_killed_with_its_driver_is_restored_losing_nothing_ack
         assert!(history(&got[trial]).iter().any(|h| h.0 == *iteration), "acknowledged {trial} {iteration} is missing");
     }
 }
+
+/// Ray's optuna_multiobjective_example's shape: `OptunaSearch` over two
+/// metrics of opposite modes runs Optuna's study of two directions, which
+/// is told both metrics' last values of every trial; the configs are the
+/// study's (a choice of dicts, constants kept); `get_best_result` takes
+/// either metric; a `TuneConfig` of several metrics is refused naming them.
+#[test]
+fn optuna_search_over_two_metrics_tells_the_study_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_utils.py", &[storage.to_str().unwrap(), "multiobjective"], &[]));
+    let got: Value = serde_json::from_str(line(&out, "MULTI")).unwrap();
+    assert_eq!(got["directions"], serde_json::json!(["MINIMIZE", "MAXIMIZE"]));
+    let told = got["told"].as_array().unwrap();
+    assert_eq!(told.len(), 8, "{got}");
+    // Every trial's two last values reached the study, in the order of the metrics.
+    let mut last: Vec<(f64, f64)> =
+        got["last"].as_array().unwrap().iter().map(|m| (m["loss"].as_f64().unwrap(), m["gain"].as_f64().unwrap())).collect();
+    let mut values: Vec<(f64, f64)> = told
+        .iter()
+        .map(|t| {
+            assert_eq!(t["state"], "COMPLETE", "{t}");
+            (t["values"][0].as_f64().unwrap(), t["values"][1].as_f64().unwrap())
+        })
+        .collect();
+    last.sort_by(|a, b| a.0.total_cmp(&b.0));
+    values.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert_eq!(last, values);
+    for c in got["configs"].as_array().unwrap() {
+        let (w, h, n) = (c["width"].as_f64().unwrap(), c["height"].as_f64().unwrap(), c["n"].as_i64().unwrap());
+        assert!((0.0..=20.0).contains(&w) && (-100.0..=100.0).contains(&h) && (1..=3).contains(&n), "{c}");
+        assert_eq!(c["steps"], 5, "{c}");
+        assert!(c["kind"] == serde_json::json!({"name": "a"}) || c["kind"] == serde_json::json!({"name": "b"}), "{c}");
+    }
+    let best_loss = values.iter().map(|v| v.0).fold(f64::INFINITY, f64::min);
+    let best_gain = values.iter().map(|v| v.1).fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!((got["best"]["loss"].as_f64().unwrap(), got["best"]["gain"].as_f64().unwrap()), (best_loss, best_gain));
+    let refused: String = serde_json::from_str(line(&out, "REFUSED")).unwrap();
+    assert!(refused.contains("mode"), "{refused}");
+}
+
+/// Ray's hyperband_example's shape: `MyTrainableClass` from
+/// `tune.utils.mock_trainable` under HyperBand, paused and resumed through
+/// its checkpoints (each reward is the curve at the trial's iteration, so
+/// its step count came back whole); `validate_save_restore` passes it and
+/// names what a trainable that keeps no state loses; the nested-dict helpers.
+#[test]
+fn the_mock_trainable_and_tunes_helpers_work_as_rays_examples_use_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_utils.py", &[storage.to_str().unwrap(), "mock"], &[]));
+    let trials: BTreeMap<String, Value> = serde_json::from_str(line(&out, "TRIALS")).unwrap();
+    assert_eq!(trials.len(), 6);
+    for (id, t) in &trials {
+        let (w, h) = (t["config"]["width"].as_f64().unwrap(), t["config"]["height"].as_f64().unwrap());
+        let it = t["iteration"].as_f64().unwrap();
+        assert_eq!(t["timesteps"].as_f64().unwrap(), it, "{id}: {t}");
+        assert!((t["reward"].as_f64().unwrap() - h * (it / w).tanh()).abs() < 1e-9, "{id}: {t}");
+    }
+    assert!(trials.values().any(|t| t["iteration"] == 9), "no trial reached max_t: {trials:?}");
+    let exp = dir.path().join("runs/hyperband");
+    assert!(trials_resumed(dir.path(), &exp) > 0, "HyperBand resumed no trial");
+    let checks: Value = serde_json::from_str(line(&out, "CHECKS")).unwrap();
+    assert_eq!(checks["mock"], true);
+    let forgetful = checks["forgetful"].as_str().unwrap();
+    assert!(forgetful.contains("Forgetful") && forgetful.contains("lose state") && forgetful.contains("{'n': 1}"), "{forgetful}");
+    assert_eq!(checks["flat"], serde_json::json!({"a/b": 1, "a/c/d": [1, 2], "e": 2}));
+    assert_eq!((checks["round_trip"].clone(), checks["lookup"].clone()), (Value::Bool(true), serde_json::json!([1, 2])));
+    assert_eq!(checks["merged"], serde_json::json!({"a": {"b": 1, "c": 2}, "x": 1}));
+    assert!(checks["deep_update"].as_str().unwrap().contains("Unknown config parameter `b`"), "{checks}");
+}
+
+/// How many of the experiment's trials were resumed at least once.
+fn trials_resumed(dir: &Path, exp: &Path) -> usize {
+    trials(dir, exp).iter().filter(|t| t["resumes"].as_u64().unwrap_or(0) > 0).count()
+}
+
+/// `tune.with_resources(fn, PlacementGroupFactory([{"CPU": 1}, {"CPU": 1}]))`
+/// from Ray's `tune.execution.placement_groups`: the trial gets both
+/// bundles' CPUs (its ranks' threads set to them), `get_trial_resources()`
+/// answers with a factory read by attribute or as a dict, and a bad
+/// bundle is refused naming it.
+#[test]
+fn a_placement_group_factory_gives_a_trial_its_bundles_in_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_utils.py", &[storage.to_str().unwrap(), "resources"], &[]));
+    let got: Value = serde_json::from_str(line(&out, "RESOURCES")).unwrap();
+    assert_eq!(got, serde_json::json!({"head_cpus": 2.0, "cpus": 2.0, "bundles": 1.0, "omp": 2.0}));
+    let refused: String = serde_json::from_str(line(&out, "REFUSED")).unwrap();
+    assert!(refused.contains("bundles[0]['CPU'] = -1"), "{refused}");
+}

@@ -167,8 +167,11 @@ class TrainContext:
         """Where the experiment's checkpoints go (a directory or a URL)."""
         return os.environ.get("NESTOR_STORAGE_PATH", "")
 
-    def get_trial_resources(self) -> Dict[str, float]:
-        return {"CPU": float(os.environ.get("OMP_NUM_THREADS", "1") or 1)}
+    def get_trial_resources(self) -> Any:
+        """What this rank was given, as Ray gives it (a ``PlacementGroupFactory``; ``["CPU"]`` reads it as a dict)."""
+        from .._resources import this_trials
+
+        return this_trials()
 
     def get_config(self) -> Dict[str, Any]:
         return dict(self._ctx.config)

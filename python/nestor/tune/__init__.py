@@ -18,6 +18,7 @@ from ..train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ..train import get_checkpoint, get_context, report
 from .._checkpoint import Checkpoint
 from . import schedulers, search
+from .._resources import PlacementGroupFactory, as_resources
 from . import stopper
 from .._callback import Callback
 from .stopper import Stopper
@@ -87,11 +88,12 @@ class _WithResources(_WithParameters):
         return call(self.fn, config)
 
 
-def with_resources(trainable: Callable[..., Any], resources: Mapping[str, float]) -> Callable[..., Any]:
-    """``trainable`` with the resources each trial needs (``{"cpu": 2, "gpu": 1}``)."""
+def with_resources(trainable: Callable[..., Any], resources: Any) -> Callable[..., Any]:
+    """``trainable`` with the resources each trial needs (``{"cpu": 2, "gpu": 1}``, or a
+    ``PlacementGroupFactory``, whose bundles a trial gets in all)."""
     if callable(resources) and not isinstance(resources, Mapping):
         raise ValueError("tune.with_resources: give a dict of resources; a function of the config is not supported")
-    return _WithResources(trainable, dict(resources))
+    return _WithResources(trainable, as_resources(resources) or {})
 
 
 def _split(trainable: Any) -> Dict[str, Any]:
@@ -211,6 +213,9 @@ class Tuner:
         sched, alg = tc.scheduler, tc.search_alg
         metric = tc.metric or (sched.metric if sched else None) or (alg.metric if alg else None)
         mode = tc.mode or (sched.mode if sched else None) or (alg.mode if alg else None)
+        if metric is not None and not isinstance(metric, str) or mode is not None and not isinstance(mode, str):
+            raise ValueError(f"TuneConfig: metric={metric!r}, mode={mode!r}: the sweep goes by one metric and mode; "
+                             "several are a multi-objective search: OptunaSearch(metric=[...], mode=[...])")
         experiment: Dict[str, Any] = {"name": name, "num_samples": int(tc.num_samples)}
         if metric:
             experiment["metric"] = metric
@@ -318,7 +323,7 @@ class Tuner:
         tc = self._tune_config
         alg = tc.search_alg
         inner = getattr(alg, "searcher", alg)  # through a ConcurrencyLimiter or Repeater
-        search = inner._python(tc.metric, tc.mode, tc.seed) if hasattr(inner, "_python") else None
+        search = inner._python(tc.metric, tc.mode, tc.seed, self._param_space) if hasattr(inner, "_python") else None
         return {"callbacks": callbacks, "stop": stop, "explore": explore, "sample": sample, "search": search}
 
     def _run_settings(self) -> Dict[str, Any]:
@@ -403,7 +408,7 @@ def run(*_a: Any, **_k: Any) -> Any:
 
 __all__ = [
     "Callback", "Checkpoint", "CheckpointConfig", "Domain", "Stopper", "FailureConfig", "Result", "ResultGrid", "RunConfig", "ScalingConfig",
-    "Trainable", "TrainingFailedError", "TuneConfig", "TuneError", "Tuner", "choice", "get_checkpoint", "get_context", "grid_search",
+    "PlacementGroupFactory", "Trainable", "TrainingFailedError", "TuneConfig", "TuneError", "Tuner", "choice", "get_checkpoint", "get_context", "grid_search",
     "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform", "randint", "randn",
     "report", "sample_from", "schedulers", "search", "uniform", "with_parameters", "with_resources",
 ]

@@ -5,7 +5,7 @@ and ``Repeater`` wrappers. Each is written into the experiment's
 ``[search]`` table; the binary's searcher suggests the configs."""
 
 import sys
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from .._space import _constant
 
@@ -39,13 +39,36 @@ class BasicVariantGenerator(Searcher):
 
 
 class OptunaSearch(Searcher):
-    """Tree-structured Parzen estimators (Optuna's default sampler), run by nestor's TPE."""
+    """Tree-structured Parzen estimators (Optuna's default sampler), run by
+    nestor's TPE. A define-by-run ``space`` (a function of an Optuna trial),
+    or several metrics (``metric=["loss", "gain"], mode=["min", "max"]``: a
+    multi-objective search), run Optuna itself, in the script."""
 
     _algorithm = "tpe"
 
-    def __init__(self, space: Any = None, metric: Optional[str] = None, mode: Optional[str] = None,
+    def __init__(self, space: Any = None, metric: Optional[Union[str, List[str]]] = None,
+                 mode: Optional[Union[str, List[str]]] = None,
                  points_to_evaluate: Optional[List[Mapping[str, Any]]] = None, sampler: Any = None, seed: Optional[int] = None,
                  evaluated_rewards: Any = None, n_startup_trials: Optional[int] = None, multivariate: Optional[bool] = None):
+        #: Several objectives: (metrics, modes); the experiment's own metric is the first.
+        self._objectives: Optional[Tuple[List[str], List[str]]] = None
+        if isinstance(metric, (list, tuple)) or isinstance(mode, (list, tuple)):
+            metrics = [metric] if isinstance(metric, str) else list(metric or [])
+            modes = [mode] if isinstance(mode, str) else list(mode or [])
+            if not metrics or len(metrics) != len(modes) or not all(isinstance(m, str) for m in metrics):
+                raise ValueError(f"OptunaSearch: a multi-objective search takes as many modes as metrics, "
+                                 f"got metric={metric!r} and mode={mode!r}")
+            bad = [m for m in modes if m not in ("min", "max")]
+            if bad:
+                raise ValueError(f"OptunaSearch: mode {bad[0]!r} is not 'min' or 'max'")
+            if points_to_evaluate:
+                raise ValueError("OptunaSearch(points_to_evaluate=...) with several metrics: enqueue them in a study of your own")
+            self._objectives = (metrics, modes)
+            if len(metrics) > 1:
+                print(f"nestor: OptunaSearch over {len(metrics)} objectives ({', '.join(f'{m} {o}' for m, o in zip(metrics, modes))}) "
+                      f"runs Optuna itself in this script; schedulers and the best result go by {metrics[0]} unless told "
+                      "another metric", file=sys.stderr)
+            metric, mode = metrics[0], modes[0]
         #: A define-by-run space (a function of an Optuna trial): run by Optuna itself, in the script.
         self._define_by_run = space if callable(space) else None
         if space is not None and self._define_by_run is None:
@@ -53,10 +76,13 @@ class OptunaSearch(Searcher):
                              "define-by-run function of an optuna.Trial)")
         if self._define_by_run is not None and points_to_evaluate:
             raise ValueError("OptunaSearch(space=fn, points_to_evaluate=...): enqueue them in the function's study instead")
-        self._sampler = sampler if self._define_by_run is not None else None
+        in_script = self._define_by_run is not None or (self._objectives is not None and len(self._objectives[0]) > 1)
+        if self._objectives is not None and len(self._objectives[0]) == 1:
+            self._objectives = None
+        self._sampler = sampler if in_script else None
         if evaluated_rewards is not None:
             raise ValueError("OptunaSearch(evaluated_rewards=...) is not supported: leave it out")
-        if sampler is not None and self._define_by_run is None:
+        if sampler is not None and not in_script:
             # Optuna's TPESampler settings that nestor's TPE shares.
             n_startup_trials = n_startup_trials or getattr(sampler, "_n_startup_trials", None)
             multivariate = multivariate if multivariate is not None else getattr(sampler, "_multivariate", None)
@@ -65,17 +91,77 @@ class OptunaSearch(Searcher):
         self.seed = seed
 
     def _table(self) -> Dict[str, Any]:
-        # A define-by-run search is the driver's (the `search` hook): the binary's own searcher is not used.
-        return {} if self._define_by_run is not None else super()._table()
+        # A search Optuna runs is the driver's (the `search` hook): the binary's own searcher is not used.
+        return {} if self._define_by_run is not None or self._objectives is not None else super()._table()
 
-    def _python(self, metric: Optional[str], mode: Optional[str], seed: Optional[int]) -> Any:
-        """The driver's searcher for a define-by-run space, or None."""
-        if self._define_by_run is None:
+    def _python(self, metric: Optional[str], mode: Optional[str], seed: Optional[int], param_space: Optional[Mapping[str, Any]] = None) -> Any:
+        """The driver's searcher (Optuna's study) for a define-by-run space or several objectives, or None."""
+        if self._define_by_run is None and self._objectives is None:
             return None
         from ..._hooks import DefineByRun
 
-        return DefineByRun(self._define_by_run, self.metric or metric, self.mode or mode, self._sampler,
-                           self.seed if self.seed is not None else seed)
+        space = self._define_by_run or _define_by_run_of(dict(param_space or {}))
+        metrics, modes = self._objectives or ([self.metric or metric], [self.mode or mode])
+        return DefineByRun(space, metrics, modes, self._sampler, self.seed if self.seed is not None else seed)
+
+
+def _define_by_run_of(param_space: Mapping[str, Any]) -> Any:
+    """A ``param_space`` of tune domains as an Optuna define-by-run
+    function: each domain a ``trial.suggest_*`` named by its path
+    (``a/b``), constants as they are. Grid axes, ``randn`` and
+    ``sample_from`` have no Optuna form and are refused naming the key."""
+    from .._space import Domain, _SampleFrom
+
+    def check(node: Any, path: str) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                check(v, f"{path}/{k}" if path else str(k))
+        elif isinstance(node, _SampleFrom):
+            raise ValueError(f"param_space[{path!r}]: tune.sample_from has no Optuna form; OptunaSearch over several "
+                             "metrics takes tune.uniform, loguniform, randint, choice ... and constants")
+        elif isinstance(node, Domain) and node.kind in ("grid", "randn", "qrandn"):
+            raise ValueError(f"param_space[{path!r}]: tune.{node.kind} has no Optuna form; OptunaSearch over several "
+                             "metrics takes tune.uniform, loguniform, randint, choice ... and constants")
+
+    check(param_space, "")
+
+    def suggest(trial: Any, d: Domain, name: str) -> Any:
+        a = d.args
+        if d.kind == "uniform":
+            return trial.suggest_float(name, a[0], a[1])
+        if d.kind == "quniform":
+            return trial.suggest_float(name, a[0], a[1], step=a[2])
+        if d.kind in ("loguniform", "qloguniform"):
+            v = trial.suggest_float(name, a[0], a[1], log=True)
+            return round(v / a[2]) * a[2] if d.kind == "qloguniform" else v
+        if d.kind == "randint":
+            return trial.suggest_int(name, a[0], a[1] - 1)
+        if d.kind == "qrandint":
+            return trial.suggest_int(name, a[0], a[1], step=a[2])
+        if d.kind in ("lograndint", "qlograndint"):
+            v = trial.suggest_int(name, a[0], a[1] - (1 if d.kind == "lograndint" else 0), log=True)
+            return int(round(v / a[2]) * a[2]) if d.kind == "qlograndint" else v
+        if d.kind == "choice":
+            plain = all(v is None or isinstance(v, (bool, int, float, str)) for v in a)
+            return trial.suggest_categorical(name, a) if plain else a[trial.suggest_categorical(name, list(range(len(a))))]
+        raise ValueError(f"param_space[{name!r}]: tune.{d.kind} has no Optuna form")
+
+    def space(trial: Any) -> Dict[str, Any]:
+        values: Dict[str, Any] = {}
+
+        def walk(node: Any, path: str) -> None:
+            if isinstance(node, Mapping) and not isinstance(node, Domain):
+                for k, v in node.items():
+                    walk(v, f"{path}/{k}" if path else str(k))
+            elif isinstance(node, Domain):
+                values[path] = suggest(trial, node, path)
+            else:
+                values[path] = node
+
+        walk(param_space, "")
+        return values
+
+    return space
 
 
 class TPESearch(OptunaSearch):

@@ -1,0 +1,1 @@
+"""Ray's ``ray.tune.execution`` paths that scripts import from."""
