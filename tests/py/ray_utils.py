@@ -8,6 +8,8 @@ Usage: ray_utils.py STORAGE SCENARIO
   mock            MyTrainableClass (ray.tune.utils.mock_trainable) under HyperBand, as
                   Ray's hyperband_example runs it; validate_save_restore on it and on a
                   trainable that loses its state; the nested-dict helpers
+  hyperopt        HyperOptSearch (ray.tune.search.hyperopt) over a param_space: nestor's TPE
+                  with HyperOpt's settings; a HyperOpt `hp` space is refused
   resources       tune.with_resources(fn, PlacementGroupFactory([...])) (Ray's
                   xgboost_dynamic_resources_example's import path): a trial gets its bundles
                   in all, and get_trial_resources() answers with a PlacementGroupFactory
@@ -123,6 +125,24 @@ def resources(storage):
         print("REFUSED " + json.dumps(str(e)))
 
 
+def hyperopt(storage):
+    from nestor.tune.search.hyperopt import HyperOptSearch
+
+    def quadratic(config):
+        tune.report({"loss": (config["x"] - 0.3) ** 2 + (config["y"] - 0.6) ** 2})
+
+    algo = ConcurrencyLimiter(HyperOptSearch(metric="loss", mode="min", n_initial_points=4, random_state_seed=11), max_concurrent=2)
+    grid = tune.Tuner(quadratic, tune_config=tune.TuneConfig(search_alg=algo, num_samples=12),
+                      param_space={"x": tune.uniform(0, 1), "y": tune.uniform(0, 1)},
+                      run_config=tune.RunConfig(name="hyperopt", storage_path=storage)).fit()
+    sweep = open(os.path.join(storage, "hyperopt", "driver", "sweep.toml")).read()
+    print("HYPEROPT " + json.dumps({"trials": len(grid), "sweep": sweep, "best": grid.get_best_result().metrics["loss"]}))
+    try:
+        HyperOptSearch(space={"x": object()}, metric="loss", mode="min")
+    except ValueError as e:
+        print("REFUSED " + json.dumps(str(e)))
+
+
 if __name__ == "__main__":
     storage, scenario = sys.argv[1], sys.argv[2]
-    {"multiobjective": multiobjective, "mock": mock, "resources": resources}[scenario](storage)
+    {"multiobjective": multiobjective, "mock": mock, "resources": resources, "hyperopt": hyperopt}[scenario](storage)

@@ -539,3 +539,24 @@ fn a_placement_group_factory_gives_a_trial_its_bundles_in_all() {
     let refused: String = serde_json::from_str(line(&out, "REFUSED")).unwrap();
     assert!(refused.contains("bundles[0]['CPU'] = -1"), "{refused}");
 }
+
+/// `HyperOptSearch` from `ray.tune.search.hyperopt` over a `param_space`,
+/// through a `ConcurrencyLimiter`: nestor's TPE with HyperOpt's settings
+/// (its random start, its seed as the sweep's), the sweep runs to its
+/// samples; a HyperOpt `hp` space is refused saying what to give instead.
+#[test]
+fn hyperopt_search_runs_nestors_tpe_with_its_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("runs");
+    let out = passed(torch_python(dir.path(), "tests/py/ray_utils.py", &[storage.to_str().unwrap(), "hyperopt"], &[]));
+    let got: Value = serde_json::from_str(line(&out, "HYPEROPT")).unwrap();
+    assert_eq!(got["trials"], 12);
+    let sweep: toml::Table = got["sweep"].as_str().unwrap().parse().unwrap();
+    assert_eq!(sweep["search"]["algorithm"].as_str(), Some("tpe"), "{sweep}");
+    assert_eq!(sweep["search"]["n_startup_trials"].as_integer(), Some(4), "{sweep}");
+    assert_eq!(sweep["search"]["max_concurrent"].as_integer(), Some(2), "{sweep}");
+    assert_eq!(sweep["experiment"]["seed"].as_integer(), Some(11), "the searcher's seed is the sweep's: {sweep}");
+    assert!(got["best"].as_f64().unwrap() < 0.2, "{got}");
+    let refused: String = serde_json::from_str(line(&out, "REFUSED")).unwrap();
+    assert!(refused.contains("HyperOptSearch(space=...)") && refused.contains("param_space"), "{refused}");
+}

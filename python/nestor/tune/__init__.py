@@ -225,7 +225,8 @@ class Tuner:
             experiment["max_concurrent_trials"] = int(tc.max_concurrent_trials)
         if tc.time_budget_s:
             experiment["time_budget_s"] = float(tc.time_budget_s)
-        seed = tc.seed if tc.seed is not None else getattr(alg, "seed", None) if alg is not None else None
+        # A searcher's own seed, through a ConcurrencyLimiter or Repeater too.
+        seed = tc.seed if tc.seed is not None else getattr(getattr(alg, "searcher", alg), "seed", None) if alg is not None else None
         if seed is not None:
             experiment["seed"] = int(seed)
         if rc.storage_path:

@@ -168,6 +168,31 @@ class TPESearch(OptunaSearch):
     """nestor's own name for the TPE searcher."""
 
 
+class HyperOptSearch(Searcher):
+    """HyperOpt's algorithm, tree-structured Parzen estimators, run by
+    nestor's TPE over the Tuner's ``param_space``, with HyperOpt's settings:
+    ``n_initial_points`` random configs (default 20) before the model,
+    ``random_state_seed`` the sweep's seed."""
+
+    _algorithm = "tpe"
+
+    def __init__(self, space: Optional[Dict[str, Any]] = None, metric: Optional[str] = None, mode: Optional[str] = None,
+                 points_to_evaluate: Optional[List[Mapping[str, Any]]] = None, n_initial_points: int = 20,
+                 random_state_seed: Optional[int] = None, gamma: float = 0.25, **kwargs: Any):
+        if space is not None:
+            raise ValueError("HyperOptSearch(space=...): a HyperOpt `hp` space does not run here; give the space as the "
+                             "Tuner's param_space with tune.uniform, tune.choice ... (nestor's TPE runs it)")
+        if kwargs:
+            raise ValueError(f"HyperOptSearch: unknown arguments {sorted(kwargs)}")
+        if gamma != 0.25:
+            print("nestor: HyperOptSearch(gamma=...) is ignored: nestor's TPE splits good from bad configs as Optuna's does",
+                  file=sys.stderr)
+        if n_initial_points < 1:
+            raise ValueError("HyperOptSearch: n_initial_points must be at least 1")
+        super().__init__(metric, mode, points_to_evaluate, n_startup_trials=int(n_initial_points))
+        self.seed = random_state_seed
+
+
 class TuneBOHB(Searcher):
     """BOHB: TPE models per budget, for HyperBandForBOHB's brackets."""
 
@@ -220,7 +245,7 @@ class Repeater(Searcher):
 
 
 _NAMES = {"variant_generator": BasicVariantGenerator, "random": BasicVariantGenerator, "optuna": OptunaSearch,
-          "tpe": OptunaSearch, "bohb": TuneBOHB}
+          "tpe": OptunaSearch, "bohb": TuneBOHB, "hyperopt": HyperOptSearch}
 
 
 def create_searcher(search_alg: str, **kwargs: Any) -> Searcher:
@@ -230,9 +255,9 @@ def create_searcher(search_alg: str, **kwargs: Any) -> Searcher:
     except KeyError:
         raise ValueError(
             f"search algorithm {search_alg!r} is not in nestor; it has {sorted(_NAMES)} (TPE stands in for optuna, "
-            "hyperopt and bayesopt)"
+            "and bayesopt; HyperOptSearch is TPE)"
         ) from None
 
 
-__all__ = ["Searcher", "BasicVariantGenerator", "OptunaSearch", "TPESearch", "TuneBOHB", "ConcurrencyLimiter", "Repeater",
+__all__ = ["Searcher", "BasicVariantGenerator", "OptunaSearch", "TPESearch", "HyperOptSearch", "TuneBOHB", "ConcurrencyLimiter", "Repeater",
            "create_searcher"]
