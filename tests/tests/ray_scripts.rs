@@ -448,6 +448,12 @@ fn a_class_trainable_sweep_killed_with_its_driver_is_restored_losing_nothing_ack
     }
 }
 
+/// tests/py/ray_utils.py's `scenario`, experiments in `dir/runs`: its stdout.
+fn utils_script(dir: &Path, scenario: &str) -> String {
+    let storage = dir.join("runs");
+    passed(torch_python(dir, "tests/py/ray_utils.py", &[storage.to_str().unwrap(), scenario], &[]))
+}
+
 /// Ray's optuna_multiobjective_example's shape: `OptunaSearch` over two
 /// metrics of opposite modes runs Optuna's study of two directions, which
 /// is told both metrics' last values of every trial; the configs are the
@@ -456,8 +462,7 @@ fn a_class_trainable_sweep_killed_with_its_driver_is_restored_losing_nothing_ack
 #[test]
 fn optuna_search_over_two_metrics_tells_the_study_both() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = dir.path().join("runs");
-    let out = passed(torch_python(dir.path(), "tests/py/ray_utils.py", &[storage.to_str().unwrap(), "multiobjective"], &[]));
+    let out = utils_script(dir.path(), "multiobjective");
     let got: Value = serde_json::from_str(line(&out, "MULTI")).unwrap();
     assert_eq!(got["directions"], serde_json::json!(["MINIMIZE", "MAXIMIZE"]));
     let told = got["told"].as_array().unwrap();
@@ -496,8 +501,7 @@ fn optuna_search_over_two_metrics_tells_the_study_both() {
 #[test]
 fn the_mock_trainable_and_tunes_helpers_work_as_rays_examples_use_them() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = dir.path().join("runs");
-    let out = passed(torch_python(dir.path(), "tests/py/ray_utils.py", &[storage.to_str().unwrap(), "mock"], &[]));
+    let out = utils_script(dir.path(), "mock");
     let trials: BTreeMap<String, Value> = serde_json::from_str(line(&out, "TRIALS")).unwrap();
     assert_eq!(trials.len(), 6);
     for (id, t) in &trials {
@@ -532,8 +536,7 @@ fn trials_resumed(dir: &Path, exp: &Path) -> usize {
 #[test]
 fn a_placement_group_factory_gives_a_trial_its_bundles_in_all() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = dir.path().join("runs");
-    let out = passed(torch_python(dir.path(), "tests/py/ray_utils.py", &[storage.to_str().unwrap(), "resources"], &[]));
+    let out = utils_script(dir.path(), "resources");
     let got: Value = serde_json::from_str(line(&out, "RESOURCES")).unwrap();
     assert_eq!(got, serde_json::json!({"head_cpus": 2.0, "cpus": 2.0, "bundles": 1.0, "omp": 2.0}));
     let refused: String = serde_json::from_str(line(&out, "REFUSED")).unwrap();
@@ -547,8 +550,7 @@ fn a_placement_group_factory_gives_a_trial_its_bundles_in_all() {
 #[test]
 fn hyperopt_search_runs_nestors_tpe_with_its_settings() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = dir.path().join("runs");
-    let out = passed(torch_python(dir.path(), "tests/py/ray_utils.py", &[storage.to_str().unwrap(), "hyperopt"], &[]));
+    let out = utils_script(dir.path(), "hyperopt");
     let got: Value = serde_json::from_str(line(&out, "HYPEROPT")).unwrap();
     assert_eq!(got["trials"], 12);
     let sweep: toml::Table = got["sweep"].as_str().unwrap().parse().unwrap();

@@ -158,16 +158,22 @@ fn went_on_in_a_new_job(out: std::process::Output, exp: &Path, steps: u64) -> St
     stderr
 }
 
+/// The trainer of 2 ranks of one CPU that checkpoint every step, no
+/// failure allowed, as jobs of their own (`jobs` in `[cluster.jobs]`).
+fn two_ranks_checkpointing(jobs: &str) -> String {
+    format!(
+        "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[checkpoint]\nfrequency = 1\n{}",
+        jobs_section(jobs)
+    )
+}
+
 /// One trial of 2 ranks that checkpoints every step, slow enough to be caught mid-run.
 fn one_trial(dir: &Path, name: &str, space_extra: &str, jobs: &str) {
     let text = sweep(
         name,
         "num_samples = 1",
         &format!("x = 0.5\nsteps = 12\nsleep_ms = 400\ncheckpoint = true\n{space_extra}"),
-        &format!(
-            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[checkpoint]\nfrequency = 1\n{}",
-            jobs_section(jobs)
-        ),
+        &two_ranks_checkpointing(jobs),
     );
     write(dir, &text);
 }
@@ -504,15 +510,7 @@ fn promotion_asha_across_jobs_decides_as_inside_one_allocation() {
 fn a_node_failing_under_a_job_sends_the_trial_to_a_new_job_from_its_checkpoint() {
     let mut cluster = cluster(2, 2, Options { conf: "SlurmdTimeout=5".into(), ..Options::default() });
     let dir = tempfile::tempdir().unwrap();
-    let text = sweep(
-        "nodefail",
-        "num_samples = 1",
-        "x = 0.5\nsteps = 16\nsleep_ms = 400\ncheckpoint = true",
-        &format!(
-            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[checkpoint]\nfrequency = 1\n{}",
-            jobs_section("")
-        ),
-    );
+    let text = sweep("nodefail", "num_samples = 1", "x = 0.5\nsteps = 16\nsleep_ms = 400\ncheckpoint = true", &two_ranks_checkpointing(""));
     write(dir.path(), &text);
     let exp = dir.path().join("runs/nodefail");
     let mut child = spawn_driver(&cluster, dir.path(), &["run", "sweep.toml", "--storage", "runs", "--plain"]);
@@ -545,10 +543,7 @@ fn jobs_on_nodes_that_share_no_directory_send_output_and_checkpoints_through_the
         "unshared",
         &format!("num_samples = 1\nstorage = \"s3://bucket/runs\"\nlocal_dir = \"{}\"", local.display()),
         "x = 0.5\nsteps = 12\nsleep_ms = 400\ncheckpoint = true\ndump_env = true",
-        &format!(
-            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[checkpoint]\nfrequency = 1\n{}",
-            jobs_section("")
-        ),
+        &two_ranks_checkpointing(""),
     );
     write(&work, &text);
     let exp = local.join("unshared");
@@ -608,10 +603,7 @@ fn a_submitted_driver_hands_the_sweep_on_to_a_new_job_before_its_time_limit() {
         "num_samples = 1",
         // A minute of steps: more than the first driver's job holds.
         "x = { grid = [0.2, 0.7] }\nsteps = 150\nsleep_ms = 400\ncheckpoint = true",
-        &format!(
-            "num_workers = 2\nresources_per_worker = {{ CPU = 1 }}\n\n[failure]\nmax_failures = 0\n\n[checkpoint]\nfrequency = 1\n{}",
-            jobs_section("")
-        ),
+        &two_ranks_checkpointing(""),
     );
     write(dir.path(), &text);
     let out = cluster

@@ -55,7 +55,7 @@ impl RelayTarget {
 }
 
 /// Sends everything read from `input` to the driver, until `input` ends
-/// and the driver has it all (or stops answering for [`LAST_TRIES`]
+/// and the driver has it all (or stops answering for 30 s
 /// after that). Returns the bytes the driver took and the bytes dropped.
 pub async fn relay_output(target: RelayTarget, mut input: impl AsyncRead + Unpin + Send + 'static) -> Result<(u64, u64), String> {
     let endpoint = tonic::transport::Endpoint::from_shared(target.addr.clone())
