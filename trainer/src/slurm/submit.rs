@@ -158,7 +158,8 @@ impl BatchJob {
                     "    kill -TERM \"$driver\"".to_string(),
                     "    wait \"$driver\"".to_string(),
                     "    rc=$?".to_string(),
-                    "    if [ \"$rc\" = 130 ]; then".to_string(),
+                    // 130: it stopped the sweep; 143: the TERM came before it could (it was starting).
+                    "    if [ \"$rc\" = 130 ] || [ \"$rc\" = 143 ]; then".to_string(),
                     format!("        next=$(sbatch --parsable --dependency=singleton {script}) || exit 1"),
                     "        echo \"nestor: the sweep goes on in job ${next%%;*}\"".to_string(),
                     "        exit 0".to_string(),
@@ -267,6 +268,7 @@ mod tests {
             "if /opt/nestor status s3://b/runs/x >/dev/null 2>&1; then",
             "    /opt/nestor resume s3://b/runs/x --plain &",
             "    /opt/nestor run /home/u/sweep.toml --plain &",
+            "    if [ \"$rc\" = 130 ] || [ \"$rc\" = 143 ]; then",
             "        next=$(sbatch --parsable --dependency=singleton /runs/x.sbatch) || exit 1",
         ] {
             assert!(s.lines().any(|l| l == line), "no line {line:?} in:\n{s}");
