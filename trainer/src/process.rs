@@ -167,12 +167,16 @@ fn direct_upload(spec: &LaunchSpec) -> Vec<(String, String)> {
         return Vec::new();
     }
     let mut env = vec![("NESTOR_CHECKPOINT_STORE".to_string(), spec.storage.uri(""))];
-    if let Ok(exe) = std::env::current_exe() {
-        if exe.file_name().is_some_and(|n| n == "nestor") {
-            env.push(("NESTOR_UPLOADER".to_string(), exe.display().to_string()));
-        }
+    if let Some(exe) = nestor_binary() {
+        env.push(("NESTOR_UPLOADER".to_string(), exe));
     }
     env
+}
+
+/// This process's binary when it is `nestor` (the driver), for what ranks
+/// and jobs run of it (`put-shard`, `relay-output`).
+pub(crate) fn nestor_binary() -> Option<String> {
+    std::env::current_exe().ok().filter(|exe| exe.file_name().is_some_and(|n| n == "nestor")).map(|exe| exe.display().to_string())
 }
 
 /// The variables of one rank on this machine, beside the common ones, and

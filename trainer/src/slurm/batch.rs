@@ -168,8 +168,9 @@ pub struct SlurmJobsBackend {
     board: Arc<Board>,
     /// How a trial's ranks spread over its job's nodes.
     strategy: PlacementStrategy,
-    /// Said once: a job ran on a node that does not see the experiment's directory.
-    unshared_noted: Arc<AtomicBool>,
+    /// The experiment's directory, and whether the driver has said that a
+    /// job ran on a node that does not see it (said once).
+    unshared: Arc<(PathBuf, AtomicBool)>,
 }
 
 impl SlurmJobsBackend {
@@ -198,7 +199,7 @@ impl SlurmJobsBackend {
             prefix,
             board,
             strategy,
-            unshared_noted: Arc::default(),
+            unshared: Arc::new((std::path::absolute(exp_dir)?, AtomicBool::new(false))),
         })
     }
 
@@ -331,11 +332,6 @@ pub(crate) fn batch_script(command: &[String], gpus: bool) -> String {
     )
 }
 
-/// The `nestor` binary a job relays its output with, when the driver is one.
-fn relay_binary() -> Option<String> {
-    std::env::current_exe().ok().filter(|exe| exe.file_name().is_some_and(|n| n == "nestor")).map(|exe| exe.display().to_string())
-}
-
 /// Variables of the driver's environment a job must not inherit: an
 /// allocation the driver runs in is not the job's.
 fn inherited_slurm_vars() -> Vec<String> {
@@ -376,7 +372,7 @@ impl Backend for SlurmJobsBackend {
         // The job writes here when its node sees it (the batch script looks for it); else it relays to the driver.
         std::fs::write(&output, b"").map_err(|source| LaunchError::Io { path: output.clone(), source })?;
         env.push(("NESTOR_JOB_OUTPUT".into(), output.display().to_string()));
-        if let Some(relay) = relay_binary() {
+        if let Some(relay) = crate::process::nestor_binary() {
             env.push(("NESTOR_RELAY".into(), relay));
         }
         if spec.checkpoint.is_some() {
@@ -406,7 +402,7 @@ impl Backend for SlurmJobsBackend {
             output,
             offset: 0,
             relayed,
-            unshared_noted: Arc::clone(&self.unshared_noted),
+            unshared: Arc::clone(&self.unshared),
             pending: String::new(),
             watch: StepWatch::new(rank_files, job_file, started),
             stopping: Escalation::new(stop, cfg.grace_period),
@@ -438,8 +434,8 @@ struct JobRun {
     offset: u64,
     /// The job's output as its node sends it (`JobOutput`), when that node does not see the file.
     relayed: mpsc::UnboundedReceiver<Vec<u8>>,
-    /// Whether the driver has said that jobs run where the experiment's directory is not.
-    unshared_noted: Arc<AtomicBool>,
+    /// The experiment's directory, and whether the driver has said that jobs run where it is not.
+    unshared: Arc<(PathBuf, AtomicBool)>,
     /// A line read in part.
     pending: String,
     watch: StepWatch,
@@ -713,10 +709,11 @@ impl JobRun {
             self.requeue_seen = true;
         }
         if let Some(node) = line.strip_prefix(UNSHARED).and_then(|rest| rest.split(':').next()) {
-            if !self.unshared_noted.swap(true, Ordering::Relaxed) {
+            let (exp_dir, noted) = &*self.unshared;
+            if !noted.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     "nestor: {} is not visible on {node} (trial {}): jobs' output comes to the driver, and their ranks ship checkpoints through it",
-                    self.output.parent().and_then(Path::parent).and_then(Path::parent).and_then(Path::parent).unwrap_or(&self.output).display(),
+                    exp_dir.display(),
                     self.trial_id
                 );
             }
