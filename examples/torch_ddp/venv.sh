@@ -24,6 +24,8 @@ ACCELERATE_VERSION=1.15.0
 # nestor.data reads with Arrow (nestor's [data] extra); Hugging Face datasets feeds from_huggingface.
 PYARROW_VERSION=26.0.1
 HF_DATASETS_VERSION=5.2.0
+# Images for nestor.data.read_images (Pillow decodes them, as in Ray Data).
+PILLOW_VERSION=13.0.0
 # Gradient-boosted trees (nestor's [xgboost] and [lightgbm] extras; scikit-learn ships their tests' data sets).
 XGBOOST_VERSION=3.2.0
 LIGHTGBM_VERSION=4.7.0
@@ -66,6 +68,10 @@ fi
 if [ ! -f "$venv/.complete-data-$PYARROW_VERSION-$HF_DATASETS_VERSION" ]; then
     "$venv/bin/python" -m pip install --quiet "pyarrow==$PYARROW_VERSION" "datasets==$HF_DATASETS_VERSION" >&2
     touch "$venv/.complete-data-$PYARROW_VERSION-$HF_DATASETS_VERSION"
+fi
+if [ ! -f "$venv/.complete-pillow-$PILLOW_VERSION" ]; then
+    "$venv/bin/python" -m pip install --quiet "pillow==$PILLOW_VERSION" >&2
+    touch "$venv/.complete-pillow-$PILLOW_VERSION"
 fi
 trees="$venv/.complete-trees-$XGBOOST_VERSION-$LIGHTGBM_VERSION-$SKLEARN_VERSION"
 if [ ! -f "$trees" ]; then

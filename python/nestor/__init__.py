@@ -15,6 +15,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+# gRPC's fork handling off, before gRPC is imported: a rank that forks
+# (a DataLoader's workers) while gRPC's threads are busy would leave the
+# child's gRPC broken, and the child dies. The children never use gRPC.
+# nestor's ranks get the same setting in their environment.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 __all__ = ["TrainContext", "ReportError", "PreemptionInfo", "SlurmJobs", "get_context", "get_config", "get_checkpoint", "get_preemption_info",
            "report"]
 __version__ = "0.1.0"
@@ -537,6 +543,9 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
 #: file's ``[datasets]``), planned by the driver: name -> plan.
 _datasets: Dict[str, Any] = {}
 
+#: The trainer's ``metadata=`` (``get_context().get_metadata()``).
+_metadata: Dict[str, Any] = {}
+
 #: Whether a report was answered "stop": a framework's callback that caught
 #: the ``SystemExit`` to end its loop cleanly leaves any later report a no-op exit.
 _stopped = False
@@ -600,18 +609,25 @@ class SlurmJobs:
         return table
 
 #: ``ray.init`` arguments that only concern Ray's own processes.
-_INIT_QUIET = {"ignore_reinit_error", "include_dashboard", "log_to_driver", "logging_level", "configure_logging",
+_INIT_QUIET = {"ignore_reinit_error", "include_dashboard", "logging_level", "configure_logging",
                "runtime_env", "namespace", "dashboard_host", "dashboard_port", "local_mode", "_temp_dir"}
 
 
+#: ``init(log_to_driver=False)``: the ranks' output stays in their logs, off the console.
+_log_to_driver = True
+
+
 def init(address: Optional[str] = None, *, num_cpus: Optional[float] = None, num_gpus: Optional[float] = None,
-         resources: Optional[Mapping[str, float]] = None, cluster: Optional[SlurmJobs] = None, **kwargs: Any) -> None:
+         resources: Optional[Mapping[str, float]] = None, cluster: Optional[SlurmJobs] = None, log_to_driver: bool = True,
+         **kwargs: Any) -> None:
     """Ray's ``ray.init``: nestor has no cluster to start or join. ``num_cpus``,
     ``num_gpus`` and ``resources`` are the pool the sweeps of this process
     schedule on (the experiment's ``[resources]``), as in Ray;
     ``cluster=SlurmJobs(...)`` runs each trial run as a Slurm job of its
-    own; other arguments are ignored with a note."""
-    global _cluster
+    own; ``log_to_driver=False`` keeps the ranks' output off this console
+    (it is in their logs either way); other arguments are ignored with a note."""
+    global _cluster, _log_to_driver
+    _log_to_driver = bool(log_to_driver)
     if cluster is not None:
         if not isinstance(cluster, SlurmJobs):
             raise ValueError(f"init(cluster={cluster!r}): give nestor.SlurmJobs(...)")
@@ -635,9 +651,10 @@ def init(address: Optional[str] = None, *, num_cpus: Optional[float] = None, num
 
 def shutdown() -> None:
     """Ray's ``ray.shutdown``: forgets what ``init`` declared."""
-    global _cluster
+    global _cluster, _log_to_driver
     _declared_resources.clear()
     _cluster = None
+    _log_to_driver = True
 
 
 def is_initialized() -> bool:
@@ -655,3 +672,9 @@ def __getattr__(name: str) -> Any:
     if name in ("get", "put", "remote", "wait"):
         raise AttributeError(f"nestor has no {name}(): it runs training functions, not Ray tasks; call the function directly")
     raise AttributeError(f"module 'nestor' has no attribute {name!r}")
+
+
+# Ray's public names under nestor's same paths: nestor's own, or refused by name when used (nestor._ray_api).
+from . import _ray_api as _ray_api_names  # noqa: E402
+
+_ray_api_names.install()

@@ -21,6 +21,11 @@ class TuneError(RuntimeError):
     """The sweep could not run: the binary's own message (a bad setting names its key)."""
 
 
+class FailFast(TuneError):
+    """``FailureConfig(fail_fast=...)`` stopped the sweep at its first failed
+    trial; every result before it is stored."""
+
+
 def experiment_dirs(storage: Optional[str], name: str) -> str:
     """The experiment's local directory: ``<storage>/<name>``, or
     ``./nestor-runs/<name>`` when storage is a URL or not given."""
@@ -50,9 +55,23 @@ def pull(url: str, check: bool = True) -> Optional[str]:
     return out.stdout.strip().splitlines()[-1]
 
 
-def default_name(trainable: Any) -> str:
+def default_name(trainable: Any, storage: Optional[str] = None) -> str:
+    """Ray's default experiment name, ``<trainable>_<date>_<time>``; a
+    second sweep of the same trainable started in the same second (Ray's doc
+    scripts do that) gets ``_2``, ``_3``, ...: its directory is claimed here,
+    so two drivers at once never share one."""
     stem = getattr(trainable, "__name__", None) or type(trainable).__name__
-    return f"{stem}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
+    base = f"{stem}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
+    for n in range(1, 10_000):
+        name = base if n == 1 else f"{base}_{n}"
+        exp_dir = experiment_dirs(storage, name)
+        os.makedirs(os.path.dirname(exp_dir), exist_ok=True)
+        try:
+            os.mkdir(exp_dir)
+        except FileExistsError:
+            continue
+        return name
+    raise TuneError(f"no free experiment name {base}_N below {os.path.dirname(experiment_dirs(storage, base))}")
 
 
 def write_blob(exp_dir: str, payload: Dict[str, Any]) -> str:
@@ -216,6 +235,8 @@ def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
         raise KeyboardInterrupt(message)
     if code == 2:
         raise ValueError(message)
+    if code == 3:
+        raise FailFast(message)
     raise TuneError(message)
 
 

@@ -58,6 +58,7 @@ def run(blob: Dict[str, Any]) -> int:
     ctx = nestor.get_context()
     config = trial_config(blob, ctx.config)
     nestor._datasets = blob.get("datasets") or {}
+    nestor._metadata = dict(blob.get("metadata") or {})
     _enter_trial_dir(ctx.trial_dir)
     resume = blob.get("resume_from_checkpoint")
     if resume and not os.environ.get("NESTOR_CHECKPOINT") and os.environ.get("NESTOR_CHECKPOINT_FETCH") != "1":
@@ -85,8 +86,9 @@ def run(blob: Dict[str, Any]) -> int:
             out = _run_hooks(backend_config, ctx, lambda: call(blob["fn"], config))
         else:
             out = call(blob["fn"], config)
-        if isinstance(out, dict) and out:
-            # Ray's function trainables may return their final metrics.
+        if isinstance(out, dict) and out and blob.get("kind") != "trainer":
+            # A Tune function trainable may return its final metrics; a Ray
+            # Train training function's return value is ignored, as in Ray.
             nestor.report(out)
     except SystemExit as e:
         return 0 if e.code in (None, 0) else (e.code if isinstance(e.code, int) else 1)

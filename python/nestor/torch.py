@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from . import get_context
 
-__all__ = ["enable_reproducibility", "get_device", "get_devices", "init_process_group", "prepare_model", "prepare_data_loader"]
+__all__ = ["accelerate", "backward", "enable_reproducibility", "get_device", "get_devices", "init_process_group", "prepare_model",
+           "prepare_data_loader", "prepare_optimizer"]
 
 
 def get_device() -> torch.device:
@@ -175,12 +176,15 @@ class _DeviceLoader:
     """A DataLoader whose batches arrive on the device, and whose distributed
     sampler moves to the next epoch at each pass. Passes are counted from the
     iterations already done, so a restarted run shuffles as the uninterrupted
-    one would have (one pass per reported iteration)."""
+    one would have (one pass per reported iteration). With ``auto_transfer``
+    on a GPU, the next batch is copied to the device on a stream of its own
+    while the current one is used (Ray's ``auto_transfer``)."""
 
-    def __init__(self, loader: DataLoader, device: torch.device):
+    def __init__(self, loader: DataLoader, device: torch.device, auto_transfer: bool = True):
         self.loader = loader
         self.device = device
         self._epoch = get_context().start_iteration
+        self._stream = torch.cuda.Stream(device) if auto_transfer and device.type == "cuda" else None
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -193,34 +197,78 @@ class _DeviceLoader:
         if isinstance(sampler, DistributedSampler):
             sampler.set_epoch(self._epoch)
         self._epoch += 1
+        if self._stream is None:
+            for batch in self.loader:
+                yield _to_device(batch, self.device)
+            return
+        # One batch ahead: its copy overlaps the step on the current one.
+        pending = None
         for batch in self.loader:
-            yield _to_device(batch, self.device)
+            with torch.cuda.stream(self._stream):
+                moved = _to_device(batch, self.device)
+            if pending is not None:
+                yield pending
+            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+            pending = moved
+        if pending is not None:
+            yield pending
 
 
-def prepare_data_loader(loader: DataLoader, add_dist_sampler: bool = True, move_to_device: bool = True):
+def _rebuilt(loader: DataLoader, sampler: DistributedSampler) -> DataLoader:
+    """``loader`` with ``sampler`` in place of its own, every other option
+    of the one given kept (workers, prefetching, pinning, the worker
+    context, ...)."""
+    kwargs: Dict[str, Any] = dict(
+        batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        generator=loader.generator, multiprocessing_context=loader.multiprocessing_context,
+    )
+    if loader.num_workers > 0:
+        kwargs.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+    for name in ("pin_memory_device", "in_order"):  # torch's newer options, where this torch has them
+        if hasattr(loader, name):
+            kwargs[name] = getattr(loader, name)
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def prepare_data_loader(loader: DataLoader, add_dist_sampler: bool = True, move_to_device: bool = True, auto_transfer: bool = True):
     """With several workers, rebuilds ``loader`` with a DistributedSampler (each
-    rank gets its own shard; shuffling kept if the loader shuffled), and
-    moves every batch to this worker's device."""
+    rank gets its own shard; shuffling kept if the loader shuffled; every
+    other option of the loader kept), and moves every batch to this
+    worker's device (on a GPU, the next one while the current one is used:
+    ``auto_transfer``)."""
     ctx = get_context()
     iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
     # An IterableDataset has no sampler to shard: it yields its own share
-    # (get_dataset_shard(...).to_torch() does), as in Ray.
-    if add_dist_sampler and ctx.world_size > 1 and not iterable and not isinstance(loader.sampler, DistributedSampler):
+    # (get_dataset_shard(...).to_torch() does), as in Ray. A loader given a
+    # batch_sampler of its own (batch_size None) shards as that sampler says.
+    if (add_dist_sampler and ctx.world_size > 1 and not iterable and loader.batch_size is not None
+            and not isinstance(loader.sampler, DistributedSampler)):
         init_process_group()
         shuffle = isinstance(loader.sampler, RandomSampler)
         sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.world_rank, shuffle=shuffle)
-        loader = DataLoader(
-            loader.dataset,
-            batch_size=loader.batch_size,
-            sampler=sampler,
-            num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory,
-            drop_last=loader.drop_last,
-            timeout=loader.timeout,
-            worker_init_fn=loader.worker_init_fn,
-            generator=loader.generator,
-        )
+        loader = _rebuilt(loader, sampler)
     if move_to_device:
-        return _DeviceLoader(loader, get_device())
+        return _DeviceLoader(loader, get_device(), auto_transfer)
     return loader
+
+
+def accelerate(amp: bool = False) -> None:
+    """Ray's ``accelerate``: with ``amp=True`` Ray wraps models and optimizers
+    for mixed precision. nestor does not: use ``torch.autocast`` and
+    ``torch.amp.GradScaler`` in the training function (they work unchanged)."""
+    if amp:
+        raise NotImplementedError("ray.train.torch.accelerate(amp=True) is not in nestor: use torch.autocast and "
+                                  "torch.amp.GradScaler in the training function")
+
+
+def prepare_optimizer(optimizer: Any) -> Any:
+    """Ray's ``prepare_optimizer``: the optimizer as it is (it only mattered
+    under ``accelerate(amp=True)``)."""
+    return optimizer
+
+
+def backward(tensor: Any) -> None:
+    """Ray's ``backward``: ``tensor.backward()``."""
+    tensor.backward()
+

@@ -105,7 +105,7 @@ fn fail_fast_ends_the_sweep_at_the_first_error() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), &sweep("ff", "num_samples = 5\nmax_concurrent_trials = 1\nseed = 3\nfail_fast = true", "steps = 3\nfail_at = 2", ""));
     let out = nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(3), "fail_fast has its own exit code");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("fail_fast: trial_00000: rank 0 exited with code 3"), "{stderr}");
     let grid = tuner::ResultGrid::load(&dir.path().join("runs/ff")).unwrap();

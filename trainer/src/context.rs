@@ -197,6 +197,11 @@ pub struct Context {
     rank: u32,
     local_rank: u32,
     world_size: u32,
+    local_world_size: u32,
+    node_rank: u32,
+    /// The experiment's name and storage (`NESTOR_EXPERIMENT_NAME`, `NESTOR_STORAGE_PATH`; from the trial's directory in process).
+    experiment_name: String,
+    storage_path: String,
     trial_dir_ready: std::cell::Cell<bool>,
     transport: Transport,
     /// `NESTOR_ADDR` (empty in process), for errors.
@@ -252,6 +257,11 @@ impl std::fmt::Debug for Context {
     }
 }
 
+/// The experiment's directory of a trial's directory (`<experiment>/trials/<id>`).
+fn experiment_dir(trial_dir: &Path) -> Option<&Path> {
+    trial_dir.parent().and_then(Path::parent)
+}
+
 impl Context {
     pub(crate) fn in_process(spec: &crate::LaunchSpec, rank: u32, group: Arc<Group>) -> Self {
         Self {
@@ -264,6 +274,13 @@ impl Context {
             rank,
             local_rank: rank,
             world_size: spec.world_size(),
+            local_world_size: spec.world_size(),
+            node_rank: 0,
+            experiment_name: experiment_dir(&spec.trial_dir)
+                .and_then(Path::file_name)
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            storage_path: experiment_dir(&spec.trial_dir).and_then(Path::parent).map(|p| p.display().to_string()).unwrap_or_default(),
             trial_dir_ready: std::cell::Cell::new(false),
             transport: Transport::InProcess(group),
             driver_addr: String::new(),
@@ -322,6 +339,8 @@ impl Context {
         let rank = num("RANK", 0)?;
         let local_rank = num("LOCAL_RANK", rank)?;
         let world_size = num("WORLD_SIZE", 1)?;
+        let local_world_size = num("LOCAL_WORLD_SIZE", world_size)?;
+        let node_rank = num("NODE_RANK", 0)?;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| ReportError::Transport(e.to_string()))?;
         let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
             .map_err(|e| ReportError::Environment(format!("NESTOR_ADDR={addr:?}: {e}")))?
@@ -368,6 +387,10 @@ impl Context {
             rank,
             local_rank,
             world_size,
+            local_world_size,
+            node_rank,
+            experiment_name: std::env::var("NESTOR_EXPERIMENT_NAME").unwrap_or_default(),
+            storage_path: std::env::var("NESTOR_STORAGE_PATH").unwrap_or_default(),
             trial_dir_ready: std::cell::Cell::new(false),
             transport: Transport::Grpc { rt: Box::new(rt), client, token, session: None },
             driver_addr: addr,
@@ -476,6 +499,26 @@ impl Context {
     /// Number of workers in the trial.
     pub fn world_size(&self) -> u32 {
         self.world_size
+    }
+
+    /// Number of the trial's workers on this worker's node.
+    pub fn local_world_size(&self) -> u32 {
+        self.local_world_size
+    }
+
+    /// The index of this worker's node among the trial's nodes (0 on one node).
+    pub fn node_rank(&self) -> u32 {
+        self.node_rank
+    }
+
+    /// The experiment's name (its directory's, below the storage path).
+    pub fn experiment_name(&self) -> &str {
+        &self.experiment_name
+    }
+
+    /// Where the experiment is stored: the directory (or bucket URL) its own directory is in.
+    pub fn storage_path(&self) -> &str {
+        &self.storage_path
     }
 
     /// Reduces `data` element-wise across all ranks, in place (every rank

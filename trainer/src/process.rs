@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
-use crate::groups::{describe_exit, dies_with_driver, signal_group, wait_groups_gone};
+use crate::groups::{describe_exit, describe_exit_since, dies_with_driver, signal_group, wait_groups_gone, OomKills};
 use crate::scaling::TorchConfig;
 use crate::service::ReportServer;
 use crate::supervise::{supervise, Escalation, Groups, StopStep};
@@ -103,7 +103,7 @@ pub fn log_tail(path: &Path, n: usize) -> String {
 /// and working directory), dying with the driver; the pool adds the rest.
 fn warm_command(cfg: &ProcessConfig) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&cfg.command[0]);
-    cmd.args(&cfg.command[1..]).envs(&cfg.env);
+    cmd.args(&cfg.command[1..]).envs(grpc_fork_support(cfg)).envs(&cfg.env);
     if let Some(dir) = &cfg.working_dir {
         cmd.current_dir(dir);
     }
@@ -152,7 +152,46 @@ pub(crate) fn common_env(
     .map(|(k, v)| (k.to_string(), v))
     .chain(spec.datasets.iter().map(|p| ("NESTOR_DATASETS".to_string(), p.display().to_string())))
     .chain(direct_upload(spec))
+    .chain(experiment_env(cfg, spec))
+    .chain(accelerate_on_cpus(cfg, spec))
+    .chain(grpc_fork_support(cfg))
     .collect()
+}
+
+/// gRPC's own fork handling off in the ranks (and the warm process they
+/// are forked from). A rank's report channel has gRPC's threads running;
+/// with the handling on, a fork while one of them is inside gRPC (a
+/// `DataLoader` starting its worker processes, every epoch for
+/// non-persistent ones) skips gRPC's handlers and leaves the child's copy
+/// of gRPC broken: the worker dies ("DataLoader worker exited
+/// unexpectedly"). Off, a child that never uses gRPC (a data loader's
+/// worker, a `multiprocessing` pool) is a plain fork. The warm process
+/// only imports gRPC before it forks a rank; each rank opens its own
+/// channel. A setting of the user's (`[trainer] env`) wins.
+fn grpc_fork_support(cfg: &ProcessConfig) -> Option<(String, String)> {
+    (!cfg.env.contains_key("GRPC_ENABLE_FORK_SUPPORT")).then(|| ("GRPC_ENABLE_FORK_SUPPORT".to_string(), "false".to_string()))
+}
+
+/// Hugging Face Accelerate's switch for ranks without GPUs: without it an
+/// `Accelerator()` on CPUs is not distributed (each rank would train on
+/// all the data alone, `num_processes` 1), even under torchrun.
+fn accelerate_on_cpus(cfg: &ProcessConfig, spec: &LaunchSpec) -> Option<(String, String)> {
+    (!cfg.use_gpu && spec.world_size() > 1 && !cfg.env.contains_key("ACCELERATE_USE_CPU"))
+        .then(|| ("ACCELERATE_USE_CPU".to_string(), "true".to_string()))
+}
+
+/// The experiment's name and where it is stored (`<storage>/<name>/trials/<id>`
+/// is the trial's directory), for the ranks' `TrainContext`; a front end
+/// that set them (the Python driver: its `storage_path` may be a bucket) keeps its own.
+fn experiment_env(cfg: &ProcessConfig, spec: &LaunchSpec) -> Vec<(String, String)> {
+    let Some(exp_dir) = spec.trial_dir.parent().and_then(Path::parent) else { return Vec::new() };
+    let name = exp_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let storage = exp_dir.parent().map(|p| p.display().to_string()).unwrap_or_default();
+    [("NESTOR_EXPERIMENT_NAME", name), ("NESTOR_STORAGE_PATH", storage)]
+        .into_iter()
+        .filter(|(k, _)| !cfg.env.contains_key(*k))
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 /// Where ranks upload their checkpoint shards themselves when the trial's
@@ -268,6 +307,7 @@ impl Backend for ProcessBackend {
             trial_id,
             log_paths: log_paths.clone(),
             rendezvous: rendezvous.clone(),
+            oom_at_start: OomKills::now(),
         };
         if cfg.warm {
             let queue = self.warm.queue(|| warm_command(cfg)).map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
@@ -359,6 +399,8 @@ struct Monitor {
     trial_id: String,
     log_paths: Vec<PathBuf>,
     rendezvous: PathBuf,
+    /// The OOM killer's counts when the run started: a rank it kills is named as such.
+    oom_at_start: OomKills,
 }
 
 impl Monitor {
@@ -372,7 +414,7 @@ impl Monitor {
 
     async fn run(self, mut exits: mpsc::UnboundedReceiver<RankExit>) -> ExitOutcome {
         let pgids = self.pgids();
-        let Monitor { stop, registration, grace, trial_id, log_paths, rendezvous, .. } = self;
+        let Monitor { stop, registration, grace, trial_id, log_paths, rendezvous, oom_at_start, .. } = self;
         let signal_all = |sig: i32| pgids.iter().filter(|&&g| g > 0).for_each(|&g| signal_group(g, sig));
         let mut stopping = Escalation::new(stop, grace);
         let mut failure: Option<(u32, String)> = None;
@@ -393,7 +435,7 @@ impl Monitor {
                                 signal_all(libc::SIGTERM);
                                 stopping.kill_within(grace.min(Duration::from_secs(1)));
                             }
-                            failure.get_or_insert((rank, describe_exit(s)));
+                            failure.get_or_insert((rank, describe_exit_since(s, oom_at_start)));
                         }
                         Err(e) => {
                             registration.aggregator().fail();

@@ -289,6 +289,9 @@ impl From<TuneError> for Failure {
             | TuneError::NoTrainer => 2,
             TuneError::Store(crate::store::StoreError::Missing(_)) => 2,
             TuneError::Interrupted(_) => 130,
+            // Its own code: a front end (the Python driver) tells a sweep that
+            // stopped on its first error, its results stored, from one that broke.
+            TuneError::FailFast(_) => 3,
             _ => 1,
         };
         Failure { code, message: e.to_string() }

@@ -221,6 +221,9 @@ pub struct RunConfig {
     /// Write each trial's files for people (`params.json`, `result.jsonl`,
     /// `progress.csv`); default true. The store has every result either way.
     pub trial_files: bool,
+    /// Show each rank's output of a command trainer on the console, a line
+    /// at a time behind `(trial_00003 rank 1)`; default true (Ray's `log_to_driver`).
+    pub log_to_driver: bool,
     /// Progress display.
     pub progress: ProgressMode,
 }
@@ -236,6 +239,7 @@ impl Default for RunConfig {
             stop: Stop::new(),
             fail_fast: false,
             trial_files: true,
+            log_to_driver: true,
             progress: ProgressMode::Auto,
         }
     }

@@ -142,6 +142,11 @@ pub struct ExperimentSection {
     /// per trial, which on a slow file system is most of a short trial's cost.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub trial_files: bool,
+    /// Show each rank's output on the driver's console as it comes, a
+    /// line at a time behind `(trial_00003 rank 1)` (default true; Ray's
+    /// `log_to_driver`). The rank logs hold it either way.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub log_to_driver: bool,
 }
 
 impl Default for ExperimentSection {
@@ -158,6 +163,7 @@ impl Default for ExperimentSection {
             local_dir: None,
             fail_fast: false,
             trial_files: true,
+            log_to_driver: true,
         }
     }
 }

@@ -9,6 +9,7 @@ mod clock;
 mod config;
 mod curves;
 pub mod dashboard;
+mod echo;
 mod experiment;
 mod files;
 pub mod hooks;

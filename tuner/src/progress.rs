@@ -10,6 +10,7 @@ use schedulers::TrialStatus;
 
 use crate::callback::{Callback, CallbackError, Event, RunningTrial, Status};
 use crate::config::ProgressMode;
+use crate::echo::{Drawn, Echo};
 use crate::store::TrialRecord;
 use crate::text::{config_summary, fmt_num, headline};
 
@@ -26,8 +27,11 @@ pub(crate) struct Progress {
     start: Instant,
     terminated: usize,
     errored: usize,
-    drawn: usize,
+    /// The lines the live table occupies (shared with the ranks' echo, which clears it to write).
+    drawn: Drawn,
     recent: VecDeque<String>,
+    /// The ranks' output, shown as it comes (`log_to_driver`), with the experiment's directory.
+    echo: Option<(Echo, std::path::PathBuf)>,
     /// When plain output last printed a status line.
     last_plain_status: Option<Instant>,
 }
@@ -40,7 +44,43 @@ impl Progress {
             ProgressMode::Auto if std::io::stderr().is_terminal() => Style::Live,
             ProgressMode::Auto => Style::Plain,
         };
-        Self { style, metric, start: Instant::now(), terminated: 0, errored: 0, drawn: 0, recent: VecDeque::new(), last_plain_status: None }
+        Self {
+            style,
+            metric,
+            start: Instant::now(),
+            terminated: 0,
+            errored: 0,
+            drawn: Drawn::default(),
+            recent: VecDeque::new(),
+            echo: None,
+            last_plain_status: None,
+        }
+    }
+
+    /// Shows each rank's output of the trials of the experiment in
+    /// `exp_dir` as it comes (not when quiet).
+    pub(crate) fn echo_ranks(&mut self, exp_dir: std::path::PathBuf) {
+        if self.style == Style::Quiet {
+            return;
+        }
+        match Echo::start(std::sync::Arc::clone(&self.drawn)) {
+            Ok(echo) => self.echo = Some((echo, exp_dir)),
+            Err(e) => tracing::warn!(error = %e, "the ranks' output cannot be shown on the console"),
+        }
+    }
+
+    fn follow(&self, r: &TrialRecord) {
+        if let Some((echo, exp_dir)) = &self.echo {
+            let nodes: Vec<String> = r.resources.iter().map(|b| b.node.clone()).collect();
+            let first_run = r.num_results == 0
+                && r.restarts == 0
+                && r.resumes == 0
+                && r.failures == 0
+                && r.infrastructure_failures == 0
+                && r.exploits == 0
+                && r.resizes == 0;
+            echo.follow(&r.id, &exp_dir.join("trials").join(&r.id), &nodes, first_run);
+        }
     }
 
     fn metric_text(&self, metrics: Option<&serde_json::Value>) -> String {
@@ -61,12 +101,16 @@ impl Progress {
     }
 
     pub(crate) fn trial_started(&mut self, r: &TrialRecord) {
+        self.follow(r);
         if self.style == Style::Plain {
             eprintln!("{:<12} RUNNING    {}", r.id, config_summary(&r.config));
         }
     }
 
     pub(crate) fn trial_ended(&mut self, r: &TrialRecord) {
+        if let Some((echo, _)) = &self.echo {
+            echo.finish(&r.id);
+        }
         match r.status {
             TrialStatus::Terminated => self.terminated += 1,
             TrialStatus::Error => self.errored += 1,
@@ -96,9 +140,10 @@ impl Progress {
     }
 
     fn clear(&mut self) {
-        if self.style == Style::Live && self.drawn > 0 {
-            eprint!("\x1b[{}A\x1b[J", self.drawn);
-            self.drawn = 0;
+        let mut drawn = self.drawn.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.style == Style::Live && *drawn > 0 {
+            eprint!("\x1b[{}A\x1b[J", *drawn);
+            *drawn = 0;
         }
     }
 
@@ -144,15 +189,21 @@ impl Progress {
             out.push(format!("... and {} more running", rows.len() - 16));
         }
         out.extend(self.recent.iter().flat_map(|l| l.lines().map(String::from)));
-        self.clear();
+        let mut drawn = self.drawn.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut err = std::io::stderr().lock();
+        if *drawn > 0 {
+            let _ = write!(err, "\x1b[{}A\x1b[J", *drawn);
+        }
         for l in &out {
             let _ = writeln!(err, "{l}");
         }
-        self.drawn = out.len();
+        *drawn = out.len();
     }
 
     pub(crate) fn finish(&mut self) {
+        if let Some((mut echo, _)) = self.echo.take() {
+            echo.close();
+        }
         self.clear();
         if self.style != Style::Quiet {
             eprintln!(

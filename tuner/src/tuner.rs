@@ -210,6 +210,7 @@ impl Tuner {
         }
         e.fail_fast = c.fail_fast;
         e.trial_files = c.trial_files;
+        e.log_to_driver = c.log_to_driver;
         self.file.checkpoint = c.checkpoint;
         self.file.failure = c.failure;
         let Stop { thresholds, custom } = c.stop;
@@ -485,6 +486,8 @@ impl Tuner {
         let datasets = datasets_file(&exp_dir, file, plans)?;
         // A replay of recorded curves is a backend that is also the loop's (virtual) clock.
         let mut notes = Vec::new();
+        // Ranks that are processes write logs, shown on the console as they come.
+        let echo_ranks = file.experiment.log_to_driver && matches!(trainable.kind, Kind::Train(TrainLoop::Process(_)));
         let (backend, clock): (Arc<dyn Backend>, Arc<dyn Clock>) = match trainable.kind {
             Kind::Simulated(curves) => {
                 let sim = Arc::new(SimBackend::new(curves));
@@ -512,6 +515,9 @@ impl Tuner {
         };
         let max_concurrent = file.experiment.max_concurrent_trials.unwrap_or(usize::MAX).min(fit);
         let mut progress = crate::progress::Progress::new(self.progress, file.experiment.metric.clone());
+        if echo_ranks {
+            progress.echo_ranks(exp_dir.clone());
+        }
         let planned = searcher.total_trials().unwrap_or(file.experiment.num_samples);
         progress.note(&format!("nestor: {description}"));
         for note in node_notes {

@@ -26,6 +26,8 @@ class _Block:
     offset: int = 0
     end: Optional[int] = None
     take: Optional[Any] = None
+    #: How to read it (``read_images``' size and mode, ``include_paths``), for the formats that have options.
+    options: Optional[Dict[str, Any]] = None
 
 
 @dataclass
@@ -115,9 +117,64 @@ def _read_whole(block: _Block) -> Any:
         import pyarrow.csv
 
         return pyarrow.csv.read_csv(_open(block.path))
-    import pyarrow.json
+    if block.format == "json":
+        import pyarrow.json
 
-    return pyarrow.json.read_json(_open(block.path))
+        return pyarrow.json.read_json(_open(block.path))
+    return _read_file(block)
+
+
+def _read_bytes(path: str) -> bytes:
+    if _is_url(path):
+        with _open(path) as f:
+            return f.read()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _read_file(block: _Block) -> Any:
+    """A block of the formats read a file at a time: text (a row a line),
+    NumPy (a row per entry of the array's first axis), binary (a row per
+    file) and images (a row per image, decoded by Pillow)."""
+    pa = _pa()
+    options = block.options or {}
+    paths = {"path": [block.path]} if options.get("include_paths") else {}
+    if block.format == "text":
+        text = _read_bytes(block.path).decode(options.get("encoding") or "utf-8")
+        lines = text.splitlines()
+        if options.get("drop_empty_lines", True):
+            lines = [line for line in lines if line.strip()]
+        return pa.table({"text": lines, **({"path": [block.path] * len(lines)} if paths else {})})
+    if block.format == "numpy":
+        import io
+
+        import numpy as np
+
+        arr = np.load(io.BytesIO(_read_bytes(block.path)), allow_pickle=False)
+        return pa.table({"data": _column(arr), **({"path": [block.path] * len(arr)} if paths else {})})
+    if block.format == "binary":
+        return pa.table({"bytes": [_read_bytes(block.path)], **paths})
+    if block.format == "images":
+        return pa.table({"image": _column(_image(block.path, options)[None, ...]), **paths})
+    raise ValueError(f"{block.path}: nestor cannot read the format {block.format!r}")
+
+
+def _image(path: str, options: Dict[str, Any]) -> Any:
+    import io
+
+    import numpy as np
+
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError("read_images needs Pillow to decode images: pip install pillow") from None
+    image = Image.open(io.BytesIO(_read_bytes(path)))
+    if options.get("mode"):
+        image = image.convert(options["mode"])
+    if options.get("size"):
+        height, width = options["size"]
+        image = image.resize((width, height))
+    return np.asarray(image)
 
 
 def _select(blocks: List[_Block], keep: Any) -> List[_Block]:
@@ -146,6 +203,34 @@ def _select(blocks: List[_Block], keep: Any) -> List[_Block]:
     return out
 
 
+def _column(values: Any) -> Any:
+    """An Arrow column of ``values``: an array of several dimensions as
+    fixed-size lists (a row per entry of its first axis, read back as one
+    NumPy array of the same shape), anything else as Arrow converts it."""
+    pa = _pa()
+    import numpy as np
+
+    if isinstance(values, np.ndarray) and values.ndim > 1:
+        column = pa.array(np.ascontiguousarray(values).reshape(-1))
+        for size in reversed(values.shape[1:]):
+            column = pa.FixedSizeListArray.from_arrays(column, size)
+        return column
+    return values
+
+
+def _tensor(col: Any) -> Any:
+    """A column of fixed-size lists as one NumPy array (rows x shape), or None."""
+    pa = _pa()
+    chunk = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    if not pa.types.is_fixed_size_list(chunk.type) or chunk.null_count:
+        return None
+    shape = []
+    while pa.types.is_fixed_size_list(chunk.type):
+        shape.append(chunk.type.list_size)
+        chunk = chunk.flatten()
+    return chunk.to_numpy(zero_copy_only=False).reshape((len(col), *shape))
+
+
 def _to_format(table: Any, fmt: str) -> Any:
     if fmt == "pyarrow":
         return table
@@ -156,6 +241,10 @@ def _to_format(table: Any, fmt: str) -> Any:
     out = {}
     for name in table.column_names:
         col = table.column(name)
+        tensor = _tensor(col)
+        if tensor is not None:
+            out[name] = tensor
+            continue
         try:
             out[name] = col.to_numpy()
         except Exception:
@@ -174,7 +263,7 @@ def _from_format(batch: Any) -> Any:
         for k, v in batch.items():
             if hasattr(v, "detach"):  # a torch tensor
                 v = v.detach().cpu().numpy()
-            cols[k] = list(v) if getattr(v, "ndim", 1) > 1 else v
+            cols[k] = _column(v)
         return pa.table(cols)
     if hasattr(batch, "to_dict") and hasattr(batch, "columns"):
         return pa.Table.from_pandas(batch, preserve_index=False)

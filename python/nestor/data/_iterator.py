@@ -1,5 +1,6 @@
-"""A worker's share of a data set (Ray's ``DataIterator``): each
-``iter_batches()`` call is the next epoch, read in the background."""
+"""A worker's share of a data set (Ray's ``DataIterator``): each pass over
+``iter_batches()`` (and the other iterators) is the next epoch, read in
+the background."""
 
 import queue
 import threading
@@ -11,8 +12,21 @@ from ._split import permutation, rows_per_rank, share
 _END = object()
 
 
-class DataIterator:
-    """This rank's rows of one data set, epoch after epoch."""
+class _Epochs:
+    """What ``iter_batches()`` and the like return, as Ray's do: an iterable
+    whose every pass (a ``for`` loop, a ``DataLoader`` epoch, a Hugging
+    Face ``Trainer`` epoch) reads the next epoch of this rank's share."""
+
+    def __init__(self, start: Callable[[], Iterator[Any]]):
+        self._start = start
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._start())
+
+
+class _Share:
+    """This rank's rows of one data set, epoch after epoch: the reading of
+    ``nestor.data.DataIterator`` (which adds what needs the data sets)."""
 
     def __init__(self, plan: _Plan, rank: int, world: int, epoch: int = 0):
         self._plan, self._rank, self._world = plan, rank, world
@@ -77,9 +91,13 @@ class DataIterator:
         if batch_format not in ("numpy", "pandas", "pyarrow", "default"):
             raise ValueError(f"iter_batches(batch_format={batch_format!r}): give 'numpy', 'pandas' or 'pyarrow'")
         fmt = "numpy" if batch_format == "default" else batch_format
+        return _Epochs(lambda: self._batches(self._next_epoch(), batch_size, fmt, drop_last, prefetch_batches,
+                                             local_shuffle_buffer_size, local_shuffle_seed))
+
+    def _next_epoch(self) -> int:
         epoch = self.epoch
         self.epoch += 1
-        return self._batches(epoch, batch_size, fmt, drop_last, prefetch_batches, local_shuffle_buffer_size, local_shuffle_seed)
+        return epoch
 
     def _batches(self, epoch: int, batch_size: Optional[int], fmt: str, drop_last: bool, prefetch: int,
                  buffer_rows: Optional[int], buffer_seed: Optional[int]) -> Iterator[Any]:
@@ -130,20 +148,32 @@ class DataIterator:
         batches = self.iter_batches(batch_size=batch_size, batch_format="numpy", drop_last=drop_last,
                                     prefetch_batches=prefetch_batches, local_shuffle_buffer_size=local_shuffle_buffer_size,
                                     local_shuffle_seed=local_shuffle_seed)
-        for batch in batches:
-            if collate_fn is not None:
-                yield collate_fn(batch)
-                continue
-            out = {}
-            for name, values in batch.items():
-                dtype = dtypes.get(name) if isinstance(dtypes, dict) else dtypes
-                out[name] = torch.as_tensor(values, dtype=dtype, device=device)
-            yield out
+
+        def epoch() -> Iterator[Any]:
+            for batch in batches:
+                if collate_fn is not None:
+                    yield collate_fn(batch)
+                    continue
+                out = {}
+                for name, values in batch.items():
+                    dtype = dtypes.get(name) if isinstance(dtypes, dict) else dtypes
+                    out[name] = torch.as_tensor(values, dtype=dtype, device=device)
+                yield out
+
+        return _Epochs(epoch)
+
+    def stats(self) -> str:
+        return f"{self!r}: read straight from the files (no execution statistics)"
 
     def iter_rows(self, **kwargs: Any) -> Iterator[Dict[str, Any]]:
-        """The next epoch's rows, one dict each."""
-        for table in self.iter_batches(batch_format="pyarrow", **kwargs):
-            yield from table.to_pylist()
+        """The next epoch's rows, one dict each (each pass over it the next epoch)."""
+        batches = self.iter_batches(batch_format="pyarrow", **kwargs)
+
+        def epoch() -> Iterator[Dict[str, Any]]:
+            for table in batches:
+                yield from table.to_pylist()
+
+        return _Epochs(epoch)
 
     def to_torch(self, **kwargs: Any) -> "torch.utils.data.IterableDataset":  # noqa: F821
         """This share as a torch ``IterableDataset`` of rows (one epoch per
@@ -157,7 +187,7 @@ class DataIterator:
                 return it.count()
 
             def __iter__(self) -> Iterator[Dict[str, Any]]:
-                return it.iter_rows(**kwargs)
+                return iter(it.iter_rows(**kwargs))
 
         return _Rows()
 

@@ -94,6 +94,25 @@ class FailureConfig:
     max_infrastructure_failures: Optional[int] = None
 
 
+#: The data set Ray's trainers train on (``datasets={TRAIN_DATASET_KEY: ds}``).
+TRAIN_DATASET_KEY = "train"
+
+
+@dataclass
+class SyncConfig:
+    """Ray's ``SyncConfig``: nestor writes results and checkpoints straight
+    to ``storage_path`` (a directory or a bucket), so there is nothing to
+    sync; it is accepted and set aside."""
+
+    sync_period: int = 300
+    sync_timeout: int = 1800
+    sync_artifacts: bool = False
+    sync_artifacts_on_checkpoint: bool = True
+    upload_dir: Any = None
+    syncer: Any = None
+    sync_on_checkpoint: Any = None
+
+
 @dataclass
 class RunConfig:
     """Where a run's results go and when it stops (Ray's names)."""
@@ -175,6 +194,12 @@ class TrainContext:
 
     def get_config(self) -> Dict[str, Any]:
         return dict(self._ctx.config)
+
+    def get_metadata(self) -> Dict[str, Any]:
+        """The trainer's ``metadata=`` dict (empty without one), as in Ray."""
+        import nestor
+
+        return dict(nestor._metadata)
 
     def get_preemption_info(self) -> Optional[PreemptionInfo]:
         """None, until the cluster says it will end this run soon: see :func:`get_preemption_info`."""
@@ -258,6 +283,15 @@ def get_dataset_shard(name: Optional[str] = None) -> Any:
     import nestor
 
     plans = nestor._datasets or _experiment_datasets()
+    if "__per_rank__" in plans:
+        # A custom DataConfig.configure said what each worker reads.
+        plans = plans["__per_rank__"][_worker_context().world_rank]
+        if name is None and len(plans) == 1:
+            name = next(iter(plans))
+        if name not in plans:
+            known = ", ".join(sorted(plans)) or "none"
+            raise KeyError(f"get_dataset_shard({name!r}): the DataConfig's configure gave this worker no such data set (it has {known})")
+        return plans[name]
     if name is None and len(plans) == 1:
         name = next(iter(plans))
     if name not in plans:
@@ -315,7 +349,7 @@ class UserCallback(_TuneCallback):
 
 
 __all__ = [
-    "Checkpoint", "CheckpointConfig", "DataConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext",
+    "SyncConfig", "TRAIN_DATASET_KEY", "Checkpoint", "CheckpointConfig", "DataConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "TrainContext",
     "TrainingFailedError", "UserCallback", "get_checkpoint", "get_context", "get_dataset_shard", "report", "ReportError",
     "PreemptionInfo", "get_preemption_info",
 ]

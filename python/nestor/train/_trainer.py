@@ -31,8 +31,10 @@ class _Trainer:
         if dataset_config is not None and not isinstance(dataset_config, DataConfig):
             raise ValueError(f"dataset_config is {type(dataset_config).__name__}: give a nestor.train.DataConfig")
         self.dataset_config = dataset_config or DataConfig()
-        if metadata is not None:
-            print(f"nestor: {type(self).__name__}(metadata=...) is ignored: checkpoints carry no metadata in nestor", file=sys.stderr)
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ValueError(f"{type(self).__name__}(metadata={metadata!r}): give a dict (ranks read it with get_context().get_metadata())")
+        #: What the ranks' ``get_context().get_metadata()`` returns (Ray's trainer metadata).
+        self.metadata: Dict[str, Any] = dict(metadata or {})
         self.resume_from_checkpoint: Optional[str] = None
         if resume_from_checkpoint is not None:
             path = os.fspath(getattr(resume_from_checkpoint, "path", resume_from_checkpoint))
@@ -48,7 +50,8 @@ class _Trainer:
     def _parts(self) -> Dict[str, Any]:
         return {
             "blob": {"kind": "trainer", "fn": self.train_loop_per_worker, "train_loop_config": self.train_loop_config,
-                     "resume_from_checkpoint": self.resume_from_checkpoint, "datasets": self._planner()},
+                     "resume_from_checkpoint": self.resume_from_checkpoint, "datasets": self._planner(),
+                     "metadata": self.metadata},
             "scaling": self.scaling_config,
             "run_config": self.run_config,
             "train_loop_config": self.train_loop_config,
@@ -60,8 +63,22 @@ class _Trainer:
         if not self.datasets:
             return None
         datasets, config = dict(self.datasets), self.dataset_config
+        workers = int(self.scaling_config.num_workers) if isinstance(self.scaling_config.num_workers, int) else None
 
         def plan(storage: str) -> Dict[str, Any]:
+            if config._custom():
+                # Ray's custom ingest: the DataConfig says what each worker reads.
+                from ..data import _planning_into
+
+                if workers is None:
+                    raise ValueError("a DataConfig with its own configure() needs a fixed ScalingConfig(num_workers=...)")
+                with _planning_into(storage):
+                    per_rank = config.configure(datasets, workers, None, None)
+                if not isinstance(per_rank, list) or len(per_rank) != workers or not all(isinstance(d, dict) for d in per_rank):
+                    raise ValueError(f"{type(config).__name__}.configure must return a list of {workers} dicts "
+                                     "(one per worker: name -> DataIterator or Dataset)")
+                with _planning_into(storage):
+                    return {"__per_rank__": [{n: _shard_of(n, v) for n, v in d.items()} for d in per_rank]}
             plans = {}
             for name, ds in datasets.items():
                 p = ds._plan(name, storage)
@@ -133,3 +150,16 @@ class _Trainer:
         if result.error is not None:
             raise result.error
         return result
+
+
+def _shard_of(name: str, value: Any) -> Any:
+    """What a custom ``DataConfig.configure`` gave one worker for ``name``:
+    a ``DataIterator`` as it is, a data set as a reader of all its rows."""
+    from ..data import DataIterator, Dataset
+
+    if isinstance(value, DataIterator):
+        return value
+    if isinstance(value, Dataset):
+        return value.iterator()
+    raise ValueError(f"DataConfig.configure gave {type(value).__name__} for {name!r}: give a DataIterator "
+                     "(Dataset.streaming_split) or a Dataset")

@@ -58,11 +58,24 @@ class LightGBMTrainer(DataParallelTrainer):
     """Ray Train V2's ``LightGBMTrainer(train_loop_per_worker, ...)``: the
     function runs on every rank, ``get_network_params()`` joining the
     ranks into one LightGBM network (``tree_learner="data"``: each rank its
-    share of the rows)."""
+    share of the rows). Ray's older form, ``LightGBMTrainer(params=...,
+    label_column=..., num_boost_round=..., datasets={"train": ..., "valid":
+    ...})``, is this with a training function nestor writes
+    (``RayTrainReportCallback`` reporting every round, a checkpoint at the end)."""
 
-    def __init__(self, train_loop_per_worker: Callable[..., Any], *, train_loop_config: Optional[Dict[str, Any]] = None,
-                 lightgbm_config: Optional[LightGBMConfig] = None, scaling_config: Any = None, run_config: Any = None,
-                 datasets: Optional[Dict[str, Any]] = None, **kwargs: Any):
+    def __init__(self, train_loop_per_worker: Optional[Callable[..., Any]] = None, *,
+                 train_loop_config: Optional[Dict[str, Any]] = None, lightgbm_config: Optional[LightGBMConfig] = None,
+                 scaling_config: Any = None, run_config: Any = None, datasets: Optional[Dict[str, Any]] = None,
+                 params: Optional[Dict[str, Any]] = None, label_column: Optional[str] = None, num_boost_round: int = 10,
+                 dataset_params: Optional[Dict[str, Any]] = None, **kwargs: Any):
+        if train_loop_per_worker is None:
+            if not label_column or not datasets or "train" not in datasets:
+                raise ValueError("LightGBMTrainer: give train_loop_per_worker, or Ray's older form: params=, label_column= "
+                                 "and datasets={'train': ...} (num_boost_round=)")
+            train_loop_per_worker = _legacy_loop
+            train_loop_config = {**(train_loop_config or {}), "__lightgbm__": {
+                "params": dict(params or {}), "label_column": label_column, "num_boost_round": int(num_boost_round),
+                "dataset_params": dict(dataset_params or {})}}
         super().__init__(train_loop_per_worker, backend_config=lightgbm_config or LightGBMConfig(), train_loop_config=train_loop_config,
                          scaling_config=scaling_config, run_config=run_config, datasets=datasets, **kwargs)
 
@@ -70,6 +83,40 @@ class LightGBMTrainer(DataParallelTrainer):
     def get_model(checkpoint: Any, filename: str = "model.txt") -> Any:
         """The booster a checkpoint holds."""
         return RayTrainReportCallback.get_model(checkpoint, filename)
+
+
+def _legacy_loop(config: Dict[str, Any]) -> None:
+    """Ray's older ``LightGBMTrainer(params=, label_column=, ...)``: every data
+    set's share as a ``lgb.Dataset``, ``lgb.train`` across the ranks (one
+    network, ``tree_learner="data"``), resumed from the trial's checkpoint,
+    reported every round."""
+    import nestor
+
+    from . import get_checkpoint, get_dataset_shard
+    from .xgboost import _frame
+
+    lgb = _lightgbm()
+    settings = config["__lightgbm__"]
+    label, params = settings["label_column"], dict(settings["params"])
+    # Tune's search space may set the booster's parameters at the top level.
+    params.update({k: v for k, v in config.items() if k != "__lightgbm__" and not k.startswith("_")})
+    network = get_network_params()
+    if network:
+        params.setdefault("tree_learner", "data")
+        params.update(network)
+    data, names = {}, sorted(nestor._datasets, key=lambda n: (n != "train", n))
+    for name in names:
+        frame = _frame(get_dataset_shard(name))
+        data[name] = lgb.Dataset(frame.drop(columns=[label]), label=frame[label], free_raw_data=False,
+                                 reference=data.get("train"), **settings["dataset_params"])
+    booster, done = None, 0
+    checkpoint = get_checkpoint()
+    if checkpoint:
+        booster = RayTrainReportCallback.get_model(checkpoint)
+        done = booster.current_iteration()
+    lgb.train(params, data["train"], num_boost_round=max(settings["num_boost_round"] - done, 0),
+              valid_sets=[data[n] for n in names], valid_names=names, init_model=booster,
+              callbacks=[RayTrainReportCallback()])
 
 
 class RayTrainReportCallback:

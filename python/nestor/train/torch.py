@@ -72,7 +72,8 @@ class TorchTrainer(DataParallelTrainer):
         return parts
 
 
-_HELPERS = ("prepare_model", "prepare_data_loader", "get_device", "get_devices", "enable_reproducibility", "init_process_group")
+_HELPERS = ("prepare_model", "prepare_data_loader", "get_device", "get_devices", "enable_reproducibility", "init_process_group",
+            "accelerate", "backward", "prepare_optimizer")
 
 
 def __getattr__(name: str) -> Any:

@@ -29,6 +29,24 @@ from ._space import (
 )
 
 TuneError = _driver.TuneError
+from .progress_reporter import CLIReporter, JupyterNotebookReporter, ProgressReporter  # noqa: E402
+from ..train import SyncConfig  # noqa: E402
+
+
+@dataclass
+class ResumeConfig:
+    """Ray's ``tune.ResumeConfig`` for ``Tuner.restore(..., resume_config=...)``:
+    unfinished trials always go on (from their latest checkpoint); errored
+    ones are resumed (``errored=RESUME``) or restarted (``RESTART``) or left."""
+
+    class ResumeType:
+        RESUME = "resume"
+        RESTART = "restart"
+        SKIP = "skip"
+
+    finished: str = "skip"
+    unfinished: str = "resume"
+    errored: str = "skip"
 
 
 @dataclass
@@ -175,11 +193,21 @@ class Tuner:
 
     @classmethod
     def restore(cls, path: str, trainable: Any, resume_unfinished: bool = True, resume_errored: bool = False,
-                restart_errored: bool = False, param_space: Optional[Dict[str, Any]] = None, **_ignored: Any) -> "Tuner":
+                restart_errored: bool = False, param_space: Optional[Dict[str, Any]] = None,
+                resume_config: Optional[ResumeConfig] = None, **_ignored: Any) -> "Tuner":
         """The interrupted or crashed experiment at ``path``, to continue
         with ``fit()``: finished trials are kept, unfinished ones go on from
         their latest committed checkpoint, the search continues where it was.
         ``trainable`` is the same function (pass it again, as in Ray)."""
+        if resume_config is not None:
+            if resume_config.unfinished != ResumeConfig.ResumeType.RESUME or resume_config.finished != ResumeConfig.ResumeType.SKIP:
+                raise ValueError("Tuner.restore(resume_config=...): nestor resumes unfinished trials and keeps finished ones; "
+                                 "only errored= may change")
+            resume_errored = resume_config.errored == ResumeConfig.ResumeType.RESUME
+            restart_errored = resume_config.errored == ResumeConfig.ResumeType.RESTART
+        path = os.fspath(path)
+        if not _driver.is_url(path):
+            path = os.path.abspath(os.path.expanduser(path))
         if not resume_unfinished:
             raise ValueError("Tuner.restore(resume_unfinished=False) is not supported: unfinished trials always resume")
         if resume_errored and restart_errored:
@@ -192,7 +220,7 @@ class Tuner:
         if param_space is not None:
             print("nestor: Tuner.restore(param_space=...) is ignored: the restored sweep keeps its space (its "
                   "configs are in the store)", file=sys.stderr)
-        tuner = cls(trainable, _restore_path=os.path.abspath(os.path.expanduser(path)))
+        tuner = cls(trainable, _restore_path=path)
         tuner._errored = ["--resume-errored"] if resume_errored else ["--restart-errored"] if restart_errored else []
         return tuner
 
@@ -233,6 +261,10 @@ class Tuner:
             experiment["storage"] = rc.storage_path
         if rc.failure_config and rc.failure_config.fail_fast:
             experiment["fail_fast"] = True
+        from .. import _log_to_driver
+
+        if not _log_to_driver:
+            experiment["log_to_driver"] = False
         trainer: Dict[str, Any] = {"command": [sys.executable, "-m", "nestor._worker", blob_path], "working_dir": os.getcwd(),
                                    "warm": os.environ.get("NESTOR_WARM", "1") != "0", "files": [blob_path]}
         trainer.update(parts["scaling"]._trainer())
@@ -355,10 +387,13 @@ class Tuner:
             here = {"trainer.command": [sys.executable, "-m", "nestor._worker", blob], "trainer.working_dir": os.getcwd(),
                     "trainer.files": [blob], **{f"trainer.env.{k}": v for k, v in _driver.worker_env().items()}}
             sets = [a for k, v in here.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-            _driver.run_binary(["resume", exp_dir, *self._errored, *sets], hooks=_serve(exp_dir, hooks))
+            try:
+                _driver.run_binary(["resume", exp_dir, *self._errored, *sets], hooks=_serve(exp_dir, hooks))
+            except _driver.FailFast:
+                pass  # the restored sweep stopped at its first failure: its grid, as Ray's fail_fast=True
         else:
             rc = self._run_config
-            name = rc.name or _driver.default_name(self._trainable)
+            name = rc.name or _driver.default_name(self._trainable, rc.storage_path)
             exp_dir = _driver.experiment_dirs(rc.storage_path, name)
             if os.path.exists(os.path.join(exp_dir, "store")):
                 raise ValueError(f"experiment directory {exp_dir} already exists; continue it with Tuner.restore({exp_dir!r}, "
@@ -371,7 +406,14 @@ class Tuner:
             hooks = self._hooks()
             if any(v for v in hooks.values()):
                 _driver.write_hooks(exp_dir, hooks)
-            _driver.run_binary(["run", sweep], hooks=_serve(exp_dir, hooks))
+            try:
+                _driver.run_binary(["run", sweep], hooks=_serve(exp_dir, hooks))
+            except _driver.FailFast:
+                # Ray's fail_fast=True stops the other trials and returns the grid (the error in
+                # its results); fail_fast="raise" raises the failure.
+                fail_fast = rc.failure_config.fail_fast if rc.failure_config else False
+                if isinstance(fail_fast, str) and fail_fast.lower() == "raise":
+                    raise
         metric = tc.metric or (tc.scheduler.metric if tc.scheduler else None)
         mode = tc.mode or (tc.scheduler.mode if tc.scheduler else None)
         return ResultGrid(exp_dir, metric, mode)
@@ -408,7 +450,7 @@ def run(*_a: Any, **_k: Any) -> Any:
 
 
 __all__ = [
-    "Callback", "Checkpoint", "CheckpointConfig", "Domain", "Stopper", "FailureConfig", "Result", "ResultGrid", "RunConfig", "ScalingConfig",
+    "CLIReporter", "JupyterNotebookReporter", "ProgressReporter", "ResumeConfig", "SyncConfig", "Callback", "Checkpoint", "CheckpointConfig", "Domain", "Stopper", "FailureConfig", "Result", "ResultGrid", "RunConfig", "ScalingConfig",
     "PlacementGroupFactory", "Trainable", "TrainingFailedError", "TuneConfig", "TuneError", "Tuner", "choice", "get_checkpoint", "get_context", "grid_search",
     "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform", "randint", "randn",
     "report", "sample_from", "schedulers", "search", "uniform", "with_parameters", "with_resources",

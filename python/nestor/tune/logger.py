@@ -86,4 +86,20 @@ class CSVLoggerCallback(_BinaryLogger):
         return None
 
 
-__all__ = ["CSVLoggerCallback", "JsonLoggerCallback", "LoggerCallback", "TBXLoggerCallback"]
+__all__ = ["CSVLoggerCallback", "JsonLoggerCallback", "LoggerCallback", "TBXLoggerCallback", "pretty_print"]
+
+
+def pretty_print(result: Dict[str, Any], exclude: Optional[set] = None) -> str:
+    """A result as Ray prints it: YAML (JSON where PyYAML is missing), its
+    bookkeeping keys and those in ``exclude`` left out."""
+    import json
+
+    skip = {"config", "hist_stats"} | set(exclude or ())
+    shown = {k: v for k, v in result.items() if k not in skip and v is not None}
+    try:
+        import yaml
+
+        return yaml.safe_dump(json.loads(json.dumps(shown, default=str)), default_flow_style=False, sort_keys=True)
+    except ImportError:
+        return json.dumps(shown, indent=2, sort_keys=True, default=str)
+

@@ -1,7 +1,9 @@
-"""``ray.air.integrations.wandb.WandbLoggerCallback``, run by nestor: one
-W&B run per trial, logged by W&B's own package in one helper process
-(this Python), grouped under the sweep."""
+"""``ray.air.integrations.wandb``: ``WandbLoggerCallback``, run by nestor
+(one W&B run per trial, logged by W&B's own package in one helper process
+(this Python), grouped under the sweep), and ``setup_wandb``, which a
+training function calls to log to W&B itself."""
 
+import os
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -37,4 +39,40 @@ class WandbLoggerCallback(_BinaryLogger):
         return t
 
 
-__all__ = ["WandbLoggerCallback"]
+class _Noop:
+    """What ``setup_wandb`` gives the ranks that do not log: every call does nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def setup_wandb(config: Optional[Dict[str, Any]] = None, api_key: Optional[str] = None, api_key_file: Optional[str] = None,
+                rank_zero_only: bool = True, **kwargs: Any) -> Any:
+    """Ray's ``setup_wandb``, in a training function: ``wandb.init`` for this
+    trial (its id and name the trial's, grouped under the experiment, the
+    config as the run's config; ``kwargs`` go to ``wandb.init`` and win) and
+    returns the run. With ``rank_zero_only`` (the default) the other ranks
+    get a stand-in whose calls do nothing. The key comes from ``api_key``,
+    ``api_key_file`` or ``WANDB_API_KEY``, as in Ray."""
+    from ... import get_context
+
+    ctx = get_context()
+    if rank_zero_only and ctx.world_rank != 0:
+        return _Noop()
+    try:
+        import wandb
+    except ImportError:
+        raise ImportError("setup_wandb needs wandb in the training function's Python: pip install wandb") from None
+    if api_key_file:
+        with open(os.path.expanduser(api_key_file)) as f:
+            api_key = f.readline().strip()
+    if api_key:
+        os.environ["WANDB_API_KEY"] = api_key
+    experiment = os.environ.get("NESTOR_EXPERIMENT_NAME") or None
+    settings = {"id": ctx.trial_id if experiment is None else f"{experiment}-{ctx.trial_id}", "name": ctx.trial_id,
+                "group": experiment, "resume": "allow", "config": dict(config or {})}
+    settings.update(kwargs)
+    return wandb.init(**settings)
+
+
+__all__ = ["WandbLoggerCallback", "setup_wandb"]

@@ -9,7 +9,8 @@ function reports each checkpoint it saves, and stops when the scheduler says.
 
 The process group is up before the training function runs (nestor sets the
 variables torchrun sets), so the ``Trainer`` trains data-parallel across the
-trial's workers as it does under torchrun.
+trial's workers as it does under torchrun. ``prepare_trainer`` feeds it the
+rank's share of the trainer's ``datasets=`` when that is what it was given.
 """
 
 import os
@@ -67,11 +68,34 @@ class RayTrainReportCallback(transformers.TrainerCallback):
         return control
 
 
+def _iterable(batches: Any) -> Any:
+    """A torch ``IterableDataset`` over an iterable of ready batches (a
+    rank's ``iter_torch_batches()``): each pass, the next epoch."""
+    import torch
+
+    class _Shard(torch.utils.data.IterableDataset):
+        def __iter__(self) -> Any:
+            return iter(batches)
+
+    return _Shard()
+
+
+def _is_shard(dataset: Any) -> bool:
+    """Whether ``dataset`` is this rank's data set shard, or its batches."""
+    from ...data import DataIterator
+    from ...data._iterator import _Epochs
+
+    return isinstance(dataset, (DataIterator, _Epochs))
+
+
 def prepare_trainer(trainer: Any) -> Any:
-    """Checks ``trainer`` for a run across the trial's workers and returns
-    it. Ray's version also feeds Ray Data datasets to it; nestor has none, so
-    give the ``Trainer`` torch datasets (each rank gets its share through the
-    ``Trainer``'s own distributed sampler)."""
+    """Readies ``trainer`` for a run across the trial's workers, as Ray's
+    does: a ``train_dataset`` or ``eval_dataset`` that is this rank's data
+    set shard (``get_dataset_shard("train").iter_torch_batches(...)``, or
+    the shard itself) is fed to it batch by batch, each rank its own share
+    and each epoch the next (the ``Trainer`` then needs ``max_steps``, as
+    under Ray); a torch data set is left to the ``Trainer``'s own
+    distributed sampler."""
     if not isinstance(trainer, transformers.Trainer):
         raise TypeError(f"prepare_trainer takes a transformers.Trainer, not {type(trainer).__name__}")
     if not any(isinstance(c, RayTrainReportCallback) for c in trainer.callback_handler.callbacks):
@@ -79,4 +103,52 @@ def prepare_trainer(trainer: Any) -> Any:
 
         print("nestor: prepare_trainer: this Trainer has no RayTrainReportCallback, so it reports nothing to nestor "
               "(trainer.add_callback(RayTrainReportCallback()))", file=sys.stderr)
+    base = type(trainer)
+    if getattr(base, "_nestor_prepared", False):
+        return trainer
+
+    class PreparedTrainer(base):  # type: ignore[misc, valid-type]
+        _nestor_prepared = True
+
+        def _shard_loader(self, dataset: Any) -> Any:
+            import torch
+            from torch.utils.data import DataLoader
+
+            if not _is_shard(dataset):
+                return None
+            from ...data import DataIterator
+
+            batches = dataset
+            if isinstance(batches, DataIterator):
+                batches = batches.iter_torch_batches(batch_size=self.args.per_device_train_batch_size)
+            device = self.args.device
+            moved = _Moved(batches, device if isinstance(device, torch.device) else None)
+            # The batches are whole already: the loader hands each on as it is.
+            return DataLoader(_iterable(moved), batch_size=None)
+
+        def get_train_dataloader(self) -> Any:
+            return self._shard_loader(self.train_dataset) or super().get_train_dataloader()
+
+        def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+            dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+            if isinstance(dataset, dict):
+                return super().get_eval_dataloader(eval_dataset)
+            return self._shard_loader(dataset) or super().get_eval_dataloader(eval_dataset)
+
+    PreparedTrainer.__name__ = base.__name__
+    PreparedTrainer.__qualname__ = base.__qualname__
+    trainer.__class__ = PreparedTrainer
     return trainer
+
+
+class _Moved:
+    """Batches on the ``Trainer``'s device (it moves them itself too; this only spares a copy)."""
+
+    def __init__(self, batches: Any, device: Any):
+        self.batches, self.device = batches, device
+
+    def __iter__(self) -> Any:
+        for batch in self.batches:
+            if self.device is not None and isinstance(batch, dict):
+                batch = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in batch.items()}
+            yield batch
