@@ -17,7 +17,7 @@ package.
 reads every name from it: each must be nestor's own object, or a stand-in
 whose use raises an error naming ``ray.<path>.<name>``. It prints one JSON
 line ``RAY_API {"modules": .., "names": .., "implemented": .., "refused": ..,
-"problems": [..]}``.
+"problems": [..], "refused_names": [..]}``.
 """
 
 import ast
@@ -128,8 +128,19 @@ def check(surface: Dict[str, List[str]]) -> Dict[str, object]:
         sys.path.insert(0, here)
     from nestor._ray_api import Refused
 
+    # Reading every name imports every framework nestor wraps into this one
+    # process. TensorFlow before Lightning aborts it (two copies of LLVM
+    # register the same options), so the frameworks come in an order that
+    # loads; a framework that is not installed is left to its names' refusal.
+    for framework in ("torch", "lightning", "transformers", "tensorflow"):
+        try:
+            importlib.import_module(framework)
+        except Exception:  # any failure to import: its nestor module says so when asked
+            pass
+
     implemented = refused = 0
     problems: List[str] = []
+    refused_names: List[str] = []
     for module, names in sorted(surface.items()):
         target = "nestor" + module[len("ray"):]
         try:
@@ -155,10 +166,11 @@ def check(surface: Dict[str, List[str]]) -> Dict[str, object]:
                     problems.append(f"{full}: a refused name that did not refuse when used")
                     continue
                 refused += 1
+                refused_names.append(full)
             else:
                 implemented += 1
     return {"modules": len(surface), "names": sum(len(v) for v in surface.values()), "implemented": implemented,
-            "refused": refused, "problems": problems}
+            "refused": refused, "problems": problems, "refused_names": refused_names}
 
 
 def main() -> None:

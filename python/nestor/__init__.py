@@ -434,6 +434,8 @@ class _Channel:
         except self._grpc.RpcError as e:
             raise ReportError(f"report refused ({e.code().name}): {e.details()}") from None
         self._reports += 1
+        #: The iteration the driver gave the last report (its checkpoint's ``checkpoint_NNNNNN``).
+        self.last_iteration = int(reply.training_iteration)
         return reply.directive
 
 

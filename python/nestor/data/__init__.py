@@ -399,7 +399,7 @@ def _selected(blocks: List[_Block], select: Tuple[Any, ...], name: str) -> List[
     if test > total:
         raise ValueError(f"datasets.{name}: train_test_split(test_size={size}) asks for more rows than the {total} there are")
     if not shuffle:
-        return _select(blocks, __range(0, total - test) if side == 0 else _range(total - test, total))
+        return _select(blocks, _range(0, total - test) if side == 0 else _range(total - test, total))
     import numpy as np
 
     from ._split import permutation

@@ -252,13 +252,52 @@ def report(metrics: Dict[str, Any], checkpoint: Optional[Union[Checkpoint, str]]
            **_ignored: Any) -> None:
     """Reports one step of this rank (every rank, every step; rank 0's
     metrics are the trial's), and a checkpoint directory, copied into the
-    trial's storage before this returns. Raises ``SystemExit(0)`` when the
+    trial's storage before this returns (with the trainer's ``metadata=``
+    in its metadata; with ``checkpoint_dir_name``, also linked under that
+    name in the experiment's directory). Raises ``SystemExit(0)`` when the
     scheduler stops the trial; nestor ends the worker cleanly then."""
     if checkpoint_dir_name is not None:
-        _note_once("report(checkpoint_dir_name=...) is ignored: nestor names checkpoints checkpoint_NNNNNN by iteration")
+        name = str(checkpoint_dir_name)
+        if not name or "/" in name or name in (".", "..") or any(ord(c) < 32 for c in name):
+            raise ValueError(f"report(checkpoint_dir_name={checkpoint_dir_name!r}): give a plain directory name")
     for key in _ignored:
         _note_once(f"report({key}=...) is ignored")
+    import nestor
+
+    if checkpoint is not None and nestor._metadata:
+        # The trainer's metadata= rides with every checkpoint it saves, as in Ray.
+        checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(os.fspath(checkpoint))
+        checkpoint.update_metadata(dict(nestor._metadata))
     _worker_report(metrics, checkpoint=checkpoint)
+    if checkpoint is not None and checkpoint_dir_name is not None:
+        _name_checkpoint(str(checkpoint_dir_name))
+
+
+def _name_checkpoint(name: str) -> None:
+    """Ray Train V2 keeps a report's checkpoint at ``<storage>/<name>/<checkpoint_dir_name>``:
+    nestor keeps it in the trial's ``checkpoint_NNNNNN`` and, from rank 0,
+    links that name in the experiment's directory to it (local storage), so
+    code that reads it there finds it."""
+    import nestor
+
+    ctx = _worker_context()
+    channel = nestor._channel
+    iteration = getattr(channel, "last_iteration", None) if channel is not None else None
+    if ctx.world_rank != 0 or iteration is None or not ctx.trial_dir:
+        return
+    checkpoint_dir = os.path.join(ctx.trial_dir, f"checkpoint_{iteration:06d}")
+    exp_dir = os.path.dirname(os.path.dirname(ctx.trial_dir))
+    if not os.path.isdir(checkpoint_dir):
+        _note_once(f"report(checkpoint_dir_name={name!r}): the checkpoint is in the experiment's storage (not this "
+                   "node's directories); Result.checkpoint finds it")
+        return
+    link = os.path.join(exp_dir, name)
+    tmp = f"{link}.{os.getpid()}.tmp"
+    try:
+        os.symlink(os.path.relpath(checkpoint_dir, exp_dir), tmp)
+        os.replace(tmp, link)
+    except OSError as e:
+        _note_once(f"report(checkpoint_dir_name={name!r}): cannot link {link}: {e}")
 
 
 _noted: set = set()

@@ -1,0 +1,200 @@
+"""Ray Data's training surface in the shapes of Ray's own examples and user
+guides, run for real with their imports changed.
+
+Usage: ray_data_train.py STORAGE SCENARIO
+  transforms    the "transforming data" guide's row transforms before fit(), a
+                preprocessor fitted on the driver and saved in metadata, each
+                rank's share checked against the driver's own transform
+  xgboost       Ray's XGBoost quickstart: get_dataset_shard(...).materialize().to_pandas()
+  lightgbm      LightGBMTrainer's older form: params=, label_column=, datasets=
+  ingest        a custom DataConfig.configure (Ray's custom ingest guide) and read_text / read_numpy / read_images
+Prints ``OUT {...}``.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+
+import nestor.data as rd
+from nestor import train
+from nestor.data.preprocessors import Chain, Concatenator, SimpleImputer, StandardScaler
+from nestor.train import DataConfig, RunConfig, ScalingConfig
+from nestor.train.torch import TorchTrainer
+
+ROWS = 600
+
+
+def frame() -> pd.DataFrame:
+    rng = np.random.default_rng(7)
+    x1, x2 = rng.normal(3.0, 2.0, ROWS), rng.normal(-1.0, 0.5, ROWS)
+    x2[::10] = np.nan  # gaps for the imputer
+    return pd.DataFrame({"id": np.arange(ROWS), "x1": x1, "x2": x2, "kind": np.where(np.arange(ROWS) % 3 == 0, "a", "b"),
+                         "y": 2 * x1 + 1})
+
+
+def transforms(storage: str) -> dict:
+    ds = rd.from_pandas(frame())
+    # The guide's row transforms: where each runs is nestor's business, the rows are the same.
+    ds = ds.filter(lambda row: row["kind"] == "b")
+    ds = ds.map(lambda row: {**row, "x1_squared": row["x1"] ** 2})
+    ds = ds.add_column("double_y", lambda df: df["y"] * 2)
+    ds = ds.drop_columns(["kind"]).rename_columns({"double_y": "y2"})
+    preprocessor = Chain(SimpleImputer(["x2"], strategy="mean"), StandardScaler(["x1", "x2"]),
+                         Concatenator(["x1", "x2"], output_column_name="features", dtype=np.float32))
+    ds = preprocessor.fit_transform(ds)
+    expected = ds.to_pandas()  # the driver's own reading of the whole thing
+    out_dir = os.path.join(storage, "shares")
+    os.makedirs(out_dir, exist_ok=True)
+
+    def loop(config):
+        ctx = train.get_context()
+        shard = train.get_dataset_shard("train")
+        rows = []
+        for epoch in range(2):
+            seen = []
+            for batch in shard.iter_batches(batch_size=64, batch_format="pandas"):
+                seen += [{"id": int(r.id), "features": [float(v) for v in r.features], "x1_squared": float(r.x1_squared),
+                          "y2": float(r.y2)} for r in batch.itertuples()]
+            rows.append(seen)
+        with open(os.path.join(config["out"], f"rank-{ctx.get_world_rank()}.json"), "w") as f:
+            json.dump({"epochs": rows, "metadata_keys": sorted(ctx.get_metadata())}, f)
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "model.txt"), "w") as f:
+                f.write("weights")
+            train.report({"rows": float(len(rows[0]))}, checkpoint=train.Checkpoint.from_directory(d))
+
+    result = TorchTrainer(loop, train_loop_config={"out": out_dir}, scaling_config=ScalingConfig(num_workers=2),
+                          datasets={"train": ds}, metadata={"preprocessor_pkl": preprocessor.serialize()},
+                          run_config=RunConfig(name="transforms", storage_path=storage)).fit()
+    shares = {}
+    for name in sorted(os.listdir(out_dir)):
+        with open(os.path.join(out_dir, name)) as f:
+            shares[name] = json.load(f)
+    restored = rd.preprocessors.Preprocessor.deserialize(result.checkpoint.get_metadata()["preprocessor_pkl"])
+    by_id = {int(r.id): r for r in expected.itertuples()}
+    mismatched = 0
+    for share in shares.values():
+        for epoch in share["epochs"]:
+            for row in epoch:
+                want = by_id[row["id"]]
+                if not np.allclose(row["features"], want.features, atol=1e-5) or abs(row["y2"] - want.y2) > 1e-9:
+                    mismatched += 1
+    return {"expected_rows": len(expected), "share_rows": {k: [len(e) for e in v["epochs"]] for k, v in shares.items()},
+            "ids_per_epoch": [len({r["id"] for s in shares.values() for r in s["epochs"][e]}) for e in range(2)],
+            "mismatched": mismatched, "metadata_keys": [s["metadata_keys"] for s in shares.values()],
+            "restored_stats": sorted(restored.preprocessors[1].stats_), "checkpoint": result.checkpoint.path}
+
+
+def xgboost_quickstart(storage: str) -> dict:
+    import xgboost
+
+    from nestor.train.xgboost import RayTrainReportCallback, XGBoostTrainer
+
+    df = frame().drop(columns=["kind", "x2"])
+    train_ds, eval_ds = rd.from_pandas(df).train_test_split(0.3)
+
+    def train_func():
+        # Ray's quickstart: each rank's share, materialized, as pandas.
+        train_df = train.get_dataset_shard("train").materialize().to_pandas()
+        eval_df = train.get_dataset_shard("validation").materialize().to_pandas()
+        dtrain = xgboost.DMatrix(train_df.drop(columns=["y"]), label=train_df["y"])
+        deval = xgboost.DMatrix(eval_df.drop(columns=["y"]), label=eval_df["y"])
+        xgboost.train({"objective": "reg:squarederror", "eval_metric": ["rmse"], "tree_method": "hist"}, dtrain=dtrain,
+                      evals=[(dtrain, "train"), (deval, "validation")], num_boost_round=10, callbacks=[RayTrainReportCallback()])
+
+    result = XGBoostTrainer(train_func, scaling_config=ScalingConfig(num_workers=2),
+                            datasets={"train": train_ds, "validation": eval_ds},
+                            run_config=RunConfig(name="xgb", storage_path=storage)).fit()
+    booster = RayTrainReportCallback.get_model(result.checkpoint)
+    return {"rounds": booster.num_boosted_rounds(), "validation-rmse": result.metrics["validation-rmse"],
+            "iterations": result.metrics["training_iteration"]}
+
+
+def lightgbm_older_form(storage: str) -> dict:
+    from nestor.train.lightgbm import LightGBMTrainer
+
+    df = frame().drop(columns=["kind", "x2", "id"])
+    train_ds, valid_ds = rd.from_pandas(df).train_test_split(0.25)
+    result = LightGBMTrainer(params={"objective": "regression", "metric": "l2", "verbose": -1, "min_data_in_leaf": 5},
+                             label_column="y", num_boost_round=8, scaling_config=ScalingConfig(num_workers=2),
+                             datasets={"train": train_ds, "valid": valid_ds},
+                             run_config=RunConfig(name="lgbm", storage_path=storage)).fit()
+    booster = LightGBMTrainer.get_model(result.checkpoint)
+    return {"rounds": booster.current_iteration(), "metrics": sorted(k for k in result.metrics if "l2" in k),
+            "iterations": result.metrics["training_iteration"]}
+
+
+class SplitOneWholeOther(DataConfig):
+    """Ray's custom ingest: "train" cut into equal shares, "lookup" whole on every rank."""
+
+    def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+        shares = datasets["train"].streaming_split(world_size, equal=True)
+        return [{"train": shares[rank], "lookup": datasets["lookup"]} for rank in range(world_size)]
+
+
+def ingest(storage: str) -> dict:
+    from PIL import Image
+
+    data = os.path.join(storage, "files")
+    os.makedirs(os.path.join(data, "images"), exist_ok=True)
+    with open(os.path.join(data, "lines.txt"), "w") as f:
+        f.write("".join(f"line {i}\n" for i in range(40)))
+    np.save(os.path.join(data, "arrays.npy"), np.arange(24 * 6, dtype=np.float32).reshape(24, 2, 3))
+    for i in range(6):
+        Image.fromarray(np.full((10, 8, 3), i * 10, dtype=np.uint8)).save(os.path.join(data, "images", f"{i}.png"))
+    ctx = rd.DataContext.get_current()
+    ctx.execution_options = DataConfig.default_ingest_options()
+    ctx.execution_options.preserve_order = True
+    out_dir = os.path.join(storage, "ingest-out")
+    os.makedirs(out_dir, exist_ok=True)
+
+    def loop(config):
+        rank = train.get_context().get_world_rank()
+        lines = [r["text"] for r in train.get_dataset_shard("train").iter_rows()]
+        lookup = train.get_dataset_shard("lookup").materialize().to_pandas()
+        got = {"lines": lines, "lookup": len(lookup)}
+        if config.get("files"):
+            arrays = next(iter(train.get_dataset_shard("arrays").iter_batches(batch_size=100)))["data"]
+            images = next(iter(train.get_dataset_shard("images").iter_torch_batches(batch_size=100)))["image"]
+            got.update(arrays=list(arrays.shape), images=list(images.shape),
+                       image_values=sorted({int(v) for v in images.flatten().tolist()}))
+        with open(os.path.join(config["out"], f"rank-{rank}.json"), "w") as f:
+            json.dump(got, f)
+        train.report({"lines": float(len(lines))})
+
+    datasets = {"train": rd.read_text(os.path.join(data, "lines.txt")),
+                "lookup": rd.from_items([{"k": i} for i in range(5)]).sort("k", descending=True)}
+    TorchTrainer(loop, train_loop_config={"out": out_dir}, scaling_config=ScalingConfig(num_workers=2), datasets=datasets,
+                 dataset_config=SplitOneWholeOther(), run_config=RunConfig(name="ingest", storage_path=storage)).fit()
+    custom = {}
+    for name in sorted(os.listdir(out_dir)):
+        with open(os.path.join(out_dir, name)) as f:
+            custom[name] = json.load(f)
+    os.makedirs(os.path.join(storage, "ingest2-out"), exist_ok=True)
+    TorchTrainer(loop, train_loop_config={"out": os.path.join(storage, "ingest2-out"), "files": True}, scaling_config=ScalingConfig(num_workers=2),
+                 datasets={**datasets, "arrays": rd.read_numpy(os.path.join(data, "arrays.npy")),
+                           "images": rd.read_images(os.path.join(data, "images"), size=(4, 4), mode="L")},
+                 dataset_config=DataConfig(datasets_to_split=["train", "arrays", "images"]),
+                 run_config=RunConfig(name="ingest2", storage_path=storage)).fit()
+    plain = {}
+    for name in sorted(os.listdir(os.path.join(storage, "ingest2-out"))):
+        with open(os.path.join(storage, "ingest2-out", name)) as f:
+            plain[name] = json.load(f)
+    return {"custom": {k: {"lines": len(v["lines"]), "first": v["lines"][:1], "lookup": v["lookup"]} for k, v in custom.items()},
+            "all_lines": sorted({line for v in custom.values() for line in v["lines"]}) == sorted(f"line {i}" for i in range(40)),
+            "plain": {k: {"arrays": v["arrays"], "images": v["images"], "image_values": v["image_values"]} for k, v in plain.items()}}
+
+
+def main():
+    storage, scenario = sys.argv[1], sys.argv[2]
+    out = {"transforms": transforms, "xgboost": xgboost_quickstart, "lightgbm": lightgbm_older_form, "ingest": ingest}[scenario](storage)
+    print("OUT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
