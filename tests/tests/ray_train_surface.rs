@@ -61,7 +61,8 @@ fn a_custom_data_config_and_text_numpy_and_image_files_feed_the_ranks() {
         assert_eq!(got["plain"][rank]["images"], serde_json::json!([3, 4, 4]), "3 images each, resized, in L mode: {got}");
     }
     assert_eq!(got["all_lines"], true, "{got}");
-    let values: Vec<Value> = ["rank-0.json", "rank-1.json"].iter().flat_map(|r| got["plain"][r]["image_values"].as_array().unwrap().clone()).collect();
+    let values: Vec<Value> =
+        ["rank-0.json", "rank-1.json"].iter().flat_map(|r| got["plain"][r]["image_values"].as_array().unwrap().clone()).collect();
     assert_eq!(values.len(), 6, "each image read by one rank: {got}");
 }
 
