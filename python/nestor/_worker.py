@@ -39,6 +39,12 @@ def trial_config(blob: Dict[str, Any], config: Dict[str, Any]) -> Dict[str, Any]
     if blob.get("kind") == "trainer":
         merged = dict(blob.get("train_loop_config") or {})
         merged.update(config.get("train_loop_config") or {})
+        # Ray's older XGBoost/LightGBM trainers take their booster's settings
+        # from the trial's config too: {"params": {...}} merged into theirs,
+        # "num_boost_round" in place of theirs.
+        overrides = {k: config[k] for k in ("params", "num_boost_round") if k in config}
+        if overrides and ("__xgboost__" in merged or "__lightgbm__" in merged):
+            merged["__overrides__"] = overrides
         return merged
     return config
 

@@ -129,6 +129,33 @@ def lightgbm_older_form(storage: str) -> dict:
             "iterations": result.metrics["training_iteration"]}
 
 
+def xgboost_tuned(storage: str) -> dict:
+    """Ray's Train user guide's Tuner over an older-form XGBoostTrainer: the
+    trial's "params" merged into the trainer's, its "num_boost_round" in
+    place of the trainer's, its ScalingConfig's num_workers from a grid."""
+    from nestor import tune
+    from nestor.train.xgboost import XGBoostTrainer
+
+    df = frame().drop(columns=["kind", "x2"])
+    # A label with noise deep trees would chase (the trainer's max_depth 4 would grow them).
+    noise = np.random.default_rng(3).random(len(df)) < 0.2
+    df["y"] = ((df["x1"] > 3) ^ (df["id"] % 2 == 0) ^ noise).astype(int)
+    trainer = XGBoostTrainer(label_column="y", params={"objective": "binary:logistic", "eval_metric": ["logloss", "error"],
+                                                        "max_depth": 4}, num_boost_round=10, datasets={"train": rd.from_pandas(df)})
+    grid = tune.Tuner(trainer, param_space={"num_boost_round": tune.grid_search([3, 7]), "params": {"max_depth": tune.randint(1, 3)},
+                                            "scaling_config": ScalingConfig(num_workers=tune.grid_search([1, 2]))},
+                      tune_config=tune.TuneConfig(mode="min", metric="train-logloss", max_concurrent_trials=1),
+                      run_config=RunConfig(name="xgb-tuned", storage_path=storage)).fit()
+    out = []
+    for r in grid:
+        booster = XGBoostTrainer.get_model(r.checkpoint)
+        # The deepest node of any tree (a dump indents each node by its depth).
+        depth = max(len(line) - len(line.lstrip("\t")) for tree in booster.get_dump() for line in tree.splitlines())
+        out.append({"rounds": booster.num_boosted_rounds(), "asked": r.config["num_boost_round"], "depth": int(depth),
+                    "asked_depth": r.config["params"]["max_depth"], "error": str(r.error) if r.error else None})
+    return {"trials": out}
+
+
 class SplitOneWholeOther(DataConfig):
     """Ray's custom ingest: "train" cut into equal shares, "lookup" whole on every rank."""
 
@@ -192,7 +219,8 @@ def ingest(storage: str) -> dict:
 
 def main():
     storage, scenario = sys.argv[1], sys.argv[2]
-    out = {"transforms": transforms, "xgboost": xgboost_quickstart, "lightgbm": lightgbm_older_form, "ingest": ingest}[scenario](storage)
+    out = {"transforms": transforms, "xgboost": xgboost_quickstart, "lightgbm": lightgbm_older_form, "ingest": ingest,
+           "xgboost-tuned": xgboost_tuned}[scenario](storage)
     print("OUT " + json.dumps(out))
 
 

@@ -108,10 +108,19 @@ try:
     nestor.train.TorchTrainr
 except AttributeError as e:
     print("TYPO", e)
+# What Ray's scripts reach without importing it: a framework package as an attribute of ray.train,
+# ray.actor.ActorHandle in a type hint, FailureConfig's preemption budget.
+from typing import List, Optional
+from nestor.actor import ActorHandle
+hint = Optional[List[ActorHandle]]
+print("LIGHTNING", nestor.train.lightning.RayDDPStrategy.__name__)
+print("BUDGET", nestor.train.FailureConfig(max_preemption_failures=-1, relax_collectives_on_preemption=True).max_infrastructure_failures)
 "#;
     let out = Command::new(torch_venv().join("bin/python")).args(["-c", script]).output().unwrap();
     let stdout = passed(out);
     assert!(stdout.contains("REFUSED ray.train.horovod.HorovodTrainer is not in nestor: Horovod"), "{stdout}");
     assert!(stdout.contains("REFUSED ray.tune.search.ax.AxSearch is not in nestor: Ax is not among nestor's searchers"), "{stdout}");
     assert!(stdout.contains("TYPO module 'nestor.train' has no attribute 'TorchTrainr'"), "a name Ray lacks is a plain typo: {stdout}");
+    assert!(stdout.contains("LIGHTNING RayDDPStrategy"), "{stdout}");
+    assert!(stdout.contains("BUDGET -1"), "max_preemption_failures is nestor's infrastructure budget: {stdout}");
 }

@@ -44,6 +44,18 @@ fn the_xgboost_quickstart_materializes_each_ranks_share() {
 }
 
 #[test]
+fn a_tuner_over_an_older_form_xgboost_trainer_merges_the_trials_params_and_rounds() {
+    let (got, _) = scenario("tests/py/ray_data_train.py", "xgboost-tuned");
+    let trials = got["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4, "2 rounds x 2 worker counts: {got}");
+    for t in trials {
+        assert_eq!(t["error"], Value::Null, "{got}");
+        assert_eq!(t["rounds"], t["asked"], "the trial's num_boost_round, not the trainer's 10: {got}");
+        assert!(t["depth"].as_u64().unwrap() <= t["asked_depth"].as_u64().unwrap(), "the trial's max_depth, not the trainer's 4: {got}");
+    }
+}
+
+#[test]
 fn lightgbm_trainer_takes_rays_older_params_label_column_datasets_form() {
     let (got, _) = scenario("tests/py/ray_data_train.py", "lightgbm");
     assert_eq!(got["rounds"], 8, "{got}");

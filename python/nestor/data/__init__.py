@@ -703,6 +703,10 @@ class MaterializedDataset(Dataset):
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("preprocessors", "aggregate", "context", "preprocessor"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
     # Ray's ``Schema``: nestor's data sets describe their rows with Arrow's.
     if name == "Schema":
         return _pa().Schema

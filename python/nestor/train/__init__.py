@@ -86,12 +86,27 @@ class FailureConfig:
     """Restarts after a failed run (``max_failures``, -1 for no limit).
 
     ``max_infrastructure_failures`` (nestor's own, default 5) counts the runs
-    the infrastructure ended (a node lost under them) apart from those.
+    the infrastructure ended (a node lost under them, a preemption, a time
+    limit) apart from those; Ray's ``max_preemption_failures`` is the same
+    budget. ``relax_collectives_on_preemption`` and ``preemption_grace_s``
+    are taken and change nothing: a run the cluster ends goes on whole from
+    its latest checkpoint.
     """
 
     max_failures: int = 0
     fail_fast: Union[bool, str] = False
     max_infrastructure_failures: Optional[int] = None
+    max_preemption_failures: Optional[int] = None
+    relax_collectives_on_preemption: bool = False
+    preemption_grace_s: Optional[float] = None
+    controller_failure_limit: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.max_preemption_failures is not None:
+            if self.max_infrastructure_failures is not None and self.max_infrastructure_failures != self.max_preemption_failures:
+                raise ValueError("FailureConfig: max_preemption_failures and max_infrastructure_failures are the same budget "
+                                 "in nestor; give one")
+            self.max_infrastructure_failures = self.max_preemption_failures
 
 
 #: The data set Ray's trainers train on (``datasets={TRAIN_DATASET_KEY: ds}``).
@@ -385,6 +400,21 @@ class UserCallback(_TuneCallback):
 
     def on_trial_error(self, iteration: int, trials: List[Any], trial: Any, **info: Any) -> None:
         self.after_exception(None, {0: TrainingFailedError(f"trial {trial.trial_id} failed: {trial.error}")})
+
+
+#: Ray's framework packages under ``ray.train``, loaded when first named
+#: (``import ray.train`` then ``ray.train.lightning.RayDDPStrategy()``
+#: works in Ray's scripts; so it does here, without importing every framework up front).
+_SUBPACKAGES = ("torch", "lightning", "xgboost", "lightgbm", "tensorflow", "huggingface", "backend", "data_parallel_trainer",
+                "horovod", "collective", "context", "error", "base_trainer", "trainer")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

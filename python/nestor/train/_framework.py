@@ -30,9 +30,15 @@ def free_port() -> int:
 
 
 def lightning() -> Any:
-    """Lightning's ``pytorch`` package: ``lightning.pytorch`` where
-    installed, else ``pytorch_lightning`` (the user's ``Trainer`` must come
-    from the same one), else an ImportError naming the extra."""
+    """Lightning's ``pytorch`` package: the one the training code imported
+    already (``pytorch_lightning`` or ``lightning.pytorch``: its ``Trainer``
+    takes only its own package's strategies), else ``lightning.pytorch``
+    where installed, else ``pytorch_lightning``, else an ImportError naming the extra."""
+    import sys
+
+    imported = [m for m in ("lightning.pytorch", "pytorch_lightning") if m in sys.modules]
+    if len(imported) == 1:
+        return sys.modules[imported[0]]
     for module in ("lightning.pytorch", "pytorch_lightning"):
         try:
             return importlib.import_module(module)

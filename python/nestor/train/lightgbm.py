@@ -100,6 +100,9 @@ def _legacy_loop(config: Dict[str, Any]) -> None:
     label, params = settings["label_column"], dict(settings["params"])
     # Tune's search space may set the booster's parameters at the top level.
     params.update({k: v for k, v in config.items() if k != "__lightgbm__" and not k.startswith("_")})
+    overrides = config.get("__overrides__") or {}
+    params.update(overrides.get("params") or {})
+    rounds = int(overrides.get("num_boost_round", settings["num_boost_round"]))
     network = get_network_params()
     if network:
         params.setdefault("tree_learner", "data")
@@ -114,7 +117,7 @@ def _legacy_loop(config: Dict[str, Any]) -> None:
     if checkpoint:
         booster = RayTrainReportCallback.get_model(checkpoint)
         done = booster.current_iteration()
-    lgb.train(params, data["train"], num_boost_round=max(settings["num_boost_round"] - done, 0),
+    lgb.train(params, data["train"], num_boost_round=max(rounds - done, 0),
               valid_sets=[data[n] for n in names], valid_names=names, init_model=booster,
               callbacks=[RayTrainReportCallback()])
 

@@ -15,8 +15,9 @@ scheduler says.
 
 The process group is up before the training function runs; the strategies
 join it (Lightning sees it initialised) and shard each ``DataLoader`` by the
-trial's world size and rank. ``lightning.pytorch`` is used where installed,
-else ``pytorch_lightning`` (give the ``Trainer`` the same package's classes).
+trial's world size and rank. The classes are built on the Lightning package
+the training code imported (``pytorch_lightning`` or ``lightning.pytorch``),
+else on ``lightning.pytorch`` where installed.
 """
 
 import os

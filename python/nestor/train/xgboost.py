@@ -127,6 +127,9 @@ def _legacy_loop(config: Dict[str, Any]) -> None:
     label, params = settings["label_column"], dict(settings["params"])
     # Tune's search space may set the booster's parameters at the top level.
     params.update({k: v for k, v in config.items() if k != "__xgboost__" and not k.startswith("_")})
+    overrides = config.get("__overrides__") or {}
+    params.update(overrides.get("params") or {})
+    rounds = int(overrides.get("num_boost_round", settings["num_boost_round"]))
     import nestor
 
     matrices = {}
@@ -138,7 +141,7 @@ def _legacy_loop(config: Dict[str, Any]) -> None:
     if checkpoint:
         booster = _callback_class().get_model(checkpoint)
         done = booster.num_boosted_rounds()
-    xgb.train(params, matrices["train"], num_boost_round=max(settings["num_boost_round"] - done, 0),
+    xgb.train(params, matrices["train"], num_boost_round=max(rounds - done, 0),
               evals=[(m, n) for n, m in matrices.items()], xgb_model=booster, callbacks=[_callback_class()()])
 
 
