@@ -79,15 +79,13 @@ class Preprocessor:
         import pandas as pd
 
         if isinstance(data, pd.DataFrame):
-            return self._transform_pandas(data.copy())
+            return _with_tensors(self._transform_pandas(data.copy()))
         if isinstance(data, dict):
             from ._blocks import _from_format, _to_format
 
-            return _to_format(_from_format(self._transform_pandas(_from_format(data).to_pandas())), "numpy")
+            return _to_format(_Apply(self)(_from_format(data).to_pandas()), "numpy")
         if hasattr(data, "to_pandas") and hasattr(data, "schema"):
-            import pyarrow as pa
-
-            return pa.Table.from_pandas(self._transform_pandas(data.to_pandas()), preserve_index=False)
+            return _Apply(self)(data.to_pandas())
         raise TypeError(f"transform_batch: give a pandas DataFrame, a dict of arrays or a pyarrow Table, not {type(data).__name__}")
 
     def preferred_batch_format(self) -> str:
@@ -119,14 +117,47 @@ class Preprocessor:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
 
+_TENSORS = "nestor_tensors"
+
+
+def _set_tensor(frame: Any, name: str, matrix: Any) -> None:
+    """Sets column ``name`` of ``frame`` to the rows of the 2-D ``matrix``
+    (a vector a row), kept aside as one array: a batch on its way to Arrow
+    becomes one fixed-size-list column at once, not a million small arrays."""
+    frame.attrs.setdefault(_TENSORS, {})[name] = matrix
+    frame[name] = 0  # a placeholder, replaced by the matrix's rows
+
+
+def _values(frame: Any, name: str) -> Any:
+    """Column ``name``'s values: a matrix set aside by ``_set_tensor``, else the column as NumPy."""
+    return frame.attrs.get(_TENSORS, {}).get(name, frame[name].to_numpy())
+
+
+def _with_tensors(frame: Any) -> Any:
+    """``frame`` with the rows of its matrices in their columns (a DataFrame for the caller)."""
+    for name, matrix in frame.attrs.pop(_TENSORS, {}).items():
+        frame[name] = list(matrix)
+    return frame
+
+
 class _Apply:
-    """A fitted preprocessor as a ``map_batches`` function (picklable: it goes to the ranks)."""
+    """A fitted preprocessor as a ``map_batches`` function (picklable: it
+    goes to the ranks); it gives the batch back as an Arrow table."""
 
     def __init__(self, preprocessor: Preprocessor):
         self.preprocessor = preprocessor
 
     def __call__(self, frame: Any) -> Any:
-        return self.preprocessor._transform_pandas(frame)
+        import pyarrow as pa
+
+        from ._blocks import _column
+
+        out = self.preprocessor._transform_pandas(frame)
+        tensors = out.attrs.pop(_TENSORS, {})
+        table = pa.Table.from_pandas(out, preserve_index=False)
+        for name, matrix in tensors.items():
+            table = table.set_column(table.column_names.index(name), name, _column(matrix))
+        return table
 
 
 #: Ray's base of its newer preprocessors; nestor's all serialize the same way.

@@ -31,16 +31,23 @@ class Concatenator(Preprocessor):
         missing = [c for c in self.columns if c not in frame]
         if missing and self.raise_if_missing:
             raise ValueError(f"Concatenator: the batch has no column {missing[0]!r} (it has {', '.join(frame.columns)})")
+        from ..preprocessor import _values
+
         present = [c for c in self.columns if c in frame]
         parts = []
         for c in present:
-            values = frame[c].to_numpy()
+            values = _values(frame, c)
             if values.dtype == object and len(values) and hasattr(values[0], "__len__"):
                 values = np.stack([np.asarray(v).reshape(-1) if self.flatten else np.asarray(v) for v in values])
             parts.append(values.reshape(len(frame), -1))
         joined = np.concatenate(parts, axis=1) if parts else np.zeros((len(frame), 0))
         if self.dtype is not None:
             joined = joined.astype(self.dtype)
+        from ..preprocessor import _set_tensor
+
+        tensors = frame.attrs.get("nestor_tensors", {})
+        for c in present:
+            tensors.pop(c, None)
         frame = frame.drop(columns=present)
-        frame[self.output_column_name] = list(joined)
+        _set_tensor(frame, self.output_column_name, joined)
         return frame

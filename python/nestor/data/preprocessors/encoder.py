@@ -72,18 +72,15 @@ class OneHotEncoder(_Encoder):
     def _transform_pandas(self, frame: Any) -> Any:
         import numpy as np
 
+        from ..preprocessor import _set_tensor
+
         for col, out in zip(self.columns, self.output_columns):
             index = self.stats_[f"unique_values({col})"]
-            width = len(index)
-
-            def hot(v: Any, index: Dict[Any, int] = index, width: int = width) -> Any:
-                vec = np.zeros(width, dtype=np.int64)
-                at = index.get(_key(v))
-                if at is not None:
-                    vec[at] = 1
-                return vec
-
-            frame[out] = frame[col].map(hot)
+            at = frame[col].map(index).to_numpy(dtype=float, na_value=np.nan)
+            hot = np.zeros((len(frame), len(index)), dtype=np.int64)
+            known = ~np.isnan(at)
+            hot[np.flatnonzero(known), at[known].astype(np.int64)] = 1
+            _set_tensor(frame, out, hot)
         return frame
 
 
