@@ -153,6 +153,12 @@ def worker():
     nestor.torch.init_process_group()
     config = nestor.get_config()
     os.makedirs(config["out"], exist_ok=True)
+    ctx = train.get_context()
+    if ctx.get_world_rank() == 0:
+        # A TOML sweep's ranks know their experiment as the Python driver's do.
+        with open(os.path.join(os.path.dirname(config["out"]), "context.json"), "w") as f:
+            json.dump({"experiment": ctx.get_experiment_name(), "storage": ctx.get_storage(),
+                       "local_world_size": ctx.get_local_world_size(), "node_rank": ctx.get_node_rank()}, f)
     (lightning_loop if config.get("lightning") else train_loop)(config)
 
 

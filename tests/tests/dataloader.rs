@@ -125,6 +125,10 @@ resources_per_worker = {{ CPU = 0.5 }}
     assert_ranks_loaded(&format!("RANKS {got}"), true);
     // The ranks' output reached the driver's console, each line behind its rank.
     assert!(stderr.contains("(trial_00000 rank 1) "), "{stderr}");
+    let context: Value = serde_json::from_str(&read(&dir.path().join("context.json"))).unwrap();
+    assert_eq!(context["experiment"], "dl-toml", "{context}");
+    assert_eq!(context["storage"].as_str().unwrap(), dir.path().join("runs").canonicalize().unwrap().to_str().unwrap(), "{context}");
+    assert_eq!((context["local_world_size"].as_u64(), context["node_rank"].as_u64()), (Some(2), Some(0)), "{context}");
 }
 
 #[test]
