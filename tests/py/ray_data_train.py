@@ -156,6 +156,54 @@ def xgboost_tuned(storage: str) -> dict:
     return {"trials": out}
 
 
+def huggingface(storage: str) -> dict:
+    """Ray's Hugging Face pattern: the Trainer's train_dataset is the rank's
+    shard's iter_torch_batches(), fed by prepare_trainer, max_steps set."""
+    import torch
+
+    rows = []
+    for i in range(256):
+        ids = [(i + j) % 64 for j in range(16)]
+        rows.append({"input_ids": ids, "labels": ids, "row": i})
+    out_dir = os.path.join(storage, "hf-out")
+    os.makedirs(out_dir, exist_ok=True)
+
+    def loop(config):
+        import transformers
+
+        from nestor.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
+
+        seen = []
+
+        def collate(batch):
+            seen.extend(int(r) for r in batch["row"])
+            return {"input_ids": torch.as_tensor(batch["input_ids"]), "labels": torch.as_tensor(batch["labels"])}
+
+        shard = train.get_dataset_shard("train")
+        transformers.set_seed(0)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2,
+                                                                     n_head=2, bos_token_id=0, eos_token_id=0))
+        args = transformers.TrainingArguments(output_dir="hf-output", per_device_train_batch_size=8, max_steps=20,
+                                              save_strategy="steps", save_steps=10, logging_steps=10, report_to=[],
+                                              use_cpu=True, disable_tqdm=True, seed=0)
+        trainer = transformers.Trainer(model=model, args=args,
+                                       train_dataset=shard.iter_torch_batches(batch_size=8, collate_fn=collate))
+        trainer.add_callback(RayTrainReportCallback())
+        prepare_trainer(trainer).train()
+        with open(os.path.join(config["out"], f"rank-{train.get_context().get_world_rank()}.json"), "w") as f:
+            json.dump({"rows": seen}, f)
+
+    result = TorchTrainer(loop, train_loop_config={"out": out_dir}, scaling_config=ScalingConfig(num_workers=2),
+                          datasets={"train": rd.from_items(rows)}, run_config=RunConfig(name="hf", storage_path=storage)).fit()
+    seen = {}
+    for name in sorted(os.listdir(out_dir)):
+        with open(os.path.join(out_dir, name)) as f:
+            seen[name] = json.load(f)["rows"]
+    return {"steps": result.metrics.get("step"), "loss": result.metrics.get("loss"), "checkpoint": result.checkpoint is not None,
+            "rows": {k: len(v) for k, v in seen.items()}, "overlap": len(set(seen["rank-0.json"]) & set(seen["rank-1.json"])),
+            "distinct": len(set(seen["rank-0.json"]) | set(seen["rank-1.json"]))}
+
+
 class SplitOneWholeOther(DataConfig):
     """Ray's custom ingest: "train" cut into equal shares, "lookup" whole on every rank."""
 
@@ -220,7 +268,7 @@ def ingest(storage: str) -> dict:
 def main():
     storage, scenario = sys.argv[1], sys.argv[2]
     out = {"transforms": transforms, "xgboost": xgboost_quickstart, "lightgbm": lightgbm_older_form, "ingest": ingest,
-           "xgboost-tuned": xgboost_tuned}[scenario](storage)
+           "xgboost-tuned": xgboost_tuned, "huggingface": huggingface}[scenario](storage)
     print("OUT " + json.dumps(out))
 
 

@@ -56,6 +56,17 @@ fn a_tuner_over_an_older_form_xgboost_trainer_merges_the_trials_params_and_round
 }
 
 #[test]
+fn prepare_trainer_feeds_a_hugging_face_trainer_each_ranks_share() {
+    let (got, _) = scenario("tests/py/ray_data_train.py", "huggingface");
+    assert_eq!(got["steps"], 20.0, "max_steps of 8 rows a step: {got}");
+    assert_eq!(got["checkpoint"], true, "{got}");
+    // 20 steps of 8 rows: each rank's 128-row share once, then 32 rows of its next epoch.
+    assert_eq!(got["rows"], serde_json::json!({"rank-0.json": 160, "rank-1.json": 160}), "{got}");
+    assert_eq!(got["overlap"], 0, "no row reached both ranks: {got}");
+    assert_eq!(got["distinct"], 256, "every row reached a rank: {got}");
+}
+
+#[test]
 fn lightgbm_trainer_takes_rays_older_params_label_column_datasets_form() {
     let (got, _) = scenario("tests/py/ray_data_train.py", "lightgbm");
     assert_eq!(got["rounds"], 8, "{got}");

@@ -127,13 +127,13 @@ def prepare_trainer(trainer: Any) -> Any:
             return DataLoader(_iterable(moved), batch_size=None)
 
         def get_train_dataloader(self) -> Any:
-            return self._shard_loader(self.train_dataset) or super().get_train_dataloader()
+            loader = self._shard_loader(self.train_dataset)
+            return loader if loader is not None else super().get_train_dataloader()
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
             dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-            if isinstance(dataset, dict):
-                return super().get_eval_dataloader(eval_dataset)
-            return self._shard_loader(dataset) or super().get_eval_dataloader(eval_dataset)
+            loader = None if isinstance(dataset, dict) else self._shard_loader(dataset)
+            return loader if loader is not None else super().get_eval_dataloader(eval_dataset)
 
     PreparedTrainer.__name__ = base.__name__
     PreparedTrainer.__qualname__ = base.__qualname__
