@@ -192,7 +192,7 @@ elif mode == "subsets":
     print("SUBSET " + json.dumps({"train": ids(train_part), "test": ids(test_part), "a": ids(a), "b": ids(b), "again": ids(again),
                                   "other": ids(other), "limit": ids(ds.limit(10)), "counts": [a.count(), b.count()]}))
     try:
-        ds.groupby("id")
+        ds.write_parquet("elsewhere")
     except AttributeError as e:
         print(f"MISSING {e}")
 

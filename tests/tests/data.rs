@@ -282,7 +282,7 @@ fn train_test_split_and_limit_cut_the_rows_as_ray_does_and_ranks_read_their_part
     assert_ne!(ids("other"), a, "another seed, another split");
     assert_eq!(ids("limit"), (0..10).collect::<Vec<_>>());
     assert_eq!(subset["counts"], serde_json::json!([78, 25]));
-    assert!(line(&out, "MISSING").contains("Dataset has no groupby()"), "{out}");
+    assert!(line(&out, "MISSING").contains("Dataset has no write_parquet() (ray.data.Dataset.write_parquet)"), "{out}");
     // The run: train (78 rows) split across 2 ranks, test (25) read whole by each.
     let lines = rank_lines(&dir.path().join("runs/subsets"), 2);
     let mut train_rows = BTreeSet::new();
