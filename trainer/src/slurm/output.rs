@@ -37,6 +37,11 @@ pub(super) fn ended(how: &str) -> String {
     match how {
         "Killed" => "was killed (SIGKILL)".into(),
         "Terminated" => "was terminated (SIGTERM)".into(),
+        // srun's word for a task its step's memory cgroup's OOM killer ended.
+        "Out Of Memory" => "was killed by the out-of-memory killer (srun: Out Of Memory): it used more memory than its \
+                            node or its step's limit allows; give the trial fewer workers or less to hold, or ask for more \
+                            with the workers' `memory`"
+            .into(),
         _ => match how.strip_prefix("Exited with exit code ") {
             Some(code) => format!("exited with code {code}"),
             None => how.to_lowercase(),
@@ -213,6 +218,13 @@ pub(super) fn is_down(state: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_task_srun_reports_out_of_memory_is_named_as_killed_by_the_oom_killer() {
+        assert!(super::ended("Out Of Memory").starts_with("was killed by the out-of-memory killer"));
+        assert_eq!(super::ended("Exited with exit code 3"), "exited with code 3");
+        assert_eq!(super::ended("Killed"), "was killed (SIGKILL)");
+    }
+
     use super::*;
 
     /// How a step ended, for [`step_outcome`]: srun's exit code (`None`: it could not be waited for).
