@@ -111,6 +111,23 @@ def dir_name(storage: str) -> dict:
     return {"found": found}
 
 
+def user_callback(storage: str) -> dict:
+    seen = []
+
+    class Each(train.UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            seen.append([{"rank": m.get("rank"), "loss": m.get("loss")} for m in metrics])
+
+    def loop(config):
+        rank = train.get_context().get_world_rank()
+        for step in range(3):
+            train.report({"rank": rank, "loss": rank + step / 10})
+
+    TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                 run_config=RunConfig(name="each", storage_path=storage, callbacks=[Each()])).fit()
+    return {"seen": seen}
+
+
 def printing(storage: str, quiet: bool) -> dict:
     import nestor
 
@@ -129,7 +146,8 @@ def printing(storage: str, quiet: bool) -> dict:
 def main():
     storage, scenario = sys.argv[1], sys.argv[2]
     runs = {"same-second": same_second, "restore-home": restore_home, "fail-fast": fail_fast, "train-return": train_return,
-            "dir-name": dir_name, "quiet": lambda s: printing(s, True), "echo": lambda s: printing(s, False)}
+            "dir-name": dir_name, "quiet": lambda s: printing(s, True), "echo": lambda s: printing(s, False),
+            "user-callback": user_callback}
     print("OUT " + json.dumps(runs[scenario](storage)))
 
 

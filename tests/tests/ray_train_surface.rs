@@ -137,3 +137,16 @@ fn the_ranks_prints_reach_the_drivers_console_behind_their_rank_unless_turned_of
     let (_, stderr) = scenario("tests/py/ray_silent.py", "quiet");
     assert!(!stderr.contains("hello from rank"), "log_to_driver=False keeps them in the rank logs: {stderr}");
 }
+
+#[test]
+fn a_user_callback_gets_every_ranks_metrics_of_each_report() {
+    let (got, _) = scenario("tests/py/ray_silent.py", "user-callback");
+    let seen = got["seen"].as_array().unwrap();
+    assert_eq!(seen.len(), 3, "one call a report: {got}");
+    for (step, metrics) in seen.iter().enumerate() {
+        let ranks: Vec<f64> = metrics.as_array().unwrap().iter().map(|m| m["rank"].as_f64().unwrap()).collect();
+        assert_eq!(ranks, vec![0.0, 1.0], "rank 0's first, then rank 1's: {got}");
+        let loss = metrics[1]["loss"].as_f64().unwrap();
+        assert!((loss - (1.0 + step as f64 / 10.0)).abs() < 1e-9, "rank 1's own value: {got}");
+    }
+}

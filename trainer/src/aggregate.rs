@@ -27,6 +27,8 @@ struct Step {
     arrived: Vec<bool>,
     /// (rank, metrics) of the lowest rank so far.
     metrics: Option<(u32, BTreeMap<String, f64>, Option<serde_json::Value>)>,
+    /// Every rank's metrics, by rank (several ranks only).
+    all: Vec<Option<BTreeMap<String, f64>>>,
     /// The checkpoint's URI and the ranks that saved a shard of it.
     checkpoint: Option<String>,
     shards: Vec<u32>,
@@ -123,11 +125,15 @@ impl Aggregator {
         let step = st.steps.entry(iteration).or_insert_with(|| Step {
             arrived: vec![false; n],
             metrics: None,
+            all: if n > 1 { vec![None; n] } else { Vec::new() },
             checkpoint: None,
             shards: Vec::new(),
             waiters: Vec::new(),
         });
         step.arrived[r] = true;
+        if let Some(slot) = step.all.get_mut(r) {
+            *slot = Some(metrics.clone());
+        }
         if step.metrics.as_ref().is_none_or(|(lowest, _, _)| rank < *lowest) {
             step.metrics = Some((rank, metrics, extra));
         }
@@ -196,7 +202,8 @@ impl Aggregator {
             let mut ranks = step.shards;
             ranks.sort_unstable();
             let checkpoint = step.checkpoint.map(|uri| CheckpointRef { uri, ranks, world_size: self.world_size });
-            let report = Report { rank, training_iteration: iteration, metrics, extra, checkpoint };
+            let rank_metrics = step.all.into_iter().map(Option::unwrap_or_default).collect();
+            let report = Report { rank, training_iteration: iteration, metrics, extra, checkpoint, rank_metrics };
             let event = Event {
                 trial_id: self.trial_id.clone(),
                 kind: EventKind::Report { report, reply: Reply::new(step.waiters, self.acks.owe(iteration)) },
@@ -235,6 +242,8 @@ mod tests {
         let ev = rx.try_recv().unwrap();
         let EventKind::Report { report, reply } = ev.kind else { panic!("a report") };
         assert_eq!((report.rank, report.training_iteration, report.metrics["loss"]), (0, 5, 0.5));
+        let by_rank: Vec<f64> = report.rank_metrics.iter().map(|m| m["loss"]).collect();
+        assert_eq!(by_rank, vec![0.5, 1.0, 2.0], "every rank's metrics, by rank");
         assert_eq!(report.checkpoint, Some(CheckpointRef { uri: "ck".into(), ranks: vec![2], world_size: 3 }));
         let acks = agg.acknowledged();
         assert_eq!(acks.through(), 4, "the checkpoint's steps");

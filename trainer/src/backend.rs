@@ -144,6 +144,10 @@ pub struct Report {
     /// persisted in storage, and the checkpoint is committed once this
     /// report is stored.
     pub checkpoint: Option<CheckpointRef>,
+    /// Every rank's metrics of this step, by rank, when the run has several
+    /// ranks (empty with one; a rank that had ended has none). What Ray
+    /// Train's `UserCallback.after_report` is given.
+    pub rank_metrics: Vec<BTreeMap<String, f64>>,
 }
 
 /// A checkpoint whose shards are all persisted.

@@ -56,6 +56,10 @@ pub struct PythonHooks {
     /// Seconds a callback may take over one event before it is cut off (default 30).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_deadline_s: Option<f64>,
+    /// Keep every rank's metrics with each result (`rank_metrics` beside its
+    /// other values): a Ray Train `UserCallback` is given them all.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rank_metrics: bool,
 }
 
 impl PythonHooks {

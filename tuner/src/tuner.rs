@@ -559,6 +559,7 @@ impl Tuner {
         let reporter = Reporter::new(info, progress, files, finished, callbacks, self.callback_deadline);
         let settings = Settings {
             exp_dir: exp_dir.clone(),
+            rank_metrics: hooks.rank_metrics,
             metric,
             max_concurrent,
             max_trials: searcher.total_trials().unwrap_or(file.experiment.num_samples),

@@ -383,10 +383,11 @@ def _experiment_datasets() -> Dict[str, Any]:
 
 class UserCallback(_TuneCallback):
     """Ray Train V2's callback (``ray.train.UserCallback``) for a trainer's
-    ``RunConfig(callbacks=[...])``: ``after_report`` gets each result
-    (``metrics`` holds rank 0's, as the trial's) with its checkpoint,
-    ``after_exception`` the failure. It runs in the script's process like
-    Tune's callbacks (``nestor.tune.callback``)."""
+    ``RunConfig(callbacks=[...])``: ``after_report`` gets each result as a
+    list of every rank's metrics (rank 0's first: the trial's result, with
+    nestor's own keys; the other ranks' as they reported them) with its
+    checkpoint, ``after_exception`` the failure. It runs in the script's
+    process like Tune's callbacks (``nestor.tune.callback``)."""
 
     def after_report(self, run_context: Any, metrics: List[Dict[str, Any]], checkpoint: Optional[Checkpoint]) -> None:
         """A result of the run, durable, with its checkpoint (None without)."""
@@ -396,7 +397,10 @@ class UserCallback(_TuneCallback):
 
     def on_trial_result(self, iteration: int, trials: List[Any], trial: Any, result: Dict[str, Any], **info: Any) -> None:
         checkpoint = Checkpoint(result["checkpoint"]) if result.get("checkpoint") else None
-        self.after_report(None, [result], checkpoint)
+        ranks = result.get("rank_metrics")
+        result = {k: v for k, v in result.items() if k != "rank_metrics"}
+        metrics = [result] + [dict(m) for m in ranks[1:]] if isinstance(ranks, list) and ranks else [result]
+        self.after_report(None, metrics, checkpoint)
 
     def on_trial_error(self, iteration: int, trials: List[Any], trial: Any, **info: Any) -> None:
         self.after_exception(None, {0: TrainingFailedError(f"trial {trial.trial_id} failed: {trial.error}")})

@@ -304,6 +304,11 @@ class Tuner:
         python: Dict[str, Any] = {}
         if hooks["callbacks"]:
             python["callbacks"] = [type(c).__name__ for c in hooks["callbacks"]]
+            from ..train import UserCallback
+
+            if any(isinstance(c, UserCallback) for c in hooks["callbacks"]):
+                # Ray Train's UserCallback is given every rank's metrics of each report.
+                python["rank_metrics"] = True
         if hooks["stop"] is not None:
             python["stop"] = True
         if hooks["explore"] is not None:

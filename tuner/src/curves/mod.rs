@@ -626,6 +626,7 @@ impl crate::clock::Clock for SimBackend {
                 training_iteration: iteration,
                 metrics,
                 extra: None,
+                rank_metrics: Vec::new(),
                 checkpoint: (r.every > 0 && iteration.is_multiple_of(r.every)).then(|| CheckpointRef {
                     uri: format!("sim://{}/checkpoint_{iteration:06}", r.trial_id),
                     ranks: vec![0],

@@ -106,6 +106,8 @@ pub(crate) enum Finish {
 /// The loop's settings, fixed for the sweep.
 pub(crate) struct Settings {
     pub exp_dir: PathBuf,
+    /// Every rank's metrics are kept with each result (`[python] rank_metrics`).
+    pub rank_metrics: bool,
     /// The experiment's metric; every result must carry it.
     pub metric: Option<String>,
     pub max_concurrent: usize,
@@ -1022,7 +1024,16 @@ impl Runner {
         };
         let rec = &mut r.record;
         let mut metrics: Metrics = report.metrics;
-        let extra = report.extra;
+        let mut extra = report.extra;
+        if self.settings.rank_metrics && !report.rank_metrics.is_empty() {
+            let ranks = serde_json::Value::Array(report.rank_metrics.iter().map(search::metrics_serde::to_json).collect());
+            match &mut extra {
+                Some(serde_json::Value::Object(values)) => {
+                    values.insert("rank_metrics".into(), ranks);
+                }
+                _ => extra = Some(serde_json::json!({ "rank_metrics": ranks })),
+            }
+        }
         metrics.insert("time_this_iter_s".into(), (now - r.last_report).max(0.0));
         metrics.insert("time_total_s".into(), rec.time_total_s + (now - r.started).max(0.0));
         metrics.insert("timestamp".into(), unix);

@@ -106,6 +106,7 @@ fn harness(o: Options) -> Harness {
     let space = Space::builder().param("x", Domain::uniform(0.0, 1.0)).build().unwrap();
     let backend = Scripted::default();
     let settings = Settings {
+        rank_metrics: false,
         exp_dir: exp_dir.clone(),
         metric: Some("loss".into()),
         max_concurrent: o.max_concurrent,
@@ -188,6 +189,7 @@ impl Harness {
             training_iteration: iteration,
             metrics: [("loss".to_string(), loss)].into_iter().collect(),
             extra: None,
+            rank_metrics: Vec::new(),
             checkpoint: checkpoint.then(|| CheckpointRef {
                 uri: format!("{}/trials/{trial}/checkpoint_{iteration:06}", self.runner.settings.exp_dir.display()),
                 ranks: vec![0],
@@ -472,8 +474,14 @@ async fn a_result_without_the_metric_fails_the_trial_naming_what_it_reported() {
     assert!(!h.advance());
     let trial = h.trial_of(0);
     let (reply, mut rx) = Reply::channel();
-    let report =
-        Report { rank: 0, training_iteration: 1, metrics: [("acc".to_string(), 0.5)].into_iter().collect(), extra: None, checkpoint: None };
+    let report = Report {
+        rank: 0,
+        training_iteration: 1,
+        metrics: [("acc".to_string(), 0.5)].into_iter().collect(),
+        extra: None,
+        checkpoint: None,
+        rank_metrics: Vec::new(),
+    };
     h.runner.handle(LoopEvent::Trials(vec![Event { trial_id: trial.clone(), kind: EventKind::Report { report, reply } }])).unwrap();
     assert!(!h.advance());
     assert_eq!(answer(&mut rx), Directive::Stop);
@@ -502,7 +510,8 @@ async fn a_report_of_a_trial_not_running_is_told_to_stop() {
     let mut h = harness(Options::default());
     assert!(!h.advance());
     let (reply, mut rx, mut acks) = Reply::watched(1);
-    let report = Report { rank: 0, training_iteration: 1, metrics: Default::default(), extra: None, checkpoint: None };
+    let report =
+        Report { rank: 0, training_iteration: 1, metrics: Default::default(), extra: None, checkpoint: None, rank_metrics: Vec::new() };
     h.runner.handle(LoopEvent::Trials(vec![Event { trial_id: "trial_99999".into(), kind: EventKind::Report { report, reply } }])).unwrap();
     assert_eq!(answer(&mut rx), Directive::Stop);
     assert!(acks.wait_for(1).await.is_err(), "not stored: never acknowledged");
