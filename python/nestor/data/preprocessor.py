@@ -140,6 +140,20 @@ def _with_tensors(frame: Any) -> Any:
     return frame
 
 
+class _Columns(Preprocessor):
+    """A preprocessor of named columns, written in place or into ``output_columns``."""
+
+    def __init__(self, columns: List[str], output_columns: Optional[List[str]] = None):
+        super().__init__()
+        if not columns:
+            raise ValueError(f"{type(self).__name__}: give the columns it works on")
+        self.columns = list(columns)
+        self.output_columns = Preprocessor._derive_and_validate_output_columns(self.columns, output_columns)
+
+    def _fit_columns(self) -> List[str]:
+        return self.columns
+
+
 class _Apply:
     """A fitted preprocessor as a ``map_batches`` function (picklable: it
     goes to the ranks); it gives the batch back as an Arrow table."""

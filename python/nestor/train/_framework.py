@@ -5,7 +5,7 @@ import importlib
 import os
 import shutil
 import tempfile
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 
 def need(module: str, extra: str) -> Any:
@@ -96,3 +96,27 @@ def link_tree(src: str, dest: str) -> None:
         return b
 
     shutil.copytree(src, dest, copy_function=link_or_copy)
+
+
+def older_form(trainer: str, key: str, train_loop_config: Any, params: Any, label_column: Any, num_boost_round: int,
+               datasets: Any, data_params: Dict[str, Any]) -> Dict[str, Any]:
+    """The training function's config for Ray's older tree-trainer form
+    (``params=``, ``label_column=``, ``datasets=``): the settings under
+    ``key``, which the trainer's own training function reads."""
+    if not label_column or not datasets or "train" not in datasets:
+        raise ValueError(f"{trainer}: give train_loop_per_worker, or Ray's older form: params=, label_column= "
+                         "and datasets={'train': ...} (num_boost_round=)")
+    return {**(train_loop_config or {}), key: {"params": dict(params or {}), "label_column": label_column,
+                                               "num_boost_round": int(num_boost_round), **data_params}}
+
+
+def older_form_params(config: Dict[str, Any], key: str) -> "tuple[Dict[str, Any], int]":
+    """The booster's params and rounds of the older form: the trainer's, then
+    the trial's top-level keys (Tune's space may set them there), then the
+    trial's ``params`` dict and ``num_boost_round``."""
+    settings = config[key]
+    params = dict(settings["params"])
+    params.update({k: v for k, v in config.items() if k != key and not k.startswith("_")})
+    overrides = config.get("__overrides__") or {}
+    params.update(overrides.get("params") or {})
+    return params, int(overrides.get("num_boost_round", settings["num_boost_round"]))

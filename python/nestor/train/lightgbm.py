@@ -11,7 +11,7 @@ import os
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from ._framework import free_port
+from ._framework import free_port, older_form_params
 from .backend import Backend, BackendConfig
 from .data_parallel_trainer import DataParallelTrainer
 
@@ -69,13 +69,11 @@ class LightGBMTrainer(DataParallelTrainer):
                  params: Optional[Dict[str, Any]] = None, label_column: Optional[str] = None, num_boost_round: int = 10,
                  dataset_params: Optional[Dict[str, Any]] = None, **kwargs: Any):
         if train_loop_per_worker is None:
-            if not label_column or not datasets or "train" not in datasets:
-                raise ValueError("LightGBMTrainer: give train_loop_per_worker, or Ray's older form: params=, label_column= "
-                                 "and datasets={'train': ...} (num_boost_round=)")
+            from ._framework import older_form
+
             train_loop_per_worker = _legacy_loop
-            train_loop_config = {**(train_loop_config or {}), "__lightgbm__": {
-                "params": dict(params or {}), "label_column": label_column, "num_boost_round": int(num_boost_round),
-                "dataset_params": dict(dataset_params or {})}}
+            train_loop_config = older_form("LightGBMTrainer", "__lightgbm__", train_loop_config, params, label_column, num_boost_round, datasets,
+                                           {"dataset_params": dict(dataset_params or {})})
         super().__init__(train_loop_per_worker, backend_config=lightgbm_config or LightGBMConfig(), train_loop_config=train_loop_config,
                          scaling_config=scaling_config, run_config=run_config, datasets=datasets, **kwargs)
 
@@ -97,12 +95,8 @@ def _legacy_loop(config: Dict[str, Any]) -> None:
 
     lgb = _lightgbm()
     settings = config["__lightgbm__"]
-    label, params = settings["label_column"], dict(settings["params"])
-    # Tune's search space may set the booster's parameters at the top level.
-    params.update({k: v for k, v in config.items() if k != "__lightgbm__" and not k.startswith("_")})
-    overrides = config.get("__overrides__") or {}
-    params.update(overrides.get("params") or {})
-    rounds = int(overrides.get("num_boost_round", settings["num_boost_round"]))
+    label = settings["label_column"]
+    params, rounds = older_form_params(config, "__lightgbm__")
     network = get_network_params()
     if network:
         params.setdefault("tree_learner", "data")

@@ -11,6 +11,7 @@ import os
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, Union
 
+from ._framework import older_form_params
 from .backend import Backend, BackendConfig
 from .data_parallel_trainer import DataParallelTrainer
 
@@ -100,13 +101,11 @@ class XGBoostTrainer(DataParallelTrainer):
                  label_column: Optional[str] = None, num_boost_round: int = 10, dmatrix_params: Optional[Dict[str, Any]] = None,
                  **kwargs: Any):
         if train_loop_per_worker is None:
-            if not label_column or not datasets or "train" not in datasets:
-                raise ValueError("XGBoostTrainer: give train_loop_per_worker, or Ray's older form: params=, label_column= "
-                                 "and datasets={'train': ...} (num_boost_round=)")
+            from ._framework import older_form
+
             train_loop_per_worker = _legacy_loop
-            train_loop_config = {**(train_loop_config or {}), "__xgboost__": {
-                "params": dict(params or {}), "label_column": label_column, "num_boost_round": int(num_boost_round),
-                "dmatrix_params": dict(dmatrix_params or {})}}
+            train_loop_config = older_form("XGBoostTrainer", "__xgboost__", train_loop_config, params, label_column, num_boost_round, datasets,
+                                           {"dmatrix_params": dict(dmatrix_params or {})})
         super().__init__(train_loop_per_worker, backend_config=xgboost_config or XGBoostConfig(), train_loop_config=train_loop_config,
                          scaling_config=scaling_config, run_config=run_config, datasets=datasets, **kwargs)
 
@@ -124,12 +123,8 @@ def _legacy_loop(config: Dict[str, Any]) -> None:
 
     xgb = _xgboost()
     settings = config["__xgboost__"]
-    label, params = settings["label_column"], dict(settings["params"])
-    # Tune's search space may set the booster's parameters at the top level.
-    params.update({k: v for k, v in config.items() if k != "__xgboost__" and not k.startswith("_")})
-    overrides = config.get("__overrides__") or {}
-    params.update(overrides.get("params") or {})
-    rounds = int(overrides.get("num_boost_round", settings["num_boost_round"]))
+    label = settings["label_column"]
+    params, rounds = older_form_params(config, "__xgboost__")
     import nestor
 
     matrices = {}

@@ -7,6 +7,7 @@ import os
 from typing import Any, Dict, Optional
 
 from ...tune.logger import _BinaryLogger
+from . import _Noop
 
 
 class MLflowLoggerCallback(_BinaryLogger):
@@ -31,13 +32,6 @@ class MLflowLoggerCallback(_BinaryLogger):
         if self.tags:
             t["tags"] = self.tags
         return t
-
-
-class _Noop:
-    """What ``setup_mlflow`` gives the ranks that do not log: every call does nothing."""
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
 
 
 def setup_mlflow(config: Optional[Dict[str, Any]] = None, tracking_uri: Optional[str] = None, registry_uri: Optional[str] = None,

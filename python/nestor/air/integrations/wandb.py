@@ -8,6 +8,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from ...tune.logger import _BinaryLogger
+from . import _Noop
 
 
 class WandbLoggerCallback(_BinaryLogger):
@@ -37,13 +38,6 @@ class WandbLoggerCallback(_BinaryLogger):
         if self.tags:
             t["tags"] = self.tags
         return t
-
-
-class _Noop:
-    """What ``setup_wandb`` gives the ranks that do not log: every call does nothing."""
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
 
 
 def setup_wandb(config: Optional[Dict[str, Any]] = None, api_key: Optional[str] = None, api_key_file: Optional[str] = None,

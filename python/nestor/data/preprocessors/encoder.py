@@ -4,7 +4,7 @@ frequent), then each value as its category's index or one-hot vector."""
 
 from typing import Any, Dict, List, Optional
 
-from ..preprocessor import Preprocessor
+from ..preprocessor import Preprocessor, _Columns
 
 __all__ = ["LabelEncoder", "OneHotEncoder", "OrdinalEncoder"]
 
@@ -24,17 +24,7 @@ def _key(v: Any) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
-class _Encoder(Preprocessor):
-    def __init__(self, columns: List[str], output_columns: Optional[List[str]] = None):
-        super().__init__()
-        if not columns:
-            raise ValueError(f"{type(self).__name__}: give the columns to encode")
-        self.columns = list(columns)
-        self.output_columns = Preprocessor._derive_and_validate_output_columns(self.columns, output_columns)
-
-    def _fit_columns(self) -> List[str]:
-        return self.columns
-
+class _Encoder(_Columns):
     def _limit(self, col: str) -> Optional[int]:
         return None
 

@@ -4,22 +4,12 @@ by statistics fitted over the whole data set, in place or into
 
 from typing import Any, List, Optional, Tuple
 
-from ..preprocessor import Preprocessor
+from ..preprocessor import Preprocessor, _Columns
 
 __all__ = ["MaxAbsScaler", "MinMaxScaler", "RobustScaler", "StandardScaler"]
 
 
-class _Scaler(Preprocessor):
-    def __init__(self, columns: List[str], output_columns: Optional[List[str]] = None):
-        super().__init__()
-        if not columns:
-            raise ValueError(f"{type(self).__name__}: give the columns to scale")
-        self.columns = list(columns)
-        self.output_columns = Preprocessor._derive_and_validate_output_columns(self.columns, output_columns)
-
-    def _fit_columns(self) -> List[str]:
-        return self.columns
-
+class _Scaler(_Columns):
     def _shift_scale(self, col: str) -> Tuple[float, float]:
         raise NotImplementedError
 
