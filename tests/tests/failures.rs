@@ -189,3 +189,84 @@ fn a_checkpoint_of_two_ranks_is_not_restored_on_one() {
     // Nothing ran: no third checkpoint, and the committed ones are intact.
     assert!(t.checkpoints.iter().all(|c| c.iteration <= 3 && c.ranks == vec![0, 1]));
 }
+
+/// A memory cgroup of its own below this process's, limited to `limit`
+/// bytes with no swap, removed when dropped; `None` where this machine
+/// has none that this user may make (not root, or no memory controller).
+struct MemoryCgroup(std::path::PathBuf);
+
+impl MemoryCgroup {
+    fn new(limit: u64) -> Option<Self> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let name = format!("nestor-oom-test-{}", std::process::id());
+        // cgroup v1: the memory hierarchy's line; v2: the unified one.
+        let v1 = own.lines().find_map(|l| {
+            l.strip_prefix(|c: char| c.is_ascii_digit())?.trim_start_matches(|c: char| c.is_ascii_digit()).strip_prefix(":memory:")
+        });
+        let dir = match v1 {
+            Some(rel) => Path::new("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/')).join(&name),
+            None => Path::new("/sys/fs/cgroup").join(own.lines().find_map(|l| l.strip_prefix("0::"))?.trim_start_matches('/')).join(&name),
+        };
+        std::fs::create_dir(&dir).ok()?;
+        let group = Self(dir);
+        let v1 = group.0.join("memory.limit_in_bytes").exists();
+        let limits: Vec<(&str, String)> = if v1 {
+            vec![("memory.limit_in_bytes", limit.to_string()), ("memory.memsw.limit_in_bytes", limit.to_string())]
+        } else {
+            vec![("memory.max", limit.to_string()), ("memory.swap.max", "0".to_string())]
+        };
+        for (i, (file, value)) in limits.iter().enumerate() {
+            let path = group.0.join(file);
+            // The first limit must hold; the swap one exists only where swap is accounted.
+            if std::fs::write(&path, value).is_err() && (i == 0 || path.exists()) {
+                return None;
+            }
+        }
+        Some(group)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // Empty once its processes are gone; a cgroup directory is removed with rmdir.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn a_rank_ended_by_the_out_of_memory_killer_is_named_so() {
+    // The whole run (driver and ranks) in a 256 MiB memory cgroup; one rank
+    // fills 1 GiB, and the kernel kills it.
+    let Some(group) = MemoryCgroup::new(256 << 20) else {
+        eprintln!(
+            "no memory cgroup can be made here (needs root and a memory controller); the counter logic is unit-tested in trainer::groups"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let space = "x = 0.5\nsteps = 4\nsleep_ms = 50\nfail_at = 2\nhog_mb = 1024";
+    write(dir.path(), &sweep("oom", "", space, "num_workers = 2"));
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+        .arg(&group.0)
+        .arg(nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let grid = ResultGrid::load(&dir.path().join("runs/oom")).unwrap();
+    let t = grid.get("trial_00000").unwrap();
+    assert_eq!(t.status, TrialStatus::Error, "{text}");
+    let failure = t.error.as_deref().unwrap_or_default();
+    assert!(failure.starts_with("rank 0 was killed by the kernel's out-of-memory killer (signal 9)"), "{failure}\n{text}");
+    assert!(text.contains("out-of-memory killer"), "the console says so too: {text}");
+    assert_eq!(iterations(&grid, "trial_00000"), vec![1], "what was reported before stays");
+    assert!(processes_mentioning(&dir.path().display().to_string()).is_empty(), "a worker survived");
+}

@@ -430,12 +430,13 @@ impl Monitor {
                         Ok(_) if stopping.asked() > StopLevel::Run => registration.aggregator().fail(),
                         Ok(s) => {
                             registration.aggregator().fail();
+                            let how = describe_exit_since(s, oom_at_start);
                             if failure.is_none() && remaining > 0 {
-                                tracing::warn!(trial = %trial_id, rank, "{}; stopping the other ranks", describe_exit(s));
+                                tracing::warn!(trial = %trial_id, rank, "{how}; stopping the other ranks");
                                 signal_all(libc::SIGTERM);
                                 stopping.kill_within(grace.min(Duration::from_secs(1)));
                             }
-                            failure.get_or_insert((rank, describe_exit_since(s, oom_at_start)));
+                            failure.get_or_insert((rank, how));
                         }
                         Err(e) => {
                             registration.aggregator().fail();

@@ -16,6 +16,8 @@
 //!   did not start from a checkpoint;
 //! - `fail_at` (int): exit with code 3 at this iteration, after printing to stderr
 //!   (rank `fail_rank` only, default 0);
+//! - `hog_mb` (int): at `fail_at`, rank `fail_rank` fills this many MiB of memory
+//!   and waits instead of exiting (for the out-of-memory killer);
 //! - `nan_at` (int): report NaN at this iteration;
 //! - `omit_metric` (bool): report `other` instead of `loss`;
 //! - `ignore_sigterm` (bool): ignore SIGTERM;
@@ -118,6 +120,15 @@ fn main() -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(sleep_ms));
         if fail_at == Some(step) {
             let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            if let Ok(mb) = ctx.param::<usize>("hog_mb") {
+                eprintln!("fixture: filling {mb} MiB at step {step}");
+                // Touched page by page, so the memory is really in use.
+                let hog: Vec<u8> = vec![1u8; mb << 20];
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                    std::hint::black_box(&hog);
+                }
+            }
             eprintln!("fixture: failing on purpose at step {step} (t={t:.6})");
             std::process::exit(3);
         }
