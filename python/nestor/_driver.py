@@ -67,7 +67,8 @@ def default_name(trainable: Any, storage: Optional[str] = None) -> str:
         exp_dir = experiment_dirs(storage, name)
         os.makedirs(os.path.dirname(exp_dir), exist_ok=True)
         try:
-            os.mkdir(exp_dir)
+            # Its owner's alone (what goes in it: the pickled function, logs, checkpoints).
+            os.mkdir(exp_dir, 0o700)
         except FileExistsError:
             continue
         return name
@@ -91,12 +92,18 @@ def write_blob(exp_dir: str, payload: Dict[str, Any]) -> str:
             "tune.with_parameters"
         ) from None
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with _private(tmp) as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def _private(path: str):
+    """``path`` opened for writing (truncated), readable by its owner alone: a
+    pickled function carries the globals it captured."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
 
 
 def write_run_settings(exp_dir: str, settings: Dict[str, Any]) -> None:
@@ -249,7 +256,7 @@ def write_hooks(exp_dir: str, hooks: Dict[str, Any]) -> None:
         data = cloudpickle.dumps({"version": BLOB_VERSION, **hooks})
     except Exception as e:
         raise TypeError(f"the sweep's callbacks and stop function cannot be saved for Tuner.restore: {type(e).__name__}: {e}") from None
-    with open(path + ".tmp", "wb") as f:
+    with _private(path + ".tmp") as f:
         f.write(data)
     os.replace(path + ".tmp", path)
 

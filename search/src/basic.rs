@@ -97,7 +97,7 @@ impl Searcher for BasicVariantGenerator {
 
 impl BasicVariantGenerator {
     fn total(&self) -> u64 {
-        self.num_samples.max(self.points.len() as u64) * self.space.grid_size().max(1)
+        self.num_samples.max(self.points.len() as u64).saturating_mul(self.space.grid_size().max(1))
     }
 }
 

@@ -258,7 +258,9 @@ impl Domain {
             }
             Domain::QRandn { mean, sd, q } => {
                 Domain::Randn { mean, sd }.validate().map_err(|e| e.replacen("randn", "qrandn", 1))?;
-                positive_q(q)
+                positive_q(q)?;
+                // Where nearly every sample lies (40 sd), its multiples of q must be exact.
+                quantized_float_bounds(mean - 20.0 * sd, mean + 20.0 * sd, q).map(|_| ()).map_err(|e| format!("{kind} {e}"))
             }
             Domain::RandInt { low, high } => {
                 if low >= high {
@@ -509,12 +511,19 @@ fn normal<R: Rng + ?Sized>(rng: &mut R, mean: f64, sd: f64) -> f64 {
     }
 }
 
+/// The largest `k` for which `k * q` is exact: 2^53.
+const MAX_STEPS: f64 = 9_007_199_254_740_992.0;
+
 /// Range of k such that k*q lies in [low, high]; an error when there is none.
 fn quantized_float_bounds(low: f64, high: f64, q: f64) -> Result<(f64, f64), String> {
     let eps = 1e-9;
     let kl = (low / q - eps).ceil();
     let kh = (high / q + eps).floor();
-    if kl > kh {
+    if !(kl.abs() <= MAX_STEPS && kh.abs() <= MAX_STEPS) {
+        Err(format!(
+            "q={q} is too small for [{low}, {high}]: its multiples there are more than 2^53 steps from 0, past a double's precision"
+        ))
+    } else if kl > kh {
         Err(format!("no multiple of q={q} lies in [{low}, {high}]"))
     } else {
         Ok((kl, kh))
@@ -541,7 +550,12 @@ fn quantize_float(x: f64, low: f64, high: f64, q: f64) -> f64 {
 /// to the number of decimals `q` itself has.
 fn round_to_q(x: f64, q: f64) -> f64 {
     let text = format!("{q}");
-    let decimals = text.split_once('.').map_or(0, |(_, d)| d.len()).min(15) as i32;
+    let decimals = text.split_once('.').map_or(0, |(_, d)| d.len());
+    if decimals > 15 {
+        // Finer than rounding can clean: rounding would lose the value.
+        return x;
+    }
+    let decimals = decimals as i32;
     let scale = 10f64.powi(decimals);
     let r = (x * scale).round() / scale;
     if r == 0.0 {
@@ -685,6 +699,21 @@ mod tests {
         assert_eq!(Domain::Choice(vec![]).validate().unwrap_err(), "choice needs at least one value");
         assert!(Domain::randint(3, 3).validate().unwrap_err().contains("exclusive"));
         assert!(Domain::quniform(0.1, 0.2, 0.5).validate().unwrap_err().contains("no multiple"));
+        // A q so small its multiples are past a double's precision (or infinite) is refused, never sampled as null.
+        for d in [
+            Domain::quniform(0.0, 1.0, 1e-300),
+            Domain::quniform(0.0, 1.0, 5e-324),
+            Domain::QLogUniform { low: 1e-3, high: 1.0, q: 1e-310, base: std::f64::consts::E },
+            Domain::qrandn(0.0, 1.0, 1e-300),
+        ] {
+            assert!(d.validate().unwrap_err().contains("is too small for"), "{d:?}");
+        }
+        // Fine, but within precision: real values, not all rounded to 0.
+        let fine = Domain::quniform(0.0, 1e-18, 1e-20);
+        fine.validate().unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let xs: Vec<f64> = (0..50).map(|_| fine.sample(&mut rng).as_f64().unwrap()).collect();
+        assert!(xs.iter().all(|x| x.is_finite() && (0.0..=1e-18).contains(x)) && xs.iter().any(|&x| x > 0.0), "{xs:?}");
         assert!(Domain::qrandint(0, 10, 0).validate().unwrap_err().contains("q must be > 0"));
         assert!(Domain::randn(0.0, -1.0).validate().unwrap_err().contains("sd must be > 0"));
     }

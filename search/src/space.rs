@@ -67,7 +67,22 @@ impl SpaceBuilder {
     }
     /// Validates every domain and name; the error names the field and the rule.
     pub fn build(self) -> Result<Space, SpaceError> {
-        self.build_at("")
+        let space = self.build_at("")?;
+        let axes = space.grid_axes();
+        let size = axes.iter().try_fold(1u64, |n, (_, v)| n.checked_mul(v.len() as u64).filter(|&n| n <= MAX_GRID));
+        match (size, axes.first()) {
+            (None, Some((first, _))) => {
+                let sizes: Vec<String> = axes.iter().map(|(name, v)| format!("{name}: {}", v.len())).collect();
+                Err(SpaceError::new(
+                    first.clone(),
+                    format!(
+                        "the grid has more than {MAX_GRID} combinations ({}), more than any sweep runs; sample some axes instead",
+                        sizes.join(" x ")
+                    ),
+                ))
+            }
+            _ => Ok(space),
+        }
     }
 
     fn build_at(self, prefix: &str) -> Result<Space, SpaceError> {
@@ -89,6 +104,9 @@ impl SpaceBuilder {
         Ok(Space { params })
     }
 }
+
+/// The most grid combinations a space may have (10^12).
+pub const MAX_GRID: u64 = 1_000_000_000_000;
 
 fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
@@ -390,6 +408,11 @@ depth = { grid = [1, 2, 3] }
         let s = Space::from_toml_str(TOML).unwrap();
         assert_eq!(s.len(), 8);
         assert_eq!(s.grid_size(), 6);
+        // 10^20 combinations: refused by name, never wrapped around.
+        let axis = || Domain::Grid((0..100).map(|i| serde_json::json!(i)).collect());
+        let huge = (0..10).fold(Space::builder(), |b, i| b.param(format!("p{i}"), axis())).build().unwrap_err();
+        assert_eq!(huge.path, "p0");
+        assert!(huge.to_string().contains("more than 1000000000000 combinations (p0: 100 x p1: 100"), "{huge}");
         let axes: Vec<String> = s.grid_axes().into_iter().map(|(p, _)| p).collect();
         assert_eq!(axes, ["model.depth", "optimizer"]);
         let mut rng = ChaCha8Rng::seed_from_u64(3);

@@ -476,7 +476,11 @@ fn submit_runs_the_sweep_as_a_batch_job_and_a_second_submit_resumes_it() {
     let running = seen_running.unwrap_or_else(|| panic!("`nestor status` never showed a running trial with its nodes:\n{first}"));
     assert!(running.contains("node2 (rank 1)"), "{running}");
     let script = std::fs::read_to_string(dir.path().join("runs/batch.sbatch")).unwrap();
-    assert!(script.contains("#SBATCH --nodes=2") && script.contains("#SBATCH --time=10"), "{script}");
+    assert!(script.contains("#SBATCH --nodes=2") && script.contains("# Submitted as: sbatch --job-name=nestor-batch"), "{script}");
+    assert!(
+        script.contains(" --time=10 ") && !script.contains("#SBATCH --time"),
+        "options the user names are sbatch's arguments:\n{script}"
+    );
     let status = common::ok(common::nestor(dir.path(), &["status", "runs/batch"]));
     assert_eq!(status.lines().filter(|l| l.contains("nodes: node1 (rank ") || l.contains("nodes: node2 (rank ")).count(), 2, "{status}");
     // Submitted again: the job resumes the finished experiment instead of refusing to overwrite it.

@@ -19,6 +19,10 @@ pub enum CheckpointError {
         /// The allowed directories.
         roots: Vec<PathBuf>,
     },
+    /// A checkpoint holds regular files and directories only: a symbolic
+    /// link (which could lead anywhere), a FIFO or a device is refused.
+    #[error("{}", special_file_message(.0, .1))]
+    NotAFile(PathBuf, &'static str),
     /// The checkpoint is not below this experiment's storage.
     #[error("checkpoint {0} is not below this experiment's storage")]
     Foreign(String),
@@ -52,6 +56,7 @@ impl CheckpointError {
         matches!(
             self,
             CheckpointError::NotADirectory(_)
+                | CheckpointError::NotAFile(..)
                 | CheckpointError::Outside { .. }
                 | CheckpointError::Foreign(_)
                 | CheckpointError::NotUploaded(_)
@@ -120,14 +125,62 @@ pub fn persist_checkpoint(src: &Path, trial_dir: &Path, iteration: u64, rank: u3
     if tmp.exists() {
         fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
     }
+    // Refused before anything is made: a shard holding a link or a FIFO leaves no trace.
+    check_tree(src)?;
     fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
-    copy_tree(src, &tmp)?;
+    if let Err(e) = copy_tree(src, &tmp) {
+        let _ = fs::remove_dir_all(&tmp);
+        // Only when no other rank's shard is in it.
+        let _ = fs::remove_dir(&ckpt);
+        return Err(e);
+    }
     if dst.exists() {
         fs::remove_dir_all(&dst).map_err(io_err(&dst))?;
     }
     fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
     fs::File::open(&ckpt).and_then(|d| d.sync_all()).map_err(io_err(&ckpt))?;
     Ok(ckpt)
+}
+
+fn special_file_message(path: &Path, kind: &str) -> String {
+    format!(
+        "checkpoint file {} is {kind}: a checkpoint holds regular files and directories only (copy what it points to into the checkpoint)",
+        path.display()
+    )
+}
+
+/// What kind of special file `ty` is (`a symbolic link`, ...), or `None`
+/// for a regular file or a directory: checkpoints hold only those, so
+/// nothing copying one follows a link out of it or blocks on a FIFO.
+pub(crate) fn special_kind(ty: fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    match () {
+        () if ty.is_dir() || ty.is_file() => None,
+        () if ty.is_symlink() => Some("a symbolic link"),
+        () if ty.is_fifo() => Some("a FIFO"),
+        () if ty.is_socket() => Some("a socket"),
+        () => Some("a device or other special file"),
+    }
+}
+
+/// Refuses every link and special file below `dir` (not following links),
+/// naming the first.
+pub(crate) fn check_tree(dir: &Path) -> Result<(), CheckpointError> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        let io = |source| CheckpointError::Io { path: at.clone(), source };
+        for entry in fs::read_dir(&at).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            let ty = entry.file_type().map_err(|source| CheckpointError::Io { path: entry.path(), source })?;
+            if let Some(kind) = special_kind(ty) {
+                return Err(CheckpointError::NotAFile(entry.path(), kind));
+            }
+            if ty.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn copy_tree(src: &Path, dst: &Path) -> Result<(), CheckpointError> {
@@ -138,6 +191,9 @@ pub(crate) fn copy_tree(src: &Path, dst: &Path) -> Result<(), CheckpointError> {
         let to = dst.join(entry.file_name());
         let err = |source| CheckpointError::Io { path: from.clone(), source };
         let ty = entry.file_type().map_err(err)?;
+        if let Some(kind) = special_kind(ty) {
+            return Err(CheckpointError::NotAFile(from, kind));
+        }
         if ty.is_dir() {
             fs::create_dir_all(&to).map_err(|source| CheckpointError::Io { path: to.clone(), source })?;
             copy_tree(&from, &to)?;

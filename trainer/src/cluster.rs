@@ -67,6 +67,30 @@ impl ClusterConfig {
         Ok(())
     }
 
+    /// Where the report server listens when `[trainer] report_bind` leaves
+    /// it out: the interface of the address the nodes are told to reach
+    /// (`advertise`, `host` or `host:port`), on a free port; never every
+    /// interface. An address that is not this machine's is refused, naming
+    /// the setting to give.
+    pub fn report_bind_for(advertise: &str) -> Result<std::net::SocketAddr, SlurmError> {
+        use std::net::ToSocketAddrs;
+        let host = match advertise.rsplit_once(':') {
+            Some((h, port)) if port.parse::<u16>().is_ok() && !h.ends_with(':') => h,
+            _ => advertise,
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<std::net::SocketAddr> =
+            (host, 0).to_socket_addrs().map_err(|e| SlurmError(format!("cluster.report_address: cannot resolve {host:?}: {e}")))?.collect();
+        addrs.iter().map(|a| std::net::SocketAddr::new(a.ip(), 0)).find(|a| std::net::TcpListener::bind(a).is_ok()).ok_or_else(|| {
+            let ips: Vec<String> = addrs.iter().map(|a| a.ip().to_string()).collect();
+            SlurmError(format!(
+                "the nodes are told to reach the driver at {advertise} ({}), which is not an address of this machine \
+                     to listen on; set [trainer] report_bind to the local address they reach it through",
+                ips.join(", ")
+            ))
+        })
+    }
+
     /// The allocation to run in: `None` for this machine.
     pub fn allocation(&self) -> Result<Option<SlurmAllocation>, SlurmError> {
         match self.backend {
@@ -86,6 +110,20 @@ impl ClusterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_report_server_listens_on_the_advertised_interface_only() {
+        assert_eq!(ClusterConfig::report_bind_for("127.0.0.1").unwrap(), "127.0.0.1:0".parse().unwrap());
+        assert_eq!(ClusterConfig::report_bind_for("127.0.0.1:7000").unwrap(), "127.0.0.1:0".parse().unwrap());
+        assert!(!ClusterConfig::report_bind_for("localhost").unwrap().ip().is_unspecified());
+        // TEST-NET-3: no machine's own address.
+        let e = ClusterConfig::report_bind_for("203.0.113.7").unwrap_err().0;
+        assert!(e.contains("not an address of this machine") && e.contains("report_bind"), "{e}");
+        assert!(ClusterConfig::report_bind_for("no-such-host.invalid")
+            .unwrap_err()
+            .0
+            .starts_with("cluster.report_address: cannot resolve"));
+    }
 
     #[test]
     fn a_loopback_report_address_or_bind_is_refused_naming_the_key() {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
-use crate::groups::{describe_exit, describe_exit_since, dies_with_driver, signal_group, wait_groups_gone, OomKills};
+use crate::groups::{describe_exit_since, dies_with_driver, signal_group, wait_groups_gone, OomKills};
 use crate::scaling::TorchConfig;
 use crate::service::ReportServer;
 use crate::supervise::{supervise, Escalation, Groups, StopStep};
@@ -290,11 +290,12 @@ impl Backend for ProcessBackend {
         let logs = spec.trial_dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(|source| LaunchError::Io { path: logs.clone(), source })?;
         let token = random_token();
+        let key = crate::token::run_key();
         let world_size = spec.world_size();
         let master_port = free_port();
         let log_paths: Vec<PathBuf> = (0..world_size).map(|r| logs.join(format!("rank-{r}.log"))).collect();
         // A fresh file per launch: a store file left by an earlier run would hold its keys.
-        let rendezvous = logs.join(format!(".rendezvous-{}", &token[..16]));
+        let rendezvous = logs.join(format!(".rendezvous-{key}"));
         let common = common_env(cfg, &spec, &self.server.url(), &token, "127.0.0.1", master_port, &rendezvous);
         let envs: Vec<_> = (0..world_size).map(|rank| rank_env(cfg, &spec, rank, &common)).collect();
         let roots = spec.roots(cfg.working_dir.as_deref());

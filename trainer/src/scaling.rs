@@ -33,6 +33,12 @@ pub enum PlacementStrategy {
     StrictSpread,
 }
 
+/// The most workers one run may have: far past any cluster's run, and small
+/// enough that its bundles are checked before they are built.
+pub const MAX_WORKERS: u32 = 65_536;
+/// The most resource names one bundle may have.
+pub const MAX_RESOURCE_NAMES: usize = 64;
+
 /// How many workers a run has and what each needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScalingConfig {
@@ -96,15 +102,22 @@ impl ScalingConfig {
         self.worker_resources().get("GPU").copied().unwrap_or(0.0)
     }
 
-    /// Checks the rules that do not depend on the node.
+    /// Checks the rules that do not depend on the node (bounds first, before
+    /// anything is built from the numbers).
     pub fn validate(&self) -> Result<(), ScalingError> {
         let err = |key: &str, message: String| Err(ScalingError { key: key.into(), message });
         if self.num_workers == 0 {
             return err("num_workers", "must be at least 1".into());
         }
+        if self.num_workers > MAX_WORKERS {
+            return err("num_workers", format!("must be at most {MAX_WORKERS}, got {}", self.num_workers));
+        }
         for (prefix, res) in
             [("resources_per_worker", self.resources_per_worker.as_ref()), ("trainer_resources", Some(&self.trainer_resources))]
         {
+            if let Some(n) = res.map(|r| r.len()).filter(|&n| n > MAX_RESOURCE_NAMES) {
+                return err(prefix, format!("names at most {MAX_RESOURCE_NAMES} resources, got {n}"));
+            }
             for (name, &amount) in res.into_iter().flatten() {
                 if !(amount >= 0.0 && amount.is_finite()) {
                     return err(&format!("{prefix}.{name}"), format!("must be a finite amount >= 0, got {amount}"));
@@ -189,6 +202,13 @@ mod tests {
         assert_eq!(s.worker_resources(), Resources::from([("CPU".into(), 1.0)]));
         assert_eq!(ScalingConfig::gpu_workers(4).gpus_per_worker(), 1.0);
         assert_eq!(ScalingConfig::workers(0).validate().unwrap_err().to_string(), "num_workers: must be at least 1");
+        assert_eq!(
+            ScalingConfig::workers(u32::MAX).validate().unwrap_err().to_string(),
+            "num_workers: must be at most 65536, got 4294967295"
+        );
+        let many = (0..100).map(|i| (format!("r{i}"), 1.0)).collect();
+        let e = ScalingConfig { resources_per_worker: Some(many), ..ScalingConfig::workers(1) }.validate().unwrap_err();
+        assert_eq!(e.to_string(), "resources_per_worker: names at most 64 resources, got 100");
         let frac = ScalingConfig { resources_per_worker: Some(Resources::from([("GPU".into(), 1.5)])), ..ScalingConfig::gpu_workers(1) };
         assert_eq!(frac.validate().unwrap_err().key, "resources_per_worker.GPU");
         let half = ScalingConfig { resources_per_worker: Some(Resources::from([("GPU".into(), 0.5)])), ..ScalingConfig::gpu_workers(1) };

@@ -18,9 +18,15 @@ use crate::{DistBackend, PlacementStrategy, ProcessConfig, Resources, ScalingCon
 pub struct TrainerConfig {
     /// Program and arguments, e.g. `["python", "train.py"]`.
     pub command: Vec<String>,
-    /// Extra environment variables for the workers.
+    /// Extra environment variables for the workers (written with the
+    /// experiment: no secrets here; see `pass_env`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Names of variables of nestor's own environment the workers get too
+    /// (`["WANDB_API_KEY", "HF_TOKEN"]`): their values are read when the
+    /// sweep starts (or resumes) and never written anywhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pass_env: Vec<String>,
     /// Working directory of the workers (default: where nestor runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<PathBuf>,
@@ -85,6 +91,7 @@ impl TrainerConfig {
         Self {
             command,
             env: BTreeMap::new(),
+            pass_env: Vec::new(),
             working_dir: None,
             grace_period_s: default_grace(),
             num_workers: 1,
@@ -154,6 +161,20 @@ impl TrainerConfig {
         }
         let mut c = ProcessConfig::new(self.command.clone());
         c.env = self.env.clone();
+        for name in &self.pass_env {
+            if name.is_empty() || name.contains('=') || name.contains('\0') {
+                return err("pass_env", format!("{name:?} is not a variable name"));
+            }
+            if self.env.contains_key(name) {
+                return err("pass_env", format!("{name} is in trainer.env too; name it in one of them"));
+            }
+            match std::env::var(name) {
+                Ok(value) => {
+                    c.env.insert(name.clone(), value);
+                }
+                Err(_) => return err("pass_env", format!("{name} is not set (or not UTF-8) in nestor's environment")),
+            }
+        }
         c.working_dir = self.working_dir.clone();
         c.grace_period = Duration::from_secs_f64(self.grace_period_s);
         c.torch = self.torch();
@@ -185,6 +206,18 @@ mod tests {
         let e = missing.process_config().unwrap_err();
         assert_eq!(e.key, "command");
         assert!(e.message.contains("not found"), "{}", e.message);
+        // pass_env: the value comes from nestor's environment, and only the name is written.
+        std::env::set_var("NESTOR_TEST_SECRET_PASSED", "s3cr3t");
+        let passing = TrainerConfig { pass_env: vec!["NESTOR_TEST_SECRET_PASSED".into()], ..TrainerConfig::new(vec!["sh".into()]) };
+        assert_eq!(passing.process_config().unwrap().env["NESTOR_TEST_SECRET_PASSED"], "s3cr3t");
+        let written = serde_json::to_string(&passing).unwrap();
+        assert!(written.contains("NESTOR_TEST_SECRET_PASSED") && !written.contains("s3cr3t"), "{written}");
+        let unset = TrainerConfig { pass_env: vec!["NESTOR_TEST_NEVER_SET".into()], ..TrainerConfig::new(vec!["sh".into()]) };
+        let e = unset.process_config().unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.message.as_str()),
+            ("pass_env", "NESTOR_TEST_NEVER_SET is not set (or not UTF-8) in nestor's environment")
+        );
         let nowhere = TrainerConfig { working_dir: Some("/no/such/dir".into()), ..TrainerConfig::new(vec!["sh".into()]) };
         assert_eq!(nowhere.process_config().unwrap_err().key, "working_dir");
         assert_eq!(TrainerConfig::new(Vec::new()).check().unwrap_err().key, "command");

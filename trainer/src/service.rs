@@ -32,15 +32,92 @@ struct Entry {
     meeting: tokio::sync::watch::Sender<Option<String>>,
     /// The trial's events: where a `Book` goes.
     events: mpsc::UnboundedSender<Event>,
-    /// Where its job's output goes (`JobOutput`), for a run that takes it.
-    output: mpsc::UnboundedSender<Vec<u8>>,
+    /// Where its job's output goes (`JobOutput`), once a launcher whose runs
+    /// send their output so takes it; unset, the call is refused.
+    output: std::sync::OnceLock<mpsc::Sender<Vec<u8>>>,
 }
+
+/// How many `JobOutput` chunks (each at most [`MAX_REPORT_BYTES`]) wait for
+/// the launcher before the job's side waits: the driver holds at most this many.
+pub(crate) const OUTPUT_CHUNKS_BUFFERED: usize = 32;
 
 #[derive(Default)]
 struct Registry {
     trials: RwLock<HashMap<String, Arc<Entry>>>,
     /// The files ranks may fetch with `GetFile` (`[trainer] files`).
     files: RwLock<Vec<PathBuf>>,
+    refusals: RefusalLog,
+}
+
+/// Refusals logged: at most [`REFUSALS_LOGGED`] lines per sender's address
+/// in each [`REFUSAL_WINDOW`], the rest counted and summed up in one line
+/// when the sender's next window opens; what the sender chose (trial id,
+/// reason) escaped and cut short, so no message forges a log line.
+#[derive(Default)]
+struct RefusalLog {
+    by_host: std::sync::Mutex<HashMap<String, RefusalWindow>>,
+}
+
+struct RefusalWindow {
+    opened: std::time::Instant,
+    logged: u32,
+    suppressed: u64,
+}
+
+const REFUSALS_LOGGED: u32 = 5;
+const REFUSAL_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+/// Senders remembered at once; past it, windows already closed are
+/// forgotten, and new senders share one.
+const REFUSAL_HOSTS: usize = 4096;
+
+/// `text` as a log shows what a sender chose: control characters escaped
+/// (`\n`), at most `max` characters.
+fn shown(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in text.chars().take(max) {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    if text.chars().nth(max).is_some() {
+        out.push_str("...");
+    }
+    out
+}
+
+impl RefusalLog {
+    /// Logs one refusal of `what` from `peer` (`host:port`), within the
+    /// limits; `false` when it was only counted.
+    fn refused(&self, what: &str, peer: &str, trial_id: &str, rank: u32, reason: &str) -> bool {
+        let host = peer.rsplit_once(':').map_or(peer, |(h, _)| h);
+        let now = std::time::Instant::now();
+        let mut by_host = self.by_host.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut host = host;
+        if by_host.len() >= REFUSAL_HOSTS && !by_host.contains_key(host) {
+            by_host.retain(|_, w| now.duration_since(w.opened) < REFUSAL_WINDOW);
+            if by_host.len() >= REFUSAL_HOSTS {
+                // Past the bound, every new sender shares one budget.
+                host = "(other senders)";
+            }
+        }
+        let window = by_host.entry(host.to_string()).or_insert(RefusalWindow { opened: now, logged: 0, suppressed: 0 });
+        if now.duration_since(window.opened) >= REFUSAL_WINDOW {
+            if window.suppressed > 0 {
+                tracing::warn!(peer = %host, count = window.suppressed, "{} more requests refused from this sender (not logged one by one)", window.suppressed);
+            }
+            *window = RefusalWindow { opened: now, logged: 0, suppressed: 0 };
+        }
+        if window.logged < REFUSALS_LOGGED {
+            window.logged += 1;
+            tracing::warn!(%peer, trial = %shown(trial_id, 80), rank, reason = %shown(reason, 400), "{what} refused");
+            true
+        } else {
+            window.suppressed += 1;
+            false
+        }
+    }
 }
 
 impl Registry {
@@ -57,8 +134,6 @@ pub(crate) struct Registration {
     registry: std::sync::Weak<Registry>,
     trial_id: String,
     intake: Arc<Intake>,
-    /// What its job sends with `JobOutput`, until the launcher takes it.
-    output: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
 }
 
 impl Registration {
@@ -67,10 +142,14 @@ impl Registration {
         self.intake.aggregator()
     }
 
-    /// The bytes the run's job sends (`JobOutput`), in order: taken by a
-    /// launcher whose runs send their output so; for any other, the call is refused.
-    pub(crate) fn take_output(&mut self) -> Option<mpsc::UnboundedReceiver<Vec<u8>>> {
-        self.output.take()
+    /// The bytes the run's job sends (`JobOutput`), in order, bounded (the
+    /// job's side waits while [`OUTPUT_CHUNKS_BUFFERED`] chunks are unread):
+    /// taken by a launcher whose runs send their output so, once; for any
+    /// other run, the call is refused.
+    pub(crate) fn take_output(&mut self) -> Option<mpsc::Receiver<Vec<u8>>> {
+        let entry = self.registry.upgrade()?.get(&self.trial_id)?;
+        let (tx, rx) = mpsc::channel(OUTPUT_CHUNKS_BUFFERED);
+        entry.output.set(tx).ok().map(|()| rx)
     }
 }
 
@@ -162,12 +241,18 @@ impl ReportServer {
         let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events.clone()));
         let intake = Arc::new(Intake::new(spec.storage.clone(), roots, aggregator));
         let shipping = Shipping::new(&spec.trial_dir, spec.checkpoint.clone(), spec.world_size());
-        let (output, lines) = mpsc::unbounded_channel();
-        let entry = Entry { token, intake: Arc::clone(&intake), shipping, meeting: tokio::sync::watch::Sender::new(None), events, output };
+        let entry = Entry {
+            token,
+            intake: Arc::clone(&intake),
+            shipping,
+            meeting: tokio::sync::watch::Sender::new(None),
+            events,
+            output: std::sync::OnceLock::new(),
+        };
         if let Ok(mut map) = self.registry.trials.write() {
             map.insert(spec.trial_id.clone(), Arc::new(entry));
         }
-        Registration { registry: Arc::downgrade(&self.registry), trial_id: spec.trial_id.clone(), intake, output: Some(lines) }
+        Registration { registry: Arc::downgrade(&self.registry), trial_id: spec.trial_id.clone(), intake }
     }
 }
 
@@ -192,18 +277,18 @@ fn tokens_equal(a: &str, b: &str) -> bool {
 /// out; a refusal is logged with the sender.
 fn authenticate(registry: &Registry, version: u32, trial_id: &str, token: &str, rank: u32, peer: &str) -> Result<Arc<Entry>, Status> {
     let refuse = |status: Status| {
-        tracing::warn!(%peer, trial = %trial_id, rank, reason = %status.message(), "report refused");
+        let _ = registry.refusals.refused("report", peer, trial_id, rank, status.message());
         status
     };
     if version != 1 {
         return Err(refuse(Status::invalid_argument(format!("unsupported protocol version {version} (this driver speaks 1)"))));
     }
-    let Some(entry) = registry.get(trial_id) else {
-        return Err(refuse(Status::not_found(format!("unknown trial `{trial_id}`"))));
+    // An unknown trial and a wrong token are one answer: a sender learns
+    // nothing of which trials run.
+    let entry = registry.get(trial_id).filter(|e| tokens_equal(&e.token, token));
+    let Some(entry) = entry else {
+        return Err(refuse(Status::unauthenticated("unknown trial or wrong token (the token is the run's bearer secret)")));
     };
-    if !tokens_equal(&entry.token, token) {
-        return Err(refuse(Status::unauthenticated(format!("wrong token for trial `{trial_id}`"))));
-    }
     if rank >= entry.shipping.world {
         return Err(refuse(Status::invalid_argument(format!("rank {rank} out of range (world size {})", entry.shipping.world))));
     }
@@ -242,7 +327,7 @@ fn booked_scaling(r: &BookRequest) -> Result<crate::ScalingConfig, crate::Scalin
 /// acknowledgements.
 async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<(ReportReply, Acknowledged), Status> {
     let refuse = |status: Status| {
-        tracing::warn!(%peer, trial = %r.trial_id, rank = r.rank, reason = %status.message(), "report refused");
+        let _ = registry.refusals.refused("report", peer, &r.trial_id, r.rank, status.message());
         Err(status)
     };
     let entry = authenticate(registry, r.version, &r.trial_id, &r.token, r.rank, peer)?;
@@ -351,7 +436,7 @@ async fn put_shard(registry: &Registry, mut inbound: tonic::Streaming<ShardChunk
     let written = writer.await.map_err(|e| Status::internal(format!("shard writer: {e}")))?;
     let outcome = match (received, written) {
         (_, Err(ShardError::Refused(why))) => {
-            tracing::warn!(%peer, trial = %trial_id, rank, reason = %why, "shard upload refused");
+            let _ = registry.refusals.refused("shard upload", peer, &trial_id, rank, &why);
             Err(Status::invalid_argument(why))
         }
         (_, Err(ShardError::Io(why))) => Err(Status::unavailable(format!("cannot stage the shard: {why}"))),
@@ -396,10 +481,15 @@ impl Reporter for Service {
                 Some(e) => e,
                 None => entry.insert(authenticate(&self.registry, chunk.version, &chunk.trial_id, &chunk.token, 0, &peer)?),
             };
-            bytes += chunk.data.len() as u64;
-            if sink.output.send(chunk.data).is_err() {
+            let len = chunk.data.len() as u64;
+            let sent = match sink.output.get() {
+                Some(output) => output.send(chunk.data).await.map_err(drop),
+                None => Err(()),
+            };
+            if sent.is_err() {
                 return Err(Status::failed_precondition(format!("trial `{}` runs no job whose output comes here", chunk.trial_id)));
             }
+            bytes += len;
         }
         Ok(Response::new(OutputReceipt { bytes }))
     }
@@ -479,7 +569,13 @@ impl Reporter for Service {
         let path = PathBuf::from(&r.path);
         let listed = self.registry.files.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&path);
         if !listed {
-            tracing::warn!(%peer, trial = %r.trial_id, rank = r.rank, path = %r.path, "file request refused");
+            let _ = self.registry.refusals.refused(
+                "file request",
+                &peer,
+                &r.trial_id,
+                r.rank,
+                &format!("{} is not one of [trainer] files", r.path),
+            );
             return Err(Status::not_found(format!("{} is not one of [trainer] files", r.path)));
         }
         let (tx, rx) = mpsc::channel::<Result<ShardChunk, Status>>(4);
@@ -821,11 +917,15 @@ mod tests {
         let (_server, mut rx, mut client, dir, registration) = setup().await;
         let status = client.report(request("wrong", 0)).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unauthenticated);
-        assert_eq!(status.message(), "wrong token for trial `t1`");
+        assert_eq!(status.message(), "unknown trial or wrong token (the token is the run's bearer secret)");
         let status = client.report(request("", 0)).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unauthenticated);
         let status = client.report(ReportRequest { trial_id: "t9".into(), ..request("secret", 0) }).await.unwrap_err();
-        assert_eq!((status.code(), status.message()), (tonic::Code::NotFound, "unknown trial `t9`"));
+        assert_eq!(
+            (status.code(), status.message()),
+            (tonic::Code::Unauthenticated, "unknown trial or wrong token (the token is the run's bearer secret)"),
+            "the same answer as a wrong token"
+        );
         let status = client.report(request("secret", 3)).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("rank 3 out of range"));
@@ -869,7 +969,26 @@ mod tests {
         // Once its registration is dropped, the trial's reports are refused.
         drop(registration);
         let status = client.report(request("secret", 0)).await.unwrap_err();
-        assert_eq!((status.code(), status.message()), (tonic::Code::NotFound, "unknown trial `t1`"));
+        assert_eq!(
+            (status.code(), status.message()),
+            (tonic::Code::Unauthenticated, "unknown trial or wrong token (the token is the run's bearer secret)")
+        );
+    }
+
+    #[test]
+    fn refusal_logs_are_escaped_and_bounded_per_sender() {
+        assert_eq!(super::shown("t1\n2026-11-28T00:00:00Z  INFO forged", 80), "t1\\n2026-11-28T00:00:00Z  INFO forged");
+        assert_eq!(super::shown("the run's", 80), "the run's", "only control characters are escaped");
+        assert_eq!(super::shown(&"x".repeat(500), 80).len(), 83, "cut short");
+        let log = super::RefusalLog::default();
+        let logged = (0..2_000).filter(|i| log.refused("report", &format!("10.0.0.9:{}", 40_000 + i), "t", 0, "no")).count();
+        assert_eq!(logged, super::REFUSALS_LOGGED as usize, "one sender, many ports: one budget");
+        assert!(log.refused("report", "10.0.0.8:1", "t", 0, "no"), "another sender has its own");
+        // Many senders: the table stays bounded.
+        for i in 0..3 * super::REFUSAL_HOSTS {
+            let _ = log.refused("report", &format!("h{i}:1"), "t", 0, "no");
+        }
+        assert_eq!(log.by_host.lock().unwrap().len(), super::REFUSAL_HOSTS + 1);
     }
 
     /// A message whose `metrics` field (5) is a number: not a map of doubles.

@@ -44,7 +44,12 @@ fn entries(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, bool)>> {
         listed.sort_by_key(std::fs::DirEntry::file_name);
         for e in listed {
             let name = format!("{prefix}{}", e.file_name().to_string_lossy());
-            if e.file_type()?.is_dir() {
+            let ty = e.file_type()?;
+            if let Some(kind) = crate::checkpoint::special_kind(ty) {
+                let why = crate::CheckpointError::NotAFile(e.path(), kind).to_string();
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why));
+            }
+            if ty.is_dir() {
                 out.push((format!("{name}/"), e.path(), true));
                 stack.push((format!("{name}/"), e.path()));
             } else {
@@ -205,10 +210,11 @@ impl Shipping {
         if dir.parent() != Some(self.staging.as_path()) || !named {
             return Err(format!("a staged checkpoint must be {}/rank-{rank}-<name>, not {}", self.staging.display(), dir.display()));
         }
-        if !dir.is_dir() {
+        // Not followed: a staged link would commit whatever it leads to.
+        if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
             return Err(format!("staged checkpoint {} is not a directory", dir.display()));
         }
-        Ok(())
+        crate::checkpoint::check_tree(dir).map_err(|e| e.to_string())
     }
 
     /// Records a finished upload.

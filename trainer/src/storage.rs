@@ -563,7 +563,11 @@ fn list_files(src: &Path) -> Result<Vec<(String, u64)>, CheckpointError> {
             let entry = entry.map_err(io)?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };
-            let meta = std::fs::metadata(entry.path()).map_err(|source| CheckpointError::Io { path: entry.path(), source })?;
+            // Links are not followed (a `loop -> .` would never end; one out of the checkpoint copies what it must not).
+            let meta = std::fs::symlink_metadata(entry.path()).map_err(|source| CheckpointError::Io { path: entry.path(), source })?;
+            if let Some(kind) = crate::checkpoint::special_kind(meta.file_type()) {
+                return Err(CheckpointError::NotAFile(entry.path(), kind));
+            }
             if meta.is_dir() {
                 stack.push((entry.path(), child));
             } else {

@@ -8,6 +8,13 @@ pub(crate) fn random_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A launch's name in job names, file names and logs: 8 hex digits of its
+/// own, never a part of the token (which those show to everyone).
+pub(crate) fn run_key() -> String {
+    let bytes: [u8; 4] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -70,11 +70,14 @@ enum Command {
         /// The port (0: any free one).
         #[arg(long, default_value_t = 8265)]
         port: u16,
-        /// The address to listen on. Beyond loopback a token is required
-        /// (made up and printed unless --token gives one).
+        /// The address to listen on. Every request needs the token (made
+        /// up and printed unless --token gives one), loopback too: other
+        /// users of the machine reach loopback.
         #[arg(long, default_value = "127.0.0.1")]
         host: std::net::IpAddr,
-        /// The token every request must carry (?token= or Authorization: Bearer).
+        /// The token every request must carry: ?token= on the first load
+        /// (kept in an HttpOnly cookie after it), or Authorization: Bearer.
+        /// At least 16 characters.
         #[arg(long)]
         token: Option<String>,
     },
@@ -347,12 +350,22 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `--storage PATH` as an `experiment.storage` override; a path that is
+/// not UTF-8 is refused (written back as text it would name another directory).
+fn storage_set(path: &Path) -> Result<String, Failure> {
+    let text = path.to_str().ok_or_else(|| Failure {
+        code: 2,
+        message: format!("--storage: {} is not UTF-8; give a path whose name is text", path.display()),
+    })?;
+    Ok(format!("experiment.storage={}", toml::Value::String(text.to_string())))
+}
+
 fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Run { file, sets, storage, plain, dashboard } => {
             let mut sets = sets;
             if let Some(s) = storage {
-                sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
+                sets.push(storage_set(&s)?);
             }
             let experiment = ExperimentFile::read(&file, &sets).map_err(TuneError::from)?;
             let tuner = Tuner::from_file(experiment, file.display().to_string(), None).progress(progress(plain));
@@ -366,7 +379,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Simulate { file, curves, workers, sets, storage, plain, cost, compare, seeds, keep } => {
             let mut sets = sets;
             if let Some(s) = storage {
-                sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
+                sets.push(storage_set(&s)?);
             }
             if let Some(w) = workers {
                 sets.push(format!("experiment.max_concurrent_trials={w}"));
@@ -446,7 +459,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Submit { file, nodes, gpus_per_node, partition, time, notice, sets, storage, dry_run, sbatch_args } => {
             let mut sets = sets;
             if let Some(s) = storage {
-                sets.push(format!("experiment.storage={}", toml::Value::String(s.display().to_string())));
+                sets.push(storage_set(&s)?);
             }
             let job = SubmitJob { file: &file, nodes, gpus_per_node, partition, time, notice, sets: &sets, sbatch_args: &sbatch_args };
             submit(&job, dry_run)
@@ -564,7 +577,13 @@ fn reading(dir: &Path, read: impl FnOnce(&Path) -> Result<(), Failure>) -> Resul
 /// `nestor dashboard`: serves until Ctrl-C.
 fn dashboard(dirs: Vec<PathBuf>, port: u16, host: std::net::IpAddr, token: Option<String>) -> Result<(), Failure> {
     crate::dashboard::check_dirs(&dirs).map_err(|message| Failure { code: 2, message })?;
-    let token = token.or_else(|| (!host.is_loopback()).then(crate::dashboard::new_token));
+    if token.as_deref().is_some_and(|t| t.len() < 16 || !t.chars().all(|c| c.is_ascii_alphanumeric() || "-_.~".contains(c))) {
+        return Err(Failure {
+            code: 2,
+            message: "--token: at least 16 characters, letters, digits and -_.~ only (leave it out for a random one)".into(),
+        });
+    }
+    let token = token.unwrap_or_else(crate::dashboard::new_token);
     let options = crate::dashboard::DashboardOptions { addr: std::net::SocketAddr::new(host, port), token: token.clone() };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -572,8 +591,7 @@ fn dashboard(dirs: Vec<PathBuf>, port: u16, host: std::net::IpAddr, token: Optio
         .map_err(|e| Failure { code: 1, message: format!("dashboard: {e}") })?;
     runtime
         .block_on(async {
-            let served =
-                crate::dashboard::serve(dirs, options, |addr| println!("nestor dashboard: {}", dashboard_url(addr, token.as_deref())));
+            let served = crate::dashboard::serve(dirs, options, |addr| println!("nestor dashboard: {}", dashboard_url(addr, &token)));
             tokio::select! {
                 r = served => r,
                 _ = tokio::signal::ctrl_c() => Ok(()),
@@ -582,10 +600,9 @@ fn dashboard(dirs: Vec<PathBuf>, port: u16, host: std::net::IpAddr, token: Optio
         .map_err(|e| Failure { code: 1, message: format!("dashboard on {host}:{port}: {e}") })
 }
 
-fn dashboard_url(addr: std::net::SocketAddr, token: Option<&str>) -> String {
+fn dashboard_url(addr: std::net::SocketAddr, token: &str) -> String {
     let host = if addr.ip().is_unspecified() { "localhost".to_string() } else { addr.ip().to_string() };
-    let query = token.map(|t| format!("?token={t}")).unwrap_or_default();
-    format!("http://{host}:{}/{query}", addr.port())
+    format!("http://{host}:{}/?token={token}", addr.port())
 }
 
 /// The dashboard of the sweep about to run in `dir`, on loopback, served
@@ -593,6 +610,9 @@ fn dashboard_url(addr: std::net::SocketAddr, token: Option<&str>) -> String {
 fn serve_beside(dir: &Path, port: u16) -> Result<(), Failure> {
     let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    // Loopback is shared by every user of the machine: a token there too.
+    let token = crate::dashboard::new_token();
+    let shown = token.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("nestor-dashboard-server".into())
@@ -601,7 +621,7 @@ fn serve_beside(dir: &Path, port: u16) -> Result<(), Failure> {
                 Ok(r) => r,
                 Err(e) => return drop(tx.send(Err(e.to_string()))),
             };
-            let options = crate::dashboard::DashboardOptions { addr, token: None };
+            let options = crate::dashboard::DashboardOptions { addr, token: token.clone() };
             let bound = tx.clone();
             let served = runtime.block_on(crate::dashboard::serve(vec![dir], options, move |a| drop(bound.send(Ok(a)))));
             if let Err(e) = served {
@@ -611,7 +631,7 @@ fn serve_beside(dir: &Path, port: u16) -> Result<(), Failure> {
         .map_err(out_err)?;
     match rx.recv() {
         Ok(Ok(a)) => {
-            eprintln!("nestor: dashboard at {}", dashboard_url(a, None));
+            eprintln!("nestor: dashboard at {}", dashboard_url(a, &shown));
             Ok(())
         }
         Ok(Err(e)) => Err(Failure { code: 1, message: format!("--dashboard: cannot listen on {addr}: {e}") }),
@@ -1208,6 +1228,7 @@ fn submit(job: &SubmitJob<'_>, dry_run: bool) -> Result<(), Failure> {
         cwd: std::env::current_dir().map_err(|e| fail(format!("the working directory: {e}")))?,
         nestor: std::env::current_exe().map_err(|e| fail(format!("cannot find the nestor binary: {e}")))?,
     };
+    batch.check().map_err(|e| fail(e.0))?;
     if dry_run {
         print!("{}", batch.script());
         return Ok(());

@@ -147,6 +147,11 @@ pub struct ExperimentSection {
     /// `log_to_driver`). The rank logs hold it either way.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub log_to_driver: bool,
+    /// The experiment's directory is its owner's alone (0700: logs, the
+    /// pickled training function, checkpoints); `true` lets the owner's
+    /// group read it too (0750).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub group_readable: bool,
 }
 
 impl Default for ExperimentSection {
@@ -164,6 +169,7 @@ impl Default for ExperimentSection {
             fail_fast: false,
             trial_files: true,
             log_to_driver: true,
+            group_readable: false,
         }
     }
 }
@@ -314,6 +320,15 @@ impl ExperimentFile {
         let e = &self.experiment;
         if e.name.is_empty() || e.name.contains('/') || e.name == "." || e.name == ".." {
             return Err(invalid("experiment.name", format!("{:?} is not a valid directory name", e.name)));
+        }
+        // A name goes into paths, job names, log lines and shell scripts: no control characters.
+        if let Some(c) = e.name.chars().find(|c| c.is_control()) {
+            return Err(invalid("experiment.name", format!("{:?} has a control character ({:?})", e.name, c.to_string())));
+        }
+        for (key, value) in [("experiment.storage", &e.storage), ("experiment.local_dir", &e.local_dir)] {
+            if let Some(c) = value.as_deref().and_then(|p| p.chars().find(|c| c.is_control())) {
+                return Err(invalid(key, format!("has a control character ({:?})", c.to_string())));
+            }
         }
         match (&e.metric, e.mode) {
             (Some(_), None) => {

@@ -61,6 +61,7 @@ pub(crate) async fn create(
         return Err(TuneError::Exists(exp_dir.to_path_buf()));
     }
     std::fs::create_dir_all(exp_dir).map_err(|source| TuneError::Io { path: exp_dir.to_path_buf(), source })?;
+    make_private(exp_dir, file.experiment.group_readable)?;
     let text = file.to_toml_string();
     std::fs::write(exp_dir.join("experiment.toml"), &text)
         .map_err(|source| TuneError::Io { path: exp_dir.join("experiment.toml"), source })?;
@@ -75,6 +76,17 @@ pub(crate) async fn create(
     }
     let scheduler = Journaled::new(scheduler, &store, journal);
     Ok(Opened { store, scheduler, pending: VecDeque::new(), paused: Vec::new(), next_index: 0, finished: (0, 0) })
+}
+
+/// Makes the experiment's directory its owner's alone (0700), or its
+/// group's to read too (0750): what is below it (logs, the pickled training
+/// function, checkpoints) is then out of other users' reach, whatever
+/// modes its files were written with.
+pub(crate) fn make_private(exp_dir: &Path, group_readable: bool) -> Result<(), TuneError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = if group_readable { 0o750 } else { 0o700 };
+    std::fs::set_permissions(exp_dir, std::fs::Permissions::from_mode(mode))
+        .map_err(|source| TuneError::Io { path: exp_dir.to_path_buf(), source })
 }
 
 /// The experiment whose store is `store_dir`, as it was left: the searcher

@@ -2,6 +2,20 @@
 //! one place, so the console, `nestor status` and the dashboard agree.
 
 /// `1 trial`, `3 trials`.
+/// `url` as it may be shown or stored: a password in it (`user:pass@`)
+/// replaced by `***`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((info, host)) => {
+            let user = info.split_once(':').map_or(info, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}{}", &rest[authority_end..])
+        }
+        None => url.to_string(),
+    }
+}
+
 pub(crate) fn trials(n: impl Into<u64>) -> String {
     let n = n.into();
     format!("{n} trial{}", if n == 1 { "" } else { "s" })
@@ -89,6 +103,13 @@ pub(crate) fn checkpoint_name(uri: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn passwords_in_urls_are_never_shown() {
+        assert_eq!(super::redact_url("https://me:pa55@h:5000/p"), "https://me:***@h:5000/p");
+        assert_eq!(super::redact_url("https://h/p@x"), "https://h/p@x");
+        assert_eq!(super::redact_url("plain"), "plain");
+    }
+
     use super::*;
 
     #[test]

@@ -449,6 +449,15 @@ impl Tuner {
             None => Storage::local(&exp_dir),
         };
         // Where the trials run, checked before anything is written.
+        if let Some(bind) = file.trainer.as_ref().and_then(|t| t.report_bind) {
+            std::net::TcpListener::bind(bind).map_err(|e| {
+                TuneError::Experiment(crate::ExperimentError::Invalid {
+                    file: self.origin.clone(),
+                    key: "trainer.report_bind".into(),
+                    message: format!("cannot listen on {bind}: {e}"),
+                })
+            })?;
+        }
         let request = Request::from_scaling(&trainable.scaling);
         let startup = Startup { file, exp_dir: &exp_dir, storage: &storage, resuming, request: &request };
         let mut placement = crate::placement::find(file, &trainable.kind, self.resources.take())?;

@@ -13,14 +13,21 @@ its part) runs unchanged in each rank, and comes to the same answer there.
 What must happen once (a tracker started) is an ``execute_single``.
 
 The group's exchanges go through a small hub that rank 0 opens on a port
-free on its node; the other ranks learn its address from the nestor driver
+free on its node, on the interface it tells the others (never every
+interface); the other ranks learn its address from the nestor driver
 (the report channel's rendezvous), so the same code works on one machine
 and across Slurm nodes. Messages are pickled, after a greeting that
-carries the run's token: a connection without it is dropped.
+carries the run's token: a greeting is read with a size cap and a short
+timeout, several at once, its token compared in constant time, and a
+connection without the token is dropped before anything of it is unpickled.
 """
 
+import hmac
 import json
 import os
+import queue
+import threading
+import time
 import pickle
 import socket
 import struct
@@ -154,6 +161,33 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
+#: A greeting is small: longer ones, or ones slower than this, are dropped.
+_HELLO_MAX_BYTES = 4096
+_HELLO_TIMEOUT_S = 10.0
+#: Greetings read at once (a stranger's slow connection holds one of them, not the hub).
+_HELLO_READERS = 16
+
+
+def _hello(conn: socket.socket, token: str, world_size: int) -> Optional[int]:
+    """The rank a new connection greets as, once its token checks out; ``None`` for anything else."""
+    try:
+        conn.settimeout(_HELLO_TIMEOUT_S)
+        n = struct.unpack("!Q", _exactly(conn, 8))[0]
+        if n > _HELLO_MAX_BYTES:
+            return None
+        hello = json.loads(_exactly(conn, n))
+    except (ConnectionError, ValueError, OSError, struct.error):
+        return None
+    if not isinstance(hello, dict):
+        return None
+    r, given = hello.get("rank"), hello.get("token")
+    if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
+        return None
+    if not isinstance(r, int) or isinstance(r, bool) or not 0 < r < world_size:
+        return None
+    return r
+
+
 class _Hub:
     """Rank 0's end holds a connection to every other rank; a round sends
     each rank's object to rank 0 and every object back to each rank."""
@@ -170,24 +204,49 @@ class _Hub:
         timeout = float(os.environ.get("NESTOR_COLLECTIVE_TIMEOUT_S", "1800"))
         channel = _get_channel()
         if rank == 0:
-            server = socket.create_server(("0.0.0.0", 0))
+            address = _node_address()
+            try:
+                server = socket.create_server((address, 0))
+            except OSError:
+                # An address this node cannot listen on (a NAT's): loopback and the node's own interfaces.
+                server = socket.create_server(("", 0))
             server.settimeout(timeout)
-            channel.rendezvous(ctx, f"{_node_address()}:{server.getsockname()[1]}", timeout)
+            channel.rendezvous(ctx, f"{address}:{server.getsockname()[1]}", timeout)
             peers: List[Optional[socket.socket]] = [None] * world_size
+            greeted: "queue.Queue[tuple]" = queue.Queue()
+            readers = threading.BoundedSemaphore(_HELLO_READERS)
+
+            def read_hello(conn: socket.socket) -> None:
+                try:
+                    greeted.put((conn, _hello(conn, token, world_size)))
+                finally:
+                    readers.release()
+
+            deadline = time.monotonic() + timeout
             try:
                 while any(p is None for p in peers[1:]):
-                    conn, _ = server.accept()
-                    conn.settimeout(timeout)
+                    if time.monotonic() > deadline:
+                        missing = [r for r in range(1, world_size) if peers[r] is None]
+                        raise TimeoutError(f"ranks {missing} did not join rank 0's group within {timeout:g} s (NESTOR_COLLECTIVE_TIMEOUT_S)")
+                    # The greetings read so far, then the next connection.
+                    while not greeted.empty():
+                        conn, r = greeted.get()
+                        if r is None or peers[r] is not None:
+                            conn.close()  # not a rank of this run
+                        else:
+                            conn.settimeout(timeout)
+                            peers[r] = conn
+                    if all(p is not None for p in peers[1:]):
+                        break
+                    server.settimeout(0.05)
                     try:
-                        hello = json.loads(_recv(conn))
-                    except (ConnectionError, ValueError, OSError):
+                        conn, _ = server.accept()
+                    except socket.timeout:
+                        continue
+                    if not readers.acquire(timeout=timeout):
                         conn.close()
                         continue
-                    r = hello.get("rank")
-                    if hello.get("token") != token or not isinstance(r, int) or not 0 < r < world_size or peers[r] is not None:
-                        conn.close()  # not a rank of this run
-                        continue
-                    peers[r] = conn
+                    threading.Thread(target=read_hello, args=(conn,), daemon=True).start()
             finally:
                 server.close()
             return _Hub(0, [p for p in peers[1:] if p is not None])

@@ -18,6 +18,8 @@
 //!   (rank `fail_rank` only, default 0);
 //! - `hog_mb` (int): at `fail_at`, rank `fail_rank` fills this many MiB of memory
 //!   and waits instead of exiting (for the out-of-memory killer);
+//! - `link_in_checkpoint` (string): put a symbolic link named `stolen` to this
+//!   path in every checkpoint it reports (the driver must refuse it);
 //! - `nan_at` (int): report NaN at this iteration;
 //! - `omit_metric` (bool): report `other` instead of `loss`;
 //! - `ignore_sigterm` (bool): ignore SIGTERM;
@@ -149,6 +151,11 @@ fn main() -> anyhow::Result<()> {
         let ckpt: Option<PathBuf> = if checkpoint || notice {
             std::fs::create_dir_all(&scratch)?;
             std::fs::write(scratch.join("state.json"), serde_json::json!({ "step": step, "acc": acc }).to_string())?;
+            if let Ok(target) = ctx.param::<String>("link_in_checkpoint") {
+                let link = scratch.join("stolen");
+                let _ = std::fs::remove_file(&link);
+                std::os::unix::fs::symlink(target, link)?;
+            }
             if ckpt_mb > 0 {
                 std::fs::write(scratch.join("blob.bin"), vec![step as u8; ckpt_mb << 20])?;
                 eprintln!("rank {rank}: checkpointing step {step}");

@@ -346,9 +346,10 @@ impl Backend for SlurmJobsBackend {
         let world = spec.world_size();
         let bundles: Vec<_> = (0..world).map(|r| spec.bundle(r)).collect();
         let token = random_token();
-        let name = format!("{}{}-{}", self.prefix, spec.trial_id, &token[..8]);
-        let output = logs.join(format!("job-{}.out", &token[..8]));
-        let rendezvous = logs.join(format!(".rendezvous-{}", &token[..16]));
+        let key = crate::token::run_key();
+        let name = format!("{}{}-{}", self.prefix, spec.trial_id, &key);
+        let output = logs.join(format!("job-{}.out", &key));
+        let rendezvous = logs.join(format!(".rendezvous-{key}"));
         let shards: Vec<String> = (0..world)
             .map(|r| spec.checkpoint.as_ref().map(|c| crate::checkpoint::shard_for(c, r).display().to_string()).unwrap_or_default())
             .collect();
@@ -382,7 +383,7 @@ impl Backend for SlurmJobsBackend {
         let (log_paths, rank_files, job_log, job_file) = super::output::open_logs(&logs, world, "job.log")?;
         let roots = spec.roots(cfg.working_dir.as_deref());
         let mut registration = self.server.register(&spec, token, roots, events.clone());
-        let relayed = registration.take_output().unwrap_or_else(|| mpsc::unbounded_channel().1);
+        let relayed = registration.take_output().unwrap_or_else(|| mpsc::channel(1).1);
         let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>));
         let started = Arc::new(AtomicBool::new(false));
         let handle = handle.started_by(Arc::clone(&started));
@@ -433,7 +434,7 @@ struct JobRun {
     output: PathBuf,
     offset: u64,
     /// The job's output as its node sends it (`JobOutput`), when that node does not see the file.
-    relayed: mpsc::UnboundedReceiver<Vec<u8>>,
+    relayed: mpsc::Receiver<Vec<u8>>,
     /// The experiment's directory, and whether the driver has said that jobs run where it is not.
     unshared: Arc<(PathBuf, AtomicBool)>,
     /// A line read in part.

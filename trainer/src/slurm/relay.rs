@@ -182,16 +182,24 @@ mod tests {
         let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
         let mut registration = server.register(&spec, "secret".into(), Vec::new(), events.clone());
         let mut lines = registration.take_output().unwrap();
+        assert!(registration.take_output().is_none(), "taken once");
         let text: Vec<u8> = (0..100_000).flat_map(|i| format!("    {}: line {i} of the job\n", i % 4).into_bytes()).collect();
+        // Read as it comes: the driver holds a bounded number of chunks.
+        let want = text.len();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while got.len() < want {
+                let Some(chunk) = lines.recv().await else { break };
+                got.extend(chunk);
+            }
+            (got, lines)
+        });
         let (sent, dropped) = relay_output(target(&server, "secret"), std::io::Cursor::new(text.clone())).await.unwrap();
         assert_eq!((sent, dropped), (text.len() as u64, 0));
-        let mut got = Vec::new();
-        while let Ok(chunk) = lines.try_recv() {
-            got.extend(chunk);
-        }
+        let (got, lines) = reader.await.unwrap();
         assert!(got == text, "{} bytes came, {} were sent", got.len(), text.len());
         let refused = relay_output(target(&server, "wrong"), std::io::Cursor::new(text.clone())).await.unwrap_err();
-        assert!(refused.contains("refused the job's output") && refused.contains("wrong token"), "{refused}");
+        assert!(refused.contains("refused the job's output") && refused.contains("unknown trial or wrong token"), "{refused}");
         drop(lines);
         let refused = relay_output(target(&server, "secret"), std::io::Cursor::new(b"x\n".to_vec())).await.unwrap_err();
         assert!(refused.contains("runs no job whose output comes here"), "{refused}");

@@ -331,15 +331,16 @@ impl Backend for SlurmBackend {
         let bundles: Vec<_> = (0..world).map(|r| spec.bundle(r)).collect();
         let layout = Layout::new(&self.allocation, &bundles)?;
         let token = random_token();
+        let key = crate::token::run_key();
         let master = self.allocation.node(&layout.nodes[0]).map_or_else(|| layout.nodes[0].clone(), |n| n.addr.clone());
         let master_port = free_port();
-        let rendezvous = logs.join(format!(".rendezvous-{}", &token[..16]));
+        let rendezvous = logs.join(format!(".rendezvous-{key}"));
         // <experiment>/trials/<id>: the experiment's directory is two up.
         let exp_dir = spec.trial_dir.parent().and_then(std::path::Path::parent).unwrap_or(&spec.trial_dir);
-        let step_name = format!("{}{}-{}", step_prefix(exp_dir), spec.trial_id, &token[..8]);
+        let step_name = format!("{}{}-{}", step_prefix(exp_dir), spec.trial_id, &key);
         // What the step holds, should it outlive this driver stuck on a lost node (read by a resume).
-        let record = super::startup::record_path(&spec.trial_dir, &token[..8]);
-        super::startup::write_record(&spec.trial_dir, &token[..8], &bundles);
+        let record = super::startup::record_path(&spec.trial_dir, &key);
+        super::startup::write_record(&spec.trial_dir, &key, &bundles);
         let shards: Vec<String> = (0..world)
             .map(|r| match &spec.checkpoint {
                 Some(c) if !self.shipping => crate::checkpoint::shard_for(c, r).display().to_string(),

@@ -85,11 +85,65 @@ fn quoted(p: &Path) -> String {
     sh_quote(&p.display().to_string())
 }
 
+/// Refuses a control character (a newline above all: it would end an
+/// option or a command) in `value`, naming `what` it is.
+pub fn refuse_control(what: &str, value: &str) -> Result<(), SlurmError> {
+    match value.chars().find(|c| c.is_control()) {
+        Some(c) => Err(SlurmError(format!("{what}: control characters ({:?}) are not allowed in {value:?}", c.to_string()))),
+        None => Ok(()),
+    }
+}
+
 impl BatchJob {
-    /// The batch script.
-    pub fn script(&self) -> String {
-        let mut lines = vec!["#!/bin/bash".to_string(), format!("#SBATCH --job-name={}", sh_quote(&format!("nestor-{}", self.name)))];
+    /// Refuses, by name, what would change the meaning of the script or of
+    /// sbatch's arguments: a control character in a name, path or option.
+    pub fn check(&self) -> Result<(), SlurmError> {
+        refuse_control("experiment.name", &self.name)?;
+        for (what, p) in [
+            ("the experiment's directory", &self.exp_dir),
+            ("the experiment file", &self.file),
+            ("the output directory", &self.output_dir),
+            ("the working directory", &self.cwd),
+            ("the nestor binary", &self.nestor),
+        ] {
+            let text = p.to_str().ok_or_else(|| SlurmError(format!("{what}: {} is not UTF-8", p.display())))?;
+            refuse_control(what, text)?;
+        }
+        if let Some(url) = &self.url {
+            refuse_control("the experiment's URL", url)?;
+        }
+        for s in &self.sets {
+            refuse_control("--set", s)?;
+        }
+        if let Some(p) = &self.partition {
+            refuse_control("--partition", p)?;
+        }
+        if let Some(t) = &self.time {
+            refuse_control("--time", t)?;
+        }
+        for a in &self.sbatch_args {
+            refuse_control("--sbatch", a)?;
+        }
+        Ok(())
+    }
+
+    /// The options given to `sbatch` as its arguments (never written into
+    /// the script's `#SBATCH` lines, where a shell would read them): the
+    /// job's name, output file, partition, time limit and the user's own.
+    pub fn sbatch_options(&self) -> Vec<String> {
         let output = self.output_dir.join(format!("{}-%j.out", self.name));
+        let mut options = vec![format!("--job-name=nestor-{}", self.name), format!("--output={}", output.display())];
+        options.extend(self.partition.iter().map(|p| format!("--partition={p}")));
+        options.extend(self.time.iter().map(|t| format!("--time={t}")));
+        options.extend(self.sbatch_args.iter().cloned());
+        options
+    }
+
+    /// The batch script. Its `#SBATCH` lines are nestor's own, of numbers
+    /// only; what a user named comes as [`BatchJob::sbatch_options`].
+    pub fn script(&self) -> String {
+        let options: Vec<String> = self.sbatch_options().iter().map(|o| sh_quote(o)).collect();
+        let mut lines = vec!["#!/bin/bash".to_string(), format!("# Submitted as: sbatch {} <this script>", options.join(" "))];
         match &self.shape {
             Shape::Nodes { nodes, gpus_per_node } => {
                 lines.extend([
@@ -99,7 +153,6 @@ impl BatchJob {
                     "#SBATCH --mem=0".to_string(),
                     // A node that goes down is set aside and the sweep goes on with the others.
                     "#SBATCH --no-kill".to_string(),
-                    format!("#SBATCH --output={}", output.display()),
                     // Time limit: SIGTERM before it, and nestor stops its trials so they resume later.
                     format!("#SBATCH --signal=B:TERM@{}", self.notice_s),
                 ]);
@@ -111,22 +164,12 @@ impl BatchJob {
                 "#SBATCH --nodes=1".to_string(),
                 "#SBATCH --ntasks=1".to_string(),
                 format!("#SBATCH --cpus-per-task={cpus}"),
-                format!("#SBATCH --output={}", output.display()),
                 // Requeued after a node failure or preemption, it resumes.
                 "#SBATCH --requeue".to_string(),
                 "#SBATCH --open-mode=append".to_string(),
                 // Before its time limit, the script (not the driver) is told, and hands the sweep on.
                 format!("#SBATCH --signal=B:USR1@{}", self.notice_s),
             ]),
-        }
-        if let Some(p) = &self.partition {
-            lines.push(format!("#SBATCH --partition={}", sh_quote(p)));
-        }
-        if let Some(t) = &self.time {
-            lines.push(format!("#SBATCH --time={}", sh_quote(t)));
-        }
-        for a in &self.sbatch_args {
-            lines.push(format!("#SBATCH {}", sh_quote(a)));
         }
         let sets: String = self.sets.iter().map(|s| format!(" --set {}", sh_quote(s))).collect();
         let nestor = quoted(&self.nestor);
@@ -160,7 +203,7 @@ impl BatchJob {
                     "    rc=$?".to_string(),
                     // 130: it stopped the sweep; 143: the TERM came before it could (it was starting).
                     "    if [ \"$rc\" = 130 ] || [ \"$rc\" = 143 ]; then".to_string(),
-                    format!("        next=$(sbatch --parsable --dependency=singleton {script}) || exit 1"),
+                    format!("        next=$(sbatch --parsable --dependency=singleton {} {script}) || exit 1", options.join(" ")),
                     "        echo \"nestor: the sweep goes on in job ${next%%;*}\"".to_string(),
                     "        exit 0".to_string(),
                     "    fi".to_string(),
@@ -185,11 +228,13 @@ impl BatchJob {
     /// Writes the script to `<output_dir>/<name>.sbatch` and submits it;
     /// returns the job's id and the script's path.
     pub fn submit(&self) -> Result<(String, PathBuf), SlurmError> {
+        self.check()?;
         std::fs::create_dir_all(&self.output_dir).map_err(|e| SlurmError(format!("{}: {e}", self.output_dir.display())))?;
         let path = self.output_dir.join(format!("{}.sbatch", self.name));
         std::fs::write(&path, self.script()).map_err(|e| SlurmError(format!("{}: {e}", path.display())))?;
         let out = std::process::Command::new("sbatch")
             .arg("--parsable")
+            .args(self.sbatch_options())
             .arg(&path)
             .output()
             .map_err(|e| SlurmError(format!("cannot run sbatch (is this a Slurm cluster's login node?): {e}")))?;
@@ -224,14 +269,16 @@ mod tests {
             nestor: "/opt/nestor".into(),
         };
         let s = job.script();
+        assert_eq!(
+            job.sbatch_options(),
+            ["--job-name=nestor-my sweep", "--output=/runs/my sweep-%j.out", "--partition=gpu", "--time=1:00:00", "--account=ml"]
+        );
+        assert!(s.lines().all(|l| !l.starts_with("#SBATCH") || l.chars().all(|c| c.is_ascii_alphanumeric() || "#-=:@ ".contains(c))));
         for line in [
-            "#SBATCH --job-name='nestor-my sweep'",
+            "# Submitted as: sbatch '--job-name=nestor-my sweep' '--output=/runs/my sweep-%j.out' --partition=gpu --time=1:00:00 --account=ml <this script>",
             "#SBATCH --nodes=2",
             "#SBATCH --no-kill",
             "#SBATCH --gpus-per-node=4",
-            "#SBATCH --partition=gpu",
-            "#SBATCH --time=1:00:00",
-            "#SBATCH --account=ml",
             "if [ -d '/runs/my sweep'/store ]; then",
             "    exec /opt/nestor resume '/runs/my sweep' --plain",
             "    exec /opt/nestor run /home/u/sweep.toml --set experiment.num_samples=8 --set 'trainer.command=['\\''python'\\'', '\\''x.py'\\'']' --plain",
@@ -259,17 +306,15 @@ mod tests {
         };
         let s = job.script();
         for line in [
-            "#SBATCH --job-name=nestor-x",
             "#SBATCH --ntasks=1",
             "#SBATCH --requeue",
             "#SBATCH --signal=B:USR1@60",
-            "#SBATCH --time=1-00:00:00",
             "trap hand_on USR1",
             "if /opt/nestor status s3://b/runs/x >/dev/null 2>&1; then",
             "    /opt/nestor resume s3://b/runs/x --plain &",
             "    /opt/nestor run /home/u/sweep.toml --plain &",
             "    if [ \"$rc\" = 130 ] || [ \"$rc\" = 143 ]; then",
-            "        next=$(sbatch --parsable --dependency=singleton /runs/x.sbatch) || exit 1",
+            "        next=$(sbatch --parsable --dependency=singleton --job-name=nestor-x --output=/runs/x-%j.out --time=1-00:00:00 /runs/x.sbatch) || exit 1",
         ] {
             assert!(s.lines().any(|l| l == line), "no line {line:?} in:\n{s}");
         }
@@ -277,5 +322,38 @@ mod tests {
         // The trap is set before the driver starts, and the driver is waited for.
         let (trap, start) = (s.find("trap hand_on USR1").unwrap(), s.find("resume s3://b/runs/x --plain &").unwrap());
         assert!(trap < start && s.trim_end().ends_with("wait \"$driver\"\nexit $?"), "{s}");
+    }
+
+    #[test]
+    fn a_control_character_in_a_name_path_or_option_is_refused_by_name() {
+        let base = BatchJob {
+            name: "x".into(),
+            exp_dir: "/runs/x".into(),
+            url: None,
+            file: "/home/u/sweep.toml".into(),
+            sets: Vec::new(),
+            shape: Shape::Driver { cpus: 1 },
+            notice_s: 60,
+            partition: None,
+            time: None,
+            sbatch_args: Vec::new(),
+            output_dir: "/runs".into(),
+            cwd: "/home/u".into(),
+            nestor: "/opt/nestor".into(),
+        };
+        assert!(base.check().is_ok());
+        let cases = [
+            ("experiment.name", BatchJob { name: "x\ntouch /tmp/owned".into(), ..base.clone() }),
+            ("--partition", BatchJob { partition: Some("gpu\ntouch /tmp/owned".into()), ..base.clone() }),
+            ("--time", BatchJob { time: Some("10\r".into()), ..base.clone() }),
+            ("--sbatch", BatchJob { sbatch_args: vec!["--account=ml\nrm -rf ~".into()], ..base.clone() }),
+            ("--set", BatchJob { sets: vec!["a=1\n".into()], ..base.clone() }),
+            ("the output directory", BatchJob { output_dir: "/runs/a\nb".into(), ..base.clone() }),
+        ];
+        for (what, job) in cases {
+            let e = job.check().unwrap_err().0;
+            assert!(e.starts_with(&format!("{what}: control characters")), "{e}");
+            assert!(job.submit().is_err(), "checked before anything is written");
+        }
     }
 }

@@ -1,8 +1,9 @@
 // nestor dashboard: one page, no build step. It asks the server for the
 // experiment list, one experiment's table, and the points it has not seen.
+// Whatever an experiment holds (names, config keys and values, metric
+// names, logs) reaches the page as text, never as markup: every element is
+// built with h() below, none from HTML strings.
 "use strict";
-
-const token = new URLSearchParams(location.search).get("token");
 const STATES = ["RUNNING", "TERMINATED", "PAUSED", "ERROR", "PENDING"];
 const COLORS = { RUNNING: "#2563eb", TERMINATED: "#9ca3af", PAUSED: "#d97706", ERROR: "#dc2626", PENDING: "#d1d5db" };
 
@@ -13,9 +14,25 @@ const st = {
 
 const $ = (id) => document.getElementById(id);
 
+// An element: h("td", { class: "x", "data-id": id }, "text", child, ...). Strings become text nodes.
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === false || v === null || v === undefined) continue;
+    el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) el.append(c instanceof Node ? c : String(c ?? ""));
+  return el;
+}
+
+// Replaces what `el` holds.
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat().map((c) => (c instanceof Node ? c : String(c ?? ""))));
+}
+
+// The token travels in an HttpOnly cookie set by the first load; the page never sees it.
 async function api(path) {
-  const sep = path.includes("?") ? "&" : "?";
-  const r = await fetch("api/" + path + (token ? sep + "token=" + encodeURIComponent(token) : ""));
+  const r = await fetch("api/" + path, { credentials: "same-origin" });
   if (!r.ok) throw new Error(path + ": " + r.status + " " + (await r.text()));
   return r.json();
 }
@@ -77,7 +94,7 @@ function topIds(sc) {
 
 function renderHeader() {
   const i = st.info;
-  $("badge").innerHTML = i.live ? '<span class="live">live</span>' : '<span class="done">finished</span>';
+  fill($("badge"), i.live ? h("span", { class: "live" }, "live") : h("span", { class: "done" }, "finished"));
   const c = i.counts;
   const pending = i.status ? i.status.pending : c.PENDING;
   const trials = i.status ? `${i.trials} of ${i.status.planned}` : `${i.trials}`;
@@ -130,7 +147,7 @@ function renderCurves() {
     series,
   };
   if (st.plot) st.plot.destroy();
-  el.innerHTML = "";
+  fill(el);
   st.plot = new uPlot(opts, data, el);
   el.dataset.series = String(ordered.length);
   el.dataset.points = String(data.slice(1).reduce((n, s) => n + s[0].length, 0));
@@ -198,7 +215,8 @@ function renderParcoords() {
 function renderStates() {
   const counts = {};
   for (const r of st.rows) counts[r.status] = (counts[r.status] || 0) + 1;
-  $("states").innerHTML = STATES.map((s) => `<label><input type="checkbox" data-state="${s}" ${st.states.has(s) ? "checked" : ""}> <span class="s-${s}">${s}</span> ${counts[s] || 0}</label>`).join(" ");
+  fill($("states"), STATES.map((s) => [h("label", {},
+    h("input", { type: "checkbox", "data-state": s, checked: st.states.has(s) }), " ", h("span", { class: "s-" + s }, s), " ", String(counts[s] || 0)), " "]));
   for (const cb of $("states").querySelectorAll("input")) {
     cb.onchange = () => { cb.checked ? st.states.add(cb.dataset.state) : st.states.delete(cb.dataset.state); renderAll(); };
   }
@@ -209,7 +227,7 @@ function renderTable() {
   const best = bestTrial(sc);
   const params = [...new Set(st.rows.flatMap((r) => Object.keys(flat(r.config))))];
   const cols = ["id", "status", "iteration", st.metric, "restarts", ...params];
-  $("trials").tHead.innerHTML = "<tr>" + cols.map((c) => `<th data-key="${c}">${c}${st.sort.key === c ? (st.sort.dir > 0 ? " ▲" : " ▼") : ""}</th>`).join("") + "</tr>";
+  fill($("trials").tHead, h("tr", {}, cols.map((c) => h("th", { "data-key": c }, c + (st.sort.key === c ? (st.sort.dir > 0 ? " ▲" : " ▼") : "")))));
   for (const th of $("trials").tHead.querySelectorAll("th")) {
     th.onclick = () => { st.sort = { key: th.dataset.key, dir: st.sort.key === th.dataset.key ? -st.sort.dir : 1 }; renderTable(); };
   }
@@ -222,22 +240,24 @@ function renderTable() {
     return (x < y ? -1 : 1) * st.sort.dir;
   });
   $("shown").textContent = `${rows.length} of ${st.rows.length} shown`;
-  $("trials").tBodies[0].innerHTML = rows.map((r) => {
+  fill($("trials").tBodies[0], rows.map((r) => {
     const cf = flat(r.config);
     const cls = [best && r.id === best[0] ? "best" : "", st.selected === r.id ? "selected" : ""].join(" ");
-    const cells = [r.id, `<span class="s-${r.status}">${r.status}</span>`, r.iteration, fmt(sc.get(r.id)), r.restarts, ...params.map((p) => fmt(cf[p]))];
-    return `<tr class="${cls}" data-id="${r.id}"><td>${cells.join("</td><td>")}</td></tr>`;
-  }).join("");
+    const cells = [r.id, h("span", { class: "s-" + r.status }, r.status), r.iteration, fmt(sc.get(r.id)), r.restarts, ...params.map((p) => fmt(cf[p]))];
+    return h("tr", { class: cls, "data-id": r.id }, cells.map((c) => h("td", {}, c)));
+  }));
   for (const tr of $("trials").tBodies[0].rows) tr.onclick = () => showTrial(tr.dataset.id);
 }
 
 async function renderImportance() {
   if (!st.metric) return;
   const imp = await api(`experiments/${st.exp}/importance?metric=${encodeURIComponent(st.metric)}`);
-  $("importance").innerHTML = imp.importance.length
-    ? imp.importance.map((p) => `<div class="imp"><span title="${p.param}">${p.param}</span><div class="bar" style="width:${(100 * p.importance).toFixed(1)}%"></div><span>${(100 * p.importance).toFixed(0)}%</span></div>`).join("") +
-      `<p class="muted">Share of the ${st.metric} spread over ${imp.trials} trials explained by each parameter (eta squared).</p>`
-    : '<span class="muted">Too few trials with results yet.</span>';
+  if (!imp.importance.length) return fill($("importance"), h("span", { class: "muted" }, "Too few trials with results yet."));
+  fill($("importance"), imp.importance.map((p) => {
+    const bar = h("div", { class: "bar" });
+    bar.style.width = (100 * p.importance).toFixed(1) + "%";
+    return h("div", { class: "imp" }, h("span", { title: p.param }, p.param), bar, h("span", {}, (100 * p.importance).toFixed(0) + "%"));
+  }), h("p", { class: "muted" }, `Share of the ${st.metric} spread over ${imp.trials} trials explained by each parameter (eta squared).`));
 }
 
 async function showTrial(id) {
@@ -245,16 +265,19 @@ async function showTrial(id) {
   renderTable();
   const d = await api(`experiments/${st.exp}/trials/${encodeURIComponent(id)}`);
   const t = d.trial;
-  const esc = (s) => String(s).replace(/[&<>]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;" })[c]);
-  let html = `<dl><dt>trial</dt><dd>${t.id}</dd><dt>status</dt><dd class="s-${t.status}">${t.status}</dd>
-    <dt>iteration</dt><dd>${t.iteration} (${d.points} results)</dd><dt>restarts</dt><dd>${t.restarts} (${t.failures} failures)</dd>
-    <dt>exploits</dt><dd>${t.exploits}</dd><dt>nodes</dt><dd>${t.nodes.join(", ") || "-"}</dd>
-    <dt>checkpoints</dt><dd>${t.checkpoints.map((c) => esc(c.split("/").pop())).join(", ") || "-"}</dd></dl>`;
-  html += `<h2 style="margin-top:10px">Config</h2><pre>${esc(JSON.stringify(t.config, null, 2))}</pre>`;
-  if (t.error) html += `<h2>Error</h2><pre>${esc(t.error)}</pre>`;
-  for (const e of d.exploits) html += `<p>${e.trial_id} took ${e.donor}'s checkpoint at iteration ${e.iteration}</p>`;
-  for (const [name, text] of Object.entries(d.logs)) html += `<h2>${esc(name)}</h2><pre>${esc(text)}</pre>`;
-  $("detail").innerHTML = html;
+  const item = (term, value, cls) => [h("dt", {}, term), h("dd", { class: cls }, value)];
+  const parts = [
+    h("dl", {},
+      item("trial", t.id), item("status", t.status, "s-" + t.status),
+      item("iteration", `${t.iteration} (${d.points} results)`), item("restarts", `${t.restarts} (${t.failures} failures)`),
+      item("exploits", t.exploits), item("nodes", t.nodes.join(", ") || "-"),
+      item("checkpoints", t.checkpoints.map((c) => c.split("/").pop()).join(", ") || "-")),
+    h("h2", { class: "gap" }, "Config"), h("pre", {}, JSON.stringify(t.config, null, 2)),
+  ];
+  if (t.error) parts.push(h("h2", {}, "Error"), h("pre", {}, t.error));
+  for (const e of d.exploits) parts.push(h("p", {}, `${e.trial_id} took ${e.donor}'s checkpoint at iteration ${e.iteration}`));
+  for (const [name, text] of Object.entries(d.logs)) parts.push(h("h2", {}, name), h("pre", {}, text));
+  fill($("detail"), parts);
   $("detail").classList.remove("muted");
 }
 
@@ -283,7 +306,7 @@ async function loadExperiment(reset) {
   if (reset || info.epoch !== st.epoch) {
     st.curves = new Map(); st.after = 0; st.epoch = info.epoch;
     if (!st.metric || !info.metrics.includes(st.metric)) st.metric = info.metric && info.metrics.includes(info.metric) ? info.metric : info.metrics[0] || null;
-    $("metric").innerHTML = info.metrics.map((m) => `<option ${m === st.metric ? "selected" : ""}>${m}</option>`).join("");
+    fill($("metric"), info.metrics.map((m) => h("option", { selected: m === st.metric }, m)));
   }
   st.info = info; st.rows = info.trials_table; st.version = info.version;
   if (!(await fetchCurves())) return loadExperiment(true);
@@ -303,16 +326,17 @@ async function loadList() {
   const list = await api("experiments");
   const sel = $("experiment");
   if (sel.options.length !== list.length) {
-    sel.innerHTML = list.map((e) => `<option value="${e.index}">${e.name}</option>`).join("");
+    fill(sel, list.map((e) => h("option", { value: e.index }, e.name)));
     sel.value = String(st.exp);
   }
   $("all").hidden = list.length < 2;
   if (list.length > 1) {
-    $("experiments").tBodies[0].innerHTML = list.map((e) => {
+    fill($("experiments").tBodies[0], list.map((e) => {
       const c = e.counts || {};
       const b = e.status && e.status.best ? fmt(e.status.best.value) : "";
-      return `<tr data-i="${e.index}"><td>${e.name}</td><td>${e.waiting ? "starting" : e.live ? "live" : "finished"}</td><td>${e.trials ?? ""}</td><td>${c.RUNNING ?? ""}</td><td>${c.TERMINATED ?? ""}</td><td>${c.ERROR ?? ""}</td><td>${e.points ?? ""}</td><td>${b}</td></tr>`;
-    }).join("");
+      const cells = [e.name, e.waiting ? "starting" : e.live ? "live" : "finished", e.trials, c.RUNNING, c.TERMINATED, c.ERROR, e.points, b];
+      return h("tr", { "data-i": e.index }, cells.map((v) => h("td", {}, v ?? "")));
+    }));
     for (const tr of $("experiments").tBodies[0].rows) tr.onclick = () => { sel.value = tr.dataset.i; sel.onchange(); };
   }
   return list;

@@ -34,6 +34,9 @@ use crate::store::TrialRecord;
 #[serde(deny_unknown_fields)]
 pub struct MlflowConfig {
     /// The tracking server (`http://host:5000`); else `MLFLOW_TRACKING_URI`.
+    /// No credentials here (the file is kept with the experiment): MLflow's
+    /// own `MLFLOW_TRACKING_USERNAME`/`MLFLOW_TRACKING_PASSWORD` or
+    /// `MLFLOW_TRACKING_TOKEN` are read from the environment instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracking_uri: Option<String>,
     /// The MLflow experiment the runs go to (made if missing); else the
@@ -75,7 +78,9 @@ struct Runs {
 /// Logs a sweep's trials to an MLflow tracking server.
 pub struct MlflowLogger {
     exp_dir: PathBuf,
+    /// The server, without credentials: what requests go to and messages show.
     uri: String,
+    auth: Auth,
     experiment_name: String,
     tags: BTreeMap<String, String>,
     runtime: Option<tokio::runtime::Runtime>,
@@ -91,14 +96,31 @@ pub struct MlflowLogger {
 impl MlflowLogger {
     /// A logger for the experiment at `exp_dir` (named `name`).
     pub fn new(exp_dir: impl Into<PathBuf>, name: &str, config: &MlflowConfig) -> Result<Self, String> {
-        let uri = config
+        if let Some(given) = &config.tracking_uri {
+            if split_userinfo(given).1.is_some() {
+                return Err(format!(
+                    "tracking_uri: {:?} carries credentials, which would be written with the experiment; \
+                     set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment instead",
+                    crate::text::redact_url(given)
+                ));
+            }
+        }
+        let given = config
             .tracking_uri
             .clone()
             .or_else(|| std::env::var("MLFLOW_TRACKING_URI").ok())
             .ok_or("tracking_uri: required (or set MLFLOW_TRACKING_URI)")?;
-        if !(uri.starts_with("http://") || uri.starts_with("https://")) {
-            return Err(format!("tracking_uri: {uri:?} is not an http(s) URL of a tracking server"));
+        if !(given.starts_with("http://") || given.starts_with("https://")) {
+            return Err(format!("tracking_uri: {:?} is not an http(s) URL of a tracking server", crate::text::redact_url(&given)));
         }
+        let (uri, userinfo) = split_userinfo(&given);
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let auth = match (env("MLFLOW_TRACKING_TOKEN"), env("MLFLOW_TRACKING_USERNAME"), userinfo) {
+            (Some(token), _, _) => Auth::Bearer(token),
+            (None, Some(user), _) => Auth::Basic(user, env("MLFLOW_TRACKING_PASSWORD")),
+            (None, None, Some((user, password))) => Auth::Basic(user, password),
+            (None, None, None) => Auth::None,
+        };
         let exp_dir = exp_dir.into();
         let experiment_name = config.experiment_name.clone().unwrap_or_else(|| name.to_string());
         let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build().map_err(|e| e.to_string())?;
@@ -111,6 +133,7 @@ impl MlflowLogger {
         Ok(Self {
             exp_dir,
             uri,
+            auth,
             experiment_name,
             tags: config.tags.clone(),
             runtime: None,
@@ -125,15 +148,15 @@ impl MlflowLogger {
     async fn call(&self, path: &str, body: Value) -> Result<Value, String> {
         let url = format!("{}/api/2.0/mlflow/{path}", self.uri);
         let resp = self
-            .client
-            .post(&url)
+            .auth
+            .apply(self.client.post(&url))
             .header("content-type", "application/json")
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| format!("{url}: {e}"))?;
+            .map_err(|e| format!("{url}: {}", e.without_url()))?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| format!("{url}: {e}"))?;
+        let text = resp.text().await.map_err(|e| format!("{url}: {}", e.without_url()))?;
         if !status.is_success() {
             return Err(format!("{url}: {status}: {text}"));
         }
@@ -144,9 +167,9 @@ impl MlflowLogger {
         let url = format!("{}/api/2.0/mlflow/experiments/get-by-name", self.uri);
         let with_name =
             reqwest::Url::parse_with_params(&url, [("experiment_name", &self.experiment_name)]).map_err(|e| format!("{url}: {e}"))?;
-        let resp = self.client.get(with_name).send().await.map_err(|e| format!("{url}: {e}"))?;
+        let resp = self.auth.apply(self.client.get(with_name)).send().await.map_err(|e| format!("{url}: {}", e.without_url()))?;
         if resp.status().is_success() {
-            let text = resp.text().await.map_err(|e| format!("{url}: {e}"))?;
+            let text = resp.text().await.map_err(|e| format!("{url}: {}", e.without_url()))?;
             let v: Value = serde_json::from_str(&text).map_err(|e| format!("{url}: {e}: {text}"))?;
             return v["experiment"]["experiment_id"].as_str().map(String::from).ok_or_else(|| format!("{url}: no experiment_id in {v}"));
         }
@@ -370,6 +393,41 @@ impl Callback for MlflowLogger {
     }
 }
 
+/// `url` without its `user:password@`, and those apart.
+fn split_userinfo(url: &str) -> (String, Option<(String, Option<String>)>) {
+    let Some((scheme, rest)) = url.split_once("://") else { return (url.to_string(), None) };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((info, host)) => {
+            let (user, password) = match info.split_once(':') {
+                Some((u, p)) => (u.to_string(), Some(p.to_string())),
+                None => (info.to_string(), None),
+            };
+            (format!("{scheme}://{host}{}", &rest[authority_end..]), Some((user, password)))
+        }
+        None => (url.to_string(), None),
+    }
+}
+
+/// How requests authenticate to the tracking server.
+#[cfg(feature = "mlflow")]
+enum Auth {
+    None,
+    Basic(String, Option<String>),
+    Bearer(String),
+}
+
+#[cfg(feature = "mlflow")]
+impl Auth {
+    fn apply(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self {
+            Auth::None => r,
+            Auth::Basic(user, password) => r.basic_auth(user, password.as_ref()),
+            Auth::Bearer(token) => r.bearer_auth(token),
+        }
+    }
+}
+
 #[cfg(feature = "mlflow")]
 fn tag(key: &str, value: &str) -> Value {
     json!({"key": key, "value": value})
@@ -412,6 +470,21 @@ mod tests {
             p,
             [("lr".into(), "0.1".into()), ("model.width".into(), "64".into()), ("on".into(), "true".into()), ("opt".into(), "adam".into())]
         );
+    }
+
+    #[test]
+    fn credentials_are_never_in_the_file_nor_shown() {
+        let (uri, info) = split_userinfo("https://me:pa55@mlflow.example:5000/prefix?x=1");
+        assert_eq!(uri, "https://mlflow.example:5000/prefix?x=1");
+        assert_eq!(info, Some(("me".into(), Some("pa55".into()))));
+        assert_eq!(split_userinfo("http://host/a@b").1, None, "an @ in the path is not userinfo");
+        let c = MlflowConfig { tracking_uri: Some("https://me:pa55@mlflow.example".into()), ..Default::default() };
+        #[cfg(feature = "mlflow")]
+        {
+            let e = MlflowLogger::new("/tmp/x", "x", &c).err().unwrap();
+            assert!(e.starts_with("tracking_uri:") && e.contains("MLFLOW_TRACKING_PASSWORD") && !e.contains("pa55"), "{e}");
+        }
+        let _ = c;
     }
 
     #[test]

@@ -46,7 +46,13 @@ struct Slot {
 #[derive(Clone)]
 struct Shared {
     slots: Arc<Vec<Slot>>,
-    token: Option<Arc<str>>,
+    token: Arc<str>,
+    /// The cookie the token is kept in after the first load (one per port:
+    /// browsers share cookies between a host's ports).
+    cookie: Arc<str>,
+    /// The names a request's `Host` may give besides IP addresses (a page
+    /// reached by another name is a DNS rebinding).
+    hosts: Arc<Vec<String>>,
 }
 
 /// A dashboard server's settings.
@@ -54,8 +60,9 @@ struct Shared {
 pub struct DashboardOptions {
     /// Where to listen.
     pub addr: SocketAddr,
-    /// Required of every request (`?token=` or `Authorization: Bearer`), if set.
-    pub token: Option<String>,
+    /// Required of every request: `?token=` on the first load (kept in an
+    /// HttpOnly cookie from then on), the cookie, or `Authorization: Bearer`.
+    pub token: String,
 }
 
 /// Checks that every directory is an experiment: the first that is not
@@ -67,7 +74,7 @@ pub fn check_dirs(dirs: &[PathBuf]) -> Result<(), String> {
     Ok(())
 }
 
-/// A random token for a dashboard that listens beyond loopback.
+/// A random token (128 bits, hex) for a dashboard.
 pub fn new_token() -> String {
     use rand::Rng;
     let mut rng = rand::rng();
@@ -79,7 +86,15 @@ pub fn new_token() -> String {
 /// sweep just starting) are looked for again every second.
 pub async fn serve(dirs: Vec<PathBuf>, options: DashboardOptions, bound: impl FnOnce(SocketAddr)) -> std::io::Result<()> {
     let slots: Vec<Slot> = dirs.into_iter().map(|dir| Slot { board: RwLock::new(Board::open(&dir).ok()), dir }).collect::<Vec<_>>();
-    let shared = Shared { slots: Arc::new(slots), token: options.token.map(Arc::from) };
+    if options.token.len() < 16 {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "the dashboard's token must have at least 16 characters"));
+    }
+    let shared = Shared {
+        slots: Arc::new(slots),
+        token: Arc::from(options.token),
+        cookie: Arc::from(format!("nestor_dashboard_{}", options.addr.port())),
+        hosts: Arc::new(host_names()),
+    };
     let refresher = Arc::clone(&shared.slots);
     std::thread::Builder::new().name("nestor-dashboard".into()).spawn(move || loop {
         std::thread::sleep(REFRESH);
@@ -88,7 +103,9 @@ pub async fn serve(dirs: Vec<PathBuf>, options: DashboardOptions, bound: impl Fn
         }
     })?;
     let listener = tokio::net::TcpListener::bind(options.addr).await?;
-    bound(listener.local_addr()?);
+    let addr = listener.local_addr()?;
+    let shared = Shared { cookie: Arc::from(format!("nestor_dashboard_{}", addr.port())), ..shared };
+    bound(addr);
     axum::serve(listener, router(shared)).await
 }
 
@@ -121,18 +138,92 @@ fn router(shared: Shared) -> Router {
         .route("/api/experiments/{i}/importance", get(importance_of))
         .route("/api/experiments/{i}/trials/{id}", get(trial))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), authorize))
+        .layer(axum::middleware::map_response(secure_headers))
         .with_state(shared)
 }
 
+/// This machine's names a browser may reach the dashboard by: `localhost`
+/// and the host name (a name below it, `node1.cluster.example`, too).
+fn host_names() -> Vec<String> {
+    let mut names = vec!["localhost".to_string()];
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        names.extend(std::str::from_utf8(&buf[..end]).ok().filter(|n| !n.is_empty()).map(str::to_ascii_lowercase));
+    }
+    names
+}
+
+/// Whether a request's `Host` names this server: an IP address, or one of
+/// `names` (a name of its own below one of them too). Anything else is a
+/// page of another site that resolved its name to this machine.
+fn host_allowed(host: &str, names: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => return v6.split(']').next().is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => host.rsplit_once(':').filter(|(_, p)| p.parse::<u16>().is_ok()).map_or(host, |(h, _)| h),
+    };
+    let name = name.to_ascii_lowercase();
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || names.iter().any(|n| name == *n || (n != "localhost" && name.strip_prefix(n.as_str()).is_some_and(|rest| rest.starts_with('.'))))
+}
+
+/// Equal strings, every byte compared whatever the first difference.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 async fn authorize(State(s): State<Shared>, headers: HeaderMap, req: Request, next: Next) -> Response {
-    let Some(token) = &s.token else { return next.run(req).await };
-    let in_query = req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv.strip_prefix("token=") == Some(token)));
+    let refuse = |code: StatusCode, why: &'static str| (code, why).into_response();
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if !host_allowed(host, &s.hosts) {
+        return refuse(StatusCode::FORBIDDEN, "this dashboard answers to this machine's names and addresses only\n");
+    }
+    // A page of another origin may not read it either.
+    if let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
+        if origin.split_once("://").map(|(_, rest)| rest) != Some(host) {
+            return refuse(StatusCode::FORBIDDEN, "requests from another origin are refused\n");
+        }
+    }
+    let token = &*s.token;
+    let in_query =
+        req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv.strip_prefix("token=").is_some_and(|t| same_secret(t, token))));
     let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if in_query || bearer == Some(token) {
+    let cookie = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .any(|(k, v)| k == &*s.cookie && same_secret(v, token));
+    if in_query && req.uri().path() == "/" {
+        // The first load: the token goes into a cookie scripts cannot read, and out of the address bar.
+        let set = format!("{}={token}; HttpOnly; SameSite=Strict; Path=/", s.cookie);
+        return (StatusCode::SEE_OTHER, [(header::SET_COOKIE, set), (header::LOCATION, "/".to_string())]).into_response();
+    }
+    if in_query || cookie || bearer.is_some_and(|b| same_secret(b, token)) {
         next.run(req).await
     } else {
-        (StatusCode::UNAUTHORIZED, "a token is required: open the URL nestor dashboard printed\n").into_response()
+        refuse(StatusCode::UNAUTHORIZED, "a token is required: open the URL nestor dashboard printed\n")
     }
+}
+
+/// What every answer carries: scripts and styles of this server only, no
+/// framing, no sniffing, no referrer (an address never leaves with the page).
+async fn secure_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    let policy = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; \
+                  connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'";
+    for (name, value) in [
+        (header::CONTENT_SECURITY_POLICY, policy),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        h.insert(name, axum::http::HeaderValue::from_static(value));
+    }
+    r
 }
 
 type ApiResult = Result<axum::Json<Value>, (StatusCode, String)>;
@@ -223,6 +314,28 @@ async fn importance_of(State(s): State<Shared>, UrlPath(i): UrlPath<usize>, Quer
 
 /// Lines at the end of each rank's log.
 const LOG_TAIL: usize = 40;
+/// At most this much of a log's end is read for them, however long the log.
+const LOG_TAIL_BYTES: u64 = 64 << 10;
+/// Logs shown of one trial.
+const LOGS_SHOWN: usize = 64;
+
+/// The last [`LOG_TAIL`] lines of the file at `path`, read from its end
+/// (a log of gigabytes costs what its last 64 KiB do).
+fn log_tail(path: &std::path::Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let start = len.saturating_sub(LOG_TAIL_BYTES);
+    let mut bytes = Vec::new();
+    if f.seek(SeekFrom::Start(start)).is_err() || f.take(LOG_TAIL_BYTES).read_to_end(&mut bytes).is_err() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    // A read that began mid-line drops that line's part.
+    let text = if start > 0 { text.split_once('\n').map_or("", |(_, rest)| rest) } else { &text };
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n")
+}
 
 async fn trial(State(s): State<Shared>, UrlPath((i, id)): UrlPath<(usize, String)>) -> ApiResult {
     let (row, points, trial_dir, exploits) = with_board(&s, i, |b| {
@@ -235,12 +348,11 @@ async fn trial(State(s): State<Shared>, UrlPath((i, id)): UrlPath<(usize, String
     let logs = tokio::task::spawn_blocking(move || {
         let mut logs = serde_json::Map::new();
         if let Ok(entries) = std::fs::read_dir(trial_dir.join("logs")) {
-            let mut names: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+            let mut names: Vec<PathBuf> =
+                entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_file())).map(|e| e.path()).collect();
             names.sort();
-            for p in names {
-                let text = std::fs::read_to_string(&p).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                let tail = lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n");
+            for p in names.into_iter().take(LOGS_SHOWN) {
+                let tail = log_tail(&p);
                 logs.insert(p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), json!(tail));
             }
         }
@@ -249,4 +361,36 @@ async fn trial(State(s): State<Shared>, UrlPath((i, id)): UrlPath<(usize, String
     .await
     .unwrap_or_default();
     Ok(axum::Json(json!({"trial": row, "points": points, "exploits": exploits, "logs": logs})))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn only_this_machines_names_and_addresses_are_answered() {
+        let names = vec!["localhost".to_string(), "node1".to_string()];
+        for ok in ["127.0.0.1:8265", "localhost:8265", "LOCALHOST", "10.1.2.3", "[::1]:8265", "node1:80", "node1.cluster.example:8265"] {
+            assert!(host_allowed(ok, &names), "{ok}");
+        }
+        for bad in ["evil.example", "evil.example:8265", "", "node1x.example", "localhost.evil.example", "[evil]:1"] {
+            assert!(!host_allowed(bad, &names), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_tail_is_read_from_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("rank-0.log");
+        let text: String = (0..200_000).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&p, text).unwrap();
+        let tail = log_tail(&p);
+        let lines: Vec<&str> = tail.lines().collect();
+        assert_eq!(lines.len(), LOG_TAIL);
+        assert_eq!((lines[0], lines[LOG_TAIL - 1]), ("line 199960", "line 199999"));
+        std::fs::write(&p, "a\nb\n").unwrap();
+        assert_eq!(log_tail(&p), "a\nb");
+        assert_eq!(log_tail(&dir.path().join("none")), "");
+    }
 }

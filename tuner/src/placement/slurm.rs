@@ -49,6 +49,7 @@ impl Placement for SlurmPlacement {
             file.cluster
                 .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), &a.job_id)
                 .map_err(|e| TuneError::Cluster(e.0))?;
+            super::cluster_report_server(file)?;
             if s.resuming {
                 // Steps an earlier driver of this experiment left in this job go first: they hold the nodes.
                 let left = trainer::cancel_leftover_steps(&a.job_id, s.exp_dir).await;
@@ -128,11 +129,9 @@ impl Placement for SlurmPlacement {
     fn backend<'a>(self: Box<Self>, mut config: ProcessConfig, s: &'a Startup<'a>) -> BoxFuture<'a, Result<Launcher, TuneError>> {
         async move {
             let file = s.file;
-            // Other nodes must reach the report server: every interface, unless [trainer] report_bind says.
-            if file.trainer.as_ref().and_then(|t| t.report_bind).is_none() {
-                config.report_bind = std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0));
-            }
-            let advertise = file.cluster.report_address.clone().unwrap_or_else(host_name);
+            // Other nodes reach the report server on the interface they are told of (or [trainer] report_bind).
+            let (advertise, bind) = super::cluster_report_server(file)?;
+            config.report_bind = bind;
             let shipping = !self.unshared.is_empty();
             let backend = SlurmBackend::start(config, self.allocation, Some(&advertise))
                 .await

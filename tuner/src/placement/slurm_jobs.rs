@@ -42,11 +42,18 @@ impl Placement for SlurmJobsPlacement {
             file.cluster
                 .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), "jobs")
                 .map_err(|e| TuneError::Cluster(e.0.replace("Slurm job jobs", "the trials' Slurm jobs")))?;
+            super::cluster_report_server(file)?;
             let bundles = ResourcePool::jobs(1).try_allocate(s.request).map(|a| a.workers).unwrap_or_default();
+            // sbatch's test runs in the experiment's directory; one made for it goes again if Slurm says no.
+            let made = !s.exp_dir.exists();
             std::fs::create_dir_all(s.exp_dir).map_err(|source| TuneError::Io { path: s.exp_dir.to_path_buf(), source })?;
-            self.answer = trainer::check_slurm_job(&self.jobs, &bundles, s.request.strategy, s.exp_dir)
-                .await
-                .map_err(|e| TuneError::Cluster(format!("Slurm would not take a trial's job as [cluster.jobs] describes it: {}", e.0)))?;
+            let answer = trainer::check_slurm_job(&self.jobs, &bundles, s.request.strategy, s.exp_dir).await;
+            self.answer = answer.map_err(|e| {
+                if made {
+                    let _ = std::fs::remove_dir(s.exp_dir);
+                }
+                TuneError::Cluster(format!("Slurm would not take a trial's job as [cluster.jobs] describes it: {}", e.0))
+            })?;
             if s.resuming {
                 let left = trainer::cancel_leftover_jobs(s.exp_dir).await.map_err(|e| TuneError::Cluster(e.0))?;
                 self.cancelled = left.into_iter().map(|r| format!("{} ({})", r.id, r.name)).collect();
@@ -84,10 +91,8 @@ impl Placement for SlurmJobsPlacement {
     fn backend<'a>(self: Box<Self>, mut config: ProcessConfig, s: &'a Startup<'a>) -> BoxFuture<'a, Result<Launcher, TuneError>> {
         async move {
             let file = s.file;
-            if file.trainer.as_ref().and_then(|t| t.report_bind).is_none() {
-                config.report_bind = std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0));
-            }
-            let advertise = file.cluster.report_address.clone().unwrap_or_else(super::slurm::host_name);
+            let (advertise, bind) = super::cluster_report_server(file)?;
+            config.report_bind = bind;
             let backend = SlurmJobsBackend::start(config, self.jobs, &advertise, s.exp_dir, s.request.strategy)
                 .await
                 .map_err(|source| TuneError::Io { path: "<report server>".into(), source })?;
