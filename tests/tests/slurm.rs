@@ -911,3 +911,40 @@ fn the_job_watch_reads_an_experiments_jobs_in_one_call_and_says_how_each_ended()
     assert_eq!(paced.calls(), 1);
     cluster.run("scancel", &[&other]);
 }
+
+/// A step whose nodes are busy with a step the sweep does not know of (a
+/// stuck one, someone else's) waits a bounded time, then counts as a step
+/// the cluster would not start: placed again, then failed naming why.
+/// Never an endless wait.
+#[test]
+fn a_step_that_cannot_start_within_its_bound_is_a_placement_failure_not_an_endless_wait() {
+    let cluster = SlurmCluster::start(2, 2, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    // Each rank asks for 900 MB of its node's 1000; half of the second node's is held by a step nestor does not know of.
+    let trainer = "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = { CPU = 1, memory = 900000000 }\n\n\
+                   [failure]\nmax_infrastructure_failures = 1\n\n[cluster]\nstep_start_timeout_s = 3";
+    common::write(dir.path(), &common::sweep("busy", "num_samples = 1", "x = 0.5\nsteps = 2", trainer));
+    // Inside the allocation, a step of its own holds memory of the second node before nestor starts.
+    let script = format!(
+        "srun -w \"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | tail -1)\" -N1 -n1 -c1 --mem=500 --exact sleep 120 & sleep 2; \
+         {} run sweep.toml --storage runs --plain; rc=$?; kill %1; exit $rc",
+        common::nestor_bin().display()
+    );
+    let started = std::time::Instant::now();
+    let out = cluster
+        .cmd("salloc")
+        .args(["-N2", "--ntasks-per-node=2", "--mem=1000", "bash", "-c", &script])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let store = tuner::store::Store::open_existing(&dir.path().join("runs/busy/store")).unwrap();
+    let t = store.trial("trial_00000").unwrap().unwrap();
+    assert_eq!(t.status, tuner::TrialStatus::Error, "{stderr}");
+    let error = t.error.unwrap_or_default();
+    assert!(error.contains("the cluster would not start the job step on"), "{error}");
+    assert!(error.contains("srun had not started every rank after 3 s, waiting for the step's resources"), "{error}");
+    assert_eq!(t.infrastructure_failures, 2, "placed again once, then failed");
+    assert!(took < std::time::Duration::from_secs(60), "the sweep took {took:?}");
+}

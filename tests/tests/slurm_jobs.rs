@@ -249,6 +249,9 @@ fn a_job_requeued_by_slurm_goes_on_from_its_checkpoint_in_a_new_job() {
     assert!(stderr.contains(&format!("Slurm put job {job} back in its queue")), "{stderr}");
     let jobs = listed(&cluster, "nestor-requeued-");
     assert_eq!(jobs.len(), 2, "a new job for the rest: {jobs:?}");
+    // Nothing of the sweep's is left to start later.
+    let queued = ["PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING", "SUSPENDED", "COMPLETING"];
+    assert!(jobs.iter().all(|(_, _, s)| !queued.contains(&s.as_str())), "a job of the sweep is left in the queue: {jobs:?}");
 }
 
 /// A job that reaches its time limit: Slurm gives its ranks SIGUSR1

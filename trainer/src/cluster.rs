@@ -37,6 +37,12 @@ pub struct ClusterConfig {
     /// (`backend = "slurm_jobs"`).
     #[serde(default, skip_serializing_if = "SlurmJobsConfig::is_default")]
     pub jobs: SlurmJobsConfig,
+    /// Seconds a trial's job step may wait for its resources (nodes busy
+    /// with steps the sweep does not know of) before the run counts as one
+    /// the cluster would not start: placed again, or failed naming why
+    /// (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_start_timeout_s: Option<f64>,
 }
 
 impl ClusterConfig {
@@ -48,6 +54,9 @@ impl ClusterConfig {
     /// Refuses a report address the nodes cannot reach: a loopback address
     /// (`127.0.0.1`, `::1`, `localhost`) names each node itself, not the driver.
     pub fn check_reachable(&self, bind: Option<std::net::SocketAddr>, job: &str) -> Result<(), SlurmError> {
+        if let Some(t) = self.step_start_timeout_s.filter(|t| !(t.is_finite() && *t > 0.0)) {
+            return Err(SlurmError(format!("cluster.step_start_timeout_s: must be a number of seconds > 0, got {t}")));
+        }
         if let Some(a) = &self.report_address {
             let ip = a.parse::<std::net::SocketAddr>().map(|s| s.ip()).or_else(|_| a.parse::<std::net::IpAddr>()).ok();
             let host = a.rsplit_once(':').filter(|(_, port)| port.parse::<u16>().is_ok()).map_or(a.as_str(), |(h, _)| h);
@@ -70,25 +79,49 @@ impl ClusterConfig {
     /// Where the report server listens when `[trainer] report_bind` leaves
     /// it out: the interface of the address the nodes are told to reach
     /// (`advertise`, `host` or `host:port`), on a free port; never every
-    /// interface. An address that is not this machine's is refused, naming
-    /// the setting to give.
-    pub fn report_bind_for(advertise: &str) -> Result<std::net::SocketAddr, SlurmError> {
-        use std::net::ToSocketAddrs;
-        let host = match advertise.rsplit_once(':') {
-            Some((h, port)) if port.parse::<u16>().is_ok() && !h.ends_with(':') => h,
-            _ => advertise,
+    /// interface. Where that name is this machine's loopback here (an
+    /// `/etc/hosts` line such as `127.0.1.1 host`: the nodes resolve it
+    /// otherwise), the interface this machine reaches the nodes from
+    /// (`toward`: their addresses; one on loopback means they run here). An
+    /// address that is not this machine's is refused, naming the setting.
+    pub fn report_bind_for(advertise: &str, toward: &[String]) -> Result<std::net::SocketAddr, SlurmError> {
+        use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+        let host_of = |a: &str| -> String {
+            let h = match a.rsplit_once(':') {
+                Some((h, port)) if port.parse::<u16>().is_ok() && !h.ends_with(':') => h,
+                _ => a,
+            };
+            h.trim_start_matches('[').trim_end_matches(']').to_string()
         };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let addrs: Vec<std::net::SocketAddr> =
-            (host, 0).to_socket_addrs().map_err(|e| SlurmError(format!("cluster.report_address: cannot resolve {host:?}: {e}")))?.collect();
-        addrs.iter().map(|a| std::net::SocketAddr::new(a.ip(), 0)).find(|a| std::net::TcpListener::bind(a).is_ok()).ok_or_else(|| {
-            let ips: Vec<String> = addrs.iter().map(|a| a.ip().to_string()).collect();
-            SlurmError(format!(
-                "the nodes are told to reach the driver at {advertise} ({}), which is not an address of this machine \
-                     to listen on; set [trainer] report_bind to the local address they reach it through",
-                ips.join(", ")
-            ))
-        })
+        let resolve = |h: &str| -> std::io::Result<Vec<IpAddr>> { Ok((h, 0).to_socket_addrs()?.map(|s| s.ip()).collect()) };
+        let bindable = |ip: IpAddr| std::net::TcpListener::bind((ip, 0)).is_ok();
+        let host = host_of(advertise);
+        let ips = resolve(&host).map_err(|e| SlurmError(format!("cluster.report_address: cannot resolve {host:?}: {e}")))?;
+        if let Some(ip) = ips.iter().copied().find(|ip| !ip.is_loopback() && bindable(*ip)) {
+            return Ok(SocketAddr::new(ip, 0));
+        }
+        if ips.iter().all(IpAddr::is_loopback) {
+            for node in toward {
+                for ip in resolve(&host_of(node)).unwrap_or_default() {
+                    if ip.is_loopback() {
+                        return Ok(SocketAddr::new(ip, 0));
+                    }
+                    // The source address of this machine's route to the node (a UDP connect sends nothing).
+                    let any: IpAddr =
+                        if ip.is_ipv4() { std::net::Ipv4Addr::UNSPECIFIED.into() } else { std::net::Ipv6Addr::UNSPECIFIED.into() };
+                    let local = std::net::UdpSocket::bind((any, 0)).and_then(|s| s.connect((ip, 9)).and_then(|()| s.local_addr()));
+                    if let Some(local) = local.ok().map(|a| a.ip()).filter(|l| !l.is_unspecified() && bindable(*l)) {
+                        return Ok(SocketAddr::new(local, 0));
+                    }
+                }
+            }
+        }
+        let shown: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+        Err(SlurmError(format!(
+            "the nodes are told to reach the driver at {advertise} ({}), which is not an address of this machine they can reach; \
+             set [cluster] report_address to one, or [trainer] report_bind to the local address they reach it through",
+            shown.join(", ")
+        )))
     }
 
     /// The allocation to run in: `None` for this machine.
@@ -113,16 +146,24 @@ mod tests {
 
     #[test]
     fn the_report_server_listens_on_the_advertised_interface_only() {
-        assert_eq!(ClusterConfig::report_bind_for("127.0.0.1").unwrap(), "127.0.0.1:0".parse().unwrap());
-        assert_eq!(ClusterConfig::report_bind_for("127.0.0.1:7000").unwrap(), "127.0.0.1:0".parse().unwrap());
-        assert!(!ClusterConfig::report_bind_for("localhost").unwrap().ip().is_unspecified());
+        let here = ["127.0.0.1".to_string()];
+        // A name that is loopback here, nodes on this machine: loopback.
+        assert_eq!(ClusterConfig::report_bind_for("127.0.0.1", &here).unwrap(), "127.0.0.1:0".parse().unwrap());
+        assert_eq!(ClusterConfig::report_bind_for("localhost:7000", &here).unwrap(), "127.0.0.1:0".parse().unwrap());
+        // Loopback here and no node known: nothing to listen on that they reach.
+        assert!(ClusterConfig::report_bind_for("127.0.0.1", &[]).is_err());
         // TEST-NET-3: no machine's own address.
-        let e = ClusterConfig::report_bind_for("203.0.113.7").unwrap_err().0;
+        let e = ClusterConfig::report_bind_for("203.0.113.7", &here).unwrap_err().0;
         assert!(e.contains("not an address of this machine") && e.contains("report_bind"), "{e}");
-        assert!(ClusterConfig::report_bind_for("no-such-host.invalid")
-            .unwrap_err()
-            .0
-            .starts_with("cluster.report_address: cannot resolve"));
+        let unknown = ClusterConfig::report_bind_for("no-such-host.invalid", &here).unwrap_err().0;
+        assert!(unknown.starts_with("cluster.report_address: cannot resolve"), "{unknown}");
+        // A name that is loopback here, nodes elsewhere: the address this machine reaches them from.
+        let route = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect("192.0.2.77:9").and_then(|()| s.local_addr()));
+        if let Ok(local) = route {
+            let bound = ClusterConfig::report_bind_for("localhost", &["192.0.2.77".to_string()]).unwrap();
+            assert_eq!(bound.ip(), local.ip());
+            assert!(!bound.ip().is_unspecified());
+        }
     }
 
     #[test]

@@ -59,9 +59,9 @@ pub use section::TrainerConfig;
 pub use service::ReportServer;
 pub use slurm::{
     cancel_leftover_jobs, cancel_leftovers as cancel_leftover_steps, check_job as check_slurm_job, expand_hostlist, parse_squeue,
-    probe_name, relay_output, BatchJob, Held, JobEnd as SlurmJobEnd, JobRow as SlurmJobRow, JobState as SlurmJobState,
-    JobWatch as SlurmJobWatch, Leftovers, NodeCheck, RelayTarget, SlurmAllocation, SlurmBackend, SlurmError, SlurmJobsBackend,
-    SlurmJobsConfig, SlurmNode, StuckStep, SubmitShape, SQUEUE_FORMAT,
+    partition_node_addresses, probe_name, relay_output, BatchJob, Held, JobEnd as SlurmJobEnd, JobRow as SlurmJobRow,
+    JobState as SlurmJobState, JobWatch as SlurmJobWatch, Leftovers, NodeCheck, RelayTarget, SlurmAllocation, SlurmBackend, SlurmError,
+    SlurmJobsBackend, SlurmJobsConfig, SlurmNode, StuckStep, SubmitShape, DEFAULT_STEP_START_TIMEOUT, SQUEUE_FORMAT,
 };
 pub use storage::{Storage, StorageError, COMMITTED_MARKER};
 pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};

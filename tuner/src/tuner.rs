@@ -460,6 +460,7 @@ impl Tuner {
         }
         let request = Request::from_scaling(&trainable.scaling);
         let startup = Startup { file, exp_dir: &exp_dir, storage: &storage, resuming, request: &request };
+        let slurm_jobs = file.cluster.backend == trainer::ClusterBackend::SlurmJobs;
         let mut placement = crate::placement::find(file, &trainable.kind, self.resources.take())?;
         placement.check(&startup).await?;
         let Nodes { pool, description, notes: node_notes } = placement.nodes();
@@ -607,6 +608,18 @@ impl Tuner {
             reporter,
         });
         let finish = runner.run(inputs).await;
+        if slurm_jobs {
+            // Whatever way the sweep ends, no job of its own stays in the queue (one Slurm requeued
+            // as its run ended would start later and run the trial again on someone's nodes).
+            match trainer::cancel_leftover_jobs(&exp_dir).await {
+                Ok(left) if !left.is_empty() => {
+                    let ids: Vec<String> = left.iter().map(|r| format!("{} ({}, {:?})", r.id, r.name, r.state)).collect();
+                    eprintln!("nestor: cancelled {} job(s) of this sweep still in Slurm's queue: {}", left.len(), ids.join(", "));
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("nestor: could not check Slurm's queue for jobs of this sweep: {}", e.0),
+            }
+        }
         if let Some(r) = &remote {
             match crate::remote::push(&exp_dir, r, "").await {
                 Ok(n) => tracing::debug!("copied {n} files to {}", r.uri("")),

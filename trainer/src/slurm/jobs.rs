@@ -213,6 +213,24 @@ impl JobWatch {
     }
 }
 
+/// The addresses (Slurm's `NodeAddr`) of the nodes of `partition` (of
+/// every partition where `None`), from `sinfo`; empty where it cannot say.
+pub fn partition_node_addresses(partition: Option<&str>) -> Vec<String> {
+    let mut c = std::process::Command::new("sinfo");
+    c.args(["--noheader", "--Node", "--format=%o"]);
+    if let Some(p) = partition {
+        c.arg(format!("--partition={p}"));
+    }
+    let Ok(out) = c.output() else { return Vec::new() };
+    if !out.status.success() {
+        return Vec::new();
+    }
+    let mut addrs: Vec<String> =
+        String::from_utf8_lossy(&out.stdout).lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
+    addrs.dedup();
+    addrs
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

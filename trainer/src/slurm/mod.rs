@@ -22,10 +22,10 @@ mod supervisor;
 
 pub use batch::{cancel_leftover_jobs, check_job, SlurmJobsBackend};
 pub use config::SlurmJobsConfig;
-pub use jobs::{parse_squeue, JobEnd, JobRow, JobState, JobWatch, SQUEUE_FORMAT};
+pub use jobs::{parse_squeue, partition_node_addresses, JobEnd, JobRow, JobState, JobWatch, SQUEUE_FORMAT};
 pub use relay::{relay_output, RelayTarget};
 pub use startup::{cancel_leftovers, probe_name, Held, Leftovers, NodeCheck, StuckStep};
-pub use step::SlurmBackend;
+pub use step::{SlurmBackend, DEFAULT_STEP_START_TIMEOUT};
 pub use submit::{BatchJob, Shape as SubmitShape};
 
 /// Why the allocation could not be read.

@@ -61,6 +61,13 @@ pub(super) fn step_refused(line: &str) -> bool {
     line.contains("Unable to create step") || line.contains("Requested node configuration is not available")
 }
 
+/// Whether srun says it waits for what the step needs (`srun: Job 7 step
+/// creation temporarily disabled, retrying (Requested nodes are busy)`).
+pub(super) fn step_waiting(line: &str) -> bool {
+    // `Job 7 step creation ...` (or `Job step creation ...` in older releases).
+    line.contains("step creation temporarily disabled") || line.contains("step creation still disabled")
+}
+
 /// What a job step's output says, line by line: each rank's lines go to its
 /// log (a rank's first line means it runs), srun's own to `srun.log`, read
 /// for a refused step, a lost node and the rank that failed.
@@ -73,6 +80,11 @@ pub(super) struct StepWatch {
     pub(super) started: Arc<std::sync::atomic::AtomicBool>,
     /// srun could not create the step: what it said.
     pub(super) refused: Option<String>,
+    /// When srun was started: its step's ranks must all run within the
+    /// step start bound.
+    pub(super) since: std::time::Instant,
+    /// What srun said of waiting for the step's resources, if it did.
+    pub(super) waiting: Option<String>,
     /// A node lost under the step, and why.
     pub(super) lost: Option<(String, String)>,
     /// The rank that failed first: its rank, node and how it ended.
@@ -82,7 +94,8 @@ pub(super) struct StepWatch {
 impl StepWatch {
     pub(super) fn new(rank_files: Vec<std::fs::File>, srun_file: std::fs::File, started: Arc<std::sync::atomic::AtomicBool>) -> Self {
         let running = vec![false; rank_files.len()];
-        Self { rank_files, srun_file, running, started, refused: None, lost: None, failed: None }
+        let since = std::time::Instant::now();
+        Self { rank_files, srun_file, running, started, refused: None, since, waiting: None, lost: None, failed: None }
     }
 
     /// One line of srun's output.
@@ -101,6 +114,9 @@ impl StepWatch {
                 let _ = writeln!(self.srun_file, "{line}");
                 if self.refused.is_none() && step_refused(line) {
                     self.refused = Some(line.trim().to_string());
+                }
+                if self.waiting.is_none() && step_waiting(line) {
+                    self.waiting = Some(line.trim().to_string());
                 }
                 if let Some(l) = node_lost(line) {
                     self.lost.get_or_insert(l);
@@ -321,6 +337,10 @@ mod tests {
         assert_eq!(node_lost("srun: error: node2: task 1: Killed"), None);
         assert!(step_refused("srun: error: Unable to create step for job 7: Requested node configuration is not available"));
         assert!(!step_refused("srun: Job step creation temporarily disabled, retrying (Requested nodes are busy)"));
+        assert!(step_waiting("srun: Job step creation temporarily disabled, retrying (Requested nodes are busy)"));
+        assert!(step_waiting("srun: Job 12 step creation temporarily disabled, retrying (Requested nodes are busy)"));
+        assert!(step_waiting("srun: Job 12 step creation still disabled, retrying (Requested nodes are busy)"));
+        assert!(!step_waiting("srun: Step created for StepId=7.3"));
         let shown = "NodeName=node1 Arch=x86_64 State=MIXED ThreadsPerCore=1\nNodeName=node2 State=DOWN+NOT_RESPONDING Reason=x\n\
                      NodeName=node3 State=IDLE* CPUTot=2\nNodeName=node4 State=ALLOCATED+DRAIN\n";
         let down: Vec<String> = node_states(shown).into_iter().filter(|(_, st)| is_down(st)).map(|(n, _)| n).collect();

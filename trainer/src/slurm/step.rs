@@ -96,7 +96,11 @@ pub struct SlurmBackend {
     /// path, and `nestor.torch` meets at the TCP store rank 0 opens on a
     /// free port of its node and posts to the driver (`Rendezvous`).
     shipping: bool,
+    start_timeout: std::time::Duration,
 }
+
+/// How long srun may wait for a step's resources, unless `[cluster] step_start_timeout_s` says.
+pub const DEFAULT_STEP_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl SlurmBackend {
     /// Starts the report server on `config.report_bind`; workers report to
@@ -119,7 +123,16 @@ impl SlurmBackend {
             health: Arc::default(),
             probe_name: "nestor-probe".into(),
             shipping: false,
+            start_timeout: DEFAULT_STEP_START_TIMEOUT,
         })
+    }
+
+    /// How long srun may wait for a step's resources (busy nodes) before
+    /// the run counts as one the cluster would not start.
+    #[must_use]
+    pub fn step_start_timeout(mut self, limit: std::time::Duration) -> Self {
+        self.start_timeout = limit;
+        self
     }
 
     /// Names the experiment in `exp_dir` (its node probes' steps are named after it).
@@ -406,6 +419,7 @@ impl Backend for SlurmBackend {
             events: events.clone(),
             health: Arc::clone(&self.health),
             probe_name: self.probe_name.clone(),
+            start_timeout: self.start_timeout,
         };
         let groups: Groups = Arc::new(std::sync::Mutex::new(vec![pgid]));
         supervise(spec.trial_id, events, groups, libc::SIGTERM, monitor.run());

@@ -95,6 +95,16 @@ pub(super) struct StepMonitor {
     pub(super) health: Arc<std::sync::Mutex<Health>>,
     /// The name of the node probes' steps.
     pub(super) probe_name: String,
+    /// How long srun may wait for the step's resources before the run
+    /// counts as one the cluster would not start.
+    pub(super) start_timeout: Duration,
+}
+
+/// When every rank of the step must run (srun may wait for busy nodes
+/// without a word for a minute): `None` once they do.
+fn start_deadline(watch: &StepWatch, limit: Duration) -> Option<tokio::time::Instant> {
+    let started = watch.started.load(std::sync::atomic::Ordering::Acquire);
+    (!started && watch.refused.is_none()).then(|| tokio::time::Instant::from_std(watch.since + limit))
 }
 
 /// What the cluster said of a step's nodes after its end.
@@ -111,6 +121,7 @@ impl StepMonitor {
     pub(super) async fn run(mut self) -> ExitOutcome {
         let mut lines_open = true;
         let status = loop {
+            let deadline = start_deadline(&self.watch, self.start_timeout);
             tokio::select! {
                 line = self.lines.recv(), if lines_open => match line {
                     Some(line) => self.watch.on_line(&line),
@@ -118,6 +129,15 @@ impl StepMonitor {
                 },
                 status = self.child.wait(), if !lines_open => break status,
                 step = self.stopping.next() => self.on_stop(step),
+                () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                    // Never an endless wait: what the step needs is held (a stuck step, someone else's), so it
+                    // counts as a step the cluster would not start, and the run is placed again or fails naming it.
+                    let said = self.watch.waiting.clone().unwrap_or_else(|| "it said nothing".into());
+                    self.watch.refused =
+                        Some(format!("srun had not started every rank after {} s, waiting for the step's resources ({said})", self.start_timeout.as_secs_f64()));
+                    tracing::warn!(trial = %self.trial_id, step = %self.step_name, "{}; ending srun", self.watch.refused.as_deref().unwrap_or_default());
+                    signal_group(self.pgid, libc::SIGKILL);
+                }
             }
         };
         let requested = self.stopping.asked();

@@ -94,14 +94,15 @@ pub(crate) fn find(file: &ExperimentFile, kind: &Kind, node: Option<NodeResource
 
 /// Where a cluster engine's report server listens, and the address its
 /// nodes are told: `[cluster] report_address` (else this machine's host
-/// name), and `[trainer] report_bind` (else that address's interface, never
-/// every interface). Called by `check`, before anything is written, and by
+/// name), and `[trainer] report_bind` (else that address's interface, or
+/// the one this machine reaches the nodes at `toward` from; never every
+/// interface). Called by `check`, before anything is written, and by
 /// `backend`.
-pub(crate) fn cluster_report_server(file: &ExperimentFile) -> Result<(String, std::net::SocketAddr), TuneError> {
+pub(crate) fn cluster_report_server(file: &ExperimentFile, toward: &[String]) -> Result<(String, std::net::SocketAddr), TuneError> {
     let advertise = file.cluster.report_address.clone().unwrap_or_else(slurm::host_name);
     let bind = match file.trainer.as_ref().and_then(|t| t.report_bind) {
         Some(b) => b,
-        None => trainer::ClusterConfig::report_bind_for(&advertise).map_err(|e| TuneError::Cluster(e.0))?,
+        None => trainer::ClusterConfig::report_bind_for(&advertise, toward).map_err(|e| TuneError::Cluster(e.0))?,
     };
     Ok((advertise, bind))
 }

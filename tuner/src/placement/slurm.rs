@@ -49,7 +49,7 @@ impl Placement for SlurmPlacement {
             file.cluster
                 .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), &a.job_id)
                 .map_err(|e| TuneError::Cluster(e.0))?;
-            super::cluster_report_server(file)?;
+            super::cluster_report_server(file, &self.allocation.nodes.iter().map(|n| n.addr.clone()).collect::<Vec<_>>())?;
             if s.resuming {
                 // Steps an earlier driver of this experiment left in this job go first: they hold the nodes.
                 let left = trainer::cancel_leftover_steps(&a.job_id, s.exp_dir).await;
@@ -130,14 +130,18 @@ impl Placement for SlurmPlacement {
         async move {
             let file = s.file;
             // Other nodes reach the report server on the interface they are told of (or [trainer] report_bind).
-            let (advertise, bind) = super::cluster_report_server(file)?;
+            let (advertise, bind) =
+                super::cluster_report_server(file, &self.allocation.nodes.iter().map(|n| n.addr.clone()).collect::<Vec<_>>())?;
             config.report_bind = bind;
             let shipping = !self.unshared.is_empty();
             let backend = SlurmBackend::start(config, self.allocation, Some(&advertise))
                 .await
                 .map_err(|source| TuneError::Io { path: "<report server>".into(), source })?
                 .shipping(shipping)
-                .experiment(s.exp_dir);
+                .experiment(s.exp_dir)
+                .step_start_timeout(
+                    file.cluster.step_start_timeout_s.map_or(trainer::DEFAULT_STEP_START_TIMEOUT, std::time::Duration::from_secs_f64),
+                );
             let mut notes = vec![format!("nestor: workers report to {}", backend.report_url())];
             if shipping {
                 notes.push(format!(

@@ -42,7 +42,7 @@ impl Placement for SlurmJobsPlacement {
             file.cluster
                 .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), "jobs")
                 .map_err(|e| TuneError::Cluster(e.0.replace("Slurm job jobs", "the trials' Slurm jobs")))?;
-            super::cluster_report_server(file)?;
+            super::cluster_report_server(file, &trainer::partition_node_addresses(self.jobs.partition.as_deref()))?;
             let bundles = ResourcePool::jobs(1).try_allocate(s.request).map(|a| a.workers).unwrap_or_default();
             // sbatch's test runs in the experiment's directory; one made for it goes again if Slurm says no.
             let made = !s.exp_dir.exists();
@@ -91,7 +91,7 @@ impl Placement for SlurmJobsPlacement {
     fn backend<'a>(self: Box<Self>, mut config: ProcessConfig, s: &'a Startup<'a>) -> BoxFuture<'a, Result<Launcher, TuneError>> {
         async move {
             let file = s.file;
-            let (advertise, bind) = super::cluster_report_server(file)?;
+            let (advertise, bind) = super::cluster_report_server(file, &trainer::partition_node_addresses(self.jobs.partition.as_deref()))?;
             config.report_bind = bind;
             let backend = SlurmJobsBackend::start(config, self.jobs, &advertise, s.exp_dir, s.request.strategy)
                 .await
