@@ -24,8 +24,9 @@ fn nestor() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("target/release/nestor")
 }
 
-fn get(url: &str) -> Vec<u8> {
-    let out = Command::new("curl").args(["-s", "--compressed", url]).output().unwrap();
+/// `url`'s body, asked with the dashboard's `token`.
+fn get(url: &str, token: &str) -> Vec<u8> {
+    let out = Command::new("curl").args(["-s", "--compressed", "-H", &format!("Authorization: Bearer {token}"), url]).output().unwrap();
     out.stdout
 }
 
@@ -73,12 +74,16 @@ fn main() {
         .unwrap();
     let line = BufReader::new(server.stdout.take().unwrap()).lines().next().unwrap().unwrap();
     let url = line.strip_prefix("nestor dashboard: ").unwrap().to_string();
+    // `http://127.0.0.1:<port>/?token=<token>`: the page's address, and the token the API wants.
+    let (base, token) = url.split_once("?token=").map(|(b, t)| (b.to_string(), t.to_string())).unwrap();
     println!("server: store read and listening in {:.2} s", started.elapsed().as_secs_f64());
-    let page: usize =
-        ["", "assets/app.js", "assets/uPlot.iife.min.js", "assets/uPlot.min.css"].iter().map(|p| get(&format!("{url}{p}")).len()).sum();
-    let table = get(&format!("{url}api/experiments/0")).len();
+    let page: usize = ["", "assets/app.js", "assets/uPlot.iife.min.js", "assets/uPlot.min.css"]
+        .iter()
+        .map(|p| get(&format!("{base}{p}"), &token).len())
+        .sum();
+    let table = get(&format!("{base}api/experiments/0"), &token).len();
     let t = Instant::now();
-    let curves = get(&format!("{url}api/experiments/0/curves?metric=loss&after=0")).len();
+    let curves = get(&format!("{base}api/experiments/0/curves?metric=loss&after=0"), &token).len();
     let curves_s = t.elapsed().as_secs_f64();
     println!(
         "page: {:.1} KiB of HTML, JS and CSS; first answers: table {:.0} KiB, curves {:.0} KiB ({curves_s:.2} s)",
