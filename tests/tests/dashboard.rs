@@ -229,6 +229,8 @@ fn hostile_names_are_shown_as_text_and_strangers_are_refused() {
     let (base, token) = url.split_once("/?token=").map(|(b, t)| (b.to_string(), t.to_string())).unwrap();
     let dom = render(&url, 3000, &shots_dir().join("hostile.png"));
     assert!(dom.contains("data-id=\"trial_00000\""), "the table is drawn:\n{dom}");
+    assert!(dom.contains("<input type=\"checkbox\" data-state=\"TERMINATED\" checked=\"\">"), "the state filters are drawn:\n{dom}");
+    assert!(!dom.contains("[object "), "an element was written as text:\n{dom}");
     assert!(dom.contains("&lt;img src=x onerror=alert(1)&gt;"), "the key is shown as text:\n{dom}");
     assert!(dom.contains("&lt;b id=injected&gt;v&lt;/b&gt;"), "the value is shown as text:\n{dom}");
     assert!(!dom.contains("<img src=\"x\"") && !dom.contains("id=\"injected\""), "markup of the experiment's became an element:\n{dom}");

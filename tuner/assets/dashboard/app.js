@@ -21,13 +21,13 @@ function h(tag, attrs, ...children) {
     if (v === false || v === null || v === undefined) continue;
     el.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) el.append(c instanceof Node ? c : String(c ?? ""));
+  for (const c of children.flat(Infinity)) el.append(c instanceof Node ? c : String(c ?? ""));
   return el;
 }
 
 // Replaces what `el` holds.
 function fill(el, ...children) {
-  el.replaceChildren(...children.flat().map((c) => (c instanceof Node ? c : String(c ?? ""))));
+  el.replaceChildren(...children.flat(Infinity).map((c) => (c instanceof Node ? c : String(c ?? ""))));
 }
 
 // The token travels in an HttpOnly cookie set by the first load; the page never sees it.
