@@ -42,7 +42,8 @@ impl Placement for SlurmJobsPlacement {
             file.cluster
                 .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), "jobs")
                 .map_err(|e| TuneError::Cluster(e.0.replace("Slurm job jobs", "the trials' Slurm jobs")))?;
-            super::cluster_report_server(file, &trainer::partition_node_addresses(self.jobs.partition.as_deref()))?;
+            // Where the report server can listen, told after what Slurm says of the job (a bad partition names no nodes).
+            let report = super::cluster_report_server(file, &trainer::partition_node_addresses(self.jobs.partition.as_deref()));
             let bundles = ResourcePool::jobs(1).try_allocate(s.request).map(|a| a.workers).unwrap_or_default();
             // sbatch's test runs in the experiment's directory; one made for it goes again if Slurm says no.
             let made = !s.exp_dir.exists();
@@ -54,6 +55,12 @@ impl Placement for SlurmJobsPlacement {
                 }
                 TuneError::Cluster(format!("Slurm would not take a trial's job as [cluster.jobs] describes it: {}", e.0))
             })?;
+            if let Err(e) = report {
+                if made {
+                    let _ = std::fs::remove_dir(s.exp_dir);
+                }
+                return Err(e);
+            }
             if s.resuming {
                 let left = trainer::cancel_leftover_jobs(s.exp_dir).await.map_err(|e| TuneError::Cluster(e.0))?;
                 self.cancelled = left.into_iter().map(|r| format!("{} ({})", r.id, r.name)).collect();
