@@ -31,7 +31,8 @@ nestor._channel = None
 
 ctx = nestor.get_context()
 nestor._context = dataclasses.replace(ctx, trial_id="trial_99999")
-expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}), "NOT_FOUND")
+# An unknown trial gets the answer a wrong token gets: a stranger learns nothing of which trials run.
+expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}), "UNAUTHENTICATED")
 nestor._context = dataclasses.replace(ctx, world_rank=5)
 expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}), "rank 5 out of range")
 nestor._context = ctx
