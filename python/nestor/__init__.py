@@ -233,6 +233,20 @@ def _metrics(metrics: Mapping[str, Any]) -> "tuple[Dict[str, float], Dict[str, A
     return numbers_, extra
 
 
+def _open_channel(grpc, addr, target):
+    """The channel to the driver: TLS when ``NESTOR_ADDR`` is ``https://``
+    (ranks on other machines), trusting only the certificate authority the
+    driver made for itself (``NESTOR_TLS_CA``) and checking the name its
+    certificate is made out to, whatever host the address names."""
+    if not addr.startswith("https://"):
+        return grpc.insecure_channel(target)
+    ca = os.environ.get("NESTOR_TLS_CA", "")
+    if not ca.strip():
+        raise ReportError(f"NESTOR_ADDR={addr!r} is TLS, but NESTOR_TLS_CA (the driver's certificate authority) is not set")
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca.encode())
+    return grpc.secure_channel(target, credentials, options=[("grpc.ssl_target_name_override", "nestor-report")])
+
+
 class _Channel:
     def __init__(self):
         import grpc
@@ -243,7 +257,7 @@ class _Channel:
         target = addr.split("://", 1)[1] if "://" in addr else addr
         self._grpc = grpc
         self._proto = _proto
-        self._channel = grpc.insecure_channel(target)
+        self._channel = _open_channel(grpc, addr, target)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=float(os.environ.get("NESTOR_CONNECT_TIMEOUT_S", "30")))
         except grpc.FutureTimeoutError:

@@ -11,8 +11,11 @@
 //!    the loop); and one 16-rank trial doing the same (a result per step
 //!    of all 16 ranks).
 //!
+//! With `--tls`, the report channel is TLS, as it is in the Slurm modes
+//! (a certificate made for the driver, the ranks checking it).
+//!
 //! ```text
-//! cargo bench -p nestor-tests --bench workers [-- --reps R --steps S]
+//! cargo bench -p nestor-tests --bench workers [-- --reps R --steps S --tls]
 //! ```
 
 use std::time::Instant;
@@ -33,6 +36,16 @@ fn arg(name: &str, default: u64) -> u64 {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
+/// `--tls`: the report channel encrypted.
+fn tls() -> bool {
+    std::env::args().any(|a| a == "--tls")
+}
+
+/// The process config of a run of `command`, its report channel TLS with `--tls`.
+fn process_config(command: &[&str]) -> ProcessConfig {
+    ProcessConfig { encrypt: tls(), ..ProcessConfig::new(command.iter().map(|s| s.to_string()).collect()) }
+}
+
 fn worker() -> &'static str {
     env!("CARGO_BIN_EXE_fixture-worker")
 }
@@ -46,7 +59,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 /// returned (every process spawned and exec'd) and until the first step of
 /// all ranks arrived (only for a program that reports).
 async fn start_times(n: u32, reps: u64, command: &[&str], reports: bool) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
-    let backend = ProcessBackend::start(ProcessConfig::new(command.iter().map(|s| s.to_string()).collect())).await?;
+    let backend = ProcessBackend::start(process_config(command)).await?;
     let dir = tempfile::tempdir()?;
     let (mut spawned, mut reported) = (Vec::new(), Vec::new());
     for rep in 0..reps {
@@ -96,7 +109,7 @@ fn throughput_to(
             Ok(())
         })
     } else {
-        Trainable::command([worker()])
+        Trainable::process(process_config(&[worker()]))
     }
     .scaling(tuner::ScalingConfig::workers(workers));
     let grid = Tuner::new(trainable, space)
@@ -160,9 +173,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps = arg("--steps", 2000);
     if part("start") {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-        println!("start of a trial's worker group ({reps} launches each; median / p90 in ms)");
+        let channel = if tls() { "TLS" } else { "plaintext" };
+        println!("start of a trial's worker group ({reps} launches each; median / p90 in ms; report channel {channel})");
         println!("{:>8} {:>26} {:>34}", "workers", "all running (`sleep 5`)", "all N first reports (fixture)");
-        for n in [1u32, 4, 16] {
+        for n in [1u32, 2, 4, 16] {
             let (mut s, _) = rt.block_on(start_times(n, reps, &["sleep", "5"], false))?;
             let (_, mut r) = rt.block_on(start_times(n, reps, &[worker()], true))?;
             println!(
@@ -211,7 +225,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let (rate, n) = throughput(16, 1, steps, false)?;
         let secs = t.elapsed().as_secs_f64();
-        println!("16 single-worker trials x {steps} steps: {n} results persisted, {rate:.0} results/s ({secs:.1} s in all)");
+        let channel = if tls() { "TLS" } else { "plaintext" };
+        println!(
+            "16 single-worker trials x {steps} steps, report channel {channel}: {n} results persisted, {rate:.0} results/s ({secs:.1} s in all)"
+        );
     }
     if part("ranks") {
         let t = Instant::now();

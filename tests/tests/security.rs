@@ -2,7 +2,8 @@
 //! cluster network would try them, against the real binary: each is
 //! refused (by name, before anything is written) or bounded. The
 //! dashboard's are in `dashboard.rs` (they need its browser), Slurm's
-//! report channel in `slurm.rs`.
+//! report channel in `slurm.rs` (its TLS, the same as here, is what every
+//! Slurm test's ranks speak).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -108,7 +109,12 @@ fn a_checkpoint_with_a_link_out_of_it_is_refused_and_nothing_is_copied() {
 /// Starts a sweep whose trial runs a while, and returns it with the
 /// report server's address and the trial's id (from the rank's dump).
 fn running_trial(dir: &Path) -> (std::process::Child, String, String) {
-    write(dir, &sweep("probe", "", "x = 0.5\nsteps = 60\nsleep_ms = 100\ndump_env = true", ""));
+    running_trial_with(dir, "")
+}
+
+/// [`running_trial`], with `trainer` added to its `[trainer]` section.
+fn running_trial_with(dir: &Path, trainer: &str) -> (std::process::Child, String, String) {
+    write(dir, &sweep("probe", "", "x = 0.5\nsteps = 60\nsleep_ms = 100\ndump_env = true", trainer));
     let mut run = spawn_run(dir);
     let dump = dir.join("runs/probe/trials/trial_00000/rank-0.json");
     wait_for_run("the rank's dump", 30.0, &mut run, || std::fs::read_to_string(&dump).is_ok_and(|t| t.ends_with('}')));
@@ -246,4 +252,64 @@ fn a_batch_script_carries_nothing_the_user_named_but_as_sbatch_arguments() {
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
     assert_eq!(script.matches("owned").count(), 1, "{script}");
     assert!(!dir.path().join("runs with space").exists(), "a dry run writes nothing");
+}
+
+/// This machine's address toward the rest of the network (no packet is
+/// sent: a UDP socket's connect only picks the route).
+fn outward_ip() -> std::net::IpAddr {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.connect("192.0.2.1:9").unwrap();
+    s.local_addr().unwrap().ip()
+}
+
+/// A report server that listens where the network reaches it speaks TLS
+/// only: the ranks are told its authority and report through it; a
+/// plaintext caller, and one trusting another authority (a server in the
+/// middle), get no answer at all, the run's token in hand or not.
+#[test]
+fn a_report_channel_off_loopback_is_tls_and_answers_no_one_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = outward_ip();
+    assert!(!ip.is_loopback(), "{ip}");
+    let (run, addr, trial) = running_trial_with(dir.path(), &format!("report_bind = \"{ip}:0\""));
+    assert!(addr.starts_with(&format!("https://{ip}:")), "{addr}");
+    let dump = std::fs::read_to_string(dir.path().join("runs/probe/trials/trial_00000/rank-0.json")).unwrap();
+    let pid = serde_json::from_str::<serde_json::Value>(&dump).unwrap()["pid"].clone();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let var = |name: &str| {
+        environ
+            .split(|&b| b == 0)
+            .find_map(|kv| kv.strip_prefix(format!("{name}=").as_bytes()))
+            .map(|t| String::from_utf8_lossy(t).into_owned())
+            .unwrap()
+    };
+    let (ca, token) = (var("NESTOR_TLS_CA"), var("NESTOR_TOKEN"));
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
+    let other = trainer::tls::ReportTls::generate().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let ask = |token: &str| ReportRequest {
+            version: 1,
+            trial_id: trial.clone(),
+            token: token.into(),
+            metrics: [("loss".to_string(), 0.0)].into_iter().collect(),
+            ..Default::default()
+        };
+        // Plaintext HTTP/2 to the same port: no gRPC answer, whatever is sent.
+        let plain = addr.replace("https://", "http://");
+        if let Ok(channel) = tonic::transport::Endpoint::from_shared(plain).unwrap().connect().await {
+            let err = ReporterClient::new(channel).report(ask(&token)).await.unwrap_err();
+            assert_ne!(err.code(), tonic::Code::Unauthenticated, "a plaintext call reached the service: {err:?}");
+        }
+        // Trusting another authority: the handshake fails.
+        let wrong = trainer::tls::endpoint(&addr, Some(other.ca_pem())).unwrap().connect().await;
+        assert!(wrong.is_err(), "connected to the driver trusting another authority");
+        // The rank's own settings: through, and checked as any report is.
+        let channel = trainer::tls::endpoint(&addr, Some(&ca)).unwrap().connect().await.unwrap();
+        let refused = ReporterClient::new(channel).report(ask("0123456789abcdef0123456789abcdef")).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    });
+    signal(run.id(), libc::SIGINT);
+    let out = run.wait_with_output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("report refused"), "the wrong token over TLS was not logged");
 }

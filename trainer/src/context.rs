@@ -342,8 +342,9 @@ impl Context {
         let local_world_size = num("LOCAL_WORLD_SIZE", world_size)?;
         let node_rank = num("NODE_RANK", 0)?;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| ReportError::Transport(e.to_string()))?;
-        let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
-            .map_err(|e| ReportError::Environment(format!("NESTOR_ADDR={addr:?}: {e}")))?
+        let ca = std::env::var(crate::tls::CA_VAR).ok();
+        let endpoint = crate::tls::endpoint(&addr, ca.as_deref())
+            .map_err(ReportError::Environment)?
             .connect_timeout(Duration::from_secs(10))
             .initial_stream_window_size(Some(4 << 20))
             .initial_connection_window_size(Some(16 << 20));

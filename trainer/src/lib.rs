@@ -32,6 +32,7 @@ mod slurm;
 pub mod split;
 mod storage;
 mod supervise;
+pub mod tls;
 mod token;
 mod trainer;
 mod warm;

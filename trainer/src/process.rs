@@ -41,6 +41,12 @@ pub struct ProcessConfig {
     pub warm: bool,
     /// Files ranks may fetch from the driver (`GetFile`).
     pub files: Vec<PathBuf>,
+    /// TLS on the report channel, with a certificate made for this driver
+    /// (ranks get its authority in `NESTOR_TLS_CA`). The Slurm backends
+    /// always encrypt, and so does this one when `report_bind` is not a
+    /// loopback address; on loopback the channel is plaintext unless this
+    /// is set.
+    pub encrypt: bool,
 }
 
 impl ProcessConfig {
@@ -56,6 +62,7 @@ impl ProcessConfig {
             report_bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             warm: false,
             files: Vec::new(),
+            encrypt: false,
         }
     }
 }
@@ -72,7 +79,12 @@ impl ProcessBackend {
     /// Starts the report server (on loopback unless configured otherwise).
     /// Must be called inside a tokio runtime.
     pub async fn start(config: ProcessConfig) -> std::io::Result<Self> {
-        let server = ReportServer::start(config.report_bind).await?;
+        // A channel that can leave the machine is encrypted whatever the config says.
+        let server = if config.encrypt || !config.report_bind.ip().is_loopback() {
+            ReportServer::start_encrypted(config.report_bind).await?
+        } else {
+            ReportServer::start(config.report_bind).await?
+        };
         server.serve_files(&config.files);
         Ok(Self { config: Arc::new(config), server: Arc::new(server), warm: Arc::new(WarmPool::default()) })
     }
@@ -118,13 +130,14 @@ struct RankExit {
 }
 
 /// The variables every rank of a run gets alike: where the driver listens
-/// and the run's token, the trial, its config and checkpoint cadence, the
+/// (and, over TLS, the authority its certificate is signed by) and the run's token, the trial, its config and checkpoint cadence, the
 /// collective's backend, and where the ranks meet (`MASTER_ADDR`,
 /// `MASTER_PORT`, `NESTOR_RENDEZVOUS_FILE`).
 pub(crate) fn common_env(
     cfg: &ProcessConfig,
     spec: &LaunchSpec,
     server_url: &str,
+    tls_ca: Option<&str>,
     token: &str,
     master_addr: &str,
     master_port: u16,
@@ -150,6 +163,7 @@ pub(crate) fn common_env(
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
+    .chain(tls_ca.map(|ca| (crate::tls::CA_VAR.to_string(), ca.to_string())))
     .chain(spec.datasets.iter().map(|p| ("NESTOR_DATASETS".to_string(), p.display().to_string())))
     .chain(direct_upload(spec))
     .chain(experiment_env(cfg, spec))
@@ -296,7 +310,7 @@ impl Backend for ProcessBackend {
         let log_paths: Vec<PathBuf> = (0..world_size).map(|r| logs.join(format!("rank-{r}.log"))).collect();
         // A fresh file per launch: a store file left by an earlier run would hold its keys.
         let rendezvous = logs.join(format!(".rendezvous-{key}"));
-        let common = common_env(cfg, &spec, &self.server.url(), &token, "127.0.0.1", master_port, &rendezvous);
+        let common = common_env(cfg, &spec, &self.server.url(), self.server.ca_pem(), &token, "127.0.0.1", master_port, &rendezvous);
         let envs: Vec<_> = (0..world_size).map(|rank| rank_env(cfg, &spec, rank, &common)).collect();
         let roots = spec.roots(cfg.working_dir.as_deref());
         let trial_id = spec.trial_id.clone();

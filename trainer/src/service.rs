@@ -19,6 +19,7 @@ use crate::proto::{
     ReportRequest, ShardChunk, ShardReceipt, ShardRequest,
 };
 use crate::shards::{read_chunks, ChunkWriter, ShardError, Shipping};
+use crate::tls::ReportTls;
 
 /// Largest report accepted, in bytes.
 pub const MAX_REPORT_BYTES: usize = 1 << 20;
@@ -175,21 +176,42 @@ pub struct ReportServer {
     addr: SocketAddr,
     registry: Arc<Registry>,
     shutdown: Option<oneshot::Sender<()>>,
+    /// The certificate authority ranks trust (PEM), when the channel is TLS.
+    ca_pem: Option<String>,
 }
 
 impl std::fmt::Debug for ReportServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReportServer").field("addr", &self.addr).finish()
+        f.debug_struct("ReportServer").field("addr", &self.addr).field("tls", &self.ca_pem.is_some()).finish()
     }
 }
 
 impl ReportServer {
-    /// Binds `bind` (use port 0 for a free port) and serves until dropped.
+    /// Binds `bind` (use port 0 for a free port) and serves plaintext
+    /// HTTP/2 until dropped: for ranks on this machine.
     pub async fn start(bind: SocketAddr) -> std::io::Result<Self> {
+        Self::start_with(bind, None).await
+    }
+
+    /// [`ReportServer::start`], over TLS with a certificate made for this
+    /// server alone ([`ReportTls`]): for ranks on other machines.
+    pub async fn start_encrypted(bind: SocketAddr) -> std::io::Result<Self> {
+        let tls = ReportTls::generate().map_err(|e| std::io::Error::other(format!("cannot make the report channel's certificate: {e}")))?;
+        Self::start_with(bind, Some(tls)).await
+    }
+
+    async fn start_with(bind: SocketAddr, tls: Option<ReportTls>) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         let registry = Arc::new(Registry::default());
         let service = ReporterServer::new(Service { registry: Arc::clone(&registry) }).max_decoding_message_size(MAX_REPORT_BYTES);
+        let mut builder = tonic::transport::Server::builder()
+            // Shipped checkpoint shards stream megabytes: windows wider than HTTP/2's 64 KiB default.
+            .initial_stream_window_size(Some(4 << 20))
+            .initial_connection_window_size(Some(16 << 20));
+        if let Some(tls) = &tls {
+            builder = builder.tls_config(tls.server_config()).map_err(std::io::Error::other)?;
+        }
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(async move {
             // Reports are small request/response pairs: no Nagle delay on them.
@@ -198,10 +220,7 @@ impl ReportServer {
                     let _ = c.set_nodelay(true);
                 })
             });
-            let result = tonic::transport::Server::builder()
-                // Shipped checkpoint shards stream megabytes: windows wider than HTTP/2's 64 KiB default.
-                .initial_stream_window_size(Some(4 << 20))
-                .initial_connection_window_size(Some(16 << 20))
+            let result = builder
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = rx.await;
@@ -211,7 +230,22 @@ impl ReportServer {
                 tracing::error!(error = %e, "report server failed");
             }
         });
-        Ok(Self { addr, registry, shutdown: Some(tx) })
+        Ok(Self { addr, registry, shutdown: Some(tx), ca_pem: tls.map(|t| t.ca_pem().to_string()) })
+    }
+
+    /// The certificate authority ranks must trust (`NESTOR_TLS_CA`), when
+    /// the channel is TLS.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
+    }
+
+    /// The URL scheme ranks dial: `https` over TLS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.ca_pem.is_some() {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     /// The files a registered rank may fetch with `GetFile`, named as given.
@@ -226,7 +260,7 @@ impl ReportServer {
 
     /// The URL workers get in `NESTOR_ADDR`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme(), self.addr)
     }
 
     /// Registers a run of `spec.trial_id`: its reports are taken until the

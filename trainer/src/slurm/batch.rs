@@ -185,10 +185,11 @@ impl SlurmJobsBackend {
         exp_dir: &Path,
         strategy: PlacementStrategy,
     ) -> std::io::Result<Self> {
-        let server = ReportServer::start(config.report_bind).await?;
+        let server = ReportServer::start_encrypted(config.report_bind).await?;
         server.serve_files(&config.files);
         let port = server.addr().port();
-        let report_url = if advertise.contains(':') { format!("http://{advertise}") } else { format!("http://{advertise}:{port}") };
+        let scheme = server.scheme();
+        let report_url = if advertise.contains(':') { format!("{scheme}://{advertise}") } else { format!("{scheme}://{advertise}:{port}") };
         let prefix = super::step::step_prefix(exp_dir);
         let board = Board::start(prefix.clone(), Duration::from_secs_f64(jobs.poll_s));
         Ok(Self {
@@ -356,7 +357,9 @@ impl Backend for SlurmJobsBackend {
         let mut env: Vec<(String, String)> = cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         // MASTER_ADDR is the job's first node, known once it runs (the prologue sets it).
         env.extend(
-            common_env(cfg, &spec, &self.report_url, &token, "", free_port(), &rendezvous).into_iter().filter(|(k, _)| k != "MASTER_ADDR"),
+            common_env(cfg, &spec, &self.report_url, self.server.ca_pem(), &token, "", free_port(), &rendezvous)
+                .into_iter()
+                .filter(|(k, _)| k != "MASTER_ADDR"),
         );
         env.push(("NESTOR_RANKS_CKPT".into(), shards.join(";")));
         if self.jobs.signal_s > 0 {

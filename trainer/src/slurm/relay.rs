@@ -44,13 +44,20 @@ pub struct RelayTarget {
     pub trial_id: String,
     /// `NESTOR_TOKEN`.
     pub token: String,
+    /// `NESTOR_TLS_CA`: the authority the driver's certificate is signed by.
+    pub ca: Option<String>,
 }
 
 impl RelayTarget {
     /// The run's target from the environment a job's batch script has.
     pub fn from_env() -> Result<Self, String> {
         let var = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set (run inside a nestor trial's job)"));
-        Ok(Self { addr: var("NESTOR_ADDR")?, trial_id: var("NESTOR_TRIAL_ID")?, token: var("NESTOR_TOKEN")? })
+        Ok(Self {
+            addr: var("NESTOR_ADDR")?,
+            trial_id: var("NESTOR_TRIAL_ID")?,
+            token: var("NESTOR_TOKEN")?,
+            ca: std::env::var(crate::tls::CA_VAR).ok(),
+        })
     }
 }
 
@@ -58,9 +65,7 @@ impl RelayTarget {
 /// and the driver has it all (or stops answering for 30 s
 /// after that). Returns the bytes the driver took and the bytes dropped.
 pub async fn relay_output(target: RelayTarget, mut input: impl AsyncRead + Unpin + Send + 'static) -> Result<(u64, u64), String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(target.addr.clone())
-        .map_err(|e| format!("NESTOR_ADDR={:?}: {e}", target.addr))?
-        .connect_timeout(Duration::from_secs(10));
+    let endpoint = crate::tls::endpoint(&target.addr, target.ca.as_deref())?.connect_timeout(Duration::from_secs(10));
     let queue = Arc::new(Mutex::new(Queue::default()));
     let more = Arc::new(Notify::new());
     let reader = {
@@ -168,7 +173,7 @@ mod tests {
     use crate::service::ReportServer;
 
     fn target(server: &ReportServer, token: &str) -> RelayTarget {
-        RelayTarget { addr: server.url(), trial_id: "t1".into(), token: token.into() }
+        RelayTarget { addr: server.url(), trial_id: "t1".into(), token: token.into(), ca: server.ca_pem().map(String::from) }
     }
 
     /// Megabytes of output reach the run whole and in order; a wrong token
@@ -176,7 +181,9 @@ mod tests {
     /// to its end (nothing writing it dies of a closed pipe).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_jobs_output_reaches_its_run_whole_and_in_order() {
-        let server = ReportServer::start(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        // Over TLS, as from a job on another node.
+        let server = ReportServer::start_encrypted(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        assert!(server.url().starts_with("https://"), "{}", server.url());
         let dir = tempfile::tempdir().unwrap();
         let spec = crate::LaunchSpec::new("t1", serde_json::json!({}), dir.path());
         let (events, _rx) = tokio::sync::mpsc::unbounded_channel();

@@ -107,12 +107,13 @@ impl SlurmBackend {
     /// `advertise` (`host` or `host:port`; default: the address it is bound
     /// to). Must be called inside a tokio runtime.
     pub async fn start(config: ProcessConfig, allocation: SlurmAllocation, advertise: Option<&str>) -> std::io::Result<Self> {
-        let server = ReportServer::start(config.report_bind).await?;
+        let server = ReportServer::start_encrypted(config.report_bind).await?;
         server.serve_files(&config.files);
         let port = server.addr().port();
+        let scheme = server.scheme();
         let report_url = match advertise {
-            Some(a) if a.contains(':') => format!("http://{a}"),
-            Some(host) => format!("http://{host}:{port}"),
+            Some(a) if a.contains(':') => format!("{scheme}://{a}"),
+            Some(host) => format!("{scheme}://{host}:{port}"),
             None => server.url(),
         };
         Ok(Self {
@@ -363,7 +364,7 @@ impl Backend for SlurmBackend {
         let mut cmd = tokio::process::Command::from(srun(&self.allocation.job_id));
         cmd.args(layout.srun_args(&step_name, &bundles)).args(["/bin/sh", "-c", PROLOGUE, "nestor-rank"]).args(&cfg.command);
         cmd.envs(&cfg.env)
-            .envs(common_env(cfg, &spec, &self.report_url, &token, &master, master_port, &rendezvous))
+            .envs(common_env(cfg, &spec, &self.report_url, self.server.ca_pem(), &token, &master, master_port, &rendezvous))
             .envs(layout.rank_tables(&bundles, &shards))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
