@@ -129,6 +129,14 @@ struct RankExit {
     status: std::io::Result<std::process::ExitStatus>,
 }
 
+/// Where ranks report: the URL they dial (`NESTOR_ADDR`) and, over TLS, the
+/// authority the driver's certificate is signed by (`NESTOR_TLS_CA`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReportTo<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) ca: Option<&'a str>,
+}
+
 /// The variables every rank of a run gets alike: where the driver listens
 /// (and, over TLS, the authority its certificate is signed by) and the run's token, the trial, its config and checkpoint cadence, the
 /// collective's backend, and where the ranks meet (`MASTER_ADDR`,
@@ -136,8 +144,7 @@ struct RankExit {
 pub(crate) fn common_env(
     cfg: &ProcessConfig,
     spec: &LaunchSpec,
-    server_url: &str,
-    tls_ca: Option<&str>,
+    driver: ReportTo<'_>,
     token: &str,
     master_addr: &str,
     master_port: u16,
@@ -147,7 +154,7 @@ pub(crate) fn common_env(
         ("MASTER_ADDR", master_addr.to_string()),
         ("MASTER_PORT", master_port.to_string()),
         ("NESTOR_RENDEZVOUS_FILE", rendezvous.display().to_string()),
-        ("NESTOR_ADDR", server_url.to_string()),
+        ("NESTOR_ADDR", driver.url.to_string()),
         ("NESTOR_TOKEN", token.to_string()),
         ("NESTOR_TRIAL_ID", spec.trial_id.clone()),
         ("NESTOR_TRIAL_DIR", spec.trial_dir.display().to_string()),
@@ -163,7 +170,7 @@ pub(crate) fn common_env(
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
-    .chain(tls_ca.map(|ca| (crate::tls::CA_VAR.to_string(), ca.to_string())))
+    .chain(driver.ca.map(|ca| (crate::tls::CA_VAR.to_string(), ca.to_string())))
     .chain(spec.datasets.iter().map(|p| ("NESTOR_DATASETS".to_string(), p.display().to_string())))
     .chain(direct_upload(spec))
     .chain(experiment_env(cfg, spec))
@@ -310,7 +317,15 @@ impl Backend for ProcessBackend {
         let log_paths: Vec<PathBuf> = (0..world_size).map(|r| logs.join(format!("rank-{r}.log"))).collect();
         // A fresh file per launch: a store file left by an earlier run would hold its keys.
         let rendezvous = logs.join(format!(".rendezvous-{key}"));
-        let common = common_env(cfg, &spec, &self.server.url(), self.server.ca_pem(), &token, "127.0.0.1", master_port, &rendezvous);
+        let common = common_env(
+            cfg,
+            &spec,
+            ReportTo { url: &self.server.url(), ca: self.server.ca_pem() },
+            &token,
+            "127.0.0.1",
+            master_port,
+            &rendezvous,
+        );
         let envs: Vec<_> = (0..world_size).map(|rank| rank_env(cfg, &spec, rank, &common)).collect();
         let roots = spec.roots(cfg.working_dir.as_deref());
         let trial_id = spec.trial_id.clone();

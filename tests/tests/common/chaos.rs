@@ -10,7 +10,12 @@
 //! slurmd, step daemons and tasks) in a `--no-kill` allocation the
 //! trials fill, on a 3-node test cluster; and that node's death followed a
 //! moment later by the driver's SIGKILL, then `nestor resume` in the same
-//! allocation, beside the job steps Slurm cannot end.
+//! allocation, beside the job steps Slurm cannot end. With every trial a
+//! Slurm job of its own (`slurm_jobs`, the driver outside any allocation,
+//! on the same 3-node cluster): a running trial's job requeued by the
+//! cluster (`scontrol requeue`, what preemption does), cancelled from
+//! outside (`scancel`), its node killed, and the driver killed (then
+//! `nestor resume`).
 //!
 //! Invariants, after each run (and at most one `nestor resume`):
 //! - `finished`: the sweep ends with exit 0;
@@ -19,7 +24,8 @@
 //! - `acked`: every result acknowledged to a rank before the fault is in the
 //!   store as it was first stored (not redone after the fault);
 //! - `clean`: no process of the experiment is left, and no job step of it
-//!   (but those with a rank on a dead node, which Slurm lists until the job ends);
+//!   (but those with a rank on a dead node, which Slurm lists until the job
+//!   ends); with jobs of their own, no job of the sweep left in the queue;
 //! - `named`: a failure the fault caused names the rank it hit (a sweep a
 //!   full disk stopped says so, and how to go on).
 //!
@@ -33,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use super::slurm::SlurmCluster;
+use super::slurm::{Options, SlurmCluster};
 use super::{nestor_bin, now, processes_mentioning, signal, sweep, S3Server};
 
 /// One kind of fault.
@@ -55,11 +61,30 @@ pub enum Fault {
     /// and `nestor resume` runs in the same allocation (as a batch script's
     /// next line would), beside the steps Slurm cannot end.
     NodeThenDriver,
+    /// Trials as jobs of their own: a running one's job requeued by the cluster.
+    JobRequeue,
+    /// Trials as jobs of their own: a running one's job cancelled from outside.
+    JobCancel,
+    /// Trials as jobs of their own: a node under a running job dies.
+    JobNodeKill,
+    /// Trials as jobs of their own: the driver is killed; then `nestor resume`.
+    JobDriverKill,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 7] =
-        [Fault::RankKill, Fault::RankStop, Fault::DriverKill, Fault::DiskFull, Fault::StoreRestart, Fault::NodeKill, Fault::NodeThenDriver];
+    pub const ALL: [Fault; 11] = [
+        Fault::RankKill,
+        Fault::RankStop,
+        Fault::DriverKill,
+        Fault::DiskFull,
+        Fault::StoreRestart,
+        Fault::NodeKill,
+        Fault::NodeThenDriver,
+        Fault::JobRequeue,
+        Fault::JobCancel,
+        Fault::JobNodeKill,
+        Fault::JobDriverKill,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -70,7 +95,16 @@ impl Fault {
             Fault::StoreRestart => "store-restart",
             Fault::NodeKill => "node-kill",
             Fault::NodeThenDriver => "node-then-driver",
+            Fault::JobRequeue => "job-requeue",
+            Fault::JobCancel => "job-scancel",
+            Fault::JobNodeKill => "job-node-kill",
+            Fault::JobDriverKill => "job-driver-kill",
         }
+    }
+
+    /// Whether its sweep runs each trial as a Slurm job of its own.
+    pub fn jobs(self) -> bool {
+        matches!(self, Fault::JobRequeue | Fault::JobCancel | Fault::JobNodeKill | Fault::JobDriverKill)
     }
 
     pub fn parse(s: &str) -> Option<Fault> {
@@ -112,15 +146,23 @@ const TRIALS: usize = 4;
 /// checkpoint per step, FIFO (so its end does not depend on timing). On
 /// the test cluster, each trial's ranks on two of the three nodes, three
 /// trials at a time: the allocation is full.
-fn sweep_text(name: &str, storage: &str, slurm: bool) -> String {
-    let space = format!("x = {{ grid = [0.1, 0.35, 0.6, 0.85] }}\nsteps = {STEPS}\nsleep_ms = 40\ncheckpoint = true");
+fn sweep_text(name: &str, storage: &str, slurm: bool, jobs: bool) -> String {
+    // A job of its own takes a while to start: its trial runs long enough to be hit while it runs.
+    let sleep_ms = if jobs { 150 } else { 40 };
+    let space = format!("x = {{ grid = [0.1, 0.35, 0.6, 0.85] }}\nsteps = {STEPS}\nsleep_ms = {sleep_ms}\ncheckpoint = true");
     let placement = if slurm {
         "resources_per_worker = { CPU = 1 }\nplacement_strategy = \"STRICT_SPREAD\""
     } else {
         "resources_per_worker = { CPU = 0.5 }"
     };
-    let trainer =
-        format!("num_workers = 2\n{placement}\n\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 3\nhang_timeout_s = 2.0");
+    // A job Slurm requeues shows as completing for seconds before it is back in the queue: a hang
+    // timeout under that would call the requeue a hang.
+    let hang_s = if jobs { 10.0 } else { 2.0 };
+    let mut trainer =
+        format!("num_workers = 2\n{placement}\n\n[checkpoint]\nfrequency = 1\n\n[failure]\nmax_failures = 3\nhang_timeout_s = {hang_s:.1}");
+    if jobs {
+        trainer.push_str("\n\n[cluster]\nbackend = \"slurm_jobs\"\n\n[cluster.jobs]\npoll_s = 0.5\nsignal_s = 0\n");
+    }
     let at_once = if slurm { 3 } else { 2 };
     sweep(name, &format!("max_concurrent_trials = {at_once}\n{storage}"), &space, &trainer)
 }
@@ -176,13 +218,21 @@ struct Place {
     alive: usize,
     /// The one allocation the driver and its resume both run in (else each gets its own).
     job: Option<String>,
+    /// Each trial a Slurm job of its own.
+    jobs: bool,
 }
 
 impl Place {
     fn new(fault: Fault, name: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (mut env, mut s3, mut disk) = (Vec::new(), None, None);
-        let cluster = matches!(fault, Fault::NodeKill | Fault::NodeThenDriver).then(|| SlurmCluster::start(3, 2, 2000));
+        let cluster = if fault.jobs() {
+            // Ended jobs stay listed to be read; a job holds its CPUs' share of memory, not the node's.
+            let conf = "MinJobAge=300\nDefMemPerCPU=200\nJobRequeue=1\nSlurmdTimeout=5".to_string();
+            Some(SlurmCluster::start_with(3, 2, 2000, Options { networks: true, conf, ..Options::default() }))
+        } else {
+            matches!(fault, Fault::NodeKill | Fault::NodeThenDriver).then(|| SlurmCluster::start(3, 2, 2000))
+        };
         let job = match (&cluster, fault) {
             (Some(c), Fault::NodeThenDriver) => {
                 let out = c.run("salloc", &["--no-shell", "--no-kill", "-N3", "--ntasks-per-node=2", "--mem=1000"]);
@@ -210,8 +260,8 @@ impl Place {
             }
             _ => format!("storage = \"{}\"", dir.path().join("runs").display()),
         };
-        super::write(dir.path(), &sweep_text(name, &storage, cluster.is_some()));
-        Self { dir, env, s3, disk, cluster, alive: 3, job }
+        super::write(dir.path(), &sweep_text(name, &storage, cluster.is_some(), fault.jobs()));
+        Self { dir, env, s3, disk, cluster, alive: 3, job, jobs: fault.jobs() }
     }
 
     /// The experiment directory: where its store and logs are.
@@ -232,6 +282,8 @@ impl Place {
 
     fn spawn(&self, args: &[&str]) -> Child {
         let mut cmd = match &self.cluster {
+            // Trials as jobs of their own: the driver outside any allocation, as on a login node.
+            Some(c) if self.jobs => c.cmd(nestor_bin()),
             Some(c) if self.job.is_some() => {
                 let mut cmd = c.cmd(nestor_bin());
                 cmd.env("SLURM_JOB_ID", self.job.as_deref().unwrap_or_default());
@@ -300,6 +352,40 @@ fn ranks(exp: &Path) -> Vec<(u32, u32, String, String)> {
     out
 }
 
+/// The sweep's jobs Slurm lists as running: their ids.
+fn running_jobs(cluster: &SlurmCluster) -> Vec<String> {
+    listed_jobs(cluster).into_iter().filter(|(_, state)| state == "RUNNING").map(|(id, _)| id).collect()
+}
+
+/// The sweep's jobs still in the queue (anything but ended): `id state`.
+fn queued_jobs(cluster: &SlurmCluster) -> Vec<String> {
+    let ended = ["COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"];
+    listed_jobs(cluster).into_iter().filter(|(_, state)| !ended.contains(&state.as_str())).map(|(id, s)| format!("{id} {s}")).collect()
+}
+
+/// The nestor jobs Slurm lists (ended ones too): (id, state).
+fn listed_jobs(cluster: &SlurmCluster) -> Vec<(String, String)> {
+    let out = cluster.run("squeue", &["--noheader", "--states=all", "--format=%i|%j|%T"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.trim().splitn(3, '|');
+            let (id, name, state) = (f.next()?, f.next()?, f.next()?);
+            name.starts_with("nestor-").then(|| (id.to_string(), state.to_string()))
+        })
+        .collect()
+}
+
+/// The trial whose ranks run in Slurm job `id`.
+fn trial_of_job(exp: &Path, id: &str) -> Option<String> {
+    processes_mentioning(&exp.display().to_string()).into_iter().find_map(|pid| {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let env = String::from_utf8_lossy(&env);
+        let var = |k: &str| env.split('\0').find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('='))).map(str::to_string);
+        (var("SLURM_JOB_ID")? == id).then(|| var("NESTOR_TRIAL_ID")).flatten()
+    })
+}
+
 fn wait_output(child: Child) -> (bool, String) {
     let out = child.wait_with_output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
@@ -354,12 +440,22 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    if matches!(fault, Fault::JobRequeue | Fault::JobCancel | Fault::JobNodeKill) {
+        // Jobs start and end between results: the fault waits for one running (the sweep's next, if none is).
+        let cluster = place.cluster.as_ref().unwrap();
+        let waited = Instant::now();
+        while running_jobs(cluster).is_empty() && driver.try_wait().unwrap().is_none() && waited.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     std::thread::sleep(Duration::from_millis(jitter_ms));
     let acked_before = acked(&trials_dir);
     let ranks_before = ranks(&exp);
     let mut point = format!("after {after} steps +{jitter_ms} ms");
     let mut victim: Option<(u32, String)> = None;
     let mut dead_node: Option<String> = None;
+    // The job a requeue or a scancel hit, and its trial.
+    let mut hit_job: Option<(String, Option<String>)> = None;
     let fault_at = now();
     match fault {
         Fault::RankKill | Fault::RankStop => {
@@ -372,7 +468,27 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
                 point.push_str(", no rank running");
             }
         }
-        Fault::DriverKill => signal(driver.id(), libc::SIGKILL),
+        Fault::DriverKill | Fault::JobDriverKill => signal(driver.id(), libc::SIGKILL),
+        Fault::JobRequeue | Fault::JobCancel => {
+            let running = place.cluster.as_ref().map(running_jobs).unwrap_or_default();
+            match running.get(victim_draw as usize % running.len().max(1)) {
+                Some(id) => {
+                    let cluster = place.cluster.as_ref().unwrap();
+                    let trial = trial_of_job(&exp, id);
+                    let out =
+                        if fault == Fault::JobRequeue { cluster.run("scontrol", &["requeue", id]) } else { cluster.run("scancel", &[id]) };
+                    // A job whose ranks had all but ended (its last step acknowledged) was not hit running.
+                    let at_end = trial.as_ref().is_some_and(|t| acked(&trials_dir).contains(&(t.clone(), STEPS)));
+                    if out.status.success() && !at_end {
+                        point.push_str(&format!(", job {id} ({})", trial.as_deref().unwrap_or("?")));
+                        hit_job = Some((id.clone(), trial));
+                    } else {
+                        point.push_str(", no rank running");
+                    }
+                }
+                None => point.push_str(", no rank running"),
+            }
+        }
         Fault::DiskFull => {
             let disk = place.disk.clone().unwrap_or_default();
             let filler = disk.join("filler");
@@ -382,7 +498,7 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
             let _ = std::fs::remove_file(&filler);
             point.push_str(&format!(", full for {hold_ms} ms"));
         }
-        Fault::NodeKill | Fault::NodeThenDriver => {
+        Fault::NodeKill | Fault::NodeThenDriver | Fault::JobNodeKill => {
             let mut nodes: Vec<String> = ranks(&exp).into_iter().map(|r| r.3).filter(|n| !n.is_empty()).collect();
             nodes.dedup();
             if let (Some(node), Some(cluster)) = (nodes.get(victim_draw as usize % nodes.len().max(1)), place.cluster.as_mut()) {
@@ -412,6 +528,7 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
     // The trials the fault hit (a rank's; those with a rank on the dead node), and when one of them runs again.
     let hit: Vec<String> = match (&victim, &dead_node) {
         (Some((_, trial)), _) => vec![trial.clone()],
+        _ if hit_job.is_some() => hit_job.iter().filter_map(|(_, t)| t.clone()).collect(),
         (_, Some(node)) => ranks_before.iter().filter(|r| &r.3 == node).map(|r| r.2.clone()).collect(),
         _ => Vec::new(),
     };
@@ -423,16 +540,18 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
         std::thread::sleep(Duration::from_millis(5));
     }
     let (ok, mut said) = wait_output(driver);
-    let missed = (matches!(fault, Fault::DriverKill | Fault::NodeThenDriver) && ok) || point.ends_with("no rank running");
+    let missed =
+        (matches!(fault, Fault::DriverKill | Fault::NodeThenDriver | Fault::JobDriverKill) && ok) || point.ends_with("no rank running");
     if missed {
         point.push_str(" (missed: the sweep had ended)");
     }
     let mut resumed = false;
     if !ok {
-        // At most one resume, at once.
-        let no_left = wait_clean(&exp);
-        if let Err(left) = no_left {
-            broken.insert("clean", format!("after the driver ended: {left}"));
+        // At most one resume, at once. Jobs of their own outlive their driver (the resume cancels them).
+        if !place.jobs {
+            if let Err(left) = wait_clean(&exp) {
+                broken.insert("clean", format!("after the driver ended: {left}"));
+            }
         }
         resumed = true;
         let (ok, again) = wait_output(place.spawn(&["resume", &exp.display().to_string(), "--plain"]));
@@ -445,7 +564,37 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
     if let Err(left) = wait_clean(&exp) {
         broken.entry("clean").or_insert(left);
     }
-    if let Some(cluster) = &place.cluster {
+    if let (Some(cluster), true) = (&place.cluster, place.jobs) {
+        // No job of the sweep's left to start or run later (a requeued one above all).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let left = loop {
+            let left = queued_jobs(cluster);
+            if left.is_empty() || Instant::now() > deadline {
+                break left;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        if !left.is_empty() {
+            broken.entry("clean").or_insert(format!("jobs left in the queue: {left:?}"));
+        }
+    }
+    if let Some((id, _)) = &hit_job {
+        let named = if fault == Fault::JobRequeue {
+            format!("Slurm put job {id} back in its queue")
+        } else {
+            format!("job {id} was cancelled outside nestor")
+        };
+        if !said.contains(&named) {
+            let about: Vec<&str> = said.lines().filter(|l| l.contains(&format!("job {id}")) || l.contains("WARN")).collect();
+            broken.insert("named", format!("no `{named}` in the output; it says: {}", about.join("\n")));
+        }
+    }
+    if let (Some(node), true) = (&dead_node, place.jobs) {
+        if !said.contains(node.as_str()) {
+            broken.insert("named", format!("the lost node {node} is not named: {}", tail(&said)));
+        }
+    }
+    if let (Some(cluster), false) = (&place.cluster, place.jobs) {
         // Steps with a rank on the dead node stay listed until the job ends (Slurm's way).
         let listed = cluster.run("squeue", &["-h", "-s", "-o", "%j %N"]);
         let left: Vec<String> = String::from_utf8_lossy(&listed.stdout)
@@ -461,7 +610,7 @@ pub fn run_one(n: usize, fault: Fault, reference: &Reference, rng: &mut impl Rng
             broken.entry("clean").or_insert(format!("job steps left: {left:?}"));
         }
     }
-    if let Some(node) = &dead_node {
+    if let (Some(node), false) = (&dead_node, place.jobs) {
         if !said.contains(&format!("node {node} is set aside")) {
             broken.insert("named", format!("no `node {node} is set aside` in the output: {}", tail(&said)));
         }

@@ -51,7 +51,7 @@ use super::output::{step_outcome, StepEnd, StepWatch};
 use super::step::cpus_per_task;
 use super::submit::sh_quote;
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
-use crate::process::{common_env, free_port, log_tail, ProcessConfig};
+use crate::process::{common_env, free_port, log_tail, ProcessConfig, ReportTo};
 use crate::scaling::PlacementStrategy;
 use crate::service::{Registration, ReportServer};
 use crate::supervise::{supervise, Escalation, Groups, StopStep};
@@ -357,7 +357,7 @@ impl Backend for SlurmJobsBackend {
         let mut env: Vec<(String, String)> = cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         // MASTER_ADDR is the job's first node, known once it runs (the prologue sets it).
         env.extend(
-            common_env(cfg, &spec, &self.report_url, self.server.ca_pem(), &token, "", free_port(), &rendezvous)
+            common_env(cfg, &spec, ReportTo { url: &self.report_url, ca: self.server.ca_pem() }, &token, "", free_port(), &rendezvous)
                 .into_iter()
                 .filter(|(k, _)| k != "MASTER_ADDR"),
         );

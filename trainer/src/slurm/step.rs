@@ -28,7 +28,7 @@ use super::supervisor::{Health, StepMonitor};
 use super::SlurmAllocation;
 use crate::backend::{Backend, Event, LaunchError, LaunchSpec, StepProgress, TrialHandle};
 use crate::groups::dies_with_driver;
-use crate::process::{common_env, free_port, ProcessConfig};
+use crate::process::{common_env, free_port, ProcessConfig, ReportTo};
 use crate::service::ReportServer;
 use crate::supervise::{supervise, Escalation, Groups};
 use crate::token::random_token;
@@ -364,7 +364,15 @@ impl Backend for SlurmBackend {
         let mut cmd = tokio::process::Command::from(srun(&self.allocation.job_id));
         cmd.args(layout.srun_args(&step_name, &bundles)).args(["/bin/sh", "-c", PROLOGUE, "nestor-rank"]).args(&cfg.command);
         cmd.envs(&cfg.env)
-            .envs(common_env(cfg, &spec, &self.report_url, self.server.ca_pem(), &token, &master, master_port, &rendezvous))
+            .envs(common_env(
+                cfg,
+                &spec,
+                ReportTo { url: &self.report_url, ca: self.server.ca_pem() },
+                &token,
+                &master,
+                master_port,
+                &rendezvous,
+            ))
             .envs(layout.rank_tables(&bundles, &shards))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
