@@ -65,4 +65,5 @@ pub use slurm::{
     SlurmJobsBackend, SlurmJobsConfig, SlurmNode, StuckStep, SubmitShape, DEFAULT_STEP_START_TIMEOUT, SQUEUE_FORMAT,
 };
 pub use storage::{Storage, StorageError, COMMITTED_MARKER};
+pub use token::secrets_equal;
 pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};

@@ -302,11 +302,6 @@ struct Service {
     registry: Arc<Registry>,
 }
 
-fn tokens_equal(a: &str, b: &str) -> bool {
-    // Length leaks nothing useful (tokens have a fixed length); compare every byte.
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The registered trial a message names, once its version and token check
 /// out; a refusal is logged with the sender.
 fn authenticate(registry: &Registry, version: u32, trial_id: &str, token: &str, rank: u32, peer: &str) -> Result<Arc<Entry>, Status> {
@@ -319,7 +314,7 @@ fn authenticate(registry: &Registry, version: u32, trial_id: &str, token: &str, 
     }
     // An unknown trial and a wrong token are one answer: a sender learns
     // nothing of which trials run.
-    let entry = registry.get(trial_id).filter(|e| tokens_equal(&e.token, token));
+    let entry = registry.get(trial_id).filter(|e| crate::token::secrets_equal(&e.token, token));
     let Some(entry) = entry else {
         return Err(refuse(Status::unauthenticated("unknown trial or wrong token (the token is the run's bearer secret)")));
     };

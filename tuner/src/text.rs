@@ -5,14 +5,29 @@
 /// `url` as it may be shown or stored: a password in it (`user:pass@`)
 /// replaced by `***`.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    match split_userinfo(url) {
+        (bare, Some((user, _))) => match bare.split_once("://") {
+            Some((scheme, rest)) => format!("{scheme}://{user}:***@{rest}"),
+            None => bare,
+        },
+        (_, None) => url.to_string(),
+    }
+}
+
+/// `url` without its userinfo (`user[:password]@` before the host), and
+/// that userinfo: an `@` in the path is not one.
+pub(crate) fn split_userinfo(url: &str) -> (String, Option<(String, Option<String>)>) {
+    let Some((scheme, rest)) = url.split_once("://") else { return (url.to_string(), None) };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     match rest[..authority_end].rsplit_once('@') {
         Some((info, host)) => {
-            let user = info.split_once(':').map_or(info, |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}{}", &rest[authority_end..])
+            let (user, password) = match info.split_once(':') {
+                Some((u, p)) => (u.to_string(), Some(p.to_string())),
+                None => (info.to_string(), None),
+            };
+            (format!("{scheme}://{host}{}", &rest[authority_end..]), Some((user, password)))
         }
-        None => url.to_string(),
+        None => (url.to_string(), None),
     }
 }
 

@@ -29,6 +29,7 @@ import queue
 import threading
 import time
 import pickle
+import select
 import socket
 import struct
 import sys
@@ -215,20 +216,24 @@ class _Hub:
             peers: List[Optional[socket.socket]] = [None] * world_size
             greeted: "queue.Queue[tuple]" = queue.Queue()
             readers = threading.BoundedSemaphore(_HELLO_READERS)
+            # A reader that has read a greeting wakes the accepting loop (no polling).
+            wake_r, wake_w = socket.socketpair()
 
             def read_hello(conn: socket.socket) -> None:
                 try:
                     greeted.put((conn, _hello(conn, token, world_size)))
                 finally:
                     readers.release()
+                    try:
+                        wake_w.send(b"\0")
+                    except OSError:
+                        pass  # the group is formed (or given up): nobody waits
 
             deadline = time.monotonic() + timeout
+            server.setblocking(False)
             try:
-                while any(p is None for p in peers[1:]):
-                    if time.monotonic() > deadline:
-                        missing = [r for r in range(1, world_size) if peers[r] is None]
-                        raise TimeoutError(f"ranks {missing} did not join rank 0's group within {timeout:g} s (NESTOR_COLLECTIVE_TIMEOUT_S)")
-                    # The greetings read so far, then the next connection.
+                while True:
+                    # The greetings read so far, then the next connection or greeting.
                     while not greeted.empty():
                         conn, r = greeted.get()
                         if r is None or peers[r] is not None:
@@ -238,17 +243,28 @@ class _Hub:
                             peers[r] = conn
                     if all(p is not None for p in peers[1:]):
                         break
-                    server.settimeout(0.05)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        missing = [r for r in range(1, world_size) if peers[r] is None]
+                        raise TimeoutError(f"ranks {missing} did not join rank 0's group within {timeout:g} s (NESTOR_COLLECTIVE_TIMEOUT_S)")
+                    ready, _, _ = select.select([server, wake_r], [], [], remaining)
+                    if wake_r in ready:
+                        wake_r.recv(4096)
+                    if server not in ready:
+                        continue
                     try:
                         conn, _ = server.accept()
-                    except socket.timeout:
+                    except (BlockingIOError, InterruptedError):
                         continue
-                    if not readers.acquire(timeout=timeout):
+                    conn.setblocking(True)
+                    if not readers.acquire(timeout=max(remaining, 0.0)):
                         conn.close()
                         continue
                     threading.Thread(target=read_hello, args=(conn,), daemon=True).start()
             finally:
                 server.close()
+                wake_r.close()
+                wake_w.close()
             return _Hub(0, [p for p in peers[1:] if p is not None])
         host, port = channel.rendezvous(ctx, "", timeout).rsplit(":", 1)
         sock = socket.create_connection((host, int(port)), timeout=timeout)

@@ -418,6 +418,8 @@ impl Backend for SlurmJobsBackend {
             world,
             step_exit: None,
             requeue_seen: false,
+            begins_later: args.iter().any(|a| a == "-b" || a.starts_with("--begin")),
+            heard: false,
             rank_nodes: vec![String::new(); world as usize],
         };
         let groups: Groups = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -454,6 +456,11 @@ struct JobRun {
     step_exit: Option<i32>,
     /// The job's output says Slurm started it again after a requeue.
     requeue_seen: bool,
+    /// The job was submitted to start later (`--begin` among the user's
+    /// options): waiting for its begin time says nothing of a requeue.
+    begins_later: bool,
+    /// The job has written something (to its file, or through the relay): it ran.
+    heard: bool,
     /// Each rank's node, as its first line says (empty until then).
     rank_nodes: Vec<String>,
 }
@@ -631,7 +638,15 @@ impl JobRun {
                         Some(row) => {
                             match &row.state {
                                 JobState::Running | JobState::Completing | JobState::Suspended => ran = true,
-                                JobState::Pending | JobState::Requeued | JobState::Held if ran || self.requeue_seen => {
+                                // Back in the queue after it ran. It may have run between two readings: its
+                                // output, or Slurm's reason (a requeued job waits for a begin time two
+                                // minutes on; nestor asks for none), says so.
+                                JobState::Pending | JobState::Requeued | JobState::Held
+                                    if ran
+                                        || self.requeue_seen
+                                        || self.heard
+                                        || (row.reason == "BeginTime" && !self.begins_later) =>
+                                {
                                     let why = if row.reason.is_empty() { format!("{:?}", row.state) } else { row.reason.clone() };
                                     self.cancel(id, None).await;
                                     return Left::Requeued(why);
@@ -694,6 +709,7 @@ impl JobRun {
     /// Handles what the job wrote next: its whole lines; `all`: a last
     /// line without its newline too.
     fn take_output(&mut self, bytes: &[u8], all: bool) {
+        self.heard |= !bytes.is_empty();
         self.pending.push_str(&String::from_utf8_lossy(bytes));
         while let Some(at) = self.pending.find('\n') {
             let line: String = self.pending.drain(..=at).collect();

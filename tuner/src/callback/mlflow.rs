@@ -97,7 +97,7 @@ impl MlflowLogger {
     /// A logger for the experiment at `exp_dir` (named `name`).
     pub fn new(exp_dir: impl Into<PathBuf>, name: &str, config: &MlflowConfig) -> Result<Self, String> {
         if let Some(given) = &config.tracking_uri {
-            if split_userinfo(given).1.is_some() {
+            if crate::text::split_userinfo(given).1.is_some() {
                 return Err(format!(
                     "tracking_uri: {:?} carries credentials, which would be written with the experiment; \
                      set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in the environment instead",
@@ -113,7 +113,7 @@ impl MlflowLogger {
         if !(given.starts_with("http://") || given.starts_with("https://")) {
             return Err(format!("tracking_uri: {:?} is not an http(s) URL of a tracking server", crate::text::redact_url(&given)));
         }
-        let (uri, userinfo) = split_userinfo(&given);
+        let (uri, userinfo) = crate::text::split_userinfo(&given);
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let auth = match (env("MLFLOW_TRACKING_TOKEN"), env("MLFLOW_TRACKING_USERNAME"), userinfo) {
             (Some(token), _, _) => Auth::Bearer(token),
@@ -393,22 +393,6 @@ impl Callback for MlflowLogger {
     }
 }
 
-/// `url` without its `user:password@`, and those apart.
-fn split_userinfo(url: &str) -> (String, Option<(String, Option<String>)>) {
-    let Some((scheme, rest)) = url.split_once("://") else { return (url.to_string(), None) };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((info, host)) => {
-            let (user, password) = match info.split_once(':') {
-                Some((u, p)) => (u.to_string(), Some(p.to_string())),
-                None => (info.to_string(), None),
-            };
-            (format!("{scheme}://{host}{}", &rest[authority_end..]), Some((user, password)))
-        }
-        None => (url.to_string(), None),
-    }
-}
-
 /// How requests authenticate to the tracking server.
 #[cfg(feature = "mlflow")]
 enum Auth {
@@ -474,10 +458,10 @@ mod tests {
 
     #[test]
     fn credentials_are_never_in_the_file_nor_shown() {
-        let (uri, info) = split_userinfo("https://me:pa55@mlflow.example:5000/prefix?x=1");
+        let (uri, info) = crate::text::split_userinfo("https://me:pa55@mlflow.example:5000/prefix?x=1");
         assert_eq!(uri, "https://mlflow.example:5000/prefix?x=1");
         assert_eq!(info, Some(("me".into(), Some("pa55".into()))));
-        assert_eq!(split_userinfo("http://host/a@b").1, None, "an @ in the path is not userinfo");
+        assert_eq!(crate::text::split_userinfo("http://host/a@b").1, None, "an @ in the path is not userinfo");
         let c = MlflowConfig { tracking_uri: Some("https://me:pa55@mlflow.example".into()), ..Default::default() };
         #[cfg(feature = "mlflow")]
         {

@@ -168,11 +168,6 @@ fn host_allowed(host: &str, names: &[String]) -> bool {
         || names.iter().any(|n| name == *n || (n != "localhost" && name.strip_prefix(n.as_str()).is_some_and(|rest| rest.starts_with('.'))))
 }
 
-/// Equal strings, every byte compared whatever the first difference.
-fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn authorize(State(s): State<Shared>, headers: HeaderMap, req: Request, next: Next) -> Response {
     let refuse = |code: StatusCode, why: &'static str| (code, why).into_response();
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default();
@@ -186,8 +181,10 @@ async fn authorize(State(s): State<Shared>, headers: HeaderMap, req: Request, ne
         }
     }
     let token = &*s.token;
-    let in_query =
-        req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv.strip_prefix("token=").is_some_and(|t| same_secret(t, token))));
+    let in_query = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv.strip_prefix("token=").is_some_and(|t| trainer::secrets_equal(t, token))));
     let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     let cookie = headers
         .get_all(header::COOKIE)
@@ -195,13 +192,13 @@ async fn authorize(State(s): State<Shared>, headers: HeaderMap, req: Request, ne
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .any(|(k, v)| k == &*s.cookie && same_secret(v, token));
+        .any(|(k, v)| k == &*s.cookie && trainer::secrets_equal(v, token));
     if in_query && req.uri().path() == "/" {
         // The first load: the token goes into a cookie scripts cannot read, and out of the address bar.
         let set = format!("{}={token}; HttpOnly; SameSite=Strict; Path=/", s.cookie);
         return (StatusCode::SEE_OTHER, [(header::SET_COOKIE, set), (header::LOCATION, "/".to_string())]).into_response();
     }
-    if in_query || cookie || bearer.is_some_and(|b| same_secret(b, token)) {
+    if in_query || cookie || bearer.is_some_and(|b| trainer::secrets_equal(b, token)) {
         next.run(req).await
     } else {
         refuse(StatusCode::UNAUTHORIZED, "a token is required: open the URL nestor dashboard printed\n")
