@@ -9,7 +9,7 @@ variables, no nestor): the cost nestor adds to a trial's start.
 Every run trains one epoch of examples/torch_ddp/train.py; "first report" is
 the moment both ranks are about to make their first report (train.py prints
 it), so the same work is timed on every side. A third run starts the ranks
-by hand with nestor's file rendezvous (`NESTOR_RENDEZVOUS_FILE`), to tell
+by hand with nestor's file rendezvous (a run plan, `NESTOR_RUN`, naming it), to tell
 what nestor's rendezvous saves from what its driver costs.
 """
 
@@ -62,9 +62,10 @@ def by_hand(rendezvous=None):
     for rank in (0, 1):
         env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", NODE_RANK="0",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-                   NESTOR_CONFIG=json.dumps(CONFIG))
-        if rendezvous:
-            env["NESTOR_RENDEZVOUS_FILE"] = rendezvous
+                   # A plan without a driver: the config, and where the ranks meet.
+                   NESTOR_RUN=json.dumps({"version": 2, "trial": {"id": "by-hand", "dir": REPO, "config": CONFIG},
+                                          "routes": {"meet": {"kind": "file", "path": rendezvous} if rendezvous
+                                                     else {"kind": "master"}}}))
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "train.py")], env=env, cwd=REPO,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     times = {}

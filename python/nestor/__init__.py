@@ -3,7 +3,7 @@ calls to learn its trial and to report each step (Ray Train's
 ``ray.train`` functions, for nestor).
 
 Every rank of a trial calls :func:`report` once per step; rank 0's metrics
-are the trial's. Outside nestor (``NESTOR_ADDR`` unset) the same calls work
+are the trial's. Outside nestor (no run plan, ``NESTOR_RUN``) the same calls work
 locally: :func:`report` prints the metrics to stderr and returns.
 """
 
@@ -14,6 +14,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
+
+from . import _contract
 
 # gRPC's fork handling off, before gRPC is imported: a rank that forks
 # (a DataLoader's workers) while gRPC's threads are busy would leave the
@@ -93,34 +95,33 @@ def get_context() -> TrainContext:
     """This worker's rank, world size, trial and config."""
     global _context
     if _context is None:
+        plan = _plan()
+        if plan and plan.out_after_upload().get("kind") == "ship" and plan.trial_dir:
+            # The trial's directory is the driver's: on a node that does not see it, one of the same path, made here.
+            os.makedirs(plan.trial_dir, exist_ok=True)
         rank = _int_env("RANK", 0)
-        world = _int_env("WORLD_SIZE", 1)
+        world = _int_env("WORLD_SIZE", plan.world_size if plan else 1)
         _context = TrainContext(
             world_rank=rank,
             local_rank=_int_env("LOCAL_RANK", rank),
             world_size=world,
             local_world_size=_int_env("LOCAL_WORLD_SIZE", world),
             node_rank=_int_env("NODE_RANK", 0),
-            trial_id=os.environ.get("NESTOR_TRIAL_ID", "local"),
-            trial_dir=os.environ.get("NESTOR_TRIAL_DIR", os.getcwd()),
-            config=_load_config(),
-            start_iteration=_int_env("NESTOR_START_ITERATION", 0),
-            checkpoint_frequency=_int_env("NESTOR_CHECKPOINT_FREQUENCY", 0),
+            trial_id=plan.trial_id if plan else "local",
+            trial_dir=(plan.trial_dir or os.getcwd()) if plan else os.getcwd(),
+            config=dict(plan.config) if plan else {},
+            start_iteration=plan.start_iteration if plan else 0,
+            checkpoint_frequency=plan.checkpoint_frequency if plan else 0,
         )
     return _context
 
 
-def _load_config() -> Dict[str, Any]:
-    text = os.environ.get("NESTOR_CONFIG")
-    if not text:
-        return {}
+def _plan() -> "Optional[_contract.Plan]":
+    """This rank's run plan (``NESTOR_RUN``), or None outside nestor."""
     try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ReportError(f"NESTOR_CONFIG is not JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise ReportError("NESTOR_CONFIG is not a JSON object")
-    return config
+        return _contract.plan()
+    except _contract.PlanError as e:
+        raise ReportError(str(e)) from None
 
 
 def get_config() -> Dict[str, Any]:
@@ -159,7 +160,8 @@ def _watch_preemption() -> None:
     """Under a Slurm job of its own, nestor asks Slurm for SIGUSR1 some time
     before the job's limit (``NESTOR_PREEMPTION_SIGNAL``): recorded here for
     :func:`get_preemption_info`, instead of its default, which ends the process."""
-    if os.environ.get("NESTOR_PREEMPTION_SIGNAL") != "USR1":
+    plan = _plan()
+    if not plan or not plan.preemption or plan.preemption.get("signal") != "USR1":
         return
     import signal
     import threading
@@ -178,7 +180,8 @@ def get_preemption_info() -> Optional[PreemptionInfo]:
     if _preempted_at is None:
         return None
     ctx = get_context()
-    notice = float(os.environ.get("NESTOR_PREEMPTION_NOTICE_S", "0") or 0)
+    plan = _plan()
+    notice = float((plan.preemption or {}).get("notice_s", 0)) if plan else 0.0
     return PreemptionInfo(world_ranks=list(range(ctx.world_size)), deadline=_preempted_at + notice,
                           reason="the job nears its time limit, or is being preempted")
 
@@ -192,17 +195,49 @@ _fetched: Optional[str] = None
 def get_checkpoint() -> Optional[str]:
     """A local directory holding this rank's checkpoint to resume from, or None
     on a fresh start. On a node that does not see the driver's directories
-    (``NESTOR_CHECKPOINT_FETCH=1``) the shard is fetched from the driver into
-    a temporary directory first, once, removed when the process exits."""
+    the shard is fetched from the driver (the plan's ``driver`` route), and
+    where the checkpoint lies in an object store this rank reaches, from
+    there (``store``): into a temporary directory first, once, removed when
+    the process exits."""
     global _fetched
-    if os.environ.get("NESTOR_CHECKPOINT_FETCH") == "1" and os.environ.get("NESTOR_ADDR"):
+    plan = _plan()
+    kind = plan.back.get("kind") if plan else "none"
+    if kind in ("driver", "store"):
         if _fetched is None:
-            _fetched = _get_channel().fetch_shard(get_context()) or ""
+            ctx = get_context()
+            _fetched = (_get_channel().fetch_shard(ctx) if kind == "driver" else _download(plan.back, ctx)) or ""
         return _fetched or None
-    path = os.environ.get("NESTOR_CHECKPOINT")
+    path = plan.shard_path(get_context().world_rank) if plan and kind == "local" else _resume_from
     if path and os.path.isdir(path):
         return path
     return None
+
+
+#: A trainer's ``resume_from_checkpoint`` (this rank's shard), where its run has none of its own.
+_resume_from: Optional[str] = None
+
+
+def _download(back: Dict[str, Any], ctx: TrainContext) -> Optional[str]:
+    """This rank's shard of the checkpoint ``back["uri"]`` (an object store),
+    downloaded with ``nestor get-shard`` (the store's credentials from the
+    environment) into a temporary directory; None when it holds none."""
+    import atexit
+    import shutil
+    import subprocess
+    import tempfile
+
+    dest = tempfile.mkdtemp(prefix=f"nestor-{ctx.trial_id}-rank-{ctx.world_rank}-")
+    atexit.register(shutil.rmtree, dest, True)
+    uploader = back.get("uploader")
+    if not uploader:
+        from . import _binary
+
+        uploader = _binary.find()
+    out = subprocess.run([uploader, "get-shard", back["uri"], dest, "--rank", str(ctx.world_rank)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        raise ReportError(f"cannot fetch the checkpoint to resume from ({back['uri']}): {out.stderr.strip()}")
+    return dest if out.stdout.strip() == "fetched" else None
 
 
 def _metrics(metrics: Mapping[str, Any]) -> "tuple[Dict[str, float], Dict[str, Any]]":
@@ -234,15 +269,15 @@ def _metrics(metrics: Mapping[str, Any]) -> "tuple[Dict[str, float], Dict[str, A
 
 
 def _open_channel(grpc, addr, target):
-    """The channel to the driver: TLS when ``NESTOR_ADDR`` is ``https://``
+    """The channel to the driver: TLS when its address is ``https://``
     (ranks on other machines), trusting only the certificate authority the
-    driver made for itself (``NESTOR_TLS_CA``) and checking the name its
+    driver made for itself (the plan's ``tls_ca``) and checking the name its
     certificate is made out to, whatever host the address names."""
     if not addr.startswith("https://"):
         return grpc.insecure_channel(target)
-    ca = os.environ.get("NESTOR_TLS_CA", "")
+    ca = _plan().tls_ca
     if not ca.strip():
-        raise ReportError(f"NESTOR_ADDR={addr!r} is TLS, but NESTOR_TLS_CA (the driver's certificate authority) is not set")
+        raise ReportError(f"the driver's address {addr!r} is TLS, but the run's plan names no certificate authority (tls_ca)")
     credentials = grpc.ssl_channel_credentials(root_certificates=ca.encode())
     return grpc.secure_channel(target, credentials, options=[("grpc.ssl_target_name_override", "nestor-report")])
 
@@ -253,7 +288,7 @@ class _Channel:
 
         from . import _proto
 
-        addr = os.environ["NESTOR_ADDR"]
+        addr = _plan().addr
         target = addr.split("://", 1)[1] if "://" in addr else addr
         self._grpc = grpc
         self._proto = _proto
@@ -261,13 +296,13 @@ class _Channel:
         try:
             grpc.channel_ready_future(self._channel).result(timeout=float(os.environ.get("NESTOR_CONNECT_TIMEOUT_S", "30")))
         except grpc.FutureTimeoutError:
-            raise ReportError(f"cannot reach the nestor driver at {addr} (NESTOR_ADDR)") from None
+            raise ReportError(f"cannot reach the nestor driver at {addr}") from None
         self._call = self._channel.unary_unary(
             _proto.REPORT_METHOD,
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=_proto.ReportReply.FromString,
         )
-        self._token = os.environ.get("NESTOR_TOKEN", "")
+        self._token = _contract.token()
         self._addr = addr
         self._reports = 0  # reports taken so far: the next one is iteration start + this + 1
         self._put = self._channel.stream_unary(
@@ -423,14 +458,17 @@ class _Channel:
 
     def report(self, ctx: TrainContext, metrics: Dict[str, float], checkpoint: str, extra: Optional[Dict[str, Any]] = None) -> int:
         upload, staged, uploaded = "", False, ""
-        if checkpoint and _direct_upload():
-            uploaded = _upload(checkpoint, ctx, self._reports)
+        plan = _plan()
+        target = plan.upload()
+        if checkpoint and target and not _upload_failed:
+            uploaded = _upload(checkpoint, target, ctx, self._reports)
             if uploaded:
                 checkpoint = ""
-        if checkpoint and os.environ.get("NESTOR_SHIP_CHECKPOINTS") == "1":
+        out = plan.out_after_upload()
+        if checkpoint and out.get("kind") == "ship":
             upload, checkpoint = self.ship_shard(ctx, checkpoint), ""
-        elif checkpoint and os.environ.get("NESTOR_CHECKPOINT_STAGING"):
-            checkpoint, staged = _stage(checkpoint, os.environ["NESTOR_CHECKPOINT_STAGING"], ctx.world_rank), True
+        elif checkpoint and out.get("kind") == "stage":
+            checkpoint, staged = _stage(checkpoint, out["dir"], ctx.world_rank), True
         request = self._proto.ReportRequest(
             version=self._proto.PROTOCOL_VERSION,
             trial_id=ctx.trial_id,
@@ -456,12 +494,7 @@ class _Channel:
 _upload_failed = False
 
 
-def _direct_upload() -> bool:
-    """Whether this rank uploads checkpoints to the object store itself."""
-    return bool(os.environ.get("NESTOR_CHECKPOINT_STORE") and os.environ.get("NESTOR_UPLOADER")) and not _upload_failed
-
-
-def _upload(src: str, ctx: TrainContext, reports: int) -> str:
+def _upload(src: str, target: Dict[str, Any], ctx: TrainContext, reports: int) -> str:
     """Uploads ``src`` as this rank's shard of this report's checkpoint with
     ``nestor put-shard`` (the store's credentials from the environment);
     returns the checkpoint's URI, or "" (once, with a note) when this node
@@ -470,9 +503,13 @@ def _upload(src: str, ctx: TrainContext, reports: int) -> str:
     import subprocess
 
     iteration = ctx.start_iteration + reports + 1
-    args = [os.environ["NESTOR_UPLOADER"], "put-shard", src, os.environ["NESTOR_CHECKPOINT_STORE"],
-            "--iteration", str(iteration), "--rank", str(ctx.world_rank)]
     try:
+        uploader = target.get("uploader")
+        if not uploader:
+            from . import _binary
+
+            uploader = _binary.find()
+        args = [uploader, "put-shard", src, target["store"], "--iteration", str(iteration), "--rank", str(ctx.world_rank)]
         out = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError as e:
         out = None
@@ -480,7 +517,7 @@ def _upload(src: str, ctx: TrainContext, reports: int) -> str:
     if out is not None and out.returncode == 0:
         return out.stdout.strip()
     why = out.stderr.strip() if out is not None else why
-    print(f"nestor: rank {ctx.world_rank} cannot upload to {os.environ['NESTOR_CHECKPOINT_STORE']} ({why}); "
+    print(f"nestor: rank {ctx.world_rank} cannot upload to {target['store']} ({why}); "
           "its checkpoints go through the driver", file=sys.stderr)
     _upload_failed = True
     return ""
@@ -545,7 +582,7 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Any] = None) -> None
             raise ReportError(f"nestor.report: checkpoint {path} is not a directory")
         path = os.path.abspath(path)
     ctx = get_context()
-    if not os.environ.get("NESTOR_ADDR"):
+    if not _contract.inside():
         shown = {**{k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}, **extra}
         print(f"nestor (local): rank {ctx.world_rank}: {json.dumps(shown)}" + (f" checkpoint={path}" if path else ""), file=sys.stderr)
         return

@@ -20,6 +20,8 @@ import sys
 import traceback
 from typing import Any, Dict
 
+from . import _contract
+
 
 def load(path: str) -> Dict[str, Any]:
     """The driver's blob: the function and how to call it."""
@@ -67,11 +69,12 @@ def run(blob: Dict[str, Any]) -> int:
     nestor._metadata = dict(blob.get("metadata") or {})
     _enter_trial_dir(ctx.trial_dir)
     resume = blob.get("resume_from_checkpoint")
-    if resume and not os.environ.get("NESTOR_CHECKPOINT") and os.environ.get("NESTOR_CHECKPOINT_FETCH") != "1":
+    plan = _contract.plan()
+    if resume and (plan is None or not plan.back.get("kind") or plan.back.get("kind") == "none"):
         # A trainer's resume_from_checkpoint: its first run starts from it (this rank's shard, else rank 0's).
         for d in (os.path.join(resume, f"rank-{ctx.world_rank}"), os.path.join(resume, "rank-0"), resume):
             if os.path.isdir(d):
-                os.environ["NESTOR_CHECKPOINT"] = d
+                nestor._resume_from = d
                 break
     try:
         if blob.get("kind") == "class":
@@ -273,7 +276,7 @@ def main() -> None:
         sys.exit(2)
     path = sys.argv[1]
     try:
-        if not os.path.exists(path) and os.environ.get("NESTOR_ADDR"):
+        if not os.path.exists(path) and _contract.inside():
             # A node that does not see the experiment's directory: the driver sends it.
             import nestor
 

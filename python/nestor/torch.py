@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from . import get_context
+from . import _contract, get_context
 
 __all__ = ["accelerate", "backward", "enable_reproducibility", "get_device", "get_devices", "init_process_group", "prepare_model",
            "prepare_data_loader", "prepare_optimizer"]
@@ -51,9 +51,9 @@ def enable_reproducibility(seed: int = 0) -> None:
 
 def init_process_group(always: bool = False, _group: Any = None) -> None:
     """Joins the trial's process group, with the backend and timeout nestor was
-    configured with (``TorchConfig``): through ``NESTOR_RENDEZVOUS_FILE`` when
-    nestor gives one, through the driver where the nodes share no file
-    (``NESTOR_RENDEZVOUS=driver``), else at ``MASTER_ADDR``/``MASTER_PORT``.
+    configured with (``TorchConfig``), as the run's plan says: through a file
+    when nestor gives one, through the driver where the nodes share no file,
+    else at ``MASTER_ADDR``/``MASTER_PORT``.
     A no-op when already joined, and with one worker unless ``always``
     (a ``TorchTrainer`` joins before its training function runs, whatever the
     number of workers, as Ray Train does: one rank meets itself in memory).
@@ -63,8 +63,10 @@ def init_process_group(always: bool = False, _group: Any = None) -> None:
     if not dist.is_available() or dist.is_initialized() or (ctx.world_size <= 1 and not always):
         return
     device = get_device()
-    backend = os.environ.get("NESTOR_TORCH_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
-    timeout = datetime.timedelta(seconds=float(os.environ.get("NESTOR_COLLECTIVE_TIMEOUT_S", "1800")))
+    plan = _contract.plan()
+    backend = (plan.torch_backend if plan else "") or ("nccl" if device.type == "cuda" else "gloo")
+    timeout = datetime.timedelta(seconds=plan.collective_timeout_s if plan else 1800.0)
+    meet = plan.meet if plan else {"kind": "master"}
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if ctx.world_size <= 1:
@@ -73,14 +75,13 @@ def init_process_group(always: bool = False, _group: Any = None) -> None:
     # nestor names a fresh file per launch when all ranks share a node: a file
     # store meets at once, where the TCP store's clients back off (up to about
     # half a second) when they come before rank 0 listens.
-    if os.environ.get("NESTOR_RENDEZVOUS") == "driver":
+    if meet.get("kind") == "driver":
         # Nodes that share no file: rank 0's TCP store on a port free on its
         # node, its address passed to the others through the driver.
         store = _store_through_group(_group, timeout) if _group is not None else _store_through_driver(ctx, timeout)
         dist.init_process_group(backend=backend, store=store, rank=ctx.world_rank, world_size=ctx.world_size, timeout=timeout)
         return
-    rendezvous = os.environ.get("NESTOR_RENDEZVOUS_FILE")
-    init_method = f"file://{rendezvous}" if rendezvous else "env://"
+    init_method = f"file://{meet['path']}" if meet.get("kind") == "file" else "env://"
     dist.init_process_group(backend=backend, init_method=init_method, rank=ctx.world_rank, world_size=ctx.world_size, timeout=timeout)
 
 

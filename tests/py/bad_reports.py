@@ -3,6 +3,7 @@ ones. Each refusal must be a clear error, and only the good reports stored."""
 
 import dataclasses
 import math
+import json
 import os
 
 import nestor
@@ -41,7 +42,9 @@ nestor.report({"loss": math.nan})
 nestor.report({"loss": 1.0, "extra": 2, "note": "ok", "sizes": [1, 2], "flags": {"warm": True}})
 
 # A driver that cannot be reached: a clear error, not a hang.
-os.environ["NESTOR_ADDR"] = "http://127.0.0.1:1"
+plan = json.loads(os.environ["NESTOR_RUN"])
+plan["channel"] = {"addr": "http://127.0.0.1:1"}
+os.environ["NESTOR_RUN"] = json.dumps(plan)
 os.environ["NESTOR_CONNECT_TIMEOUT_S"] = "1"
 nestor._channel = None
 expect(nestor.ReportError, lambda: nestor.report({"loss": 1.0}), "cannot reach the nestor driver at http://127.0.0.1:1")

@@ -1,6 +1,7 @@
 """A worker whose checkpoint is a tree (nested directories, an empty file,
 an empty directory, a file of several chunks), shipped to the driver and
-fetched back (NESTOR_SHIP_CHECKPOINTS / NESTOR_CHECKPOINT_FETCH). The first
+fetched back (NESTOR_NODE_VIEW=unshared: the routes of nodes that share no
+directory with the driver). The first
 run checkpoints steps 1 and 2 and dies at step 3; the restarted run checks
 that the tree it resumes from is the one saved at step 2, byte for byte,
 and reports it."""

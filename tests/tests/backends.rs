@@ -59,11 +59,11 @@ fn a_backend_whose_hook_raises_fails_the_run_naming_its_error_and_still_shuts_do
 #[test]
 fn torch_trainer_is_a_backend_whose_ranks_meet_in_one_process_group_through_a_file_or_the_group() {
     // On one machine the ranks meet through a file; where the nodes share
-    // none (NESTOR_RENDEZVOUS=driver, as on Slurm nodes without a shared
+    // none (NESTOR_NODE_VIEW=unshared: the routes of Slurm nodes without a shared
     // directory), rank 0's store address goes through the worker group.
     for (workers, meet) in [(1u64, "file"), (2, "file"), (3, "file"), (2, "driver")] {
         let dir = tempfile::tempdir().unwrap();
-        let env: Vec<(&str, String)> = if meet == "driver" { vec![("NESTOR_RENDEZVOUS", "driver".into())] } else { vec![] };
+        let env: Vec<(&str, String)> = if meet == "driver" { vec![("NESTOR_NODE_VIEW", "unshared".into())] } else { vec![] };
         let out =
             passed(torch_python(dir.path(), "tests/py/backend.py", &[dir.path().to_str().unwrap(), &workers.to_string(), "torch"], &env));
         let total = (workers * (workers + 1) / 2) as f64;

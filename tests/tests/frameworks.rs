@@ -305,7 +305,7 @@ fn a_sharded_checkpoint_restores_whole_on_ranks_that_fetch_it_from_the_driver() 
     // ranks fetch the whole checkpoint and end as an uninterrupted run.
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("s");
-    let env = [("NESTOR_CHECKPOINT_FETCH", "1".to_string()), ("SLOW_S", "0.5".to_string()), ("EPOCHS", "4".to_string())];
+    let env = [("NESTOR_NODE_VIEW", "unshared".to_string()), ("SLOW_S", "0.5".to_string()), ("EPOCHS", "4".to_string())];
     let mut run = torch_python_cmd(dir.path(), "tests/py/frameworks.py", &[storage.to_str().unwrap(), "fsdp", "fetched", "2"], &env)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

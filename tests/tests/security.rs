@@ -283,7 +283,8 @@ fn a_report_channel_off_loopback_is_tls_and_answers_no_one_else() {
             .map(|t| String::from_utf8_lossy(t).into_owned())
             .unwrap()
     };
-    let (ca, token) = (var("NESTOR_TLS_CA"), var("NESTOR_TOKEN"));
+    let plan: serde_json::Value = serde_json::from_str(&var("NESTOR_RUN")).unwrap();
+    let (ca, token) = (plan["channel"]["tls_ca"].as_str().unwrap().to_string(), var("NESTOR_TOKEN"));
     assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
     let other = trainer::tls::ReportTls::generate().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -389,11 +389,7 @@ fn without_a_shared_directory_ranks_ship_their_checkpoints_through_the_driver() 
     let started = std::time::Instant::now();
     let victim = loop {
         let log = std::fs::read_to_string(trial.join("logs/rank-1.log")).unwrap_or_default();
-        let needle = format!("NESTOR_TRIAL_DIR={}\0", trial.display());
-        let pid = common::processes_mentioning(&trial.display().to_string()).into_iter().find(|pid| {
-            let environ = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()).into_owned();
-            environ.contains(&needle) && environ.contains("\0RANK=1\0")
-        });
+        let pid = common::rank_pid(&trial, 1);
         if let (true, Some(pid)) = (log.contains("acked step 3"), pid) {
             break pid;
         }

@@ -502,7 +502,7 @@ fn a_python_checkpoint_tree_is_shipped_and_fetched_back_whole() {
         dir.path().join("sweep.toml"),
         format!(
             "[experiment]\nname = \"tree\"\nmetric = \"loss\"\nmode = \"min\"\n\n[space]\nx = 1\n\n[trainer]\ncommand = [\"{}\", \"{}\"]\n\
-             env = {{ NESTOR_SHIP_CHECKPOINTS = \"1\", NESTOR_CHECKPOINT_FETCH = \"1\" }}\n\n[failure]\nmax_failures = 1\n",
+             env = {{ NESTOR_NODE_VIEW = \"unshared\" }}\n\n[failure]\nmax_failures = 1\n",
             python.display(),
             script.display()
         ),

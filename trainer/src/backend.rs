@@ -32,6 +32,9 @@ pub struct LaunchSpec {
     /// The checkpoint to resume from (`.../checkpoint_NNNNNN`, holding a
     /// `rank-<r>/` shard per rank), if any.
     pub checkpoint: Option<PathBuf>,
+    /// That checkpoint's URI where it lies in the trial's object store:
+    /// ranks that reach the store read their shards from it directly.
+    pub checkpoint_uri: Option<String>,
     /// Iterations already done (the resumed checkpoint's iteration); the first
     /// report of this run is iteration `start_iteration + 1`.
     pub start_iteration: u64,
@@ -61,6 +64,7 @@ impl LaunchSpec {
             storage: Storage::local(&trial_dir),
             trial_dir,
             checkpoint: None,
+            checkpoint_uri: None,
             start_iteration: 0,
             checkpoint_frequency: 0,
             workers: vec![WorkerBundle::cpus(1.0)],

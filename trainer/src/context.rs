@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use crate::backend::{Directive, StopLevel};
 use crate::checkpoint::CheckpointError;
 use crate::collective::{Collective, CollectiveError, ReduceOp};
+use crate::contract::{CheckpointOut, ResumeFrom, RunPlan};
 use crate::intake::{Intake, IntakeError};
 use crate::proto;
 use crate::shards::{read_chunks, ChunkWriter};
@@ -212,17 +213,13 @@ pub struct Context {
     acknowledged: u64,
     /// The local copy of a shard fetched from the driver, removed on drop.
     fetched: Option<PathBuf>,
-    /// Checkpoints go to the driver as chunks (`NESTOR_SHIP_CHECKPOINTS`):
-    /// it cannot read this node's directories.
-    ship: bool,
-    /// Where this rank copies a checkpoint before reporting it
-    /// (`NESTOR_CHECKPOINT_STAGING`): the driver moves the copy into place.
-    staging: Option<PathBuf>,
+    /// Where a checkpoint goes (the plan's route, after any upload to the store).
+    out: CheckpointOut,
     /// The trial's checkpoints in an object store, where this rank uploads
-    /// its shards itself (`NESTOR_CHECKPOINT_STORE`); None once an upload
-    /// failed (it then stages or ships, as without a store).
+    /// its shards itself (the plan's `Upload` route); None once an upload
+    /// failed (it then takes `out`, as without a store).
     store: Option<crate::Storage>,
-    /// The experiment's data sets' plan (`NESTOR_DATASETS`), if it has any.
+    /// The experiment's data sets' plan, if it has any.
     datasets: Option<PathBuf>,
 }
 
@@ -287,8 +284,7 @@ impl Context {
             last_iteration: None,
             acknowledged: spec.start_iteration,
             fetched: None,
-            ship: false,
-            staging: None,
+            out: CheckpointOut::InPlace,
             store: None,
             datasets: spec.datasets.clone(),
         }
@@ -305,45 +301,31 @@ impl Context {
         }
     }
 
-    /// Builds the context of a worker process from the variables nestor sets
-    /// (`NESTOR_ADDR`, `NESTOR_TOKEN`, `NESTOR_TRIAL_ID`, `NESTOR_CONFIG`, ...).
+    /// Builds the context of a worker process from the run's plan nestor
+    /// gives it (`NESTOR_RUN`, with the token in `NESTOR_TOKEN`; the older
+    /// variables of an experiment started before the plan are read too) and
+    /// its place by torchrun's names (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, ...).
     pub fn from_env() -> Result<Self, ReportError> {
-        let var =
-            |k: &str| std::env::var(k).map_err(|_| ReportError::Environment(format!("{k} is not set; run this program through nestor")));
-        let addr = var("NESTOR_ADDR")?;
-        let token = var("NESTOR_TOKEN")?;
-        let trial_id = var("NESTOR_TRIAL_ID")?;
-        let config_text = var("NESTOR_CONFIG")?;
-        let config: Value =
-            serde_json::from_str(&config_text).map_err(|e| ReportError::Environment(format!("NESTOR_CONFIG is not JSON: {e}")))?;
-        let trial_dir = PathBuf::from(std::env::var("NESTOR_TRIAL_DIR").unwrap_or_default());
-        let mut checkpoint = std::env::var("NESTOR_CHECKPOINT").ok().filter(|s| !s.is_empty()).map(PathBuf::from);
-        let flag = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
+        let (plan, token) = RunPlan::from_env().map_err(ReportError::Environment)?;
         let num = |k: &str, default: u32| -> Result<u32, ReportError> {
             match std::env::var(k) {
                 Ok(v) => v.parse().map_err(|_| ReportError::Environment(format!("{k}={v:?} is not a number"))),
                 Err(_) => Ok(default),
             }
         };
-        let start_iteration: u64 = match std::env::var("NESTOR_START_ITERATION") {
-            Ok(v) => v.parse().map_err(|_| ReportError::Environment(format!("NESTOR_START_ITERATION={v:?} is not a number")))?,
-            Err(_) => 0,
-        };
-        let checkpoint_frequency: u64 = match std::env::var("NESTOR_CHECKPOINT_FREQUENCY") {
-            Ok(v) => v.parse().map_err(|_| ReportError::Environment(format!("NESTOR_CHECKPOINT_FREQUENCY={v:?} is not a number")))?,
-            Err(_) => 0,
-        };
-        if std::env::var("NESTOR_PREEMPTION_SIGNAL").is_ok_and(|s| s == "USR1") {
+        if plan.preemption.as_ref().is_some_and(|p| p.signal == "USR1") {
             watch_preemption();
         }
         let rank = num("RANK", 0)?;
         let local_rank = num("LOCAL_RANK", rank)?;
-        let world_size = num("WORLD_SIZE", 1)?;
+        let world_size = num("WORLD_SIZE", plan.world.size)?;
         let local_world_size = num("LOCAL_WORLD_SIZE", world_size)?;
         let node_rank = num("NODE_RANK", 0)?;
+        let routes = plan.routes_here(Path::exists).clone();
+        let RunPlan { trial, channel, datasets, .. } = plan;
+        let addr = channel.addr;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| ReportError::Transport(e.to_string()))?;
-        let ca = std::env::var(crate::tls::CA_VAR).ok();
-        let endpoint = crate::tls::endpoint(&addr, ca.as_deref())
+        let endpoint = crate::tls::endpoint(&addr, channel.tls_ca.as_deref())
             .map_err(ReportError::Environment)?
             .connect_timeout(Duration::from_secs(10))
             .initial_stream_window_size(Some(4 << 20))
@@ -353,55 +335,78 @@ impl Context {
             endpoint.connect_lazy()
         };
         let mut client = proto::reporter_client::ReporterClient::new(channel);
-        // A node that cannot read the driver's copy of the checkpoint gets its shard from the driver.
-        let mut fetched = None;
-        if flag("NESTOR_CHECKPOINT_FETCH") {
-            let dest = std::env::temp_dir().join(format!("nestor-{trial_id}-rank-{rank}-{}", std::process::id()));
-            let request = proto::ShardRequest {
-                version: 1,
-                trial_id: trial_id.clone(),
-                token: token.clone(),
-                rank,
-                path: String::new(),
-                whole: false,
-            };
-            let _ = std::fs::remove_dir_all(&dest);
-            match rt.block_on(fetch_shard(&mut client, request, &dest, &addr)) {
-                Ok(true) => {
-                    checkpoint = Some(dest.clone());
-                    fetched = Some(dest);
-                }
-                Ok(false) => checkpoint = None,
-                Err(e) => {
-                    let _ = std::fs::remove_dir_all(&dest);
-                    return Err(e);
+        let scratch = || std::env::temp_dir().join(format!("nestor-{}-rank-{rank}-{}", trial.id, std::process::id()));
+        let (checkpoint, fetched) = match &routes.back {
+            ResumeFrom::None => (None, None),
+            ResumeFrom::Local { checkpoint } => (Some(crate::checkpoint::shard_for(checkpoint, rank)), None),
+            // A node that cannot read the driver's copy of the checkpoint gets its shard from the driver.
+            ResumeFrom::Driver => {
+                let dest = scratch();
+                let request = proto::ShardRequest {
+                    version: 1,
+                    trial_id: trial.id.clone(),
+                    token: token.clone(),
+                    rank,
+                    path: String::new(),
+                    whole: false,
+                };
+                let _ = std::fs::remove_dir_all(&dest);
+                match rt.block_on(fetch_shard(&mut client, request, &dest, &addr)) {
+                    Ok(true) => (Some(dest.clone()), Some(dest)),
+                    Ok(false) => (None, None),
+                    Err(e) => {
+                        let _ = std::fs::remove_dir_all(&dest);
+                        return Err(e);
+                    }
                 }
             }
+            // A rank that reaches the store reads its shard from it, without the driver.
+            ResumeFrom::Store { uri, .. } => {
+                let dest = scratch();
+                let _ = std::fs::remove_dir_all(&dest);
+                let location = uri.rsplit_once('/').map_or(uri.as_str(), |(parent, _)| parent);
+                let storage = crate::Storage::parse(location).map_err(|e| ReportError::Environment(format!("{uri}: {e}")))?;
+                match rt.block_on(storage.fetch_shard(uri, rank, &dest)) {
+                    Ok(true) => (Some(dest.clone()), Some(dest)),
+                    Ok(false) => (None, None),
+                    Err(e) => {
+                        let _ = std::fs::remove_dir_all(&dest);
+                        return Err(ReportError::Checkpoint(e));
+                    }
+                }
+            }
+        };
+        let (store, out) = match routes.out {
+            CheckpointOut::Upload { store, otherwise, .. } => (crate::Storage::parse(&store).ok(), *otherwise),
+            out => (None, out),
+        };
+        if out == CheckpointOut::Ship {
+            // The trial's directory is the driver's; on this node it is one of the same path, made here.
+            let _ = std::fs::create_dir_all(&trial.dir);
         }
         Ok(Self {
-            trial_id,
-            config,
-            trial_dir,
+            trial_id: trial.id,
+            config: trial.config,
+            trial_dir: trial.dir,
             checkpoint,
-            start_iteration,
-            checkpoint_frequency,
+            start_iteration: trial.start_iteration,
+            checkpoint_frequency: trial.checkpoint_frequency,
             rank,
             local_rank,
             world_size,
             local_world_size,
             node_rank,
-            experiment_name: std::env::var("NESTOR_EXPERIMENT_NAME").unwrap_or_default(),
-            storage_path: std::env::var("NESTOR_STORAGE_PATH").unwrap_or_default(),
+            experiment_name: trial.experiment_name,
+            storage_path: trial.storage_path,
             trial_dir_ready: std::cell::Cell::new(false),
             transport: Transport::Grpc { rt: Box::new(rt), client, token, session: None },
             driver_addr: addr,
             last_iteration: None,
-            acknowledged: start_iteration,
+            acknowledged: trial.start_iteration,
             fetched,
-            ship: flag("NESTOR_SHIP_CHECKPOINTS"),
-            staging: std::env::var_os("NESTOR_CHECKPOINT_STAGING").filter(|v| !v.is_empty()).map(PathBuf::from),
-            store: std::env::var("NESTOR_CHECKPOINT_STORE").ok().filter(|v| !v.is_empty()).and_then(|v| crate::Storage::parse(&v).ok()),
-            datasets: std::env::var_os("NESTOR_DATASETS").filter(|v| !v.is_empty()).map(PathBuf::from),
+            out,
+            store,
+            datasets,
         })
     }
 
@@ -638,8 +643,9 @@ impl Context {
                         }
                     }
                 }
-                match checkpoint {
-                    Some(dir) if self.ship => {
+                match (checkpoint, &self.out) {
+                    (None, _) => {}
+                    (Some(dir), CheckpointOut::Ship) => {
                         let head = proto::ShardChunk {
                             version: 1,
                             trial_id: self.trial_id.clone(),
@@ -649,16 +655,13 @@ impl Context {
                         };
                         checkpoint_upload = rt.block_on(ship_shard(client, dir, head, &self.driver_addr))?;
                     }
-                    Some(dir) => match &self.staging {
-                        Some(staging) => {
-                            checkpoint_dir = stage_shard(dir, staging, self.rank)?.to_string_lossy().into_owned();
-                            checkpoint_staged = true;
-                        }
-                        None => {
-                            checkpoint_dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).to_string_lossy().into_owned()
-                        }
-                    },
-                    None => {}
+                    (Some(dir), CheckpointOut::Stage { dir: staging }) => {
+                        checkpoint_dir = stage_shard(dir, staging, self.rank)?.to_string_lossy().into_owned();
+                        checkpoint_staged = true;
+                    }
+                    (Some(dir), CheckpointOut::InPlace | CheckpointOut::Upload { .. }) => {
+                        checkpoint_dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).to_string_lossy().into_owned()
+                    }
                 }
                 let request = proto::ReportRequest {
                     version: 1,

@@ -17,6 +17,7 @@ mod cluster;
 mod collective;
 pub mod conformance;
 mod context;
+pub mod contract;
 pub mod data;
 mod function;
 mod groups;

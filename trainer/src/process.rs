@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
+use crate::contract::{ChannelPlan, NodeView, PlanSettings, RunPlan, TrialPlan, WorldPlan};
 use crate::groups::{describe_exit_since, dies_with_driver, signal_group, wait_groups_gone, OomKills};
 use crate::scaling::TorchConfig;
 use crate::service::ReportServer;
@@ -137,46 +138,52 @@ pub(crate) struct ReportTo<'a> {
     pub(crate) ca: Option<&'a str>,
 }
 
-/// The variables every rank of a run gets alike: where the driver listens
-/// (and, over TLS, the authority its certificate is signed by) and the run's token, the trial, its config and checkpoint cadence, the
-/// collective's backend, and where the ranks meet (`MASTER_ADDR`,
-/// `MASTER_PORT`, `NESTOR_RENDEZVOUS_FILE`).
-pub(crate) fn common_env(
-    cfg: &ProcessConfig,
-    spec: &LaunchSpec,
-    driver: ReportTo<'_>,
-    token: &str,
-    master_addr: &str,
-    master_port: u16,
-    rendezvous: &Path,
-) -> Vec<(String, String)> {
-    [
-        ("MASTER_ADDR", master_addr.to_string()),
-        ("MASTER_PORT", master_port.to_string()),
-        ("NESTOR_RENDEZVOUS_FILE", rendezvous.display().to_string()),
-        ("NESTOR_ADDR", driver.url.to_string()),
-        ("NESTOR_TOKEN", token.to_string()),
-        ("NESTOR_TRIAL_ID", spec.trial_id.clone()),
-        ("NESTOR_TRIAL_DIR", spec.trial_dir.display().to_string()),
-        // Where a rank copies its checkpoint before reporting it (the driver
-        // then moves it into place: it never reads a rank's own directory).
-        ("NESTOR_CHECKPOINT_STAGING", spec.trial_dir.join(".incoming").display().to_string()),
-        ("NESTOR_CONFIG", spec.config.to_string()),
-        ("NESTOR_START_ITERATION", spec.start_iteration.to_string()),
-        ("NESTOR_CHECKPOINT_FREQUENCY", spec.checkpoint_frequency.to_string()),
-        ("NESTOR_USE_GPU", if cfg.use_gpu { "1" } else { "0" }.to_string()),
-        ("NESTOR_TORCH_BACKEND", cfg.torch.backend_for(cfg.use_gpu).as_str().to_string()),
-        ("NESTOR_COLLECTIVE_TIMEOUT_S", cfg.torch.timeout_s.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .chain(driver.ca.map(|ca| (crate::tls::CA_VAR.to_string(), ca.to_string())))
-    .chain(spec.datasets.iter().map(|p| ("NESTOR_DATASETS".to_string(), p.display().to_string())))
-    .chain(direct_upload(spec))
-    .chain(experiment_env(cfg, spec))
-    .chain(accelerate_on_cpus(cfg, spec))
-    .chain(grpc_fork_support(cfg))
-    .collect()
+/// The plan's settings for a launch of `spec` by an engine configured
+/// with `cfg`, ranks reporting to `driver` and meeting at `rendezvous`
+/// (a fresh file of this launch, where the nodes share files).
+pub(crate) fn plan_settings(cfg: &ProcessConfig, spec: &LaunchSpec, driver: ReportTo<'_>, rendezvous: Option<&Path>) -> PlanSettings {
+    let (name, storage) = experiment_of(cfg, spec);
+    let store = ranks_upload(spec).then(|| spec.storage.uri(""));
+    PlanSettings {
+        trial: TrialPlan {
+            id: spec.trial_id.clone(),
+            dir: spec.trial_dir.clone(),
+            config: spec.config.clone(),
+            start_iteration: spec.start_iteration,
+            checkpoint_frequency: spec.checkpoint_frequency,
+            experiment_name: name,
+            storage_path: storage,
+        },
+        world: WorldPlan {
+            size: spec.world_size(),
+            use_gpu: cfg.use_gpu,
+            torch_backend: cfg.torch.backend_for(cfg.use_gpu).as_str().to_string(),
+            collective_timeout_s: cfg.torch.timeout_s,
+        },
+        channel: ChannelPlan { addr: driver.url.to_string(), tls_ca: driver.ca.map(str::to_string) },
+        checkpoint: spec.checkpoint.clone(),
+        checkpoint_uri: spec.checkpoint_uri.clone().filter(|_| store.is_some()),
+        store,
+        uploader: nestor_binary(),
+        rendezvous_file: rendezvous.map(Path::to_path_buf),
+        datasets: spec.datasets.clone(),
+        preemption: None,
+    }
+}
+
+/// The variables every rank of a run gets alike: the plan and the token,
+/// where the ranks meet by torchrun's names (`MASTER_ADDR`, `MASTER_PORT`;
+/// an empty address is left to the engine's script), and the switches
+/// frameworks and gRPC read.
+pub(crate) fn common_env(cfg: &ProcessConfig, plan: &RunPlan, token: &str, master_addr: &str, master_port: u16) -> Vec<(String, String)> {
+    let master = (!master_addr.is_empty()).then(|| ("MASTER_ADDR".to_string(), master_addr.to_string()));
+    master
+        .into_iter()
+        .chain([("MASTER_PORT".to_string(), master_port.to_string())])
+        .chain(plan.env(token))
+        .chain(accelerate_on_cpus(cfg, plan.world.size))
+        .chain(grpc_fork_support(cfg))
+        .collect()
 }
 
 /// gRPC's own fork handling off in the ranks (and the warm process they
@@ -196,41 +203,29 @@ fn grpc_fork_support(cfg: &ProcessConfig) -> Option<(String, String)> {
 /// Hugging Face Accelerate's switch for ranks without GPUs: without it an
 /// `Accelerator()` on CPUs is not distributed (each rank would train on
 /// all the data alone, `num_processes` 1), even under torchrun.
-fn accelerate_on_cpus(cfg: &ProcessConfig, spec: &LaunchSpec) -> Option<(String, String)> {
-    (!cfg.use_gpu && spec.world_size() > 1 && !cfg.env.contains_key("ACCELERATE_USE_CPU"))
+fn accelerate_on_cpus(cfg: &ProcessConfig, world_size: u32) -> Option<(String, String)> {
+    (!cfg.use_gpu && world_size > 1 && !cfg.env.contains_key("ACCELERATE_USE_CPU"))
         .then(|| ("ACCELERATE_USE_CPU".to_string(), "true".to_string()))
 }
 
 /// The experiment's name and where it is stored (`<storage>/<name>/trials/<id>`
 /// is the trial's directory), for the ranks' `TrainContext`; a front end
-/// that set them (the Python driver: its `storage_path` may be a bucket) keeps its own.
-fn experiment_env(cfg: &ProcessConfig, spec: &LaunchSpec) -> Vec<(String, String)> {
-    let Some(exp_dir) = spec.trial_dir.parent().and_then(Path::parent) else { return Vec::new() };
-    let name = exp_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let storage = exp_dir.parent().map(|p| p.display().to_string()).unwrap_or_default();
-    [("NESTOR_EXPERIMENT_NAME", name), ("NESTOR_STORAGE_PATH", storage)]
-        .into_iter()
-        .filter(|(k, _)| !cfg.env.contains_key(*k))
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
+/// that set them (the Python driver: its `storage_path` may be a bucket)
+/// keeps its own (`NESTOR_EXPERIMENT_NAME`, `NESTOR_STORAGE_PATH` in its `env`).
+fn experiment_of(cfg: &ProcessConfig, spec: &LaunchSpec) -> (String, String) {
+    let exp_dir = spec.trial_dir.parent().and_then(Path::parent);
+    let name = exp_dir.and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let storage = exp_dir.and_then(Path::parent).map(|p| p.display().to_string()).unwrap_or_default();
+    (cfg.env.get("NESTOR_EXPERIMENT_NAME").cloned().unwrap_or(name), cfg.env.get("NESTOR_STORAGE_PATH").cloned().unwrap_or(storage))
 }
 
-/// Where ranks upload their checkpoint shards themselves when the trial's
-/// checkpoints go to an object store (`NESTOR_CHECKPOINT_STORE`, with the
-/// store's credentials from the environment they inherit), and the binary
-/// that Python ranks upload with (`NESTOR_UPLOADER`: `nestor put-shard`).
-/// Not with `NESTOR_RANKS_UPLOAD=0` in the driver's environment.
-fn direct_upload(spec: &LaunchSpec) -> Vec<(String, String)> {
-    // NESTOR_RANKS_UPLOAD=0 on the driver: every byte through the driver
-    // (nodes without credentials for the store).
-    if spec.storage.is_local() || std::env::var("NESTOR_RANKS_UPLOAD").is_ok_and(|v| v == "0") {
-        return Vec::new();
-    }
-    let mut env = vec![("NESTOR_CHECKPOINT_STORE".to_string(), spec.storage.uri(""))];
-    if let Some(exe) = nestor_binary() {
-        env.push(("NESTOR_UPLOADER".to_string(), exe));
-    }
-    env
+/// Whether ranks upload their checkpoint shards to the trial's object
+/// store themselves (with the store's credentials from the environment
+/// they inherit): not for local storage, nor with `NESTOR_RANKS_UPLOAD=0`
+/// in the driver's environment (nodes without credentials for the store:
+/// every byte through the driver).
+fn ranks_upload(spec: &LaunchSpec) -> bool {
+    !spec.storage.is_local() && !std::env::var("NESTOR_RANKS_UPLOAD").is_ok_and(|v| v == "0")
 }
 
 /// This process's binary when it is `nestor` (the driver), for what ranks
@@ -239,9 +234,26 @@ pub(crate) fn nestor_binary() -> Option<String> {
     std::env::current_exe().ok().filter(|exe| exe.file_name().is_some_and(|n| n == "nestor")).map(|exe| exe.display().to_string())
 }
 
-/// The variables of one rank on this machine, beside the common ones, and
-/// whether it resumes (`NESTOR_CHECKPOINT`, else removed).
-fn rank_env(cfg: &ProcessConfig, spec: &LaunchSpec, rank: u32, common: &[(String, String)]) -> (Vec<(String, String)>, Vec<String>) {
+/// What the process engine's ranks see: this machine's directories, unless
+/// `NESTOR_NODE_VIEW=unshared` (in `[trainer] env`, else the driver's
+/// environment) has them take the routes of nodes that share no directory
+/// with the driver (checkpoints shipped and fetched through the channel,
+/// the ranks meeting through the driver): a cluster's routes, tried on one machine.
+fn local_view(cfg: &ProcessConfig) -> Result<NodeView, LaunchError> {
+    let set = cfg.env.get(NODE_VIEW_VAR).cloned().or_else(|| std::env::var(NODE_VIEW_VAR).ok());
+    match set.as_deref() {
+        None | Some("" | "shared") => Ok(NodeView::Shared),
+        Some("unshared") => Ok(NodeView::Unshared),
+        Some(other) => Err(LaunchError::Refused(format!("{NODE_VIEW_VAR}={other:?}: give shared or unshared"))),
+    }
+}
+
+/// The setting of [`local_view`].
+pub const NODE_VIEW_VAR: &str = "NESTOR_NODE_VIEW";
+
+/// The variables of one rank on this machine, beside the common ones:
+/// its place by torchrun's names, its devices and threads.
+fn rank_env(cfg: &ProcessConfig, spec: &LaunchSpec, rank: u32, common: &[(String, String)]) -> Vec<(String, String)> {
     let bundle = spec.bundle(rank);
     let world = spec.world_size().to_string();
     let mut env: Vec<(String, String)> = cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -260,16 +272,11 @@ fn rank_env(cfg: &ProcessConfig, spec: &LaunchSpec, rank: u32, common: &[(String
         .into_iter()
         .map(|(k, v)| (k.to_string(), v)),
     );
-    let mut unset = Vec::new();
-    match &spec.checkpoint {
-        Some(c) => env.push(("NESTOR_CHECKPOINT".into(), crate::checkpoint::shard_for(c, rank).display().to_string())),
-        None => unset.push("NESTOR_CHECKPOINT".to_string()),
-    }
-    (env, unset)
+    env
 }
 
 impl ProcessBackend {
-    fn command(&self, env: &[(String, String)], unset: &[String], log_path: &Path) -> Result<tokio::process::Command, LaunchError> {
+    fn command(&self, env: &[(String, String)], log_path: &Path) -> Result<tokio::process::Command, LaunchError> {
         let cfg = &self.config;
         let open_log = || {
             std::fs::OpenOptions::new()
@@ -287,9 +294,6 @@ impl ProcessBackend {
             .stderr(stderr)
             .process_group(0)
             .kill_on_drop(false);
-        for k in unset {
-            cmd.env_remove(k);
-        }
         if let Some(dir) = &cfg.working_dir {
             cmd.current_dir(dir);
         }
@@ -317,15 +321,11 @@ impl Backend for ProcessBackend {
         let log_paths: Vec<PathBuf> = (0..world_size).map(|r| logs.join(format!("rank-{r}.log"))).collect();
         // A fresh file per launch: a store file left by an earlier run would hold its keys.
         let rendezvous = logs.join(format!(".rendezvous-{key}"));
-        let common = common_env(
-            cfg,
-            &spec,
-            ReportTo { url: &self.server.url(), ca: self.server.ca_pem() },
-            &token,
-            "127.0.0.1",
-            master_port,
-            &rendezvous,
-        );
+        let view = local_view(cfg)?;
+        let rendezvous_file = (view == NodeView::Shared).then_some(rendezvous.as_path());
+        let plan =
+            RunPlan::new(plan_settings(cfg, &spec, ReportTo { url: &self.server.url(), ca: self.server.ca_pem() }, rendezvous_file), &view);
+        let common = common_env(cfg, &plan, &token, "127.0.0.1", master_port);
         let envs: Vec<_> = (0..world_size).map(|rank| rank_env(cfg, &spec, rank, &common)).collect();
         let roots = spec.roots(cfg.working_dir.as_deref());
         let trial_id = spec.trial_id.clone();
@@ -348,9 +348,13 @@ impl Backend for ProcessBackend {
             let monitor = monitor(Arc::clone(&groups), stop, registration);
             supervise(spec.trial_id, events, groups, libc::SIGKILL, async move {
                 let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();
-                for (rank, (env, unset)) in envs.into_iter().enumerate() {
-                    let rank_spec =
-                        RankSpec { env: env.into_iter().collect(), unset, cwd: cwd.clone(), log: monitor.log_paths[rank].clone() };
+                for (rank, env) in envs.into_iter().enumerate() {
+                    let rank_spec = RankSpec {
+                        env: env.into_iter().collect(),
+                        unset: Vec::new(),
+                        cwd: cwd.clone(),
+                        log: monitor.log_paths[rank].clone(),
+                    };
                     match queue.fork(rank_spec).await {
                         Ok(forked) => {
                             monitor.add_group(forked.pid);
@@ -376,8 +380,8 @@ impl Backend for ProcessBackend {
             return Ok(handle);
         }
         let mut commands = Vec::with_capacity(world_size as usize);
-        for (rank, (env, unset)) in envs.iter().enumerate() {
-            commands.push(self.command(env, unset, &log_paths[rank])?);
+        for (rank, env) in envs.iter().enumerate() {
+            commands.push(self.command(env, &log_paths[rank])?);
         }
         let registration = self.server.register(&spec, token, roots, events.clone());
         let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();

@@ -417,6 +417,33 @@ impl Storage {
         }
     }
 
+    /// Downloads rank `rank`'s shard of the checkpoint `uri` (below this
+    /// object store location) into `dest`: its own, or rank 0's where it
+    /// saved none (as [`crate::shard_for`] picks). `Ok(false)`: the
+    /// checkpoint holds neither. What a rank that reaches the store
+    /// restores from, without the driver.
+    pub async fn fetch_shard(&self, uri: &str, rank: u32, dest: &Path) -> Result<bool, CheckpointError> {
+        let Kind::Object { store, .. } = &*self.kind else {
+            return Err(CheckpointError::Foreign(format!("{uri}: this trial's checkpoints are not in an object store")));
+        };
+        let rel = self.relative(uri).ok_or_else(|| CheckpointError::Foreign(uri.to_string()))?.to_string();
+        for shard in [format!("rank-{rank}"), "rank-0".to_string()] {
+            let files = self.checkpoint_files(store, &format!("{rel}/{shard}"), uri).await?;
+            if files.is_empty() {
+                continue;
+            }
+            let downloads = files.into_iter().map(|(meta, parts)| {
+                let to = parts.iter().fold(dest.to_path_buf(), |p, s| p.join(s));
+                let store = Arc::clone(store);
+                let uri = format!("{uri}/{shard}/{}", parts.join("/"));
+                async move { download_file(store, &meta.location, &uri, &to).await }
+            });
+            futures_util::stream::iter(downloads).buffer_unordered(FILES_IN_FLIGHT).try_collect::<Vec<()>>().await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     /// Copies the checkpoint at `uri` (below this location) into `dest` (a
     /// trial's storage) under the same name, every shard but not its commit
     /// marker, and returns the copy's location. A copy left half done by a

@@ -282,6 +282,7 @@ impl Trainer {
                 checkpoint_frequency: 0,
                 workers: allocation.workers.clone(),
                 storage: crate::Storage::local(&dir),
+                checkpoint_uri: None,
                 checkpoint_roots: Vec::new(),
                 datasets: None,
             };

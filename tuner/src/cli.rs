@@ -232,8 +232,8 @@ enum Command {
         format: Format,
     },
     /// Upload a rank's checkpoint shard to the object store its trial's
-    /// checkpoints go to (what worker clients run when nestor gives them
-    /// `NESTOR_CHECKPOINT_STORE`); prints the checkpoint's URI.
+    /// checkpoints go to (what Python ranks run when their run's plan sends
+    /// checkpoints to an object store); prints the checkpoint's URI.
     PutShard {
         /// The rank's checkpoint directory.
         dir: PathBuf,
@@ -246,9 +246,22 @@ enum Command {
         #[arg(long)]
         rank: u32,
     },
+    /// Download a rank's shard of a checkpoint in an object store into a
+    /// local directory (what Python ranks run when their run's plan resumes
+    /// from the store): its own, or rank 0's where it saved none; prints
+    /// `fetched`, or `none` when the checkpoint holds neither.
+    GetShard {
+        /// The checkpoint's URI (`s3://bucket/prefix/.../checkpoint_000004`).
+        uri: String,
+        /// The directory to download into.
+        dest: PathBuf,
+        /// The rank.
+        #[arg(long)]
+        rank: u32,
+    },
     /// Send standard input to the driver as a trial's job output (what a
     /// trial's Slurm job runs when its node does not see the experiment's
-    /// directory; the run is named by `NESTOR_ADDR`, `NESTOR_TRIAL_ID` and
+    /// directory; the run is named by its plan, `NESTOR_RUN`, and
     /// `NESTOR_TOKEN`). Never blocks the writer: output the driver cannot
     /// take in time is dropped, and said.
     RelayOutput,
@@ -498,6 +511,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Export { dir, format } => reading(&dir, |d| export(d, format)),
         Command::Fetch { uri, dest } => fetch(&uri, &dest),
         Command::PutShard { dir, store, iteration, rank } => put_shard(&dir, &store, iteration, rank),
+        Command::GetShard { uri, dest, rank } => get_shard(&uri, &dest, rank),
         Command::RelayOutput => relay_output(),
         Command::Sample { file, n, sets } => sample(&file, n, &sets),
     }
@@ -1152,6 +1166,18 @@ fn put_shard(dir: &Path, store: &str, iteration: u64, rank: u32) -> Result<(), F
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, e.to_string()))?;
     let uri = rt.block_on(storage.upload_shard(dir, iteration, rank)).map_err(|e| fail(1, e.to_string()))?;
     writeln!(std::io::stdout(), "{uri}").map_err(out_err)
+}
+
+fn get_shard(uri: &str, dest: &Path, rank: u32) -> Result<(), Failure> {
+    let fail = |code: u8, message: String| Failure { code, message };
+    let location = uri.trim_end_matches('/').rsplit_once('/').map_or(uri, |(parent, _)| parent);
+    let storage = trainer::Storage::parse(location).map_err(|e| fail(2, e.to_string()))?;
+    if storage.is_local() {
+        return Err(fail(2, format!("{uri}: not an object store URL")));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, e.to_string()))?;
+    let fetched = rt.block_on(storage.fetch_shard(uri.trim_end_matches('/'), rank, dest)).map_err(|e| fail(1, e.to_string()))?;
+    writeln!(std::io::stdout(), "{}", if fetched { "fetched" } else { "none" }).map_err(out_err)
 }
 
 fn relay_output() -> Result<(), Failure> {

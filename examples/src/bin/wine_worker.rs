@@ -1,5 +1,5 @@
 //! A nestor worker process: trains the wine-quality MLP with the config
-//! nestor passes in `NESTOR_CONFIG` and reports over gRPC. Run it through
+//! in its run plan (`NESTOR_RUN`) and reports over gRPC. Run it through
 //! `nestor run examples/wine.toml`.
 
 fn main() -> anyhow::Result<()> {

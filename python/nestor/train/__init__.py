@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from .. import PreemptionInfo, ReportError, get_preemption_info
+from .. import PreemptionInfo, ReportError, _contract, get_preemption_info
 from .. import get_context as _worker_context
 from .. import report as _worker_report
 from .._results import Result, TrainingFailedError
@@ -195,11 +195,13 @@ class TrainContext:
         return self._ctx.trial_dir
 
     def get_experiment_name(self) -> str:
-        return os.environ.get("NESTOR_EXPERIMENT_NAME", "")
+        plan = _contract.plan()
+        return plan.experiment_name if plan else ""
 
     def get_storage(self) -> str:
         """Where the experiment's checkpoints go (a directory or a URL)."""
-        return os.environ.get("NESTOR_STORAGE_PATH", "")
+        plan = _contract.plan()
+        return plan.storage_path if plan else ""
 
     def get_trial_resources(self) -> Any:
         """What this rank was given, as Ray gives it (a ``PlacementGroupFactory``; ``["CPU"]`` reads it as a dict)."""
@@ -244,7 +246,8 @@ def get_checkpoint() -> Optional[Checkpoint]:
         return None
     checkpoint = Checkpoint(path)
     checkpoint._rank = _worker_context().world_rank
-    if os.environ.get("NESTOR_CHECKPOINT_FETCH") == "1" and os.environ.get("NESTOR_ADDR"):
+    plan = _contract.plan()
+    if plan and plan.back.get("kind") == "driver":
         checkpoint._whole = _fetch_whole
     return checkpoint
 

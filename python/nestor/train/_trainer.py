@@ -5,6 +5,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, Optional
 
+from .. import _contract
 from . import RunConfig, ScalingConfig
 from .._results import Result, TrainingFailedError
 
@@ -92,7 +93,7 @@ class _Trainer:
         """Runs the training function once on every worker; returns its
         result, or raises ``TrainingFailedError`` naming the failed rank, its
         node and its traceback."""
-        if os.environ.get("NESTOR_TRIAL_ID") and os.environ.get("NESTOR_ADDR"):
+        if _contract.inside():
             return self._fit_in_trial()
         return self._fit()
 
@@ -107,7 +108,8 @@ class _Trainer:
         rc = self.run_config or RunConfig()
         changes: Dict[str, Any] = {}
         if not rc.storage_path:
-            changes["storage_path"] = os.path.join(os.environ.get("NESTOR_TRIAL_DIR") or os.getcwd(), "train")
+            plan = _contract.plan()
+            changes["storage_path"] = os.path.join((plan.trial_dir if plan else "") or os.getcwd(), "train")
         if not rc.name:
             changes["name"] = "train"
         if changes:

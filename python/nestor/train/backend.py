@@ -35,6 +35,8 @@ import struct
 import sys
 from typing import Any, Callable, List, Optional, Type
 
+from .. import _contract
+
 __all__ = ["Backend", "BackendConfig", "WorkerGroup", "run"]
 
 
@@ -201,8 +203,9 @@ class _Hub:
         from .. import _get_channel, get_context
 
         ctx = get_context()
-        token = os.environ.get("NESTOR_TOKEN", "")
-        timeout = float(os.environ.get("NESTOR_COLLECTIVE_TIMEOUT_S", "1800"))
+        token = _contract.token()
+        plan = _contract.plan()
+        timeout = plan.collective_timeout_s if plan else 1800.0
         channel = _get_channel()
         if rank == 0:
             address = _node_address()

@@ -85,15 +85,18 @@ fn main() -> anyhow::Result<()> {
     }
     if ctx.param::<bool>("dump_env").unwrap_or(false) {
         let var = |k: &str| std::env::var(k).ok();
+        // What the run's plan says, by the names of the variables it replaced.
+        let plan: serde_json::Value = var("NESTOR_RUN").and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default();
+        let meet = &plan["routes"]["meet"];
         let dump = serde_json::json!({
             "RANK": var("RANK"), "WORLD_SIZE": var("WORLD_SIZE"), "LOCAL_RANK": var("LOCAL_RANK"),
             "LOCAL_WORLD_SIZE": var("LOCAL_WORLD_SIZE"), "NODE_RANK": var("NODE_RANK"),
             "MASTER_ADDR": var("MASTER_ADDR"), "MASTER_PORT": var("MASTER_PORT"),
             "CUDA_VISIBLE_DEVICES": var("CUDA_VISIBLE_DEVICES"), "OMP_NUM_THREADS": var("OMP_NUM_THREADS"),
-            "NESTOR_TORCH_BACKEND": var("NESTOR_TORCH_BACKEND"), "NESTOR_RENDEZVOUS_FILE": var("NESTOR_RENDEZVOUS_FILE"), "NESTOR_TRIAL_ID": var("NESTOR_TRIAL_ID"),
-            "NESTOR_ADDR": var("NESTOR_ADDR"), "SLURMD_NODENAME": var("SLURMD_NODENAME"), "SLURM_JOB_ID": var("SLURM_JOB_ID"),
+            "NESTOR_TORCH_BACKEND": plan["world"]["torch_backend"], "NESTOR_RENDEZVOUS_FILE": meet["path"], "NESTOR_TRIAL_ID": plan["trial"]["id"],
+            "NESTOR_ADDR": plan["channel"]["addr"], "SLURMD_NODENAME": var("SLURMD_NODENAME"), "SLURM_JOB_ID": var("SLURM_JOB_ID"),
             "pid": std::process::id(), "child": leaked, "local_rank": ctx.local_rank(), "world_size": ctx.world_size(),
-            "NESTOR_CHECKPOINT": var("NESTOR_CHECKPOINT"), "started_at": started_at,
+            "NESTOR_CHECKPOINT": ctx.checkpoint().map(|c| c.display().to_string()), "plan": plan, "started_at": started_at,
         });
         let path = ctx.trial_dir().join(format!("rank-{rank}.json"));
         std::fs::write(&path, dump.to_string())?;
@@ -204,7 +207,8 @@ fn read_dataset(mut ctx: Context, name: &str) -> anyhow::Result<()> {
     let start = ctx.start_iteration();
     let mut shard = ctx.dataset_shard(name)?;
     // Whether this rank's node sees the plan's file (else it was fetched from the driver).
-    let plan_seen = std::env::var_os("NESTOR_DATASETS").is_some_and(|p| std::path::Path::new(&p).exists());
+    let plan: serde_json::Value = std::env::var("NESTOR_RUN").ok().and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default();
+    let plan_seen = plan["datasets"].as_str().is_some_and(|p| std::path::Path::new(p).exists());
     println!("RANK {}", serde_json::json!({ "rank": rank, "pid": std::process::id(), "start": start, "plan_seen": plan_seen }));
     let scratch = ctx.trial_dir().join(format!(".scratch-rank-{rank}-{}", std::process::id()));
     for epoch in start..steps {

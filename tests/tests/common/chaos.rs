@@ -342,10 +342,9 @@ fn ranks(exp: &Path) -> Vec<(u32, u32, String, String)> {
     let mut out: Vec<(u32, u32, String, String)> = processes_mentioning(&needle)
         .into_iter()
         .filter_map(|pid| {
-            let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-            let env = String::from_utf8_lossy(&env);
-            let var = |k: &str| env.split('\0').find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('='))).map(str::to_string);
-            Some((pid, var("RANK")?.parse().ok()?, var("NESTOR_TRIAL_ID")?, var("SLURMD_NODENAME").unwrap_or_default()))
+            let env = super::environ_of(pid);
+            let trial = super::plan_of(&env)["trial"]["id"].as_str()?.to_string();
+            Some((pid, env.get("RANK")?.parse().ok()?, trial, env.get("SLURMD_NODENAME").cloned().unwrap_or_default()))
         })
         .collect();
     out.sort();
@@ -379,10 +378,8 @@ fn listed_jobs(cluster: &SlurmCluster) -> Vec<(String, String)> {
 /// The trial whose ranks run in Slurm job `id`.
 fn trial_of_job(exp: &Path, id: &str) -> Option<String> {
     processes_mentioning(&exp.display().to_string()).into_iter().find_map(|pid| {
-        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-        let env = String::from_utf8_lossy(&env);
-        let var = |k: &str| env.split('\0').find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('='))).map(str::to_string);
-        (var("SLURM_JOB_ID")? == id).then(|| var("NESTOR_TRIAL_ID")).flatten()
+        let env = super::environ_of(pid);
+        (env.get("SLURM_JOB_ID")? == id).then(|| super::plan_of(&env)["trial"]["id"].as_str().map(str::to_string)).flatten()
     })
 }
 

@@ -281,13 +281,23 @@ impl Drop for S3Server {
     }
 }
 
-/// The pid of the worker process of `rank` whose environment names `trial_dir`.
+/// The environment of process `pid` (empty when it is gone or not readable).
+pub fn environ_of(pid: u32) -> std::collections::BTreeMap<String, String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    String::from_utf8_lossy(&raw).split('\0').filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect()
+}
+
+/// The run's plan a rank process was started with (`NESTOR_RUN`), or null.
+pub fn plan_of(env: &std::collections::BTreeMap<String, String>) -> serde_json::Value {
+    env.get("NESTOR_RUN").and_then(|p| serde_json::from_str(p).ok()).unwrap_or_default()
+}
+
+/// The pid of the worker process of `rank` whose run's plan names `trial_dir`.
 pub fn rank_pid(trial_dir: &Path, rank: u32) -> Option<u32> {
-    let needle = format!("NESTOR_TRIAL_DIR={}\0", trial_dir.display());
-    let rank_var = format!("\0RANK={rank}\0");
-    processes_mentioning(&trial_dir.display().to_string()).into_iter().find(|pid| {
-        let environ = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()).into_owned();
-        environ.contains(&needle) && environ.contains(&rank_var)
+    let dir = trial_dir.display().to_string();
+    processes_mentioning(&dir).into_iter().find(|&pid| {
+        let env = environ_of(pid);
+        plan_of(&env)["trial"]["dir"] == dir.as_str() && env.get("RANK") == Some(&rank.to_string())
     })
 }
 

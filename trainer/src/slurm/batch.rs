@@ -51,16 +51,16 @@ use super::output::{step_outcome, StepEnd, StepWatch};
 use super::step::cpus_per_task;
 use super::submit::sh_quote;
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
-use crate::process::{common_env, free_port, log_tail, ProcessConfig, ReportTo};
+use crate::contract::{NodeView, Preemption, RunPlan};
+use crate::process::{common_env, free_port, log_tail, plan_settings, ProcessConfig, ReportTo};
 use crate::scaling::PlacementStrategy;
 use crate::service::{Registration, ReportServer};
 use crate::supervise::{supervise, Escalation, Groups, StopStep};
 use crate::token::random_token;
 
 /// Run by each rank before the worker, inside the job: its place from
-/// Slurm's task variables, its checkpoint shard from the per-rank table.
-const PROLOGUE: &str = r#"r=${SLURM_PROCID:?not a Slurm task}; f=$((r + 1))
-pick() { printf '%s' "$1" | cut -d';' -f"$f"; }
+/// Slurm's task variables.
+const PROLOGUE: &str = r#"r=${SLURM_PROCID:?not a Slurm task}
 RANK=$r; WORLD_SIZE=$SLURM_NTASKS; LOCAL_RANK=${SLURM_LOCALID:-0}; NODE_RANK=${SLURM_NODEID:-0}; GROUP_RANK=$NODE_RANK
 LOCAL_WORLD_SIZE=1; i=0
 for part in $(printf '%s' "${SLURM_STEP_TASKS_PER_NODE:-1}" | tr ',' ' '); do
@@ -72,11 +72,8 @@ done
 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 MASTER_ADDR=${NESTOR_MASTER_ADDR:-${SLURM_LAUNCH_NODE_IPADDR:-$(hostname)}}
 export RANK WORLD_SIZE LOCAL_RANK NODE_RANK GROUP_RANK LOCAL_WORLD_SIZE OMP_NUM_THREADS MASTER_ADDR
-if [ -n "$NESTOR_SHIP_CHECKPOINTS" ]; then mkdir -p "$NESTOR_TRIAL_DIR"; fi
 if [ -z "$NESTOR_GPUS_FROM_SLURM" ]; then unset CUDA_VISIBLE_DEVICES; fi
-c=$(pick "$NESTOR_RANKS_CKPT")
-if [ -n "$c" ]; then export NESTOR_CHECKPOINT="$c"; else unset NESTOR_CHECKPOINT; fi
-unset NESTOR_RANKS_CKPT NESTOR_GPUS_FROM_SLURM NESTOR_MASTER_ADDR
+unset NESTOR_GPUS_FROM_SLURM NESTOR_MASTER_ADDR
 g=; if [ -n "$CUDA_VISIBLE_DEVICES" ]; then g=", GPUs $CUDA_VISIBLE_DEVICES"; fi
 echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK$g)" >&2
 exec "$@""#;
@@ -289,9 +286,8 @@ pub(crate) fn job_args(jobs: &SlurmJobsConfig, name: &str, bundles: &[crate::Wor
 ///
 /// Its output goes to the file the driver made for it
 /// (`NESTOR_JOB_OUTPUT`) when this node sees it; else to the driver
-/// through `nestor relay-output` (`NESTOR_RELAY`), the ranks then shipping
-/// their checkpoints through the driver (fetching the one they resume
-/// from, `NESTOR_JOB_RESUMES`) and meeting through it.
+/// through `nestor relay-output` (`NESTOR_RELAY`). The ranks make the
+/// same test for their routes: the plan's probe is that file.
 pub(crate) fn batch_script(command: &[String], gpus: bool) -> String {
     let words: Vec<String> = command.iter().map(|w| sh_quote(w)).collect();
     let gres = if gpus { "" } else { " --gres=none" };
@@ -309,12 +305,9 @@ pub(crate) fn batch_script(command: &[String], gpus: bool) -> String {
            else\n    \
              exec >/dev/null 2>&1\n  \
            fi\n  \
-           echo \"{UNSHARED}${{SLURMD_NODENAME:-$(hostname)}}: the job's output and its ranks' checkpoints go through the driver\"\n  \
-           export NESTOR_SHIP_CHECKPOINTS=1 NESTOR_RENDEZVOUS=driver NESTOR_RANKS_CKPT=\n  \
-           unset NESTOR_RENDEZVOUS_FILE\n  \
-           if [ -n \"$NESTOR_JOB_RESUMES\" ]; then export NESTOR_CHECKPOINT_FETCH=1; fi\n\
+           echo \"{UNSHARED}${{SLURMD_NODENAME:-$(hostname)}}: the job's output and its ranks' checkpoints go through the driver\"\n\
          fi\n\
-         unset NESTOR_JOB_RESUMES NESTOR_RELAY\n\
+         unset NESTOR_RELAY\n\
          finish() {{\n  \
            if [ -n \"$relay\" ]; then exec >/dev/null 2>&1; wait \"$relay\"; fi\n  \
            exit \"$1\"\n\
@@ -351,36 +344,30 @@ impl Backend for SlurmJobsBackend {
         let name = format!("{}{}-{}", self.prefix, spec.trial_id, &key);
         let output = logs.join(format!("job-{}.out", &key));
         let rendezvous = logs.join(format!(".rendezvous-{key}"));
-        let shards: Vec<String> = (0..world)
-            .map(|r| spec.checkpoint.as_ref().map(|c| crate::checkpoint::shard_for(c, r).display().to_string()).unwrap_or_default())
-            .collect();
-        let mut env: Vec<(String, String)> = cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        // MASTER_ADDR is the job's first node, known once it runs (the prologue sets it).
-        env.extend(
-            common_env(cfg, &spec, ReportTo { url: &self.report_url, ca: self.server.ca_pem() }, &token, "", free_port(), &rendezvous)
-                .into_iter()
-                .filter(|(k, _)| k != "MASTER_ADDR"),
-        );
-        env.push(("NESTOR_RANKS_CKPT".into(), shards.join(";")));
+        // The job writes its output here when its node sees it (the batch
+        // script looks for it); else it relays to the driver, and its ranks
+        // take the routes without the experiment's directory.
+        let view = NodeView::Unknown { probe: output.clone() };
+        let mut settings =
+            plan_settings(cfg, &spec, ReportTo { url: &self.report_url, ca: self.server.ca_pem() }, Some(rendezvous.as_path()));
         if self.jobs.signal_s > 0 {
             // Ranks record SIGUSR1 (get_preemption_info) instead of dying of it.
-            env.push(("NESTOR_PREEMPTION_SIGNAL".into(), "USR1".into()));
-            env.push(("NESTOR_PREEMPTION_NOTICE_S".into(), self.jobs.signal_s.to_string()));
+            settings.preemption = Some(Preemption { signal: "USR1".into(), notice_s: self.jobs.signal_s });
         }
+        let plan = RunPlan::new(settings, &view);
+        let mut env: Vec<(String, String)> = cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        // MASTER_ADDR is the job's first node, known once it runs (the prologue sets it).
+        env.extend(common_env(cfg, &plan, &token, "", free_port()));
         let gpus = bundles.iter().any(|b| !b.gpus.is_empty());
         if gpus {
             env.push(("NESTOR_GPUS_FROM_SLURM".into(), "1".into()));
         }
         let spread = Spread::of(bundles.len(), self.strategy);
         let args = job_args(&self.jobs, &name, &bundles, spread);
-        // The job writes here when its node sees it (the batch script looks for it); else it relays to the driver.
         std::fs::write(&output, b"").map_err(|source| LaunchError::Io { path: output.clone(), source })?;
         env.push(("NESTOR_JOB_OUTPUT".into(), output.display().to_string()));
         if let Some(relay) = crate::process::nestor_binary() {
             env.push(("NESTOR_RELAY".into(), relay));
-        }
-        if spec.checkpoint.is_some() {
-            env.push(("NESTOR_JOB_RESUMES".into(), "1".into()));
         }
         let script = batch_script(&cfg.command, gpus);
         let (log_paths, rank_files, job_log, job_file) = super::output::open_logs(&logs, world, "job.log")?;

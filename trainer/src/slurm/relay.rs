@@ -38,26 +38,21 @@ struct Queue {
 /// Who the output is sent as: the run's report address and credentials.
 #[derive(Debug, Clone)]
 pub struct RelayTarget {
-    /// `NESTOR_ADDR`.
+    /// The driver's address (the plan's channel).
     pub addr: String,
-    /// `NESTOR_TRIAL_ID`.
+    /// The trial's id.
     pub trial_id: String,
-    /// `NESTOR_TOKEN`.
+    /// The run's token.
     pub token: String,
-    /// `NESTOR_TLS_CA`: the authority the driver's certificate is signed by.
+    /// Over TLS, the authority the driver's certificate is signed by.
     pub ca: Option<String>,
 }
 
 impl RelayTarget {
-    /// The run's target from the environment a job's batch script has.
+    /// The run's target from the plan a job's batch script has (`NESTOR_RUN`, `NESTOR_TOKEN`).
     pub fn from_env() -> Result<Self, String> {
-        let var = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set (run inside a nestor trial's job)"));
-        Ok(Self {
-            addr: var("NESTOR_ADDR")?,
-            trial_id: var("NESTOR_TRIAL_ID")?,
-            token: var("NESTOR_TOKEN")?,
-            ca: std::env::var(crate::tls::CA_VAR).ok(),
-        })
+        let (plan, token) = crate::contract::RunPlan::from_env().map_err(|e| format!("{e} (run inside a nestor trial's job)"))?;
+        Ok(Self { addr: plan.channel.addr, trial_id: plan.trial.id, token, ca: plan.channel.tls_ca })
     }
 }
 

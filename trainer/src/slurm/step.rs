@@ -27,8 +27,9 @@ use super::output::StepWatch;
 use super::supervisor::{Health, StepMonitor};
 use super::SlurmAllocation;
 use crate::backend::{Backend, Event, LaunchError, LaunchSpec, StepProgress, TrialHandle};
+use crate::contract::{NodeView, RunPlan};
 use crate::groups::dies_with_driver;
-use crate::process::{common_env, free_port, ProcessConfig, ReportTo};
+use crate::process::{common_env, free_port, plan_settings, ProcessConfig, ReportTo};
 use crate::service::ReportServer;
 use crate::supervise::{supervise, Escalation, Groups};
 use crate::token::random_token;
@@ -68,10 +69,7 @@ LOCAL_RANK=$(pick "$NESTOR_RANKS_LOCAL"); NODE_RANK=$(pick "$NESTOR_RANKS_NODE")
 LOCAL_WORLD_SIZE=$(pick "$NESTOR_RANKS_LWS"); OMP_NUM_THREADS=$(pick "$NESTOR_RANKS_OMP")
 if [ -z "$NESTOR_GPUS_FROM_SLURM" ]; then CUDA_VISIBLE_DEVICES=$(pick "$NESTOR_RANKS_CUDA"); fi
 export RANK WORLD_SIZE LOCAL_RANK NODE_RANK GROUP_RANK LOCAL_WORLD_SIZE OMP_NUM_THREADS CUDA_VISIBLE_DEVICES
-if [ -n "$NESTOR_SHIP_CHECKPOINTS" ]; then mkdir -p "$NESTOR_TRIAL_DIR"; fi
-c=$(pick "$NESTOR_RANKS_CKPT")
-if [ -n "$c" ]; then export NESTOR_CHECKPOINT="$c"; else unset NESTOR_CHECKPOINT; fi
-unset NESTOR_RANKS_LOCAL NESTOR_RANKS_NODE NESTOR_RANKS_LWS NESTOR_RANKS_OMP NESTOR_RANKS_CUDA NESTOR_RANKS_CKPT NESTOR_GPUS_FROM_SLURM
+unset NESTOR_RANKS_LOCAL NESTOR_RANKS_NODE NESTOR_RANKS_LWS NESTOR_RANKS_OMP NESTOR_RANKS_CUDA NESTOR_GPUS_FROM_SLURM
 g=; if [ -n "$CUDA_VISIBLE_DEVICES" ]; then g=", GPUs $CUDA_VISIBLE_DEVICES"; fi
 echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK$g)" >&2
 exec "$@""#;
@@ -301,8 +299,8 @@ impl Layout {
     }
 
     /// The per-rank tables the prologue reads (`;`-separated, in rank
-    /// order); `shards` is each rank's checkpoint shard (empty: none).
-    fn rank_tables(&self, bundles: &[crate::WorkerBundle], shards: &[String]) -> Vec<(&'static str, String)> {
+    /// order): each rank's place and devices by torchrun's names.
+    fn rank_tables(&self, bundles: &[crate::WorkerBundle]) -> Vec<(&'static str, String)> {
         let table = |f: &dyn Fn(usize) -> String| (0..bundles.len()).map(f).collect::<Vec<_>>().join(";");
         let mut env = vec![
             ("NESTOR_RANKS_LOCAL", table(&|r| self.local[r].to_string())),
@@ -310,7 +308,6 @@ impl Layout {
             ("NESTOR_RANKS_LWS", table(&|r| self.local_world[r].to_string())),
             ("NESTOR_RANKS_OMP", table(&|r| bundles[r].omp_threads().to_string())),
             ("NESTOR_RANKS_CUDA", table(&|r| bundles[r].cuda_visible_devices())),
-            ("NESTOR_RANKS_CKPT", table(&|r| shards.get(r).cloned().unwrap_or_default())),
         ];
         if matches!(self.gpus, StepGpus::Slurm(_)) {
             env.push(("NESTOR_GPUS_FROM_SLURM", "1".into()));
@@ -355,37 +352,21 @@ impl Backend for SlurmBackend {
         // What the step holds, should it outlive this driver stuck on a lost node (read by a resume).
         let record = super::startup::record_path(&spec.trial_dir, &key);
         super::startup::write_record(&spec.trial_dir, &key, &bundles);
-        let shards: Vec<String> = (0..world)
-            .map(|r| match &spec.checkpoint {
-                Some(c) if !self.shipping => crate::checkpoint::shard_for(c, r).display().to_string(),
-                _ => String::new(),
-            })
-            .collect();
+        let view = if self.shipping { NodeView::Unshared } else { NodeView::Shared };
+        // No file the nodes share: no rendezvous file either; ranks meet through the driver.
+        let rendezvous_file = (!self.shipping).then_some(rendezvous.as_path());
+        let plan =
+            RunPlan::new(plan_settings(cfg, &spec, ReportTo { url: &self.report_url, ca: self.server.ca_pem() }, rendezvous_file), &view);
         let mut cmd = tokio::process::Command::from(srun(&self.allocation.job_id));
         cmd.args(layout.srun_args(&step_name, &bundles)).args(["/bin/sh", "-c", PROLOGUE, "nestor-rank"]).args(&cfg.command);
         cmd.envs(&cfg.env)
-            .envs(common_env(
-                cfg,
-                &spec,
-                ReportTo { url: &self.report_url, ca: self.server.ca_pem() },
-                &token,
-                &master,
-                master_port,
-                &rendezvous,
-            ))
-            .envs(layout.rank_tables(&bundles, &shards))
+            .envs(common_env(cfg, &plan, &token, &master, master_port))
+            .envs(layout.rank_tables(&bundles))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(false);
-        if self.shipping {
-            // No file the nodes share: no rendezvous file either; ranks meet through the driver.
-            cmd.env_remove("NESTOR_RENDEZVOUS_FILE").env("NESTOR_SHIP_CHECKPOINTS", "1").env("NESTOR_RENDEZVOUS", "driver");
-            if spec.checkpoint.is_some() {
-                cmd.env("NESTOR_CHECKPOINT_FETCH", "1");
-            }
-        }
         if let Some(dir) = &cfg.working_dir {
             cmd.current_dir(dir);
         }
@@ -462,13 +443,11 @@ mod tests {
         {
             assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
         }
-        let tables: std::collections::BTreeMap<_, _> =
-            layout.rank_tables(&ranks, &["s0".into(), String::new(), "s2".into()]).into_iter().collect();
+        let tables: std::collections::BTreeMap<_, _> = layout.rank_tables(&ranks).into_iter().collect();
         assert_eq!(tables["NESTOR_RANKS_LOCAL"], "0;0;1");
         assert_eq!(tables["NESTOR_RANKS_NODE"], "0;1;0");
         assert_eq!(tables["NESTOR_RANKS_LWS"], "2;1;2");
         assert_eq!(tables["NESTOR_RANKS_OMP"], "1;1;1");
-        assert_eq!(tables["NESTOR_RANKS_CKPT"], "s0;;s2");
         assert!(!tables.contains_key("NESTOR_GPUS_FROM_SLURM"));
         // A rank on a node the job does not hold is refused, naming it.
         let err = Layout::new(&allocation, &[on("c", 1.0)]).unwrap_err();

@@ -803,6 +803,7 @@ impl Runner {
             checkpoint_frequency: self.settings.checkpoint.every().unwrap_or(0),
             workers: allocation.workers.clone(),
             storage: self.checkpoints.of_trial(&record.id),
+            checkpoint_uri: None,
             checkpoint_roots: self.settings.checkpoint.allowed_dirs.clone(),
             datasets: self.settings.datasets.clone(),
         };

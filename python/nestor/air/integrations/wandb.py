@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
+from ... import _contract
 from ...tune.logger import _BinaryLogger
 from . import _Noop
 
@@ -62,7 +63,8 @@ def setup_wandb(config: Optional[Dict[str, Any]] = None, api_key: Optional[str] 
             api_key = f.readline().strip()
     if api_key:
         os.environ["WANDB_API_KEY"] = api_key
-    experiment = os.environ.get("NESTOR_EXPERIMENT_NAME") or None
+    plan = _contract.plan()
+    experiment = (plan.experiment_name if plan else "") or None
     settings = {"id": ctx.trial_id if experiment is None else f"{experiment}-{ctx.trial_id}", "name": ctx.trial_id,
                 "group": experiment, "resume": "allow", "config": dict(config or {})}
     settings.update(kwargs)

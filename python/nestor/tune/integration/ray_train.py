@@ -15,6 +15,7 @@ import os
 import signal
 from typing import Any, Dict, List, Optional
 
+from ... import _contract
 from ...train import UserCallback
 
 #: The metric naming the trainer's checkpoint in the trial's results (Ray's key).
@@ -28,7 +29,7 @@ class TuneReportCallback(UserCallback):
     """Reports each result of a trainer's run to the Tune trial that runs it."""
 
     def __init__(self) -> None:
-        if not (os.environ.get("NESTOR_TRIAL_ID") and os.environ.get("NESTOR_ADDR")):
+        if not _contract.inside():
             raise RuntimeError("TuneReportCallback must be used in a Tune session: in the function a tune.Tuner runs")
         #: The trial was stopped (by its scheduler or a stopper): the trainer's run is being stopped.
         self.stopped = False
