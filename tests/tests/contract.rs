@@ -4,12 +4,14 @@
 //! routes, the ones the fixture expects. A route added to one reader and
 //! not the other, or read differently, fails here.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;
 
 use serde_json::{json, Value};
-use trainer::contract::{CheckpointOut, ResumeFrom, Rendezvous, RunPlan};
+use trainer::contract::{CheckpointOut, Rendezvous, ResumeFrom, RunPlan};
 
 fn fixtures() -> Vec<(String, Value)> {
     let dir = common::python::repo().join("tests/contract");

@@ -41,13 +41,19 @@ fn checkpoints_upload_commit_keep_n_and_restore_after_a_driver_kill() {
 
     ok(nestor_env(dir.path(), &["resume", "local/s3run", "--plain"], &s3.env()));
     let trial = local.join("trials/trial_00000");
-    // Each rank restarted from a local copy of its own shard, fetched from the bucket.
+    // Each rank restarted from its own shard, downloaded from the bucket by the rank itself: the driver fetched nothing.
     for r in 0..2 {
         let env: serde_json::Value = serde_json::from_str(&read(&trial.join(format!("rank-{r}.json")))).unwrap();
         let from = env["NESTOR_CHECKPOINT"].as_str().unwrap();
-        assert!(from.starts_with(&trial.join("restore/checkpoint_").display().to_string()), "{from}");
-        assert!(from.ends_with(&format!("rank-{r}")), "{from}");
+        let own = std::env::temp_dir().join(format!("nestor-trial_00000-rank-{r}-"));
+        assert!(from.starts_with(&own.display().to_string()), "{from}");
+        assert_eq!(env["plan"]["routes"]["back"]["kind"], "store", "{env}");
+        assert!(env["plan"]["routes"]["back"]["uri"]
+            .as_str()
+            .unwrap()
+            .starts_with("s3://bucket/runs/s3run/trials/trial_00000/checkpoint_"));
     }
+    assert!(!trial.join("restore").exists(), "the driver downloaded the checkpoint");
     let grid = ResultGrid::load(&local).unwrap();
     let t = grid.get("trial_00000").unwrap();
     assert_eq!(t.status, TrialStatus::Terminated);

@@ -358,4 +358,12 @@ pub trait Backend: Send + Sync {
     /// Exactly one [`EventKind::Exited`] follows, once nothing of the run
     /// is left, whatever happens to the task that watches it.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError>;
+
+    /// Whether this backend's ranks read a checkpoint in the trial's object
+    /// store themselves ([`LaunchSpec::checkpoint_uri`]): the driver then
+    /// downloads nothing before a restore. Default: no (the driver makes a
+    /// local copy and names it in [`LaunchSpec::checkpoint`]).
+    fn restores_from_store(&self) -> bool {
+        false
+    }
 }

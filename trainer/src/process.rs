@@ -220,12 +220,17 @@ fn experiment_of(cfg: &ProcessConfig, spec: &LaunchSpec) -> (String, String) {
 }
 
 /// Whether ranks upload their checkpoint shards to the trial's object
-/// store themselves (with the store's credentials from the environment
-/// they inherit): not for local storage, nor with `NESTOR_RANKS_UPLOAD=0`
-/// in the driver's environment (nodes without credentials for the store:
-/// every byte through the driver).
+/// store themselves, and restore from it (with the store's credentials
+/// from the environment they inherit): not for local storage, nor with
+/// `NESTOR_RANKS_UPLOAD=0` in the driver's environment (nodes without
+/// credentials for the store: every byte through the driver).
 fn ranks_upload(spec: &LaunchSpec) -> bool {
-    !spec.storage.is_local() && !std::env::var("NESTOR_RANKS_UPLOAD").is_ok_and(|v| v == "0")
+    !spec.storage.is_local() && ranks_reach_store()
+}
+
+/// Unless `NESTOR_RANKS_UPLOAD=0` says the nodes have no credentials for the store.
+pub(crate) fn ranks_reach_store() -> bool {
+    !std::env::var("NESTOR_RANKS_UPLOAD").is_ok_and(|v| v == "0")
 }
 
 /// This process's binary when it is `nestor` (the driver), for what ranks
@@ -303,6 +308,10 @@ impl ProcessBackend {
 }
 
 impl Backend for ProcessBackend {
+    fn restores_from_store(&self) -> bool {
+        ranks_reach_store()
+    }
+
     /// Starts one process per rank, each in its own process group, with the
     /// torchrun variables, its bundle's `CUDA_VISIBLE_DEVICES` and
     /// `OMP_NUM_THREADS`, and the `NESTOR_*` variables (forked from the warm

@@ -661,7 +661,9 @@ impl Runner {
                 return self.give_up(record, msg);
             }
         };
-        if fetch.is_none() && exploit.is_none() && !self.trials.dirty.contains(&record.id) {
+        // Ranks that read the store themselves restore from it: the driver downloads nothing.
+        let direct = !self.checkpoints.storage().is_local() && self.backend.restores_from_store();
+        if (fetch.is_none() || direct) && exploit.is_none() && !self.trials.dirty.contains(&record.id) {
             let local = self.local_checkpoint(&record);
             return self.launch(record, allocation, local);
         }
@@ -703,8 +705,8 @@ impl Runner {
                     fetch = (!storage.is_local()).then_some(uri);
                 }
                 match fetch {
-                    Some(uri) => storage.fetch_checkpoint(&uri, &scratch).await.map(Some).map_err(|e| e.to_string()),
-                    None => Ok(None),
+                    Some(uri) if !direct => storage.fetch_checkpoint(&uri, &scratch).await.map(Some).map_err(|e| e.to_string()),
+                    _ => Ok(None),
                 }
             }
             .await;
@@ -794,16 +796,22 @@ impl Runner {
         record.status = TrialStatus::Running;
         record.started_at = Some(self.clock.unix_now());
         record.resources = allocation.workers.clone();
+        // Where the trial's checkpoints lie in a store its ranks read themselves, they restore from there.
+        let checkpoint_uri = record
+            .latest_checkpoint
+            .as_ref()
+            .filter(|_| !self.checkpoints.storage().is_local() && self.backend.restores_from_store())
+            .map(|c| c.uri.clone());
         let spec = LaunchSpec {
             trial_id: record.id.clone(),
             config: record.config.clone(),
             trial_dir: self.trial_dir(&record.id),
-            checkpoint,
+            checkpoint: if checkpoint_uri.is_some() { None } else { checkpoint },
             start_iteration: record.latest_checkpoint.as_ref().map_or(0, |c| c.iteration),
             checkpoint_frequency: self.settings.checkpoint.every().unwrap_or(0),
             workers: allocation.workers.clone(),
             storage: self.checkpoints.of_trial(&record.id),
-            checkpoint_uri: None,
+            checkpoint_uri,
             checkpoint_roots: self.settings.checkpoint.allowed_dirs.clone(),
             datasets: self.settings.datasets.clone(),
         };
