@@ -77,7 +77,7 @@ fn transport_cause(s: &tonic::Status) -> String {
 fn call_error(s: &tonic::Status, addr: &str) -> ReportError {
     match s.code() {
         tonic::Code::Unavailable if std::error::Error::source(s).is_some() => {
-            ReportError::Transport(format!("cannot reach the nestor driver at {addr} (NESTOR_ADDR): {}", transport_cause(s)))
+            ReportError::Transport(format!("cannot reach the nestor driver at {addr}: {}", transport_cause(s)))
         }
         _ => status_error(s),
     }
@@ -139,7 +139,7 @@ async fn exchange(
             .await
             .map_err(|s| match s.code() {
                 tonic::Code::Unavailable => {
-                    ReportError::Transport(format!("cannot reach the nestor driver at {addr} (NESTOR_ADDR): {}", transport_cause(&s)))
+                    ReportError::Transport(format!("cannot reach the nestor driver at {addr}: {}", transport_cause(&s)))
                 }
                 _ => status_error(&s),
             })?

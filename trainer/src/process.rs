@@ -43,7 +43,7 @@ pub struct ProcessConfig {
     /// Files ranks may fetch from the driver (`GetFile`).
     pub files: Vec<PathBuf>,
     /// TLS on the report channel, with a certificate made for this driver
-    /// (ranks get its authority in `NESTOR_TLS_CA`). The Slurm backends
+    /// (ranks get its authority in their run's plan). The Slurm backends
     /// always encrypt, and so does this one when `report_bind` is not a
     /// loopback address; on loopback the channel is plaintext unless this
     /// is set.
@@ -130,8 +130,8 @@ struct RankExit {
     status: std::io::Result<std::process::ExitStatus>,
 }
 
-/// Where ranks report: the URL they dial (`NESTOR_ADDR`) and, over TLS, the
-/// authority the driver's certificate is signed by (`NESTOR_TLS_CA`).
+/// Where ranks report: the URL they dial and, over TLS, the
+/// authority the driver's certificate is signed by.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReportTo<'a> {
     pub(crate) url: &'a str,

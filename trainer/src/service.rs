@@ -233,7 +233,7 @@ impl ReportServer {
         Ok(Self { addr, registry, shutdown: Some(tx), ca_pem: tls.map(|t| t.ca_pem().to_string()) })
     }
 
-    /// The certificate authority ranks must trust (`NESTOR_TLS_CA`), when
+    /// The certificate authority ranks must trust (the plan's `channel.tls_ca`), when
     /// the channel is TLS.
     pub fn ca_pem(&self) -> Option<&str> {
         self.ca_pem.as_deref()

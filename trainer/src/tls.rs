@@ -2,7 +2,7 @@
 //! modes): the driver makes a certificate authority of its own at start,
 //! signs the report server's certificate with it and drops the
 //! authority's key; ranks get the authority's certificate
-//! (`NESTOR_TLS_CA`, PEM, public) with the rest of their run settings and
+//! (PEM, public) in their run's plan (`channel.tls_ca`) and
 //! accept no other server. The server's key never leaves the driver's
 //! memory. Every message still carries the run's token: TLS keeps it from
 //! anyone watching the network, the token says which run a sender is.
@@ -76,18 +76,18 @@ impl ReportTls {
 /// over TLS, trusting only the authority in `ca` (PEM), when `addr` is
 /// `https://`; plaintext on `http://` (the driver's own machine).
 pub fn endpoint(addr: &str, ca: Option<&str>) -> Result<tonic::transport::Endpoint, String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_string()).map_err(|e| format!("NESTOR_ADDR={addr:?}: {e}"))?;
+    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_string()).map_err(|e| format!("the driver's address {addr:?}: {e}"))?;
     if !addr.starts_with("https://") {
         return Ok(endpoint);
     }
     let Some(ca) = ca.filter(|c| !c.trim().is_empty()) else {
-        return Err(format!("NESTOR_ADDR={addr:?} is TLS, but {CA_VAR} (the driver's certificate authority) is not set"));
+        return Err(format!("the driver's address {addr:?} is TLS, but the run's plan names no certificate authority (channel.tls_ca; {CA_VAR} in an older plan)"));
     };
     let tls = tonic::transport::ClientTlsConfig::new()
         .ca_certificate(tonic::transport::Certificate::from_pem(ca))
         .domain_name(SERVER_NAME)
         .timeout(HANDSHAKE_TIMEOUT);
-    endpoint.tls_config(tls).map_err(|e| format!("{CA_VAR}: {e}"))
+    endpoint.tls_config(tls).map_err(|e| format!("the certificate authority in the run's plan: {e}"))
 }
 
 #[cfg(test)]
