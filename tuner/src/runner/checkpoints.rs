@@ -153,7 +153,7 @@ impl Checkpoints {
         for c in &doomed {
             store.remove_checkpoint(trial_id, c.iteration)?;
         }
-        store.flush()?;
+        store.flush_local()?;
         for c in doomed {
             let storage = self.storage.clone();
             self.background.spawn(trial_id, async move {

@@ -136,14 +136,16 @@ impl Commits {
     }
 
     /// Everything stored so far, made durable now with one flush on the loop
-    /// (a flush under way is covered by it too): the batches it covered.
+    /// (a flush under way is covered by it too): the batches it covered. On
+    /// this machine's disk only: a mirrored store's upload waits for the
+    /// next flush off the loop.
     pub(crate) fn now(&mut self) -> Result<Vec<Batch>, StoreError> {
         let mut batches: Vec<Batch> = self.inflight.take().map(|(_, b)| b).into_iter().collect();
         if !self.reports.is_empty() || !self.ended.is_empty() {
             batches.push(Batch { reports: std::mem::take(&mut self.reports), ended: std::mem::take(&mut self.ended) });
         }
         if !batches.is_empty() && self.durability == Durability::EveryBatch {
-            self.store.flush()?;
+            self.store.flush_local()?;
         }
         Ok(batches)
     }

@@ -734,7 +734,7 @@ impl Runner {
                         self.checkpoints.apply_retention(&self.store, &record.id)?;
                     } else {
                         // The copy is a committed checkpoint like any other: durable, then marked.
-                        self.store.flush()?;
+                        self.store.flush_local()?;
                         self.checkpoints.committed(&self.store, &record.id, &uri, iteration)?;
                     }
                 }

@@ -33,6 +33,9 @@ const BASE_EVERY: u64 = 256;
 
 /// How often a mirror that fell behind tries to catch up.
 const RETRY_BEHIND: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a flush waits for the object store's answer before the copy
+/// falls behind (the upload goes on; a later base covers whatever it was).
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 const MAGIC: &[u8; 8] = b"NSTMIR01";
 
@@ -270,7 +273,24 @@ impl Mirror {
         let sent = self.jobs.lock().unwrap_or_else(PoisonError::into_inner).send(job);
         let gone = || StorageError::Invalid { location: self.storage.uri(""), reason: "the store's uploader has stopped".into() };
         sent.map_err(|_| gone())?;
-        answer.recv().map_err(|_| gone())?
+        match answer.recv_timeout(DEADLINE) {
+            Ok(done) => done,
+            Err(sync_mpsc::RecvTimeoutError::Timeout) => {
+                Err(StorageError::Invalid { location: self.storage.uri(""), reason: format!("no answer within {} s", DEADLINE.as_secs()) })
+            }
+            Err(sync_mpsc::RecvTimeoutError::Disconnected) => Err(gone()),
+        }
+    }
+
+    /// Keeps the journal's operations of a flush that did not upload
+    /// ([`super::Store::flush_local`]): they go up, in their order, with the
+    /// next flush's changes.
+    pub(super) fn defer(&self, journal: &[Op]) {
+        let mut recorded = self.recorded.lock().unwrap_or_else(PoisonError::into_inner);
+        recorded.extend(journal.iter().map(|op| match op {
+            Op::Call(bytes) => Change::Call(bytes.clone()),
+            Op::Start { generation, snapshot } => Change::Start { generation: *generation, snapshot: snapshot.clone() },
+        }));
     }
 
     /// Uploads `changes` as the next log (nothing when there are none); when

@@ -695,6 +695,25 @@ impl Store {
         Ok(())
     }
 
+    /// Makes every write so far durable on this machine (fsync, the
+    /// journal written), without waiting on the object store a mirrored
+    /// store uploads to: what changed goes up with the next
+    /// [`Store::flush`], which the loop runs off its own task. What the
+    /// loop itself calls: an acknowledgement needs this machine's disk only,
+    /// and nothing on the loop waits on a bucket.
+    pub fn flush_local(&self) -> Result<(), StoreError> {
+        let _one = self.flushing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let journal = self.segments.take();
+        if let Some(m) = self.mirror.get() {
+            m.defer(&journal);
+        }
+        self.db.flush().map_err(self.sled_err())?;
+        if !journal.is_empty() && self.snapshot.is_none() {
+            self.segments.write(&self.path, journal).map_err(|e| self.io_err("journal", e))?;
+        }
+        Ok(())
+    }
+
     /// Writes `value` at `key` of tree `n` (of [`mirror::TREES`]), recorded for the mirror.
     fn put(&self, n: u8, key: &[u8], value: Vec<u8>) -> Result<(), StoreError> {
         self.tree(n).insert(key, value.as_slice()).map_err(self.sled_err())?;
@@ -986,6 +1005,33 @@ mod tests {
         store.put_meta("searcher", &serde_json::json!({ "rng": [1, 2] })).unwrap();
         assert_eq!(store.searcher().unwrap(), Some(serde_json::json!({ "rng": [1, 2] })));
         assert_eq!(store.trials().unwrap().len(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_local_flush_waits_on_no_mirror_and_the_next_flush_uploads_what_it_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let bucket = trainer::Storage::local(dir.path().join("bucket"));
+        store.mirror_to(&bucket).await.unwrap();
+        store.push_snapshot(1, vec![7]);
+        store.put_result(&result("t0", 0, 1, 0.5)).unwrap();
+        store.push_journal(vec![1, 2]);
+        let s = store.clone();
+        tokio::task::spawn_blocking(move || s.flush_local()).await.unwrap().unwrap();
+        // Durable here, and not in the mirror yet.
+        let copy = dir.path().join("copy");
+        let mirrored = Store::materialize(&bucket, &copy).await.unwrap();
+        assert!(mirrored.results("t0").unwrap().is_empty());
+        drop(mirrored);
+        store.put_result(&result("t0", 1, 2, 0.4)).unwrap();
+        store.push_journal(vec![3]);
+        let s = store.clone();
+        tokio::task::spawn_blocking(move || s.flush()).await.unwrap().unwrap();
+        // The next flush took up what the local one kept, the journal's calls in their order.
+        let mirrored = Store::materialize(&bucket, &copy).await.unwrap();
+        assert_eq!(mirrored.results("t0").unwrap().len(), 2);
+        let (generation, records) = mirrored.latest_journal().unwrap().unwrap();
+        assert_eq!((generation, records), (1, vec![vec![7], vec![1, 2], vec![3]]));
     }
 
     #[test]
