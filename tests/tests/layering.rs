@@ -1,7 +1,9 @@
 //! The modules of each library crate form no circle: for every top-level
 //! module (a file, or a folder with what is below it), the modules its
 //! code names (`crate::x`, `super::x` from a folder's file) are read from
-//! the sources, tests left out, and the graph must be acyclic. A name the
+//! the sources, test modules left out (the code after them read on), and
+//! the graph must be acyclic; so must the files of each folder, among
+//! themselves. A name the
 //! crate root re-exports (`crate::Tuner`, from `pub use tuner::Tuner` in
 //! lib.rs) counts as its module. A circle means two files that cannot be
 //! read, tested or moved one without the other. The Python package is held
@@ -60,41 +62,97 @@ fn reexports(lib: &str, modules: &BTreeSet<String>) -> BTreeMap<String, String> 
     out
 }
 
-/// Top-level module -> the top-level modules it names.
-fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+/// A file's code without its tests and comments: a `#[cfg(test)]` module
+/// (`mod tests { ... }`, to its closing brace, or `mod tests;`) goes whole,
+/// another `#[cfg(test)]` item its next line; comments (doc links
+/// included) make no dependency. What follows a test module is read on.
+fn code_of(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let after = rest[at + "#[cfg(test)]".len()..].trim_start();
+        rest = if after.starts_with("mod ") {
+            match (after.find(';'), after.find('{')) {
+                (Some(semi), brace) if brace.is_none_or(|b| semi < b) => &after[semi + 1..],
+                (_, Some(open)) => {
+                    // To the matching brace (test modules hold no unbalanced braces in strings).
+                    let mut depth = 0usize;
+                    let end = after[open..]
+                        .char_indices()
+                        .find_map(|(i, c)| {
+                            match c {
+                                '{' => depth += 1,
+                                '}' => depth -= 1,
+                                _ => {}
+                            }
+                            (depth == 0).then_some(open + i + 1)
+                        })
+                        .unwrap_or(after.len());
+                    &after[end..]
+                }
+                _ => "",
+            }
+        } else {
+            after.split_once('\n').map_or("", |(_, r)| r)
+        };
+    }
+    out.push_str(rest);
+    out.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+/// Module -> the modules it names, at two levels: the crate's top-level
+/// modules (a folder is one, with what is below it), and, for each folder,
+/// its files (`folder::file`, naming each other as `super::x` or
+/// `crate::folder::x`).
+fn graphs(src: &Path) -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, BTreeMap<String, BTreeSet<String>>>) {
     let mut files = Vec::new();
     rust_files(src, &mut files);
+    let parts = |p: &Path| -> Vec<String> {
+        p.strip_prefix(src)
+            .map(|rel| rel.components().map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_string()).collect())
+            .unwrap_or_default()
+    };
     let top = |p: &Path| -> Option<String> {
-        let rel = p.strip_prefix(src).ok()?;
-        let first = rel.components().next()?.as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
+        let first = parts(p).into_iter().next()?;
         (first != "lib" && first != "main" && first != "bin").then_some(first)
     };
     let modules: BTreeSet<String> = files.iter().filter_map(|p| top(p)).collect();
     let reexported = reexports(&std::fs::read_to_string(src.join("lib.rs")).unwrap_or_default(), &modules);
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut inner: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
     for f in &files {
         let Some(m) = top(f) else { continue };
-        let text = std::fs::read_to_string(f).unwrap();
-        // Comments (doc links included) make no dependency.
-        let code: String = text
-            .split("#[cfg(test)]")
-            .next()
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let code = code_of(&std::fs::read_to_string(f).unwrap());
         let code = code.as_str();
         let mut names = named_after(code, "crate::");
         // In a folder, `super::x` names a sibling; at the top, the crate root.
-        if f.parent() != Some(src) {
+        let in_folder = f.parent() != Some(src);
+        if in_folder {
             names.extend(named_after(code, "super::"));
         }
         let deps = g.entry(m.clone()).or_default();
-        let names = names.into_iter().map(|n| reexported.get(&n).cloned().unwrap_or(n));
-        deps.extend(names.filter(|n| modules.contains(n) && *n != m));
+        let top_names = names.iter().map(|n| reexported.get(n).cloned().unwrap_or_else(|| n.clone()));
+        deps.extend(top_names.filter(|n| modules.contains(n) && *n != m));
+        // A folder's files, one level down (`mod.rs` is the folder itself).
+        let p = parts(f);
+        if in_folder && p.len() == 2 {
+            let file = p[1].clone();
+            let mut siblings = named_after(code, "super::");
+            siblings.extend(named_after(code, &format!("crate::{m}::")));
+            let folder = inner.entry(m.clone()).or_default();
+            let deps = folder.entry(file.clone()).or_default();
+            deps.extend(siblings.into_iter().filter(|n| *n != file));
+        }
     }
-    g
+    // Names that are not files of the folder (items of its mod.rs, other crates) make no edge.
+    for folder in inner.values_mut() {
+        let files: BTreeSet<String> = folder.keys().cloned().collect();
+        for deps in folder.values_mut() {
+            deps.retain(|d| files.contains(d));
+        }
+    }
+    (g, inner)
 }
 
 /// A circle in `g`, if any.
@@ -126,10 +184,15 @@ fn circle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 fn no_library_crate_has_a_circle_of_modules() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     for krate in ["search", "schedulers", "trainer", "tuner"] {
-        let g = graph(&root.join(krate).join("src"));
+        let (g, folders) = graphs(&root.join(krate).join("src"));
         assert!(g.len() > 5, "{krate}: too few modules read ({g:?})");
         if let Some(c) = circle(&g) {
             panic!("{krate}: modules in a circle: {}", c.join(" -> "));
+        }
+        for (folder, files) in &folders {
+            if let Some(c) = circle(files) {
+                panic!("{krate}: the files of {folder}/ in a circle: {}", c.join(" -> "));
+            }
         }
     }
 }
@@ -142,6 +205,9 @@ fn a_circle_is_found() {
         .collect();
     assert_eq!(circle(&g).unwrap(), ["a", "b", "c", "a"]);
     assert_eq!(named_after("use crate::{x, y::z};\ncrate::w::f()", "crate::"), ["x", "y", "w"]);
+    // Test modules go, inline or not; what follows them is read; a gated item goes with its line.
+    let code = code_of("use crate::a;\n#[cfg(test)]\nmod tests {\n    use crate::b;\n    fn f() { if x { crate::c(); } }\n}\nuse crate::d;\n#[cfg(test)]\nuse crate::e;\n#[cfg(test)] mod more;\n// crate::f\nuse crate::g;");
+    assert_eq!(named_after(&code, "crate::"), ["a", "d", "g"]);
     let modules: BTreeSet<String> = ["tuner", "config"].into_iter().map(str::to_string).collect();
     let r = reexports("pub use tuner::{Errored, Tuner};\npub use config::{\n    a::B as C,\n    D,\n};\npub use search::Space;", &modules);
     assert_eq!(r.get("Tuner").map(String::as_str), Some("tuner"));

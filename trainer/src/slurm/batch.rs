@@ -45,10 +45,10 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 
+use super::commands::cpus_per_task;
 use super::config::SlurmJobsConfig;
 use super::jobs::{JobEnd, JobRow, JobState, JobWatch};
 use super::output::{step_outcome, StepEnd, StepWatch};
-use super::step::cpus_per_task;
 use super::submit::sh_quote;
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
 use crate::contract::{NodeView, Preemption, RunPlan};
@@ -187,7 +187,7 @@ impl SlurmJobsBackend {
         let port = server.addr().port();
         let scheme = server.scheme();
         let report_url = if advertise.contains(':') { format!("{scheme}://{advertise}") } else { format!("{scheme}://{advertise}:{port}") };
-        let prefix = super::step::step_prefix(exp_dir);
+        let prefix = super::commands::step_prefix(exp_dir);
         let board = Board::start(prefix.clone(), Duration::from_secs_f64(jobs.poll_s));
         Ok(Self {
             config: Arc::new(config),
@@ -759,7 +759,7 @@ pub async fn check_job(
     exp_dir: &Path,
 ) -> Result<String, super::SlurmError> {
     let spread = Spread::of(bundles.len(), strategy);
-    let name = format!("{}check", super::step::step_prefix(exp_dir));
+    let name = format!("{}check", super::commands::step_prefix(exp_dir));
     let mut args = job_args(jobs, &name, bundles, spread);
     args.retain(|a| a != "--parsable");
     args.push("--test-only".into());
@@ -790,7 +790,7 @@ pub async fn check_job(
 /// The jobs of the experiment in `exp_dir` Slurm lists as queued or
 /// running (an earlier driver's), cancelled; their ids.
 pub async fn cancel_leftover_jobs(exp_dir: &Path) -> Result<Vec<JobRow>, super::SlurmError> {
-    let mut watch = JobWatch::new(super::step::step_prefix(exp_dir), Duration::ZERO);
+    let mut watch = JobWatch::new(super::commands::step_prefix(exp_dir), Duration::ZERO);
     let left: Vec<JobRow> = watch.jobs().await?.values().filter(|r| r.state.end().is_none()).cloned().collect();
     if left.is_empty() {
         return Ok(left);

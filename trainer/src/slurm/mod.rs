@@ -11,6 +11,7 @@ use std::process::Command;
 use crate::resources::{Gpu, NodeResources, Source};
 
 mod batch;
+mod commands;
 mod config;
 mod jobs;
 mod output;

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use super::commands::{cpus_per_task, srun, step_prefix, steps};
 use super::output::{is_down, node_states};
-use super::step::{cpus_per_task, srun, step_prefix, steps};
 use super::{expand_hostlist, SlurmAllocation, SlurmError};
 use crate::WorkerBundle;
 

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 
+use super::commands::{cpus_per_task, srun, step_prefix};
 use super::output::StepWatch;
 use super::supervisor::{Health, StepMonitor};
 use super::SlurmAllocation;
@@ -33,33 +34,6 @@ use crate::process::{common_env, free_port, plan_settings, ProcessConfig, Report
 use crate::service::ReportServer;
 use crate::supervise::{supervise, Escalation, Groups};
 use crate::token::random_token;
-
-/// `srun` options a job's environment may carry that would change a
-/// step's shape: the step is described by nestor's own options only.
-const STEP_SHAPING: &[&str] = &[
-    "SLURM_NTASKS",
-    "SLURM_NPROCS",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_NTASKS_PER_SOCKET",
-    "SLURM_NTASKS_PER_CORE",
-    "SLURM_NTASKS_PER_GPU",
-    "SLURM_CPUS_PER_TASK",
-    "SLURM_CPUS_PER_GPU",
-    "SLURM_MEM_PER_NODE",
-    "SLURM_MEM_PER_CPU",
-    "SLURM_MEM_PER_GPU",
-    "SLURM_NNODES",
-    "SLURM_DISTRIBUTION",
-    "SLURM_HOSTFILE",
-    "SLURM_GPUS",
-    "SLURM_GPUS_PER_NODE",
-    "SLURM_GPUS_PER_TASK",
-    "SLURM_GRES",
-    "SLURM_TRES_PER_TASK",
-    "SLURM_EXCLUSIVE",
-    "SLURM_OVERLAP",
-    "SLURM_EXACT",
-];
 
 /// Run by each rank before the worker: its row of the per-rank tables.
 const PROLOGUE: &str = r#"r=${SLURM_PROCID:?not a Slurm task}; f=$((r + 1))
@@ -189,46 +163,6 @@ fn step_gpus(allocation: &SlurmAllocation, bundles: &[crate::WorkerBundle]) -> S
     }
 }
 
-/// `nestor-<experiment>-`: the names of the job steps of the experiment in `exp_dir` begin so.
-pub(super) fn step_prefix(exp_dir: &std::path::Path) -> String {
-    format!("nestor-{}-", exp_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
-}
-
-/// A job step as `squeue` lists it.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Listed {
-    /// `job.step`.
-    pub(super) id: String,
-    pub(super) name: String,
-    /// Its nodes, as a host list.
-    pub(super) nodes: String,
-}
-
-/// `job`'s steps now; none when squeue cannot answer.
-pub(super) async fn steps(job: &str) -> Vec<Listed> {
-    let Ok(out) = tokio::process::Command::new("squeue").args(["-h", "-s", "-j", job, "-o", "%i|%j|%N"]).output().await else {
-        return Vec::new();
-    };
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(3, '|').map(str::trim);
-            Some(Listed { id: f.next()?.to_string(), name: f.next()?.to_string(), nodes: f.next().unwrap_or_default().to_string() })
-        })
-        .collect()
-}
-
-/// An `srun` for a step of `job`, without the step-shaping options the
-/// job's environment may carry.
-pub(super) fn srun(job: &str) -> std::process::Command {
-    let mut c = std::process::Command::new("srun");
-    for k in STEP_SHAPING {
-        c.env_remove(k);
-    }
-    c.arg(format!("--jobid={job}"));
-    c
-}
-
 /// Where a trial's ranks go in its step: one row per rank (its node's
 /// place among the step's nodes, its local rank, its node's rank count) and
 /// what each task asks Slurm for.
@@ -314,11 +248,6 @@ impl Layout {
         }
         env
     }
-}
-
-/// Whole CPUs a step asks Slurm for per task (Slurm's unit): its largest rank's, at least 1.
-pub(super) fn cpus_per_task(bundles: &[crate::WorkerBundle]) -> u32 {
-    bundles.iter().map(|b| b.cpus.ceil().max(1.0) as u32).max().unwrap_or(1)
 }
 
 /// Reads `stream` line by line into `tx` until it ends.

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::commands::{srun, steps};
 use super::output::{step_outcome, StepEnd, StepWatch};
-use super::step::{srun, steps};
 use crate::backend::{Event, EventKind, ExitOutcome, StopLevel};
 use crate::groups::signal_group;
 use crate::process::log_tail;
