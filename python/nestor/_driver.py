@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from . import _binary, _toml
+from . import _binary, _contract, _toml
 
 #: The blob's format; ``nestor._worker`` refuses others.
 BLOB_VERSION = 1
@@ -190,7 +190,7 @@ def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
     kill), as with ``nestor run``. ``hooks`` (a ``_hooks.HookServer``) serves
     the sweep's Python code meanwhile. Raises on its failure codes."""
     env = None
-    if os.environ.get("NESTOR_TRIAL_ID"):
+    if _contract.inside():
         # A run started inside a trial (Train V2's Tune pattern): its workers
         # get their own variables, none of the trial's.
         env = {k: v for k, v in os.environ.items() if not _trial_variable(k)}

@@ -52,8 +52,10 @@ impl ClusterConfig {
     }
 
     /// Refuses a report address the nodes cannot reach: a loopback address
-    /// (`127.0.0.1`, `::1`, `localhost`) names each node itself, not the driver.
-    pub fn check_reachable(&self, bind: Option<std::net::SocketAddr>, job: &str) -> Result<(), SlurmError> {
+    /// (`127.0.0.1`, `::1`, `localhost`) names each node itself, not the
+    /// driver. `nodes` says whose nodes, for the message ("the nodes of
+    /// Slurm job 7", "the nodes of the trials' Slurm jobs").
+    pub fn check_reachable(&self, bind: Option<std::net::SocketAddr>, nodes: &str) -> Result<(), SlurmError> {
         if let Some(t) = self.step_start_timeout_s.filter(|t| !(t.is_finite() && *t > 0.0)) {
             return Err(SlurmError(format!("cluster.step_start_timeout_s: must be a number of seconds > 0, got {t}")));
         }
@@ -62,14 +64,14 @@ impl ClusterConfig {
             let host = a.rsplit_once(':').filter(|(_, port)| port.parse::<u16>().is_ok()).map_or(a.as_str(), |(h, _)| h);
             if ip.is_some_and(|ip| ip.is_loopback()) || (ip.is_none() && host.eq_ignore_ascii_case("localhost")) {
                 return Err(SlurmError(format!(
-                    "cluster.report_address = {a:?} is a loopback address: the nodes of Slurm job {job} would reach themselves, \
+                    "cluster.report_address = {a:?} is a loopback address: the nodes of {nodes} would reach themselves, \
                      not the driver; give an address of this machine they reach (or leave it out for its host name)"
                 )));
             }
         }
         if let Some(b) = bind.filter(|b| b.ip().is_loopback()) {
             return Err(SlurmError(format!(
-                "trainer.report_bind = \"{b}\" listens on loopback only: the nodes of Slurm job {job} cannot reach it; \
+                "trainer.report_bind = \"{b}\" listens on loopback only: the nodes of {nodes} cannot reach it; \
                  leave it out (every interface) or bind an address they reach"
             )));
         }
@@ -170,17 +172,17 @@ mod tests {
     fn a_loopback_report_address_or_bind_is_refused_naming_the_key() {
         let with = |a: &str| ClusterConfig { report_address: Some(a.into()), ..ClusterConfig::default() };
         for bad in ["127.0.0.1", "127.0.0.1:4000", "localhost", "LOCALHOST:9", "::1", "[::1]:80"] {
-            let e = with(bad).check_reachable(None, "7").unwrap_err().0;
+            let e = with(bad).check_reachable(None, "Slurm job 7").unwrap_err().0;
             assert!(e.starts_with("cluster.report_address = ") && e.contains("Slurm job 7"), "{bad}: {e}");
         }
         for good in ["10.0.0.1", "10.0.0.1:4000", "login1", "login1.cluster:7000", "[fe80::1]:80"] {
-            with(good).check_reachable(None, "7").unwrap();
+            with(good).check_reachable(None, "Slurm job 7").unwrap();
         }
         let bind = |b: &str| Some(b.parse::<std::net::SocketAddr>().unwrap());
-        let e = ClusterConfig::default().check_reachable(bind("127.0.0.1:0"), "7").unwrap_err().0;
+        let e = ClusterConfig::default().check_reachable(bind("127.0.0.1:0"), "Slurm job 7").unwrap_err().0;
         assert!(e.starts_with("trainer.report_bind = \"127.0.0.1:0\""), "{e}");
-        ClusterConfig::default().check_reachable(bind("0.0.0.0:0"), "7").unwrap();
-        ClusterConfig::default().check_reachable(None, "7").unwrap();
+        ClusterConfig::default().check_reachable(bind("0.0.0.0:0"), "Slurm job 7").unwrap();
+        ClusterConfig::default().check_reachable(None, "Slurm job 7").unwrap();
     }
 
     #[test]

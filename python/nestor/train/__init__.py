@@ -364,11 +364,12 @@ def get_dataset_shard(name: Optional[str] = None) -> Any:
 
 
 def _experiment_datasets() -> Dict[str, Any]:
-    """The plans of the experiment file's ``[datasets]`` (``NESTOR_DATASETS``),
-    fetched from the driver by a node that does not see the file."""
+    """The plans of the experiment file's ``[datasets]`` (the run's plan
+    names their file), fetched from the driver by a node that does not see it."""
     import nestor
 
-    path = os.environ.get("NESTOR_DATASETS")
+    plan = _contract.plan()
+    path = plan.datasets if plan else None
     if not path:
         return {}
     from ..data._blocks import _plans_from_json

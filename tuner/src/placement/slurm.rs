@@ -47,7 +47,7 @@ impl Placement for SlurmPlacement {
             let a = &self.allocation;
             let file = s.file;
             file.cluster
-                .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), &a.job_id)
+                .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), &format!("Slurm job {}", a.job_id))
                 .map_err(|e| TuneError::Cluster(e.0))?;
             super::cluster_report_server(file, &self.allocation.nodes.iter().map(|n| n.addr.clone()).collect::<Vec<_>>())?;
             if s.resuming {

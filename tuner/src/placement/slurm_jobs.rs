@@ -40,8 +40,8 @@ impl Placement for SlurmJobsPlacement {
         async move {
             let file = s.file;
             file.cluster
-                .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), "jobs")
-                .map_err(|e| TuneError::Cluster(e.0.replace("Slurm job jobs", "the trials' Slurm jobs")))?;
+                .check_reachable(file.trainer.as_ref().and_then(|t| t.report_bind), "the trials' Slurm jobs")
+                .map_err(|e| TuneError::Cluster(e.0))?;
             // Where the report server can listen, told after what Slurm says of the job (a bad partition names no nodes).
             let report = super::cluster_report_server(file, &trainer::partition_node_addresses(self.jobs.partition.as_deref()));
             let bundles = ResourcePool::jobs(1).try_allocate(s.request).map(|a| a.workers).unwrap_or_default();
