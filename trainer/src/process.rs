@@ -308,6 +308,9 @@ impl ProcessBackend {
 }
 
 impl Backend for ProcessBackend {
+    /// Ranks on the driver's machine reach the store the driver reaches.
+    /// (A cluster's nodes may not: there the driver still makes the local
+    /// copy, until a rank that cannot download falls back to the driver.)
     fn restores_from_store(&self) -> bool {
         ranks_reach_store()
     }

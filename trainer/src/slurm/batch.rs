@@ -333,10 +333,6 @@ fn inherited_slurm_vars() -> Vec<String> {
 }
 
 impl Backend for SlurmJobsBackend {
-    fn restores_from_store(&self) -> bool {
-        crate::process::ranks_reach_store()
-    }
-
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let cfg = &self.config;
         let logs = spec.trial_dir.join("logs");

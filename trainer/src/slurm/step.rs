@@ -263,10 +263,6 @@ fn forward_lines(stream: impl tokio::io::AsyncRead + Send + Unpin + 'static, tx:
 }
 
 impl Backend for SlurmBackend {
-    fn restores_from_store(&self) -> bool {
-        crate::process::ranks_reach_store()
-    }
-
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let cfg = &self.config;
         let logs = spec.trial_dir.join("logs");
