@@ -101,11 +101,14 @@ fn code_of(text: &str) -> String {
     out.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
 }
 
+/// Module -> the modules it names.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
 /// Module -> the modules it names, at two levels: the crate's top-level
 /// modules (a folder is one, with what is below it), and, for each folder,
 /// its files (`folder::file`, naming each other as `super::x` or
 /// `crate::folder::x`).
-fn graphs(src: &Path) -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, BTreeMap<String, BTreeSet<String>>>) {
+fn graphs(src: &Path) -> (Graph, BTreeMap<String, Graph>) {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     let parts = |p: &Path| -> Vec<String> {
