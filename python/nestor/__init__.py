@@ -457,28 +457,28 @@ class _Channel:
         return dest
 
     def report(self, ctx: TrainContext, metrics: Dict[str, float], checkpoint: str, extra: Optional[Dict[str, Any]] = None) -> int:
-        upload, staged, uploaded = "", False, ""
         plan = _plan()
+        #: The checkpoint's route out, as the report's ``checkpoint`` oneof names it (none without one).
+        sent: Dict[str, str] = {}
         target = plan.upload()
         if checkpoint and target and not _upload_failed:
             uploaded = _upload(checkpoint, target, ctx, self._reports)
             if uploaded:
-                checkpoint = ""
+                checkpoint, sent = "", {"checkpoint_uploaded": uploaded}
         out = plan.out_after_upload()
         if checkpoint and out.get("kind") == "ship":
-            upload, checkpoint = self.ship_shard(ctx, checkpoint), ""
+            sent = {"checkpoint_upload": self.ship_shard(ctx, checkpoint)}
         elif checkpoint and out.get("kind") == "stage":
-            checkpoint, staged = _stage(checkpoint, out["dir"], ctx.world_rank), True
+            sent = {"checkpoint_staged_dir": _stage(checkpoint, out["dir"], ctx.world_rank)}
+        elif checkpoint:
+            sent = {"checkpoint_dir": checkpoint}
         request = self._proto.ReportRequest(
             version=self._proto.PROTOCOL_VERSION,
             trial_id=ctx.trial_id,
             token=self._token,
             rank=ctx.world_rank,
             metrics=metrics,
-            checkpoint_dir=checkpoint,
-            checkpoint_upload=upload,
-            checkpoint_staged=staged,
-            checkpoint_uploaded=uploaded,
+            **sent,
             extra=json.dumps(extra) if extra else "",
         )
         try:

@@ -44,10 +44,12 @@ def _file():
     _field(entry, "key", 1, _F.TYPE_STRING)
     _field(entry, "value", 2, _F.TYPE_DOUBLE)
     _field(req, "metrics", 5, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".nestor.v1.ReportRequest.MetricsEntry")
-    _field(req, "checkpoint_dir", 6, _F.TYPE_STRING)
-    _field(req, "checkpoint_upload", 7, _F.TYPE_STRING)
+    # The step's checkpoint, one of: in place, shipped, uploaded by the rank, staged.
+    req.oneof_decl.add(name="checkpoint")
+    for name, number in (("checkpoint_dir", 6), ("checkpoint_upload", 7), ("checkpoint_uploaded", 9), ("checkpoint_staged_dir", 11)):
+        _field(req, name, number, _F.TYPE_STRING).oneof_index = 0
+    # Senders from before the oneof: checkpoint_dir with this set was a staged copy.
     _field(req, "checkpoint_staged", 8, _F.TYPE_BOOL)
-    _field(req, "checkpoint_uploaded", 9, _F.TYPE_STRING)
     _field(req, "extra", 10, _F.TYPE_STRING)
     enum = fdp.enum_type.add(name="Directive")
     for i, name in enumerate(["DIRECTIVE_UNSPECIFIED", "DIRECTIVE_CONTINUE", "DIRECTIVE_STOP"]):

@@ -13,6 +13,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use common::*;
+use trainer::proto::report_request::Checkpoint;
 use trainer::proto::reporter_client::ReporterClient;
 use trainer::proto::ReportRequest;
 
@@ -167,8 +168,10 @@ fn the_report_channel_answers_strangers_alike_and_logs_them_bounded_and_escaped(
             let planted = trial_dir.join(format!("planted-{name}"));
             std::fs::create_dir_all(planted.join("sub")).unwrap();
             make(&planted.join("sub"));
-            let refused =
-                client.report(ReportRequest { checkpoint_dir: planted.display().to_string(), ..ask(&trial, &token) }).await.unwrap_err();
+            let refused = client
+                .report(ReportRequest { checkpoint: Some(Checkpoint::CheckpointDir(planted.display().to_string())), ..ask(&trial, &token) })
+                .await
+                .unwrap_err();
             assert!(refused.message().contains(&format!("sub/{name} is a ")), "{name}: {}", refused.message());
         }
     });

@@ -16,6 +16,7 @@ use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::contract::{CheckpointOut, ResumeFrom, RunPlan};
 use crate::intake::{Intake, IntakeError};
 use crate::proto;
+use crate::proto::report_request::Checkpoint as Out;
 use crate::shards::{read_chunks, ChunkWriter};
 
 /// Why `report` did not return `Ok`.
@@ -622,15 +623,14 @@ impl Context {
                 }
             }
             Transport::Grpc { rt, client, token, session } => {
-                let (mut checkpoint_dir, mut checkpoint_upload, mut checkpoint_staged) = (String::new(), String::new(), false);
-                let mut checkpoint_uploaded = String::new();
+                let mut out = None;
                 let iteration = self.last_iteration.map_or(self.start_iteration, |i| i) + 1;
                 let mut checkpoint = checkpoint;
                 if let (Some(dir), Some(store)) = (checkpoint, &self.store) {
                     // Straight to the object store, in parallel with the other ranks.
                     match rt.block_on(store.upload_shard(dir, iteration, self.rank)) {
                         Ok(uri) => {
-                            checkpoint_uploaded = uri;
+                            out = Some(Out::CheckpointUploaded(uri));
                             checkpoint = None;
                         }
                         Err(e) => {
@@ -653,14 +653,14 @@ impl Context {
                             rank: self.rank,
                             ..proto::ShardChunk::default()
                         };
-                        checkpoint_upload = rt.block_on(ship_shard(client, dir, head, &self.driver_addr))?;
+                        out = Some(Out::CheckpointUpload(rt.block_on(ship_shard(client, dir, head, &self.driver_addr))?));
                     }
                     (Some(dir), CheckpointOut::Stage { dir: staging }) => {
-                        checkpoint_dir = stage_shard(dir, staging, self.rank)?.to_string_lossy().into_owned();
-                        checkpoint_staged = true;
+                        out = Some(Out::CheckpointStagedDir(stage_shard(dir, staging, self.rank)?.to_string_lossy().into_owned()));
                     }
                     (Some(dir), CheckpointOut::InPlace | CheckpointOut::Upload { .. }) => {
-                        checkpoint_dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()).to_string_lossy().into_owned()
+                        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+                        out = Some(Out::CheckpointDir(dir.to_string_lossy().into_owned()));
                     }
                 }
                 let request = proto::ReportRequest {
@@ -669,10 +669,8 @@ impl Context {
                     token: token.clone(),
                     rank: self.rank,
                     metrics: metrics.into_iter().collect(),
-                    checkpoint_dir,
-                    checkpoint_upload,
-                    checkpoint_staged,
-                    checkpoint_uploaded,
+                    checkpoint: out,
+                    checkpoint_staged: false,
                     extra: String::new(),
                 };
                 let reply = rt.block_on(exchange(client, session, request, &self.driver_addr))?;

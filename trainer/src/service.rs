@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::{mpsc, oneshot};
@@ -13,6 +13,7 @@ use crate::ack::Acknowledged;
 use crate::aggregate::Aggregator;
 use crate::backend::{Directive, Event, EventKind};
 use crate::intake::{Intake, IntakeError, Shard};
+use crate::proto::report_request::Checkpoint as Out;
 use crate::proto::reporter_server::{Reporter, ReporterServer};
 use crate::proto::{
     self, BookReply, BookRequest, GrantedBundle, OutputChunk, OutputReceipt, RendezvousReply, RendezvousRequest, ReportReply,
@@ -360,31 +361,29 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<(Re
         Err(status)
     };
     let entry = authenticate(registry, r.version, &r.trial_id, &r.token, r.rank, peer)?;
-    let (checkpoint, staged) = match (r.checkpoint_dir.is_empty(), r.checkpoint_upload.is_empty()) {
-        (true, true) if r.checkpoint_staged => return refuse(Status::invalid_argument("checkpoint_staged names no checkpoint_dir")),
-        (true, true) => (None, false),
-        (false, true) if r.checkpoint_staged => {
-            let dir = PathBuf::from(&r.checkpoint_dir);
-            if let Err(why) = entry.shipping.check_staged(&dir, r.rank) {
+    let shipped;
+    let shard = match &r.checkpoint {
+        None if r.checkpoint_staged => return refuse(Status::invalid_argument("checkpoint_staged names no checkpoint_dir")),
+        None => None,
+        Some(Out::CheckpointDir(d)) if !r.checkpoint_staged => Some(Shard::Dir(Path::new(d))),
+        Some(Out::CheckpointDir(d) | Out::CheckpointStagedDir(d)) => {
+            let dir = Path::new(d);
+            if let Err(why) = entry.shipping.check_staged(dir, r.rank) {
                 return refuse(Status::invalid_argument(why));
             }
-            (Some(dir), true)
+            Some(Shard::Staged(dir))
         }
-        (false, true) => (Some(PathBuf::from(&r.checkpoint_dir)), false),
-        (true, false) => match entry.shipping.claim(&r.checkpoint_upload, r.rank) {
-            Ok(dir) => (Some(dir), true),
+        Some(_) if r.checkpoint_staged => {
+            return refuse(Status::invalid_argument("checkpoint_staged goes with checkpoint_dir, not with another checkpoint"))
+        }
+        Some(Out::CheckpointUpload(upload)) => match entry.shipping.claim(upload, r.rank) {
+            Ok(dir) => {
+                shipped = dir;
+                Some(Shard::Staged(&shipped))
+            }
             Err(why) => return refuse(Status::invalid_argument(why)),
         },
-        (false, false) => return refuse(Status::invalid_argument("a report names checkpoint_dir or checkpoint_upload, not both")),
-    };
-    if !r.checkpoint_uploaded.is_empty() && (checkpoint.is_some() || r.checkpoint_staged) {
-        return refuse(Status::invalid_argument("a report names one checkpoint: checkpoint_dir, checkpoint_upload or checkpoint_uploaded"));
-    }
-    let shard = match checkpoint.as_deref() {
-        Some(d) if staged => Some(Shard::Staged(d)),
-        Some(d) => Some(Shard::Dir(d)),
-        None if !r.checkpoint_uploaded.is_empty() => Some(Shard::Uploaded(&r.checkpoint_uploaded)),
-        None => None,
+        Some(Out::CheckpointUploaded(uri)) => Some(Shard::Uploaded(uri)),
     };
     let extra = match r.extra.as_str() {
         "" => None,
@@ -398,9 +397,9 @@ async fn handle(registry: &Registry, r: ReportRequest, peer: &str) -> Result<(Re
         return refuse(Status::invalid_argument(format!("{name:?} is both a metric and an extra value")));
     }
     let submitted = entry.intake.submit(r.rank, r.metrics.clone().into_iter().collect(), extra, shard).await;
-    if let Some(staged) = checkpoint.filter(|d| staged && d.exists()) {
+    if let Some(Shard::Staged(staged)) = shard.filter(|s| matches!(s, Shard::Staged(d) if d.exists())) {
         // Refused, or persisted by a copy: the staged copy has served.
-        let _ = tokio::fs::remove_dir_all(&staged).await;
+        let _ = tokio::fs::remove_dir_all(staged).await;
     }
     let acks = entry.intake.aggregator().acknowledged();
     drop(entry);
@@ -691,10 +690,8 @@ mod tests {
             token: token.into(),
             rank,
             metrics: [("loss".to_string(), 0.5)].into_iter().collect(),
-            checkpoint_dir: String::new(),
-            checkpoint_upload: String::new(),
+            checkpoint: None,
             checkpoint_staged: false,
-            checkpoint_uploaded: String::new(),
             extra: String::new(),
         }
     }
@@ -806,17 +803,25 @@ mod tests {
             d
         };
         let staged = |d: &std::path::Path, rank: u32| ReportRequest {
-            checkpoint_dir: d.display().to_string(),
-            checkpoint_staged: true,
+            checkpoint: Some(Out::CheckpointStagedDir(d.display().to_string())),
             ..request("secret", rank)
         };
         let elsewhere = tempfile::tempdir().unwrap();
         let status = client.report(staged(elsewhere.path(), 0)).await.unwrap_err();
         assert!(status.message().contains("a staged checkpoint must be"), "{}", status.message());
+        // A sender from before the oneof names a staged copy as a directory and a flag: the same checks.
+        let legacy = ReportRequest {
+            checkpoint: Some(Out::CheckpointDir(elsewhere.path().display().to_string())),
+            checkpoint_staged: true,
+            ..request("secret", 0)
+        };
+        let status = client.report(legacy).await.unwrap_err();
+        assert!(status.message().contains("a staged checkpoint must be"), "{}", status.message());
         let others = stage("rank-1-abc");
         let status = client.report(staged(&others, 0)).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
-        let uploaded = ReportRequest { checkpoint_uploaded: "s3://bucket/x/checkpoint_000001".into(), ..request("secret", 0) };
+        let uploaded =
+            ReportRequest { checkpoint: Some(Out::CheckpointUploaded("s3://bucket/x/checkpoint_000001".into())), ..request("secret", 0) };
         let status = client.report(uploaded).await.unwrap_err();
         assert!(status.message().contains("is not this report's"), "{}", status.message());
         let list = ReportRequest { extra: "[1]".into(), ..request("secret", 0) };
@@ -877,12 +882,14 @@ mod tests {
         let r0 = put(&mut client, shard.path(), "secret", 0).await.unwrap();
         assert_eq!((r0.files, r0.bytes), (2, weights.len() as u64 + 2));
         let r1 = put(&mut client, shard.path(), "secret", 1).await.unwrap();
-        // Rank 0 may not claim rank 1's upload, nor name a path and an upload at once.
-        let claim = |rank: u32, upload: &str| ReportRequest { checkpoint_upload: upload.into(), ..request("secret", rank) };
+        // Rank 0 may not claim rank 1's upload, nor call an upload staged.
+        let claim =
+            |rank: u32, upload: &str| ReportRequest { checkpoint: Some(Out::CheckpointUpload(upload.into())), ..request("secret", rank) };
         let status = client.report(claim(0, &r1.upload)).await.unwrap_err();
         assert!(status.message().contains("is rank 1's, not rank 0's"), "{}", status.message());
-        let both = ReportRequest { checkpoint_dir: shard.path().display().to_string(), ..claim(0, &r0.upload) };
-        assert_eq!(client.report(both).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+        let both = ReportRequest { checkpoint_staged: true, ..claim(0, &r0.upload) };
+        let status = client.report(both).await.unwrap_err();
+        assert!(status.message().contains("checkpoint_staged goes with checkpoint_dir"), "{}", status.message());
         assert!(client.report(claim(0, "rank-0-nope")).await.unwrap_err().message().contains("unknown checkpoint upload"));
 
         let (mut c0, mut c1) = (client.clone(), client.clone());
@@ -961,12 +968,15 @@ mod tests {
         let status = client.report(ReportRequest { version: 2, ..request("secret", 0) }).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         let missing = dir.path().join("no-such-dir");
-        let status =
-            client.report(ReportRequest { checkpoint_dir: missing.display().to_string(), ..request("secret", 0) }).await.unwrap_err();
+        let status = client
+            .report(ReportRequest { checkpoint: Some(Out::CheckpointDir(missing.display().to_string())), ..request("secret", 0) })
+            .await
+            .unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().ends_with("is not a directory"), "{}", status.message());
         // A directory the worker has no business checkpointing from.
-        let status = client.report(ReportRequest { checkpoint_dir: "/etc".into(), ..request("secret", 0) }).await.unwrap_err();
+        let status =
+            client.report(ReportRequest { checkpoint: Some(Out::CheckpointDir("/etc".into())), ..request("secret", 0) }).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(
             status.message().starts_with("checkpoint /etc is outside the directories a worker may checkpoint from ("),
@@ -975,7 +985,10 @@ mod tests {
         );
         let file = dir.path().join("file.txt");
         std::fs::write(&file, b"x").unwrap();
-        let status = client.report(ReportRequest { checkpoint_dir: file.display().to_string(), ..request("secret", 0) }).await.unwrap_err();
+        let status = client
+            .report(ReportRequest { checkpoint: Some(Out::CheckpointDir(file.display().to_string())), ..request("secret", 0) })
+            .await
+            .unwrap_err();
         assert!(status.message().ends_with("is not a directory"), "{}", status.message());
         let huge = ReportRequest { metrics: (0..40_000).map(|i| (format!("metric_{i:08}"), 1.0)).collect(), ..request("secret", 0) };
         assert!(client.report(huge).await.is_err(), "oversized reports are refused");
@@ -1112,7 +1125,12 @@ mod tests {
         let mut c1 = ReporterClient::connect(server.url()).await.unwrap();
         let ckpt = shard.path().display().to_string();
         let rank1 = tokio::spawn(async move {
-            c1.report(ReportRequest { checkpoint_dir: ckpt, metrics: [("loss".to_string(), 9.0)].into(), ..request("secret", 1) }).await
+            c1.report(ReportRequest {
+                checkpoint: Some(Out::CheckpointDir(ckpt)),
+                metrics: [("loss".to_string(), 9.0)].into(),
+                ..request("secret", 1)
+            })
+            .await
         });
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(rx.try_recv().is_err(), "rank 0 has not reported");
