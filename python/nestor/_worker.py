@@ -174,8 +174,6 @@ def _child(blob: Dict[str, Any], req: Dict[str, Any], parent: int, keep: list) -
     os.close(null)
     os.chdir(req["cwd"])
     os.environ.update(req.get("env") or {})
-    for k in req.get("unset") or []:
-        os.environ.pop(k, None)
     # The random module reseeds itself after fork; the others would repeat
     # the warm process's sequence in every rank.
     np = sys.modules.get("numpy")

@@ -363,7 +363,6 @@ impl Backend for ProcessBackend {
                 for (rank, env) in envs.into_iter().enumerate() {
                     let rank_spec = RankSpec {
                         env: env.into_iter().collect(),
-                        unset: Vec::new(),
                         cwd: cwd.clone(),
                         log: monitor.log_paths[rank].clone(),
                     };

@@ -6,7 +6,7 @@
 //! start-up (hundreds of milliseconds of imports per rank in Python).
 //!
 //! The protocol is JSON lines on the warm process's stdin and stdout:
-//! `{"id": n, "env": {..}, "unset": [..], "cwd": "..", "log": ".."}` asks for
+//! `{"id": n, "env": {..}, "cwd": "..", "log": ".."}` asks for
 //! a rank; `{"id": n, "pid": p}` (or `{"id": n, "error": ".."}`) answers;
 //! `{"exited": p, "status": s}` (a raw wait status) tells of a rank's end.
 //! Each rank runs in a process group of its own (its pid), dies with the
@@ -29,8 +29,6 @@ use crate::groups::describe_exit;
 pub(crate) struct RankSpec {
     /// Set in the rank.
     pub env: BTreeMap<String, String>,
-    /// Removed in the rank.
-    pub unset: Vec<String>,
     /// Its working directory.
     pub cwd: PathBuf,
     /// Its stdout and stderr (appended).
@@ -264,7 +262,6 @@ mod tests {
     fn spec() -> RankSpec {
         RankSpec {
             env: BTreeMap::new(),
-            unset: Vec::new(),
             cwd: std::env::temp_dir(),
             log: std::env::temp_dir().join("nestor-warm-test.log"),
         }
