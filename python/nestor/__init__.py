@@ -197,15 +197,16 @@ def get_checkpoint() -> Optional[str]:
     on a fresh start. On a node that does not see the driver's directories
     the shard is fetched from the driver (the plan's ``driver`` route), and
     where the checkpoint lies in an object store this rank reaches, from
-    there (``store``): into a temporary directory first, once, removed when
-    the process exits."""
+    there (``store``; a rank that cannot reach it gets its shard from the
+    driver, which downloads it then): into a temporary directory first,
+    once, removed when the process exits."""
     global _fetched
     plan = _plan()
     kind = plan.back.get("kind") if plan else "none"
     if kind in ("driver", "store"):
         if _fetched is None:
             ctx = get_context()
-            _fetched = (_get_channel().fetch_shard(ctx) if kind == "driver" else _download(plan.back, ctx)) or ""
+            _fetched = (_get_channel().fetch_shard(ctx) if kind == "driver" else _download_or_ask(plan.back, ctx)) or ""
         return _fetched or None
     path = plan.shard_path(get_context().world_rank) if plan and kind == "local" else _resume_from
     if path and os.path.isdir(path):
@@ -215,6 +216,16 @@ def get_checkpoint() -> Optional[str]:
 
 #: A trainer's ``resume_from_checkpoint`` (this rank's shard), where its run has none of its own.
 _resume_from: Optional[str] = None
+
+
+def _download_or_ask(back: Dict[str, Any], ctx: TrainContext) -> Optional[str]:
+    """This rank's shard from the object store, or, where this node cannot
+    download it, from the driver (which downloads it for the ranks that ask)."""
+    try:
+        return _download(back, ctx)
+    except ReportError as e:
+        print(f"nestor: rank {ctx.world_rank} {e}; it comes through the driver", file=sys.stderr, flush=True)
+        return _get_channel().fetch_shard(ctx)
 
 
 def _download(back: Dict[str, Any], ctx: TrainContext) -> Optional[str]:

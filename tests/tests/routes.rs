@@ -6,7 +6,9 @@
 //! shipped, met and fetched through the driver), and of a trial whose
 //! checkpoints are in a bucket (a real S3-compatible server on loopback):
 //! uploaded by the ranks, and restored by the ranks from the bucket
-//! without the driver.
+//! without the driver; and of ranks that cannot reach that bucket: their
+//! checkpoints go through the driver, and so does their restore, the
+//! driver downloading the checkpoint when the first rank asks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -65,14 +67,18 @@ async fn every_route_of_the_contract_checkpoints_and_resumes_whole() {
     for (k, v) in s3.env() {
         std::env::set_var(k, v);
     }
-    for route in ["shared", "unshared", "bucket"] {
+    for route in ["shared", "unshared", "bucket", "unreached"] {
         let mut config = ProcessConfig::new(vec![common::worker().to_string()]);
         config.env.insert("NESTOR_NODE_VIEW".into(), if route == "unshared" { "unshared" } else { "shared" }.into());
+        if route == "unreached" {
+            // The ranks' endpoint for the bucket refuses connections; the driver's is the server.
+            config.env.insert("AWS_ENDPOINT".into(), "http://127.0.0.1:9".into());
+        }
         let backend = ProcessBackend::start(config).await.unwrap();
         let trial = format!("{route}_trial");
         let trial_dir = dir.path().join(&trial);
         let storage = match route {
-            "bucket" => Storage::parse(&format!("s3://bucket/runs/routes/trials/{trial}")).unwrap(),
+            "bucket" | "unreached" => Storage::parse(&format!("s3://bucket/runs/routes/trials/{trial}")).unwrap(),
             _ => Storage::local(&trial_dir),
         };
         let (steps, _, saved) = run(&backend, spec(&trial, dir.path(), 2, &storage)).await;
@@ -81,8 +87,8 @@ async fn every_route_of_the_contract_checkpoints_and_resumes_whole() {
         let mut resumed = spec(&trial, dir.path(), 4, &storage);
         resumed.start_iteration = 2;
         match route {
-            "bucket" => {
-                assert!(saved.starts_with("s3://bucket/runs/routes/trials/bucket_trial/checkpoint_000002"), "{saved}");
+            "bucket" | "unreached" => {
+                assert!(saved.starts_with(&format!("s3://bucket/runs/routes/trials/{trial}/checkpoint_000002")), "{saved}");
                 resumed.checkpoint_uri = Some(saved.clone());
             }
             _ => resumed.checkpoint = Some(PathBuf::from(&saved)),
@@ -109,6 +115,7 @@ async fn every_route_of_the_contract_checkpoints_and_resumes_whole() {
                     assert!(from.starts_with(&fetched), "{route}: {from}");
                 }
                 _ => {
+                    // The same plan either way: what a rank reaches decides, at the rank.
                     assert_eq!(routes["out"]["kind"], "upload");
                     assert_eq!(routes["back"]["kind"], "store");
                     assert_eq!(routes["back"]["uri"], saved.as_str());
@@ -121,6 +128,17 @@ async fn every_route_of_the_contract_checkpoints_and_resumes_whole() {
             let objects = s3.objects("runs/routes/trials/bucket_trial/checkpoint_000004");
             assert!(objects.iter().any(|o| o.ends_with("rank-0/state.json")) && objects.iter().any(|o| o.ends_with("rank-1/state.json")));
             assert!(!trial_dir.join("checkpoint_000004").exists());
+            assert!(!trial_dir.join("restore").exists(), "the driver downloaded nothing to restore");
+        }
+        if route == "unreached" {
+            // Through the driver both ways: it uploaded what the ranks staged, and downloaded the
+            // checkpoint to restore once, when a rank asked.
+            let objects = s3.objects("runs/routes/trials/unreached_trial/checkpoint_000004");
+            assert!(objects.iter().any(|o| o.ends_with("rank-0/state.json")) && objects.iter().any(|o| o.ends_with("rank-1/state.json")));
+            let restored = trial_dir.join("restore/checkpoint_000002");
+            assert!(restored.join("rank-0").is_dir() && restored.join("rank-1").is_dir(), "{}", restored.display());
+            let log = std::fs::read_to_string(trial_dir.join("logs/rank-1.log")).unwrap_or_default();
+            assert!(log.contains("cannot download its checkpoint shard from s3://bucket/"), "{log}");
         }
     }
 }

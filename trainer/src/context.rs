@@ -337,42 +337,50 @@ impl Context {
         };
         let mut client = proto::reporter_client::ReporterClient::new(channel);
         let scratch = || std::env::temp_dir().join(format!("nestor-{}-rank-{rank}-{}", trial.id, std::process::id()));
+        // A node that cannot read the driver's copy of the checkpoint gets its shard from the driver.
+        let from_driver = |client: &mut proto::reporter_client::ReporterClient<tonic::transport::Channel>| {
+            let dest = scratch();
+            let request = proto::ShardRequest {
+                version: 1,
+                trial_id: trial.id.clone(),
+                token: token.clone(),
+                rank,
+                path: String::new(),
+                whole: false,
+            };
+            let _ = std::fs::remove_dir_all(&dest);
+            match rt.block_on(fetch_shard(client, request, &dest, &addr)) {
+                Ok(true) => Ok((Some(dest.clone()), Some(dest))),
+                Ok(false) => Ok((None, None)),
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&dest);
+                    Err(e)
+                }
+            }
+        };
         let (checkpoint, fetched) = match &routes.back {
             ResumeFrom::None => (None, None),
             ResumeFrom::Local { checkpoint } => (Some(crate::checkpoint::shard_for(checkpoint, rank)), None),
-            // A node that cannot read the driver's copy of the checkpoint gets its shard from the driver.
-            ResumeFrom::Driver => {
-                let dest = scratch();
-                let request = proto::ShardRequest {
-                    version: 1,
-                    trial_id: trial.id.clone(),
-                    token: token.clone(),
-                    rank,
-                    path: String::new(),
-                    whole: false,
-                };
-                let _ = std::fs::remove_dir_all(&dest);
-                match rt.block_on(fetch_shard(&mut client, request, &dest, &addr)) {
-                    Ok(true) => (Some(dest.clone()), Some(dest)),
-                    Ok(false) => (None, None),
-                    Err(e) => {
-                        let _ = std::fs::remove_dir_all(&dest);
-                        return Err(e);
-                    }
-                }
-            }
-            // A rank that reaches the store reads its shard from it, without the driver.
+            ResumeFrom::Driver => from_driver(&mut client)?,
+            // A rank that reaches the store reads its shard from it, without the driver; one
+            // that does not gets it from the driver, which downloads it then.
             ResumeFrom::Store { uri, .. } => {
                 let dest = scratch();
                 let _ = std::fs::remove_dir_all(&dest);
                 let location = uri.rsplit_once('/').map_or(uri.as_str(), |(parent, _)| parent);
-                let storage = crate::Storage::parse(location).map_err(|e| ReportError::Environment(format!("{uri}: {e}")))?;
-                match rt.block_on(storage.fetch_shard(uri, rank, &dest)) {
+                let direct = match crate::Storage::parse(location) {
+                    Ok(storage) => rt.block_on(storage.fetch_shard(uri, rank, &dest)).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match direct {
                     Ok(true) => (Some(dest.clone()), Some(dest)),
                     Ok(false) => (None, None),
-                    Err(e) => {
+                    Err(why) => {
                         let _ = std::fs::remove_dir_all(&dest);
-                        return Err(ReportError::Checkpoint(e));
+                        eprintln!(
+                            "nestor: rank {rank} cannot download its checkpoint shard from {uri} ({why}); it comes through the driver"
+                        );
+                        from_driver(&mut client)?
                     }
                 }
             }

@@ -308,9 +308,8 @@ impl ProcessBackend {
 }
 
 impl Backend for ProcessBackend {
-    /// Ranks on the driver's machine reach the store the driver reaches.
-    /// (A cluster's nodes may not: there the driver still makes the local
-    /// copy, until a rank that cannot download falls back to the driver.)
+    /// Ranks restore from the store themselves (one that cannot reach it
+    /// gets its shard from the driver, which downloads the checkpoint then).
     fn restores_from_store(&self) -> bool {
         ranks_reach_store()
     }
@@ -361,11 +360,7 @@ impl Backend for ProcessBackend {
             supervise(spec.trial_id, events, groups, libc::SIGKILL, async move {
                 let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();
                 for (rank, env) in envs.into_iter().enumerate() {
-                    let rank_spec = RankSpec {
-                        env: env.into_iter().collect(),
-                        cwd: cwd.clone(),
-                        log: monitor.log_paths[rank].clone(),
-                    };
+                    let rank_spec = RankSpec { env: env.into_iter().collect(), cwd: cwd.clone(), log: monitor.log_paths[rank].clone() };
                     match queue.fork(rank_spec).await {
                         Ok(forked) => {
                             monitor.add_group(forked.pid);

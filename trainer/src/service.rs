@@ -19,7 +19,7 @@ use crate::proto::{
     self, BookReply, BookRequest, GrantedBundle, OutputChunk, OutputReceipt, RendezvousReply, RendezvousRequest, ReportReply,
     ReportRequest, ShardChunk, ShardReceipt, ShardRequest,
 };
-use crate::shards::{read_chunks, ChunkWriter, ShardError, Shipping};
+use crate::shards::{read_chunks, ChunkWriter, Restore, RestoreError, ShardError, Shipping};
 use crate::tls::ReportTls;
 
 /// Largest report accepted, in bytes.
@@ -275,7 +275,7 @@ impl ReportServer {
     ) -> Registration {
         let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events.clone()));
         let intake = Arc::new(Intake::new(spec.storage.clone(), roots, aggregator));
-        let shipping = Shipping::new(&spec.trial_dir, spec.checkpoint.clone(), spec.world_size());
+        let shipping = Shipping::new(&spec.trial_dir, Restore::of(spec), spec.world_size());
         let entry = Entry {
             token,
             intake: Arc::clone(&intake),
@@ -578,7 +578,12 @@ impl Reporter for Service {
         let r = request.into_inner();
         let entry = authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
         let shipping = &entry.shipping;
-        let shard = if r.whole { shipping.restore_checkpoint() } else { shipping.restore_shard(r.rank) }.map_err(Status::not_found)?;
+        let shard = if r.whole { shipping.restore_checkpoint().await } else { shipping.restore_shard(r.rank).await };
+        // None there is NotFound (the rank starts afresh); a download that failed is not.
+        let shard = shard.map_err(|e| match e {
+            RestoreError::Missing(why) => Status::not_found(why),
+            RestoreError::Download(why) => Status::unavailable(why),
+        })?;
         let (tx, rx) = mpsc::channel::<Result<ShardChunk, Status>>(4);
         tokio::task::spawn_blocking(move || {
             let sent = read_chunks(&shard, ShardChunk::default(), |c| tx.blocking_send(Ok(c)).is_ok());

@@ -186,14 +186,70 @@ pub(crate) struct Shipping {
     pub(crate) world: u32,
     /// Where uploads are staged (`<trial>/.incoming`).
     staging: PathBuf,
-    /// The checkpoint the run resumes from (driver-local), if any.
-    restore: Option<PathBuf>,
+    /// The checkpoint the run resumes from, if any.
+    restore: Restore,
     /// Upload name -> (rank, staged directory).
     uploads: Mutex<HashMap<String, (u32, PathBuf)>>,
 }
 
+/// The checkpoint a run resumes from, as the driver serves it to ranks with `GetShard`.
+#[derive(Debug)]
+pub(crate) enum Restore {
+    /// None: the run starts afresh.
+    None,
+    /// A copy on the driver's disk.
+    Local(PathBuf),
+    /// The checkpoint `uri` in the trial's object store, which ranks read
+    /// themselves: downloaded below `scratch` the first time a rank that
+    /// cannot reach the store asks, once for all of them.
+    Store { storage: crate::Storage, uri: String, scratch: PathBuf, local: tokio::sync::OnceCell<PathBuf> },
+}
+
+/// Why a rank gets no checkpoint to resume from.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RestoreError {
+    /// There is none for it: it starts afresh.
+    #[error("{0}")]
+    Missing(String),
+    /// The driver could not download it from the store.
+    #[error("{0}")]
+    Download(String),
+}
+
+impl Restore {
+    /// What the run `spec` resumes from.
+    pub(crate) fn of(spec: &crate::LaunchSpec) -> Self {
+        match (&spec.checkpoint, &spec.checkpoint_uri) {
+            (Some(dir), _) => Self::Local(dir.clone()),
+            (None, Some(uri)) => Self::Store {
+                storage: spec.storage.clone(),
+                uri: uri.clone(),
+                scratch: spec.trial_dir.join("restore"),
+                local: tokio::sync::OnceCell::new(),
+            },
+            (None, None) => Self::None,
+        }
+    }
+
+    /// The checkpoint's directory on the driver's disk (downloaded first
+    /// where it is in the store); `None` without one.
+    async fn local(&self) -> Result<Option<PathBuf>, RestoreError> {
+        match self {
+            Self::None => Ok(None),
+            Self::Local(dir) => Ok(Some(dir.clone())),
+            Self::Store { storage, uri, scratch, local } => local
+                .get_or_try_init(|| async {
+                    tracing::info!(checkpoint = %uri, "a rank cannot reach the object store: the driver downloads the checkpoint it resumes from");
+                    storage.fetch_checkpoint(uri, scratch).await.map_err(|e| RestoreError::Download(format!("downloading {uri} on the driver: {e}")))
+                })
+                .await
+                .map(|dir| Some(dir.clone())),
+        }
+    }
+}
+
 impl Shipping {
-    pub(crate) fn new(trial_dir: &Path, restore: Option<PathBuf>, world: u32) -> Self {
+    pub(crate) fn new(trial_dir: &Path, restore: Restore, world: u32) -> Self {
         Self { world, staging: trial_dir.join(".incoming"), restore, uploads: Mutex::default() }
     }
 
@@ -233,22 +289,24 @@ impl Shipping {
     }
 
     /// The checkpoint the run resumes from, every rank's part of it.
-    pub(crate) fn restore_checkpoint(&self) -> Result<PathBuf, String> {
-        match &self.restore {
-            Some(ckpt) if ckpt.is_dir() => Ok(ckpt.clone()),
-            Some(ckpt) => Err(format!("checkpoint {} is gone", ckpt.display())),
-            None => Err("this run resumes from no checkpoint".into()),
+    pub(crate) async fn restore_checkpoint(&self) -> Result<PathBuf, RestoreError> {
+        match self.restore.local().await? {
+            Some(ckpt) if ckpt.is_dir() => Ok(ckpt),
+            Some(ckpt) => Err(RestoreError::Missing(format!("checkpoint {} is gone", ckpt.display()))),
+            None => Err(RestoreError::Missing("this run resumes from no checkpoint".into())),
         }
     }
 
     /// The directory rank `rank` resumes from.
-    pub(crate) fn restore_shard(&self, rank: u32) -> Result<PathBuf, String> {
-        let Some(ckpt) = &self.restore else { return Err("this run resumes from no checkpoint".into()) };
-        let shard = crate::checkpoint::shard_for(ckpt, rank);
+    pub(crate) async fn restore_shard(&self, rank: u32) -> Result<PathBuf, RestoreError> {
+        let Some(ckpt) = self.restore.local().await? else {
+            return Err(RestoreError::Missing("this run resumes from no checkpoint".into()));
+        };
+        let shard = crate::checkpoint::shard_for(&ckpt, rank);
         if shard.is_dir() {
             Ok(shard)
         } else {
-            Err(format!("checkpoint {} holds no shard for rank {rank}", ckpt.display()))
+            Err(RestoreError::Missing(format!("checkpoint {} holds no shard for rank {rank}", ckpt.display())))
         }
     }
 }

@@ -260,11 +260,7 @@ mod tests {
     use super::*;
 
     fn spec() -> RankSpec {
-        RankSpec {
-            env: BTreeMap::new(),
-            cwd: std::env::temp_dir(),
-            log: std::env::temp_dir().join("nestor-warm-test.log"),
-        }
+        RankSpec { env: BTreeMap::new(), cwd: std::env::temp_dir(), log: std::env::temp_dir().join("nestor-warm-test.log") }
     }
 
     /// A warm process that dies at start (an import that fails): every

@@ -247,7 +247,7 @@ def get_checkpoint() -> Optional[Checkpoint]:
     checkpoint = Checkpoint(path)
     checkpoint._rank = _worker_context().world_rank
     plan = _contract.plan()
-    if plan and plan.back.get("kind") == "driver":
+    if plan and plan.back.get("kind") in ("driver", "store"):
         checkpoint._whole = _fetch_whole
     return checkpoint
 
@@ -256,14 +256,42 @@ _whole: Optional[str] = None
 
 
 def _fetch_whole() -> Optional[str]:
-    """Every rank's part of the checkpoint this run resumes from, fetched from
-    the driver once (a node that does not see the driver's directories)."""
+    """Every rank's part of the checkpoint this run resumes from, once: from
+    the object store where it lies there (the plan's ``store`` route), else,
+    or where this node cannot download it, from the driver (a node that does
+    not see the driver's directories)."""
     global _whole
     if _whole is None:
         from .. import _get_channel
 
-        _whole = _get_channel().fetch_shard(_worker_context(), whole=True) or ""
+        back = _contract.plan().back
+        _whole = (_download_whole(back) if back.get("kind") == "store" else None) or ""
+        if not _whole:
+            _whole = _get_channel().fetch_shard(_worker_context(), whole=True) or ""
     return _whole or None
+
+
+def _download_whole(back: Dict[str, Any]) -> Optional[str]:
+    """The checkpoint ``back["uri"]``, every rank's ``rank-<r>/``, downloaded
+    with ``nestor fetch`` into a temporary directory; None where it cannot be."""
+    import atexit
+    import shutil
+    import subprocess
+    import tempfile
+
+    dest = tempfile.mkdtemp(prefix="nestor-whole-")
+    atexit.register(shutil.rmtree, dest, True)
+    binary = back.get("uploader")
+    if not binary:
+        from .. import _binary
+
+        binary = _binary.find()
+    out = subprocess.run([binary, "fetch", back["uri"], dest], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        print(f"nestor: cannot download {back['uri']} ({out.stderr.strip()}); it comes through the driver", file=sys.stderr, flush=True)
+        shutil.rmtree(dest, ignore_errors=True)
+        return None
+    return dest
 
 
 def report(metrics: Dict[str, Any], checkpoint: Optional[Union[Checkpoint, str]] = None, checkpoint_dir_name: Optional[str] = None,

@@ -333,6 +333,13 @@ fn inherited_slurm_vars() -> Vec<String> {
 }
 
 impl Backend for SlurmJobsBackend {
+    /// Ranks restore from the store themselves; one whose node cannot
+    /// reach it gets its shard from the driver, which downloads the
+    /// checkpoint then (once for every such rank).
+    fn restores_from_store(&self) -> bool {
+        crate::process::ranks_reach_store()
+    }
+
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let cfg = &self.config;
         let logs = spec.trial_dir.join("logs");

@@ -263,6 +263,13 @@ fn forward_lines(stream: impl tokio::io::AsyncRead + Send + Unpin + 'static, tx:
 }
 
 impl Backend for SlurmBackend {
+    /// Ranks restore from the store themselves; one whose node cannot
+    /// reach it gets its shard from the driver, which downloads the
+    /// checkpoint then (once for every such rank).
+    fn restores_from_store(&self) -> bool {
+        crate::process::ranks_reach_store()
+    }
+
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let cfg = &self.config;
         let logs = spec.trial_dir.join("logs");
