@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from .. import PreemptionInfo, ReportError, _contract, get_preemption_info
+from .. import PreemptionInfo, ReportError, TrainContext, _contract, get_preemption_info
 from .. import get_context as _worker_context
 from .. import report as _worker_report
 from .._results import Result, TrainingFailedError
@@ -164,71 +164,9 @@ class RunConfig:
                       file=sys.stderr)
 
 
-class TrainContext:
-    """Who this worker is (Ray's ``TrainContext`` methods)."""
-
-    def __init__(self, ctx: Any):
-        self._ctx = ctx
-
-    def get_world_rank(self) -> int:
-        return self._ctx.world_rank
-
-    def get_local_rank(self) -> int:
-        return self._ctx.local_rank
-
-    def get_world_size(self) -> int:
-        return self._ctx.world_size
-
-    def get_local_world_size(self) -> int:
-        return self._ctx.local_world_size
-
-    def get_node_rank(self) -> int:
-        return self._ctx.node_rank
-
-    def get_trial_id(self) -> str:
-        return self._ctx.trial_id
-
-    def get_trial_name(self) -> str:
-        return self._ctx.trial_id
-
-    def get_trial_dir(self) -> str:
-        return self._ctx.trial_dir
-
-    def get_experiment_name(self) -> str:
-        plan = _contract.plan()
-        return plan.experiment_name if plan else ""
-
-    def get_storage(self) -> str:
-        """Where the experiment's checkpoints go (a directory or a URL)."""
-        plan = _contract.plan()
-        return plan.storage_path if plan else ""
-
-    def get_trial_resources(self) -> Any:
-        """What this rank was given, as Ray gives it (a ``PlacementGroupFactory``; ``["CPU"]`` reads it as a dict)."""
-        from .._resources import this_trials
-
-        return this_trials()
-
-    def get_config(self) -> Dict[str, Any]:
-        return dict(self._ctx.config)
-
-    def get_metadata(self) -> Dict[str, Any]:
-        """The trainer's ``metadata=`` dict (empty without one), as in Ray."""
-        import nestor
-
-        return dict(nestor._metadata)
-
-    def get_preemption_info(self) -> Optional[PreemptionInfo]:
-        """None, until the cluster says it will end this run soon: see :func:`get_preemption_info`."""
-        return get_preemption_info()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctx, name)
-
-
 def get_context() -> TrainContext:
-    """This worker's context: ranks, sizes, trial, experiment."""
-    return TrainContext(_worker_context())
+    """This worker's context: ranks, sizes, trial, experiment (``nestor.get_context()``'s)."""
+    return _worker_context()
 
 
 def get_checkpoint() -> Optional[Checkpoint]:

@@ -261,7 +261,7 @@ class Tuner:
             experiment["storage"] = rc.storage_path
         if rc.failure_config and rc.failure_config.fail_fast:
             experiment["fail_fast"] = True
-        from .. import _log_to_driver
+        from .._settings import _log_to_driver
 
         if not _log_to_driver:
             experiment["log_to_driver"] = False
@@ -278,7 +278,7 @@ class Tuner:
         env.update(parts.get("env") or {})
         trainer["env"] = env
         doc: Dict[str, Any] = {"experiment": experiment, "space": self._space}
-        from .. import _cluster, _declared_resources
+        from .._settings import _cluster, _declared_resources
 
         if _cluster is not None and _driver.granted is None:
             # init(cluster=SlurmJobs(...)): each trial run a Slurm job of its own.
