@@ -7,10 +7,11 @@
 //! follows the run:
 //!
 //! - states: one `squeue` call per interval for every job of the
-//!   experiment ([`Board`]), whatever their number, so a sweep of hundreds
+//!   experiment (`board.rs`), whatever their number, so a sweep of hundreds
 //!   of queued jobs costs `slurmctld` one call per interval;
 //! - output: the job writes srun's labelled lines to one file in the
-//!   trial's `logs/`, which the driver reads as it grows and splits into
+//!   trial's `logs/`, which the driver reads as it grows (`job.rs`: one
+//!   run's supervisor) and splits into
 //!   `rank-<r>.log` and `job.log`. A job whose node does not see that file
 //!   (no directory shared with the driver) sends them to the driver
 //!   instead (`nestor relay-output`, the report channel's `JobOutput`),
@@ -34,28 +35,28 @@
 //! `nestor.train.get_preemption_info()`, so the trial saves a checkpoint
 //! before it is ended.
 
-use std::collections::BTreeMap;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
+use super::board::Board;
 use super::commands::cpus_per_task;
 use super::config::SlurmJobsConfig;
-use super::jobs::{JobEnd, JobRow, JobState, JobWatch};
-use super::output::{step_outcome, StepEnd, StepWatch};
+use super::job::{JobRun, Said, STEP_EXIT, UNSHARED};
+use super::jobs::{JobRow, JobWatch};
+use super::output::StepWatch;
 use super::submit::sh_quote;
-use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
+use crate::backend::{Backend, Event, LaunchError, LaunchSpec, StepProgress, TrialHandle};
 use crate::contract::{NodeView, Preemption, RunPlan};
-use crate::process::{common_env, free_port, log_tail, plan_settings, ProcessConfig, ReportTo};
+use crate::process::{common_env, free_port, plan_settings, ProcessConfig, ReportTo};
 use crate::scaling::PlacementStrategy;
-use crate::service::{Registration, ReportServer};
-use crate::supervise::{supervise, Escalation, Groups, StopStep};
+use crate::service::ReportServer;
+use crate::supervise::{supervise, Escalation, Groups};
 use crate::token::random_token;
 
 /// Run by each rank before the worker, inside the job: its place from
@@ -77,80 +78,6 @@ unset NESTOR_GPUS_FROM_SLURM NESTOR_MASTER_ADDR
 g=; if [ -n "$CUDA_VISIBLE_DEVICES" ]; then g=", GPUs $CUDA_VISIBLE_DEVICES"; fi
 echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK$g)" >&2
 exec "$@""#;
-
-/// The line the batch script ends with: the ranks' step's exit code.
-const STEP_EXIT: &str = "nestor: the ranks' job step exited with code ";
-
-/// The batch script's first line on a node that does not see the trial's
-/// directory, before the node's name.
-const UNSHARED: &str = "nestor: the experiment's directory is not visible on ";
-
-/// How long a run may wait for Slurm to list a job it just accepted.
-const LISTED_WITHIN: Duration = Duration::from_secs(60);
-
-/// A pause before a run whose job Slurm would not take ends (the loop then
-/// starts it again): the controller is busy, or a limit of the queue is reached.
-const SUBMIT_BACKOFF: Duration = Duration::from_secs(5);
-
-/// The latest reading of the experiment's jobs, for every run to look up its own.
-#[derive(Debug, Clone, Default)]
-struct Reading {
-    /// The experiment's jobs by id.
-    jobs: Arc<BTreeMap<String, JobRow>>,
-    /// Why the last call failed (the reading before it stands).
-    error: Option<String>,
-}
-
-/// Reads the states of the experiment's jobs in one `squeue` call every
-/// interval while any run follows one, and hands each reading to all of
-/// them; counts the calls nestor makes to the controller.
-#[derive(Debug)]
-struct Board {
-    readings: watch::Sender<Reading>,
-    /// Wakes the reader at once (a job was submitted, a stop was asked).
-    poke: Arc<tokio::sync::Notify>,
-    /// Calls to `slurmctld`: `squeue`, `sbatch`, `scancel`.
-    calls: AtomicU64,
-}
-
-impl Board {
-    fn start(prefix: String, interval: Duration) -> Arc<Self> {
-        let (readings, _) = watch::channel(Reading::default());
-        let board = Arc::new(Self { readings, poke: Arc::default(), calls: AtomicU64::new(0) });
-        let weak = Arc::downgrade(&board);
-        tokio::spawn(async move {
-            let mut watch = JobWatch::new(prefix, interval / 5);
-            // squeue calls already in `calls`.
-            let mut counted = 0;
-            loop {
-                let Some(board) = weak.upgrade() else { return };
-                if board.readings.receiver_count() > 0 {
-                    let reading = match watch.jobs().await {
-                        Ok(jobs) => Reading { jobs: Arc::new(jobs.clone()), error: None },
-                        Err(e) => Reading { jobs: Arc::clone(&board.readings.borrow().jobs), error: Some(e.0) },
-                    };
-                    board.calls.fetch_add(watch.calls() - counted, Ordering::Relaxed);
-                    counted = watch.calls();
-                    board.readings.send_replace(reading);
-                }
-                let poke = Arc::clone(&board.poke);
-                drop(board);
-                let poked = poke.notified();
-                // The next reading: after the interval, or sooner when poked (a job submitted or
-                // cancelled), but never two within a fifth of it (JobWatch answers from its last then).
-                tokio::select! {
-                    () = tokio::time::sleep(interval) => {}
-                    () = poked => tokio::time::sleep(interval / 5).await,
-                }
-            }
-        });
-        board
-    }
-
-    fn count_call(&self) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 /// Launches each trial run as a Slurm job of its own.
 #[derive(Debug, Clone)]
@@ -398,10 +325,8 @@ impl Backend for SlurmJobsBackend {
             sbatch,
             script,
             output,
-            offset: 0,
             relayed,
             unshared: Arc::clone(&self.unshared),
-            pending: String::new(),
             watch: StepWatch::new(rank_files, job_file, started),
             stopping: Escalation::new(stop, cfg.grace_period),
             log_paths,
@@ -410,346 +335,13 @@ impl Backend for SlurmJobsBackend {
             registration,
             board: Arc::clone(&self.board),
             world,
-            step_exit: None,
-            requeue_seen: false,
             begins_later: args.iter().any(|a| a == "-b" || a.starts_with("--begin")),
-            heard: false,
-            rank_nodes: vec![String::new(); world as usize],
+            said: Said::new(world),
         };
         let groups: Groups = Arc::new(std::sync::Mutex::new(Vec::new()));
         supervise(spec.trial_id, events, groups, libc::SIGTERM, run.run());
         Ok(handle)
     }
-}
-
-/// One run as a Slurm job, from its submission to its end.
-struct JobRun {
-    trial_id: String,
-    /// The job's name (`nestor-<experiment>-<trial>-<token>`).
-    name: String,
-    sbatch: tokio::process::Command,
-    script: String,
-    /// The job's output file, and how far the driver has read it.
-    output: PathBuf,
-    offset: u64,
-    /// The job's output as its node sends it (`JobOutput`), when that node does not see the file.
-    relayed: mpsc::Receiver<Vec<u8>>,
-    /// The experiment's directory, and whether the driver has said that jobs run where it is not.
-    unshared: Arc<(PathBuf, AtomicBool)>,
-    /// A line read in part.
-    pending: String,
-    watch: StepWatch,
-    stopping: Escalation,
-    log_paths: Vec<PathBuf>,
-    job_log: PathBuf,
-    rendezvous: PathBuf,
-    registration: Registration,
-    board: Arc<Board>,
-    world: u32,
-    /// The exit code the job's last line gave for its ranks' step.
-    step_exit: Option<i32>,
-    /// The job's output says Slurm started it again after a requeue.
-    requeue_seen: bool,
-    /// The job was submitted to start later (`--begin` among the user's
-    /// options): waiting for its begin time says nothing of a requeue.
-    begins_later: bool,
-    /// The job has written something (to its file, or through the relay): it ran.
-    heard: bool,
-    /// Each rank's node, as its first line says (empty until then).
-    rank_nodes: Vec<String>,
-}
-
-/// How a job left the driver's sight.
-#[derive(Debug)]
-enum Left {
-    /// It ended in this state.
-    Ended(JobState),
-    /// Slurm put it back in its queue after it had run (and nestor cancelled it).
-    Requeued(String),
-    /// It is no longer listed (Slurm forgot it) without an end seen.
-    Vanished,
-}
-
-impl JobRun {
-    async fn run(mut self) -> ExitOutcome {
-        let outcome = self.follow().await;
-        let _ = std::fs::remove_file(&self.rendezvous);
-        let aggregator = self.registration.aggregator();
-        if outcome == ExitOutcome::Completed {
-            for r in 0..self.world {
-                aggregator.rank_finished(r);
-            }
-        } else {
-            aggregator.fail();
-        }
-        outcome
-    }
-
-    /// Submits the job and follows it to its end; the run's outcome.
-    async fn follow(&mut self) -> ExitOutcome {
-        let id = match self.submit().await {
-            Ok(id) => id,
-            Err(outcome) => return outcome,
-        };
-        tracing::info!(trial = %self.trial_id, job = %id, "submitted");
-        let _ = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.job_log)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, format!("nestor: job {id} ({}) submitted\n", self.name).as_bytes()));
-        let left = self.watch_job(&id).await;
-        // What the job wrote last (a job's relay has sent everything before its job ends).
-        while let Ok(bytes) = self.relayed.try_recv() {
-            self.take_output(&bytes, false);
-        }
-        self.read_output(true);
-        let requested = self.stopping.asked();
-        let failed = |why: String| ExitOutcome::Failed(format!("job {id}: {why}"));
-        let exit_code = self.step_exit;
-        // Slurm started it again after a requeue before a reading showed it queued: the batch script ran
-        // nothing and said so; the run ended when the job went back to the queue.
-        let left = match left {
-            Left::Ended(_) | Left::Vanished if self.requeue_seen => Left::Requeued("it was started again".into()),
-            other => other,
-        };
-        match left {
-            Left::Requeued(why) if requested == StopLevel::Run => {
-                ExitOutcome::Infrastructure(format!("Slurm put job {id} back in its queue ({why}); the trial goes on from its latest checkpoint in a new job"))
-            }
-            Left::Requeued(_) => ExitOutcome::Stopped,
-            Left::Ended(state) => match state.end() {
-                Some(JobEnd::Done) | Some(JobEnd::Failed) => {
-                    let code = match (state == JobState::Completed, exit_code) {
-                        (true, _) => 0,
-                        (false, Some(c)) if c != 0 => c,
-                        (false, _) => 1,
-                    };
-                    self.step_outcome(code, requested, &id)
-                }
-                Some(JobEnd::OutOfMemory) if requested == StopLevel::Run => failed(format!(
-                    "out of memory: Slurm ended the job for using more memory than it asked for ({}); ask for more with the workers' `memory`",
-                    self.job_log.display()
-                )),
-                Some(JobEnd::Cancelled) if requested == StopLevel::Run => ExitOutcome::Infrastructure(format!(
-                    "job {id} was cancelled outside nestor (scancel, an operator); the trial goes on from its latest checkpoint"
-                )),
-                Some(JobEnd::Infrastructure(why)) if requested == StopLevel::Run => {
-                    ExitOutcome::Infrastructure(format!("{why} (job {id}); the trial goes on from its latest checkpoint"))
-                }
-                Some(_) => ExitOutcome::Stopped,
-                None => failed(format!("ended in state {state:?}")),
-            },
-            Left::Vanished => match exit_code {
-                Some(code) => self.step_outcome(code, requested, &id),
-                None if requested > StopLevel::Run => ExitOutcome::Stopped,
-                None => ExitOutcome::Infrastructure(format!(
-                    "Slurm no longer lists job {id} and it left no word of how it ended; the trial goes on from its latest checkpoint"
-                )),
-            },
-        }
-    }
-
-    /// The outcome of a job whose step exited with `code`, as a step inside an allocation's.
-    fn step_outcome(&mut self, code: i32, requested: StopLevel, id: &str) -> ExitOutcome {
-        use std::os::unix::process::ExitStatusExt;
-        let status = Ok(std::process::ExitStatus::from_raw((code & 0xff) << 8));
-        let rank_nodes = self.rank_nodes.clone();
-        let failed = self.watch.failed.take();
-        let end = StepEnd {
-            status: &status,
-            requested,
-            lost: None,
-            refused: self.watch.refused.take(),
-            down_here: &[],
-            failed,
-            rank_nodes: &rank_nodes,
-        };
-        match step_outcome(end, &self.log_paths, &self.job_log, |log| log_tail(log, 20)) {
-            ExitOutcome::Failed(why) => ExitOutcome::Failed(format!("job {id}: {why}")),
-            ExitOutcome::Infrastructure(why) => ExitOutcome::Infrastructure(format!("job {id}: {why}")),
-            other => other,
-        }
-    }
-}
-
-impl JobRun {
-    /// `sbatch`: the job's id, or how the run ends when Slurm will not take it.
-    async fn submit(&mut self) -> Result<String, ExitOutcome> {
-        if self.stopping.asked() > StopLevel::Run {
-            return Err(ExitOutcome::Stopped);
-        }
-        self.board.count_call();
-        let mut child = self.sbatch.spawn().map_err(|e| ExitOutcome::Failed(format!("cannot run sbatch: {e}")))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(self.script.as_bytes()).await;
-        }
-        let out = child.wait_with_output().await.map_err(|e| ExitOutcome::Failed(format!("sbatch: {e}")))?;
-        let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        if !out.status.success() {
-            let said = if said.is_empty() { format!("sbatch {}", crate::groups::describe_exit(out.status)) } else { said };
-            if transient(&said) {
-                tokio::time::sleep(SUBMIT_BACKOFF).await;
-                return Err(ExitOutcome::Infrastructure(format!("Slurm did not take the trial's job now: {said}")));
-            }
-            return Err(ExitOutcome::Failed(format!("Slurm refused the trial's job: {said}")));
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let id = text.trim().split(';').next().unwrap_or_default().trim().to_string();
-        if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit() || c == '_') {
-            return Err(ExitOutcome::Failed(format!("sbatch gave no job id: {:?} {said}", text.trim())));
-        }
-        self.board.poke.notify_one();
-        Ok(id)
-    }
-
-    /// Follows job `id` until it leaves: its states from the board, its
-    /// output as it grows, stops as they are asked.
-    async fn watch_job(&mut self, id: &str) -> Left {
-        let mut readings = self.board.readings.subscribe();
-        readings.mark_changed();
-        let submitted = tokio::time::Instant::now();
-        let mut seen: Option<JobState> = None;
-        let mut ran = false;
-        let mut warned = false;
-        let mut tail = tokio::time::interval(Duration::from_millis(500));
-        tail.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                changed = readings.changed() => {
-                    if changed.is_err() {
-                        return Left::Vanished;
-                    }
-                    let reading = readings.borrow_and_update().clone();
-                    if let Some(e) = &reading.error {
-                        if !warned {
-                            tracing::warn!(trial = %self.trial_id, job = %id, "reading the jobs' states: {e}; trying again");
-                            warned = true;
-                        }
-                        continue;
-                    }
-                    warned = false;
-                    match reading.jobs.get(id) {
-                        Some(row) => {
-                            match &row.state {
-                                JobState::Running | JobState::Completing | JobState::Suspended => ran = true,
-                                // Back in the queue after it ran. It may have run between two readings: its
-                                // output, or Slurm's reason (a requeued job waits for a begin time two
-                                // minutes on; nestor asks for none), says so.
-                                JobState::Pending | JobState::Requeued | JobState::Held
-                                    if ran
-                                        || self.requeue_seen
-                                        || self.heard
-                                        || (row.reason == "BeginTime" && !self.begins_later) =>
-                                {
-                                    let why = if row.reason.is_empty() { format!("{:?}", row.state) } else { row.reason.clone() };
-                                    self.cancel(id, None).await;
-                                    return Left::Requeued(why);
-                                }
-                                state => {
-                                    if state.end().is_some() {
-                                        return Left::Ended(state.clone());
-                                    }
-                                }
-                            }
-                            seen = Some(row.state.clone());
-                        }
-                        None if seen.is_some() || self.step_exit.is_some() => return Left::Vanished,
-                        None if submitted.elapsed() > LISTED_WITHIN => return Left::Vanished,
-                        None => {}
-                    }
-                }
-                _ = tail.tick() => self.read_output(false),
-                Some(bytes) = self.relayed.recv() => self.take_output(&bytes, false),
-                step = self.stopping.next() => match step {
-                    StopStep::Terminate if ran => self.cancel(id, Some("TERM")).await,
-                    // Not running yet, or past its grace period: the job goes.
-                    _ => self.cancel(id, None).await,
-                },
-            }
-        }
-    }
-
-    /// `scancel` (with `signal`: the signal to the job's steps' tasks; else the whole job).
-    async fn cancel(&self, id: &str, signal: Option<&str>) {
-        self.board.count_call();
-        let mut c = tokio::process::Command::new("scancel");
-        if let Some(s) = signal {
-            c.arg(format!("--signal={s}"));
-        }
-        c.arg(id).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-        match c.output().await {
-            Ok(out) if !out.status.success() => {
-                tracing::warn!(trial = %self.trial_id, job = %id, "scancel: {}", String::from_utf8_lossy(&out.stderr).trim());
-            }
-            Err(e) => tracing::warn!(trial = %self.trial_id, job = %id, "scancel: {e}"),
-            Ok(_) => {}
-        }
-        self.board.poke.notify_one();
-    }
-
-    /// Reads what the job's output file gained since the last time; `all`:
-    /// a last line without its newline too.
-    fn read_output(&mut self, all: bool) {
-        let Ok(mut f) = std::fs::File::open(&self.output) else { return };
-        if f.seek(SeekFrom::Start(self.offset)).is_err() {
-            return;
-        }
-        let mut bytes = Vec::new();
-        let Ok(n) = f.read_to_end(&mut bytes) else { return };
-        self.offset += n as u64;
-        self.take_output(&bytes, all);
-    }
-
-    /// Handles what the job wrote next: its whole lines; `all`: a last
-    /// line without its newline too.
-    fn take_output(&mut self, bytes: &[u8], all: bool) {
-        self.heard |= !bytes.is_empty();
-        self.pending.push_str(&String::from_utf8_lossy(bytes));
-        while let Some(at) = self.pending.find('\n') {
-            let line: String = self.pending.drain(..=at).collect();
-            self.on_line(line.trim_end_matches(['\n', '\r']));
-        }
-        if all && !self.pending.is_empty() {
-            let line = std::mem::take(&mut self.pending);
-            self.on_line(&line);
-        }
-    }
-
-    fn on_line(&mut self, line: &str) {
-        if let Some(code) = line.strip_prefix(STEP_EXIT) {
-            self.step_exit = code.trim().parse().ok();
-        }
-        if line.contains("was put back in the queue; this run ends") {
-            self.requeue_seen = true;
-        }
-        if let Some(node) = line.strip_prefix(UNSHARED).and_then(|rest| rest.split(':').next()) {
-            let (exp_dir, noted) = &*self.unshared;
-            if !noted.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "nestor: {} is not visible on {node} (trial {}): jobs' output comes to the driver, and their ranks ship checkpoints through it",
-                    exp_dir.display(),
-                    self.trial_id
-                );
-            }
-        }
-        // `  r: nestor: rank r of W on NODE (...)`: the prologue's first line says where rank r runs.
-        if let Some((r, text)) = super::output::labelled(line) {
-            if let Some(node) = text.strip_prefix(&format!("nestor: rank {r} of ")).and_then(|t| t.split(" on ").nth(1)) {
-                if let (Some(slot), Some(name)) = (self.rank_nodes.get_mut(r as usize), node.split_whitespace().next()) {
-                    *slot = name.to_string();
-                }
-            }
-        }
-        self.watch.on_line(line);
-    }
-}
-
-/// Whether sbatch's refusal may pass (a busy controller, a limit of the queue).
-fn transient(said: &str) -> bool {
-    let s = said.to_ascii_lowercase();
-    ["temporarily", "timed out", "unable to contact", "try again", "maxsubmit", "submit limit", "slurm_persist", "connection refused"]
-        .iter()
-        .any(|w| s.contains(w))
 }
 
 /// Asks Slurm whether it would take a job of one run with `bundles` (one
@@ -878,14 +470,5 @@ mod tests {
         assert!(script.contains(r#"nestor-rank python 'train it.py' '--lr=it'\''s'"#), "{script}");
         assert!(script.contains(STEP_EXIT));
         assert!(!batch_script(&["x".into()], true).contains("--gres=none"));
-    }
-
-    #[test]
-    fn a_refusal_that_may_pass_is_told_from_one_that_will_not() {
-        assert!(transient("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation"));
-        assert!(transient("sbatch: error: Slurm temporarily unable to accept job, sleeping and retrying"));
-        assert!(transient("sbatch: error: QOSMaxSubmitJobPerUserLimit"));
-        assert!(!transient("sbatch: error: Batch job submission failed: Invalid partition name specified"));
-        assert!(!transient("sbatch: error: Batch job submission failed: Requested node configuration is not available"));
     }
 }

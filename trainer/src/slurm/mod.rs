@@ -11,8 +11,10 @@ use std::process::Command;
 use crate::resources::{Gpu, NodeResources, Source};
 
 mod batch;
+mod board;
 mod commands;
 mod config;
+mod job;
 mod jobs;
 mod output;
 mod relay;
