@@ -285,6 +285,9 @@ impl JobRun {
         let mut seen: Option<JobState> = None;
         let mut ran = false;
         let mut warned = false;
+        // The ranks had started when the cluster took them off their CPUs (suspended, or torn down: a
+        // requeue, the job's end): the hang clock stops until they run again.
+        let mut held = false;
         loop {
             tokio::select! {
                 changed = readings.changed() => {
@@ -302,6 +305,15 @@ impl JobRun {
                     warned = false;
                     match reading.jobs.get(id) {
                         Some(row) => {
+                            let started = &self.watch.started;
+                            match &row.state {
+                                JobState::Completing | JobState::Suspended => held |= started.swap(false, Ordering::AcqRel),
+                                JobState::Running if held => {
+                                    started.store(true, Ordering::Release);
+                                    held = false;
+                                }
+                                _ => {}
+                            }
                             match &row.state {
                                 JobState::Running | JobState::Completing | JobState::Suspended => ran = true,
                                 // Back in the queue after it ran. It may have run between two readings: its
