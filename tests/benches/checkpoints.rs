@@ -8,12 +8,17 @@
 //!    ranks each checkpoint `--mib` MiB to the S3 server at each of 2
 //!    steps: the ranks uploading their shards themselves, against every
 //!    byte through the driver (`NESTOR_RANKS_UPLOAD=0`);
-//! 3. failover: a rank of a running N-rank trial killed with SIGKILL, to
+//! 3. restore: a 2-rank trial resumed from a checkpoint of `--mib` MiB a
+//!    rank in the S3 server, from its launch to its first result: each rank
+//!    downloading its own shard from the bucket (the plan's `store` route),
+//!    against the driver downloading the checkpoint first and the ranks
+//!    reading its copy (`local`), interleaved;
+//! 4. failover: a rank of a running N-rank trial killed with SIGKILL, to
 //!    every rank of the restarted group running again (each rank writes its
 //!    start time as soon as it runs), through the real `nestor` binary.
 //!
 //! ```text
-//! cargo bench -p nestor-tests --bench checkpoints [-- --reps R --mib M --only upload|ranks|failover]
+//! cargo bench -p nestor-tests --bench checkpoints [-- --reps R --mib M --only upload|ranks|restore|failover]
 //! ```
 
 use std::io::BufRead;
@@ -271,6 +276,77 @@ fn ranks(reps: u64, mib: usize) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// A resumed 2-rank run, from its launch to its first result.
+async fn resume_once(
+    backend: &trainer::ProcessBackend,
+    storage: &Storage,
+    trial: &Path,
+    back: Result<String, PathBuf>,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let config = serde_json::json!({ "x": 0.5, "steps": 3, "checkpoint": false });
+    let mut spec = trainer::LaunchSpec::new("restore", config, trial.to_path_buf());
+    spec.workers = vec![trainer::WorkerBundle::cpus(1.0); 2];
+    spec.storage = storage.clone();
+    spec.start_iteration = 2;
+    let t0 = Instant::now();
+    match back {
+        Ok(uri) => spec.checkpoint_uri = Some(uri),
+        // Through the driver: it downloads the checkpoint, then the ranks read its copy.
+        Err(scratch) => spec.checkpoint = Some(storage.fetch_checkpoint(&storage.uri("checkpoint_000002"), &scratch).await?),
+    }
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let _handle = trainer::Backend::launch(backend, spec, tx)?;
+    let mut first = None;
+    while let Some(ev) = events.recv().await {
+        match ev.kind {
+            trainer::EventKind::Report { report, reply } => {
+                first.get_or_insert(t0.elapsed().as_secs_f64());
+                assert_eq!(report.training_iteration, 3, "the run goes on from the checkpoint");
+                reply.send(trainer::Directive::Continue).durable();
+            }
+            trainer::EventKind::Exited(outcome) => {
+                assert_eq!(outcome, trainer::ExitOutcome::Completed, "the resumed run");
+                break;
+            }
+            _ => {}
+        }
+    }
+    Ok(first.ok_or("no result")?)
+}
+
+async fn restore(reps: u64, mib: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let work = tempfile::tempdir_in(std::env::var("NESTOR_BENCH_DIR").unwrap_or_else(|_| ".".into()))?;
+    let s3 = start_s3(&work.path().join("s3"))?;
+    // SAFETY: set before any thread of this process reads the environment for S3.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "nestor");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "nestor-secret");
+        std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::set_var("AWS_ENDPOINT", format!("http://127.0.0.1:{}", s3.port));
+        std::env::set_var("AWS_ALLOW_HTTP", "true");
+    }
+    let shards = make_shards(&work.path().join("src"), mib)?;
+    for s in &shards {
+        std::fs::write(s.join("state.json"), br#"{"step": 2, "acc": 0.0}"#)?;
+    }
+    let storage = Storage::parse("s3://bucket/restore")?;
+    upload_all(&storage, &shards[..2], 2).await?;
+    let backend =
+        trainer::ProcessBackend::start(trainer::ProcessConfig::new(vec![env!("CARGO_BIN_EXE_fixture-worker").to_string()])).await?;
+    let trial = work.path().join("trial");
+    println!("restore: a 2-rank trial resumed from {mib} MiB a rank in S3 on loopback, launch to first result");
+    let (mut direct, mut driver) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        direct.push(resume_once(&backend, &storage, &trial, Ok(storage.uri("checkpoint_000002"))).await?);
+        driver.push(resume_once(&backend, &storage, &trial, Err(work.path().join(format!("scratch-{rep}")))).await?);
+        let _ = std::fs::remove_dir_all(work.path().join(format!("scratch-{rep}")));
+    }
+    let (d, v) = (median(&mut direct), median(&mut driver));
+    println!("  each rank downloads its own shard    {:>7.0} ms  (median of {reps})", d * 1e3);
+    println!("  the driver downloads, ranks read it  {:>7.0} ms  (median of {reps})", v * 1e3);
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let only = arg("--only");
     let reps = num("--reps", 5);
@@ -280,6 +356,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if only.as_deref().is_none_or(|o| o == "ranks") {
         ranks(reps.min(5), num("--mib", 256) as usize)?;
+    }
+    if only.as_deref().is_none_or(|o| o == "restore") {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        rt.block_on(restore(reps.min(5), num("--mib", 256) as usize))?;
     }
     if only.as_deref().is_none_or(|o| o == "failover") {
         println!("failover: rank 1 killed (SIGKILL) -> every rank of the restarted group running");
