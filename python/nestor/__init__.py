@@ -13,10 +13,10 @@ import numbers
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from . import _client, _contract
-from ._client import PreemptionInfo, ReportError, plan as _plan
+from ._client import PreemptionInfo, ReportError, run_plan as _plan
 from ._settings import SlurmJobs, init, is_initialized, shutdown
 
 # gRPC's fork handling off, before gRPC is imported: a rank that forks

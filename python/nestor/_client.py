@@ -21,7 +21,7 @@ class ReportError(RuntimeError):
 ReportError.__module__ = "nestor"
 
 
-def plan() -> "Optional[_contract.Plan]":
+def run_plan() -> "Optional[_contract.Plan]":
     """This rank's run plan (``NESTOR_RUN``), or None outside nestor."""
     try:
         return _contract.plan()
@@ -64,7 +64,7 @@ def _watch_preemption() -> None:
     """Under a Slurm job of its own, nestor asks Slurm for SIGUSR1 some time
     before the job's limit (``NESTOR_PREEMPTION_SIGNAL``): recorded here for
     :func:`get_preemption_info`, instead of its default, which ends the process."""
-    plan = plan()
+    plan = run_plan()
     if not plan or not plan.preemption or plan.preemption.get("signal") != "USR1":
         return
     import signal
@@ -86,7 +86,7 @@ def _open_channel(grpc, addr, target):
     certificate is made out to, whatever host the address names."""
     if not addr.startswith("https://"):
         return grpc.insecure_channel(target)
-    ca = plan().tls_ca
+    ca = run_plan().tls_ca
     if not ca.strip():
         raise ReportError(f"the driver's address {addr!r} is TLS, but the run's plan names no certificate authority (tls_ca)")
     credentials = grpc.ssl_channel_credentials(root_certificates=ca.encode())
@@ -99,7 +99,7 @@ class Channel:
 
         from . import _proto
 
-        addr = plan().addr
+        addr = run_plan().addr
         target = addr.split("://", 1)[1] if "://" in addr else addr
         self._grpc = grpc
         self._proto = _proto
@@ -268,7 +268,7 @@ class Channel:
         return dest
 
     def report(self, ctx: Any, metrics: Dict[str, float], checkpoint: str, extra: Optional[Dict[str, Any]] = None) -> int:
-        plan = plan()
+        plan = run_plan()
         #: The checkpoint's route out, as the report's ``checkpoint`` oneof names it (none without one).
         sent: Dict[str, str] = {}
         target = plan.upload()
