@@ -88,6 +88,18 @@ impl Drop for S3 {
     }
 }
 
+/// This process's credentials and endpoint for the S3 server `s3`.
+fn use_s3(s3: &S3) {
+    // SAFETY: set before any thread of this process reads the environment for S3.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "nestor");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "nestor-secret");
+        std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::set_var("AWS_ENDPOINT", format!("http://127.0.0.1:{}", s3.port));
+        std::env::set_var("AWS_ALLOW_HTTP", "true");
+    }
+}
+
 fn start_s3(root: &Path) -> std::io::Result<S3> {
     std::fs::create_dir_all(root.join("bucket"))?;
     let mut child = Command::new(env!("CARGO_BIN_EXE_s3-server")).arg(root).stdout(Stdio::piped()).spawn()?;
@@ -135,14 +147,7 @@ async fn upload(reps: u64, mib: usize) -> Result<(), Box<dyn std::error::Error>>
     report("nestor, local (fsynced)", &mut local);
 
     let s3 = start_s3(&work.path().join("s3"))?;
-    // SAFETY: set before any thread of this process reads the environment for S3.
-    unsafe {
-        std::env::set_var("AWS_ACCESS_KEY_ID", "nestor");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "nestor-secret");
-        std::env::set_var("AWS_REGION", "us-east-1");
-        std::env::set_var("AWS_ENDPOINT", format!("http://127.0.0.1:{}", s3.port));
-        std::env::set_var("AWS_ALLOW_HTTP", "true");
-    }
+    use_s3(&s3);
     let mut remote = Vec::new();
     for rep in 0..reps {
         let storage = Storage::parse("s3://bucket/bench")?.join(&format!("rep-{rep}"));
@@ -317,14 +322,7 @@ async fn resume_once(
 async fn restore(reps: u64, mib: usize) -> Result<(), Box<dyn std::error::Error>> {
     let work = tempfile::tempdir_in(std::env::var("NESTOR_BENCH_DIR").unwrap_or_else(|_| ".".into()))?;
     let s3 = start_s3(&work.path().join("s3"))?;
-    // SAFETY: set before any thread of this process reads the environment for S3.
-    unsafe {
-        std::env::set_var("AWS_ACCESS_KEY_ID", "nestor");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "nestor-secret");
-        std::env::set_var("AWS_REGION", "us-east-1");
-        std::env::set_var("AWS_ENDPOINT", format!("http://127.0.0.1:{}", s3.port));
-        std::env::set_var("AWS_ALLOW_HTTP", "true");
-    }
+    use_s3(&s3);
     let shards = make_shards(&work.path().join("src"), mib)?;
     for s in &shards {
         std::fs::write(s.join("state.json"), br#"{"step": 2, "acc": 0.0}"#)?;
