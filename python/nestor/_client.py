@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from . import _contract
 
@@ -161,6 +161,33 @@ class Channel:
             raise ReportError(f"booking the trainer's resources failed ({e.code().name}): {e.details()}") from None
         return [{"cpus": w.cpus, "gpus": list(w.gpus), "gpu_share": w.gpu_share, "memory_bytes": w.memory_bytes,
                  "custom": dict(w.custom)} for w in reply.workers]
+
+    def run_trainer(self, ctx: Any, run: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+        """Asks the driver to run the trainer this trial booked (``run``: its
+        name, directory, ``[trainer]`` section, config, failure and
+        checkpoint settings) as this trial's own run; yields what becomes of
+        it, one update at a time (``{"result": ...}``, ``{"restarted": ...}``,
+        then ``{"ended": ...}``). Closing the iterator stops the run. A run
+        the driver refuses raises ValueError naming the key at fault."""
+        import json
+
+        request = self._proto.TrainerRequest(version=self._proto.PROTOCOL_VERSION, trial_id=ctx.trial_id, token=self._token,
+                                             rank=ctx.world_rank, run=json.dumps(run))
+        call = self._channel.unary_stream(
+            self._proto.RUN_TRAINER_METHOD,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=self._proto.TrainerUpdate.FromString,
+        )
+        stream = call(request, wait_for_ready=True)
+        try:
+            for update in stream:
+                yield json.loads(update.update)
+        except self._grpc.RpcError as e:
+            if e.code() == self._grpc.StatusCode.INVALID_ARGUMENT:
+                raise ValueError(e.details()) from None
+            raise ReportError(f"the trainer's run failed ({e.code().name}): {e.details()}") from None
+        finally:
+            stream.cancel()
 
     def rendezvous(self, ctx: Any, address: str, timeout: float) -> str:
         """Rank 0 posts ``address`` (its store's ``host:port``); the other

@@ -148,32 +148,6 @@ def worker_env() -> Dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(seen)}
 
 
-#: The resources this process's trial booked for a trainer it runs (Train
-#: V2's Tune pattern): ``{"resources": {...}, "gpus": [...]}``, the pool of
-#: that trainer's run; None elsewhere.
-granted: Optional[Dict[str, Any]] = None
-
-
-def grant(workers: List[Dict[str, Any]], trainer_resources: Optional[Dict[str, float]]) -> Dict[str, Any]:
-    """The pool a run gets from the bundles its trial booked: their CPUs,
-    memory and custom resources added up (with the trainer's own), and their
-    GPUs."""
-    resources: Dict[str, float] = {"CPU": 0.0}
-    gpus: List[int] = []
-    for w in workers:
-        resources["CPU"] += w["cpus"]
-        if w["memory_bytes"]:
-            resources["memory"] = resources.get("memory", 0.0) + w["memory_bytes"]
-        for k, v in w["custom"].items():
-            resources[k] = resources.get(k, 0.0) + v
-        gpus.extend(g for g in w["gpus"] if g not in gpus)
-    for k, v in (trainer_resources or {}).items():
-        if k != "GPU":
-            resources[k] = resources.get(k, 0.0) + v
-    resources["GPU"] = float(len(gpus))
-    return {"resources": resources, "gpus": sorted(gpus)}
-
-
 #: A trial's variables that a run inside it keeps (settings of the user's, not of the trial).
 _KEPT = {"NESTOR_BIN", "NESTOR_WARM", "NESTOR_CALLBACK_DEADLINE_S", "NESTOR_PY_CACHE", "NESTOR_CONNECT_TIMEOUT_S"}
 _TORCHRUN = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -194,9 +168,6 @@ def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
         # A run started inside a trial (Train V2's Tune pattern): its workers
         # get their own variables, none of the trial's.
         env = {k: v for k, v in os.environ.items() if not _trial_variable(k)}
-        if granted is not None:
-            # The run sees the GPUs its trial booked, and only those.
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in granted["gpus"])
     if hooks is not None:
         env = {**(env if env is not None else os.environ), **hooks.env()}
     # The binary stops (gracefully: SIGTERM) when this process dies; it

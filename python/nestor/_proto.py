@@ -12,6 +12,7 @@ GET_SHARD_METHOD = "/nestor.v1.Reporter/GetShard"
 RENDEZVOUS_METHOD = "/nestor.v1.Reporter/Rendezvous"
 GET_FILE_METHOD = "/nestor.v1.Reporter/GetFile"
 BOOK_METHOD = "/nestor.v1.Reporter/Book"
+RUN_TRAINER_METHOD = "/nestor.v1.Reporter/RunTrainer"
 PROTOCOL_VERSION = 1
 
 
@@ -92,6 +93,14 @@ def _file():
     _map(granted, "custom", 5, "GrantedBundle")
     booked = fdp.message_type.add(name="BookReply")
     _field(booked, "workers", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".nestor.v1.GrantedBundle")
+    trainer = fdp.message_type.add(name="TrainerRequest")
+    _field(trainer, "version", 1, _F.TYPE_UINT32)
+    _field(trainer, "trial_id", 2, _F.TYPE_STRING)
+    _field(trainer, "token", 3, _F.TYPE_STRING)
+    _field(trainer, "rank", 4, _F.TYPE_UINT32)
+    _field(trainer, "run", 5, _F.TYPE_STRING)
+    update = fdp.message_type.add(name="TrainerUpdate")
+    _field(update, "update", 1, _F.TYPE_STRING)
     receipt = fdp.message_type.add(name="ShardReceipt")
     _field(receipt, "upload", 1, _F.TYPE_STRING)
     _field(receipt, "files", 2, _F.TYPE_UINT32)
@@ -119,6 +128,8 @@ RendezvousRequest = _message("nestor.v1.RendezvousRequest")
 RendezvousReply = _message("nestor.v1.RendezvousReply")
 BookRequest = _message("nestor.v1.BookRequest")
 BookReply = _message("nestor.v1.BookReply")
+TrainerRequest = _message("nestor.v1.TrainerRequest")
+TrainerUpdate = _message("nestor.v1.TrainerUpdate")
 #: File bytes in one shard chunk (the Rust client's size).
 CHUNK_BYTES = 256 << 10
 DIRECTIVE_CONTINUE = 1

@@ -78,7 +78,7 @@ async fn start_times(n: u32, reps: u64, command: &[&str], reports: bool) -> Resu
                     reported.push(t0.elapsed().as_secs_f64() * 1e3);
                     reply.send(Directive::Stop).durable();
                 }
-                EventKind::NodeLost { .. } | EventKind::Book { .. } | EventKind::Stuck => {}
+                EventKind::NodeLost { .. } | EventKind::Book { .. } | EventKind::RunTrainer { .. } | EventKind::Stuck => {}
                 EventKind::Exited(_) => break,
             }
         }

@@ -6,6 +6,7 @@ Usage: ray_v2.py STORAGE
 """
 
 import json
+import os
 import sys
 import time
 
@@ -20,9 +21,13 @@ def train_fn_per_worker(config):
     import torch.distributed as dist
 
     world = dist.get_world_size()
+    # Which process started this rank: the sweep's own driver, or a second binary.
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        parent = f.read().replace(b"\0", b" ").decode()
+    second = float("nestor" in parent and "/train/" in parent)
     for step in range(1, 9):
         time.sleep(0.4)
-        train.report({"loss": config["lr"] * 10 / step, "world": float(world)})
+        train.report({"loss": config["lr"] * 10 / step, "world": float(world), "second": second})
 
 
 def train_driver_fn(config):
@@ -44,5 +49,6 @@ grid = tune.Tuner(
     run_config=tune.RunConfig(name="v2", storage_path=storage),
 ).fit()
 print("TRIALS", json.dumps({r.trial_id: {"status": r.status, "config": r.config, "error": str(r.error) if r.error else None,
-                                         "history": [[h["training_iteration"], h["loss"], h["world"]] for h in r.metrics_history]}
+                                         "history": [[h["training_iteration"], h["loss"], h["world"], h["second"]]
+                                                     for h in r.metrics_history]}
                             for r in grid}))

@@ -314,10 +314,14 @@ fn train_v2s_tune_pattern_runs_a_trainer_per_trial_and_asha_stops_them() {
     for (id, t) in &got {
         assert_eq!(t["status"], "TERMINATED", "{id}: {t}");
         let history = t["history"].as_array().unwrap();
-        // Every result came from the trainer's two ranks, through TuneReportCallback.
+        // Every result came from the trainer's two ranks, through TuneReportCallback,
+        // ranks the sweep's own driver started (no second binary, no second store).
         assert!(history.iter().all(|h| h[2] == 2.0), "{id}: {t}");
+        assert!(history.iter().all(|h| h[3] == 0.0), "{id}: a second nestor started the trainer's ranks: {t}");
         let inner = storage.join("v2/trials").join(id).join("train/train");
-        let inner_results = trials(dir.path(), &inner)[0]["history"].as_array().unwrap().len();
+        assert!(!inner.join("store").exists(), "{id}: the trainer's run has a store of its own");
+        let results = std::fs::read_to_string(inner.join("result.jsonl")).unwrap();
+        let inner_results = results.lines().count();
         if history.len() < 8 {
             stopped_early += 1;
             // ASHA stopped the trial: its trainer's run was stopped too, not run to its end.

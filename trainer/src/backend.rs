@@ -208,6 +208,15 @@ pub enum EventKind {
         /// will be. Dropped unanswered when the trial ends first.
         reply: oneshot::Sender<Result<Vec<WorkerBundle>, String>>,
     },
+    /// The run (one worker) asks the driver to run the trainer it booked
+    /// (gRPC `RunTrainer`), checked and prepared; what becomes of it goes
+    /// to `updates`, which the driver drops once the trainer's run is over.
+    RunTrainer {
+        /// The run, ready to launch.
+        run: Box<crate::inner::PreparedRun>,
+        /// Its results, restarts and end, for the trial's process.
+        updates: mpsc::UnboundedSender<crate::inner::TrainerUpdate>,
+    },
     /// The run's bundles stay held after its exit, for the rest of the
     /// sweep: its job step had a rank on a node that was lost, and the
     /// cluster cannot end it (Slurm keeps what it holds on the live nodes
@@ -365,5 +374,19 @@ pub trait Backend: Send + Sync {
     /// local copy and names it in [`LaunchSpec::checkpoint`]).
     fn restores_from_store(&self) -> bool {
         false
+    }
+
+    /// Starts a run inside a running trial: a trainer its function started
+    /// (Ray Train V2's Tune pattern), its ranks running `program` on the
+    /// bundles the trial booked, its events on `events` as a trial's.
+    /// Default: refused (an engine whose ranks are not this machine's processes).
+    fn launch_inner(
+        &self,
+        spec: LaunchSpec,
+        program: &crate::ProcessConfig,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<TrialHandle, LaunchError> {
+        let _ = (spec, program, events);
+        Err(LaunchError::Refused("this engine cannot run a trainer inside a trial".into()))
     }
 }

@@ -116,7 +116,7 @@ impl Run<'_> {
                     reported.push(report.training_iteration);
                     reply.send(answer(report.training_iteration)).durable();
                 }
-                EventKind::NodeLost { .. } | EventKind::Book { .. } | EventKind::Stuck => {}
+                EventKind::NodeLost { .. } | EventKind::Book { .. } | EventKind::RunTrainer { .. } | EventKind::Stuck => {}
                 EventKind::Exited(outcome) => return (reported, outcome),
             }
         }

@@ -21,6 +21,7 @@ pub mod contract;
 pub mod data;
 mod function;
 mod groups;
+pub mod inner;
 mod intake;
 mod process;
 mod resources;

@@ -281,8 +281,7 @@ fn rank_env(cfg: &ProcessConfig, spec: &LaunchSpec, rank: u32, common: &[(String
 }
 
 impl ProcessBackend {
-    fn command(&self, env: &[(String, String)], log_path: &Path) -> Result<tokio::process::Command, LaunchError> {
-        let cfg = &self.config;
+    fn command(cfg: &ProcessConfig, env: &[(String, String)], log_path: &Path) -> Result<tokio::process::Command, LaunchError> {
         let open_log = || {
             std::fs::OpenOptions::new()
                 .create(true)
@@ -321,7 +320,25 @@ impl Backend for ProcessBackend {
     /// others are stopped at once (SIGTERM, then SIGKILL after at most a
     /// second) and the run fails with that rank's log tail.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
-        let cfg = &self.config;
+        self.launch_with(&self.config, spec, events)
+    }
+
+    /// A trainer inside a trial: its ranks run `program` (cold, one process
+    /// each) and report to this backend's server, which serves its files too.
+    fn launch_inner(
+        &self,
+        spec: LaunchSpec,
+        program: &ProcessConfig,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<TrialHandle, LaunchError> {
+        let cfg = ProcessConfig { report_bind: self.config.report_bind, encrypt: self.config.encrypt, warm: false, ..program.clone() };
+        self.server.add_files(&cfg.files);
+        self.launch_with(&cfg, spec, events)
+    }
+}
+
+impl ProcessBackend {
+    fn launch_with(&self, cfg: &ProcessConfig, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
         let program = cfg.command.first().cloned().unwrap_or_default();
         let logs = spec.trial_dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(|source| LaunchError::Io { path: logs.clone(), source })?;
@@ -387,7 +404,7 @@ impl Backend for ProcessBackend {
         }
         let mut commands = Vec::with_capacity(world_size as usize);
         for (rank, env) in envs.iter().enumerate() {
-            commands.push(self.command(env, &log_paths[rank])?);
+            commands.push(Self::command(cfg, env, &log_paths[rank])?);
         }
         let registration = self.server.register(&spec, token, roots, events.clone());
         let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();

@@ -17,7 +17,7 @@ use crate::proto::report_request::Checkpoint as Out;
 use crate::proto::reporter_server::{Reporter, ReporterServer};
 use crate::proto::{
     self, BookReply, BookRequest, GrantedBundle, OutputChunk, OutputReceipt, RendezvousReply, RendezvousRequest, ReportReply,
-    ReportRequest, ShardChunk, ShardReceipt, ShardRequest,
+    ReportRequest, ShardChunk, ShardReceipt, ShardRequest, TrainerRequest, TrainerUpdate,
 };
 use crate::shards::{read_chunks, ChunkWriter, Restore, RestoreError, ShardError, Shipping};
 use crate::tls::ReportTls;
@@ -254,6 +254,16 @@ impl ReportServer {
         *self.registry.files.write().unwrap_or_else(std::sync::PoisonError::into_inner) = files.to_vec();
     }
 
+    /// Serves `files` too (a trainer's inside a trial), beside those served.
+    pub fn add_files(&self, files: &[PathBuf]) {
+        let mut served = self.registry.files.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for f in files {
+            if !served.contains(f) {
+                served.push(f.clone());
+            }
+        }
+    }
+
     /// The address workers report to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -429,6 +439,7 @@ fn peer<T>(request: &Request<T>) -> String {
     request.remote_addr().map_or_else(|| "unknown peer".to_string(), |a| a.to_string())
 }
 
+type UpdateStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<TrainerUpdate, Status>> + Send>>;
 type ChunkStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<ShardChunk, Status>> + Send>>;
 
 /// Receives one shipped shard into a staging directory of its trial's.
@@ -493,6 +504,7 @@ impl Reporter for Service {
     type SessionStream = ReplyStream;
     type GetShardStream = ChunkStream;
     type GetFileStream = ChunkStream;
+    type RunTrainerStream = UpdateStream;
 
     async fn put_shard(&self, request: Request<tonic::Streaming<ShardChunk>>) -> Result<Response<ShardReceipt>, Status> {
         let peer = peer(&request);
@@ -571,6 +583,28 @@ impl Reporter for Service {
             Ok(Err(why)) => Err(Status::failed_precondition(why)),
             Err(_) => Err(Status::unavailable("the trial is no longer running")),
         }
+    }
+
+    async fn run_trainer(&self, request: Request<TrainerRequest>) -> Result<Response<UpdateStream>, Status> {
+        let peer = peer(&request);
+        let r = request.into_inner();
+        let entry = authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
+        let events = entry.events.clone();
+        drop(entry);
+        let run: crate::inner::TrainerRun =
+            serde_json::from_str(&r.run).map_err(|e| Status::invalid_argument(format!("the trainer's run: {e}")))?;
+        // Off the loop: the program looked for, the storage listed.
+        let run = crate::inner::prepare(run).await.map_err(|e| Status::invalid_argument(format!("the trainer's run: {e}")))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let event = Event { trial_id: r.trial_id, kind: EventKind::RunTrainer { run: Box::new(run), updates: tx } };
+        if events.send(event).is_err() {
+            return Err(Status::unavailable("the driver is stopping"));
+        }
+        // Dropping the stream (the trial's process gone) closes `rx`: the loop stops the run.
+        let updates = tokio_stream::StreamExt::map(tokio_stream::wrappers::UnboundedReceiverStream::new(rx), |u| {
+            serde_json::to_string(&u).map(|update| TrainerUpdate { update }).map_err(|e| Status::internal(e.to_string()))
+        });
+        Ok(Response::new(Box::pin(updates)))
     }
 
     async fn get_shard(&self, request: Request<ShardRequest>) -> Result<Response<ChunkStream>, Status> {

@@ -342,6 +342,10 @@ impl Trainer {
                         Some(EventKind::Book { reply, .. }) => {
                             let _ = reply.send(Err("a run of a Trainer of its own has no pool to book a trainer's resources from".into()));
                         }
+                        Some(EventKind::RunTrainer { updates, .. }) => {
+                            let error = Some("a run of a Trainer of its own cannot run a trainer inside it".to_string());
+                            let _ = updates.send(crate::inner::TrainerUpdate::Ended { status: "failed".into(), error, failures: 0 });
+                        }
                         Some(EventKind::Exited(outcome)) => break outcome,
                         None => break ExitOutcome::Failed("the workers' channel closed".into()),
                     }

@@ -3,7 +3,7 @@ one run, ``fit()`` as a sweep of one trial."""
 
 import os
 import sys
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .. import _contract
 from . import RunConfig, ScalingConfig
@@ -98,39 +98,101 @@ class _Trainer:
         return self._fit()
 
     def _fit_in_trial(self) -> Result:
-        """``fit()`` inside a Tune trial (Ray Train V2's pattern): the run
-        lives under the trial's directory (named ``train`` unless named), and
-        ends cleanly when ``TuneReportCallback`` saw the trial stopped."""
-        import dataclasses
+        """``fit()`` inside a Tune trial (Ray Train V2's pattern): the trial
+        books the trainer's ``ScalingConfig`` in place of its own bundle,
+        then the driver runs the trainer's ranks on it as the trial's own
+        run (named ``train`` unless named, under the trial's directory unless
+        ``RunConfig.storage_path`` says where). Each result comes back here,
+        where the ``RunConfig``'s ``UserCallback``s run (``TuneReportCallback``
+        reports it to the trial). A run of the same name that ran before (the
+        trial restarted) goes on from its latest committed checkpoint. When
+        the trial is stopped the trainer's run stops, and the function ends
+        cleanly."""
+        import time
 
+        from .. import _driver, _get_channel, get_context
+        from ..tune import TuneConfig, Tuner, _plan_datasets
         from ..tune.integration.ray_train import TuneReportCallback
+        from . import Checkpoint, UserCallback
 
         rc = self.run_config or RunConfig()
-        changes: Dict[str, Any] = {}
-        if not rc.storage_path:
-            plan = _contract.plan()
-            changes["storage_path"] = os.path.join((plan.trial_dir if plan else "") or os.getcwd(), "train")
-        if not rc.name:
-            changes["name"] = "train"
-        if changes:
-            rc = dataclasses.replace(rc, **changes)
-        self.run_config = rc
-        reporters = [c for c in rc.callbacks or [] if isinstance(c, TuneReportCallback)]
-        from .. import _driver, _get_channel, get_context
-
+        plan = _contract.plan()
+        trial_dir = (plan.trial_dir if plan else "") or os.getcwd()
+        name = rc.name or "train"
+        storage = os.path.expanduser(rc.storage_path) if rc.storage_path else os.path.join(trial_dir, "train")
+        if _driver.is_url(storage):
+            # Checkpoints in the bucket; its logs and results beside the trial's.
+            run_dir, bucket = os.path.join(trial_dir, "train", name), storage.rstrip("/") + "/" + name
+        else:
+            run_dir, bucket = os.path.join(os.path.abspath(storage), name), None
+        callbacks = [c for c in rc.callbacks or [] if isinstance(c, UserCallback)]
+        ignored = [type(c).__name__ for c in rc.callbacks or [] if not isinstance(c, UserCallback)]
+        if ignored:
+            print(f"nestor: a trainer inside a trial runs ray.train.UserCallbacks only; {', '.join(ignored)} ignored",
+                  file=sys.stderr)
+        ctx, channel = get_context(), _get_channel()
         # The trainer's workers are the trial's: its ScalingConfig is booked
         # in place of the trial's own bundle (waiting while others hold them).
-        scaling = self.scaling_config._trainer()
-        workers = _get_channel().book(get_context(), scaling)
-        _driver.granted = _driver.grant(workers, scaling.get("trainer_resources"))
-        try:
-            return self._fit()
-        except KeyboardInterrupt:
-            if any(c.stopped for c in reporters):
-                raise SystemExit(0) from None  # the trial was stopped: its function ends cleanly
-            raise
-        finally:
-            _driver.granted = None
+        channel.book(ctx, self.scaling_config._trainer())
+        blob = _driver.write_blob(run_dir, _plan_datasets(self._parts()["blob"], run_dir))
+        trainer = Tuner(self, tune_config=TuneConfig(num_samples=1))._experiment(name, blob, run_dir)["trainer"]
+        trainer["warm"] = False
+        for key in ("num_workers_from",):
+            trainer.pop(key, None)
+        run: Dict[str, Any] = {"name": name, "dir": run_dir, "trainer": trainer, "config": {}}
+        if bucket:
+            run["storage"] = bucket
+        fc = rc.failure_config
+        if fc is not None and fc.max_failures:
+            run["failure"] = {"max_failures": int(fc.max_failures)}
+        cc = rc.checkpoint_config
+        if cc is not None:
+            keep = {k: v for k, v in cc._table().items() if k in ("num_to_keep", "score_attribute", "score_order")}
+            if keep:
+                run["checkpoint"] = keep
+        history: List[Dict[str, Any]] = []
+        checkpoints: List[Dict[str, Any]] = []
+        ended: Dict[str, Any] = {}
+        began = last = time.time()
+        for update in channel.run_trainer(ctx, run):
+            if "result" in update:
+                r = update["result"]
+                now = time.time()
+                metrics = {**(r.get("extra") or {}), **r["metrics"], "training_iteration": r["training_iteration"],
+                           "time_this_iter_s": now - last, "time_total_s": now - began, "timestamp": int(now)}
+                last = now
+                history.append(metrics)
+                checkpoint = Checkpoint(r["checkpoint"]) if r.get("checkpoint") else None
+                if checkpoint is not None:
+                    checkpoints.append({"uri": r["checkpoint"], "metrics": r["metrics"], "training_iteration": r["training_iteration"]})
+                ranks = [metrics] + [dict(m) for m in (r.get("rank_metrics") or [])[1:]]
+                for c in callbacks:
+                    c.after_report(None, ranks, checkpoint)
+            elif "restarted" in update:
+                r = update["restarted"]
+                print(f"nestor: the trainer's workers failed ({r['failure'].splitlines()[0] if r['failure'] else ''}); "
+                      f"restarting from {r.get('from') or 'the start'}", file=sys.stderr)
+                resumed = int(os.path.basename(r["from"].rstrip("/")).split("_")[-1]) if r.get("from") else 0
+                history = [h for h in history if h["training_iteration"] <= resumed]
+            elif "ended" in update:
+                ended = update["ended"]
+        stopped = any(c.stopped for c in callbacks if isinstance(c, TuneReportCallback))
+        error = ended.get("error") if ended.get("status") == "failed" else None
+        if not ended:
+            error = "the driver ended the trainer's run without a word"
+        if error is not None:
+            failure = TrainingFailedError(f"the trainer's run {name} failed: {error}")
+            for c in callbacks:
+                c.after_exception(None, {0: failure})
+        if stopped or (ended.get("status") == "stopped" and error is None):
+            raise SystemExit(0)  # the trial was stopped: its function ends cleanly
+        kept = [c for c in checkpoints if _driver.is_url(c["uri"]) or os.path.isdir(c["uri"])]
+        result = Result({"trial_id": name, "config": dict(self.train_loop_config), "status": "ERROR" if error else "TERMINATED",
+                         "metrics": history[-1] if history else {}, "path": run_dir, "history": history, "checkpoints": kept,
+                         "error": error, "restarts": int(ended.get("failures", 0))}, os.path.dirname(run_dir))
+        if result.error is not None:
+            raise result.error
+        return result
 
     def _fit(self) -> Result:
         from .. import _driver

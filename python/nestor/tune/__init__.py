@@ -280,14 +280,11 @@ class Tuner:
         doc: Dict[str, Any] = {"experiment": experiment, "space": self._space}
         from .._settings import _cluster, _declared_resources
 
-        if _cluster is not None and _driver.granted is None:
+        if _cluster is not None:
             # init(cluster=SlurmJobs(...)): each trial run a Slurm job of its own.
             doc["cluster"] = _cluster
 
-        if _driver.granted is not None:
-            # A trainer's run inside a trial: the pool is what the trial booked for it.
-            doc["resources"] = dict(_driver.granted["resources"])
-        elif _declared_resources:
+        if _declared_resources:
             # ray.init(num_cpus=, num_gpus=, resources=): the pool the sweep schedules on.
             doc["resources"] = dict(_declared_resources)
         if alg is not None:

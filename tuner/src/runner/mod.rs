@@ -37,6 +37,7 @@ mod checkpoints;
 mod commits;
 mod exploits;
 mod failures;
+mod inner;
 pub(crate) mod keep;
 mod pausing;
 mod reporter;
@@ -303,6 +304,8 @@ pub(crate) struct Runner {
     /// The checkpoint files: where they go, the file work queued per trial, `num_to_keep`.
     checkpoints: Checkpoints,
     trials: Trials,
+    /// Trainers running inside trials (Ray Train V2's Tune pattern).
+    inner: inner::InnerRuns,
     restores: Restores,
     commits: Commits,
     reporter: Reporter,
@@ -331,6 +334,7 @@ impl Runner {
             pool: p.pool,
             checkpoints,
             trials,
+            inner: inner::InnerRuns::default(),
             restores: Restores::default(),
             commits,
             reporter: p.reporter,
@@ -471,6 +475,7 @@ impl Runner {
     /// stored, and hands the files for people on. True once the sweep is over.
     pub(crate) fn advance(&mut self) -> Result<bool, TuneError> {
         loop {
+            self.stop_orphaned_trainers();
             self.apply_stopped()?;
             let spent = self.settings.time_budget.is_some_and(|b| self.clock.now() >= b.as_secs_f64());
             if spent && !self.phase.stopping {
@@ -553,6 +558,7 @@ impl Runner {
             return Ok(Control::Go);
         }
         self.reporter.report(Output::Stopping(StopReason::Killed, "Killing running trials".into()));
+        self.inner.kill_all();
         for (_, mut r) in std::mem::take(&mut self.trials.running) {
             r.handle.stop(StopLevel::Kill);
             r.record.status = TrialStatus::Pending;
@@ -840,6 +846,9 @@ impl Runner {
     }
 
     fn on_trial_event(&mut self, ev: Event) -> Result<(), TuneError> {
+        if self.inner.owns(&ev.trial_id) {
+            return self.on_inner_event(ev);
+        }
         match ev.kind {
             EventKind::Report { report, reply } => {
                 if self.trials.running.contains_key(&ev.trial_id) {
@@ -854,6 +863,7 @@ impl Runner {
             }
             EventKind::NodeLost { node, why } => self.set_aside(&node, &why),
             EventKind::Book { request, reply } => self.on_book(&ev.trial_id, request, reply)?,
+            EventKind::RunTrainer { run, updates } => self.on_run_trainer(&ev.trial_id, *run, updates)?,
             EventKind::Stuck => {
                 if let Some(r) = self.trials.running.get_mut(&ev.trial_id) {
                     r.stuck = true;
@@ -944,6 +954,9 @@ impl Runner {
     }
 
     fn on_exit(&mut self, trial_id: &str, outcome: ExitOutcome) -> Result<(), TuneError> {
+        if self.defer_exit(trial_id, &outcome) {
+            return Ok(()); // its trainer's ranks still run on its bundles
+        }
         let Some(mut r) = self.trials.running.remove(trial_id) else { return Ok(()) };
         // The backend reports an exit only once every process is gone; what a stuck run held stays booked.
         if r.stuck {

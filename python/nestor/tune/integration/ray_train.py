@@ -2,17 +2,15 @@
 function trainable that builds a ``TorchTrainer`` and calls ``fit()``, with
 ``TuneReportCallback`` in the trainer's ``RunConfig(callbacks=...)``.
 
-Inside a trial, ``fit()`` runs the trainer as a run of its own (its
-workers, its ``ScalingConfig``, its checkpoints under the trial's
-directory, ``<trial>/train/<name>``), and this callback reports each of
-its results to the trial: the scheduler decides on them, and when it stops
-the trial the trainer's run is stopped too. A trial restarted from the
+Inside a trial, ``fit()`` has the driver run the trainer as the trial's
+own run (its workers, its ``ScalingConfig``, its checkpoints under the
+trial's directory, ``<trial>/train/<name>``), and this callback reports
+each of its results to the trial: the scheduler decides on them, and when
+it stops the trial the driver stops the trainer's run too. A trial restarted from the
 start (a failure, a resume) finds its trainer's run and goes on from its
 latest checkpoint, as ``fit()`` does for a run of the same name.
 """
 
-import os
-import signal
 from typing import Any, Dict, List, Optional
 
 from ... import _contract
@@ -45,10 +43,9 @@ class TuneReportCallback(UserCallback):
         try:
             report(out)
         except SystemExit:
-            # The trial is over: the trainer's run stops (SIGINT reaches the driver's
-            # binary through fit(), which then ends the trial's function cleanly).
+            # The trial is over: the driver stops its trainer's run, and fit()
+            # then ends the trial's function cleanly.
             self.stopped = True
-            os.kill(os.getpid(), signal.SIGINT)
 
 
 __all__ = ["CHECKPOINT_PATH_KEY", "TuneReportCallback"]
