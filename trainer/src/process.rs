@@ -1,7 +1,6 @@
 //! External-process trainables: a command per trial, in its own process
 //! group, reporting over gRPC; SIGTERM then SIGKILL to stop it.
 
-use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -12,61 +11,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
+use crate::command::ProcessConfig;
 use crate::contract::{ChannelPlan, NodeView, PlanSettings, RunPlan, TrialPlan, WorldPlan};
 use crate::groups::{describe_exit_since, dies_with_driver, signal_group, wait_groups_gone, OomKills};
-use crate::scaling::TorchConfig;
 use crate::service::ReportServer;
 use crate::supervise::{supervise, Escalation, Groups, StopStep};
 use crate::token::random_token;
 use crate::warm::{RankSpec, WarmPool};
-
-/// How to run a trial's worker process.
-#[derive(Debug, Clone)]
-pub struct ProcessConfig {
-    /// Program and arguments.
-    pub command: Vec<String>,
-    /// Extra environment variables (the driver's own environment is inherited).
-    pub env: BTreeMap<String, String>,
-    /// Working directory (default: the driver's).
-    pub working_dir: Option<PathBuf>,
-    /// Time between SIGTERM and SIGKILL when stopping.
-    pub grace_period: Duration,
-    /// Whether workers get GPUs (sets the default collective backend).
-    pub use_gpu: bool,
-    /// Collective backend and timeout for PyTorch workers.
-    pub torch: TorchConfig,
-    /// Where the report server listens (default: loopback, a free port).
-    pub report_bind: SocketAddr,
-    /// Fork each rank from a warm process started once from `command`
-    /// (with `NESTOR_ZYGOTE=1`) instead of starting `command` per rank.
-    pub warm: bool,
-    /// Files ranks may fetch from the driver (`GetFile`).
-    pub files: Vec<PathBuf>,
-    /// TLS on the report channel, with a certificate made for this driver
-    /// (ranks get its authority in their run's plan). The Slurm backends
-    /// always encrypt, and so does this one when `report_bind` is not a
-    /// loopback address; on loopback the channel is plaintext unless this
-    /// is set.
-    pub encrypt: bool,
-}
-
-impl ProcessConfig {
-    /// A config running `command` with a 5-second grace period.
-    pub fn new(command: Vec<String>) -> Self {
-        Self {
-            command,
-            env: BTreeMap::new(),
-            working_dir: None,
-            grace_period: Duration::from_secs(5),
-            use_gpu: false,
-            torch: TorchConfig::default(),
-            report_bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-            warm: false,
-            files: Vec::new(),
-            encrypt: false,
-        }
-    }
-}
 
 /// Launches each trial as a group of worker processes, one per rank.
 #[derive(Debug, Clone)]

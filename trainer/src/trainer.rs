@@ -10,9 +10,10 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, Directive, EventKind, ExitOutcome, LaunchSpec, StopLevel};
+use crate::command::ProcessConfig;
 use crate::context::Context;
 use crate::function::{FunctionBackend, TrainResult};
-use crate::process::{ProcessBackend, ProcessConfig};
+use crate::process::ProcessBackend;
 use crate::resources::{NodeResources, Request, ResourceError, ResourcePool};
 use crate::scaling::{FailureConfig, ScalingConfig, ScalingError};
 
