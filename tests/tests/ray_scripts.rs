@@ -335,6 +335,43 @@ fn train_v2s_tune_pattern_runs_a_trainer_per_trial_and_asha_stops_them() {
 }
 
 #[test]
+fn a_trainer_inside_a_trial_restarts_from_its_checkpoint_and_a_restarted_trial_resumes_its_trainer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, logs) = (dir.path().join("runs"), dir.path().join("logs"));
+    std::fs::create_dir_all(&logs).unwrap();
+    let out = passed(torch_python(dir.path(), "tests/py/ray_v2_faults.py", &[storage.to_str().unwrap(), logs.to_str().unwrap()], &[]));
+    let got: BTreeMap<String, Value> = serde_json::from_str(line(&out, "TRIALS")).unwrap();
+    for (fault, t) in &got {
+        assert_eq!(t["status"], "TERMINATED", "{fault}: {t}");
+        assert_eq!(t["last"], 6.0, "{fault}: {t}");
+    }
+    let seen =
+        |fault: &str| -> Value { serde_json::from_str(&std::fs::read_to_string(logs.join(format!("{fault}.json"))).unwrap()).unwrap() };
+    // A rank died at step 4: the trainer's ranks started again from checkpoint 3, once.
+    let rank = seen("rank");
+    assert_eq!(rank["restarts"], 1, "{rank}");
+    assert_eq!(rank["steps"], serde_json::json!([1, 2, 3, 4, 5, 6]), "{rank}");
+    assert!(rank["checkpoint"].as_str().unwrap().ends_with("checkpoint_000006"), "{rank}");
+    // num_to_keep = 2: the latest two are left on disk, committed.
+    let run = Path::new(rank["path"].as_str().unwrap());
+    let kept: BTreeSet<String> = std::fs::read_dir(run)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint_"))
+        .collect();
+    assert_eq!(kept, BTreeSet::from(["checkpoint_000005".to_string(), "checkpoint_000006".to_string()]), "{run:?}");
+    assert!(run.join("checkpoint_000006/.committed").is_file());
+    // The trial's function failed after step 3 and ran again: its trainer went on from there.
+    let trial = seen("trial");
+    assert_eq!(trial["restarts"], 0, "{trial}");
+    assert_eq!(trial["steps"], serde_json::json!([4, 5, 6]), "{trial}");
+    let id = got["trial"]["id"].as_str().unwrap();
+    assert_eq!(Path::new(trial["path"].as_str().unwrap()), storage.join("faults/trials").join(id).join("train/train"));
+    assert!(processes_mentioning(dir.path().to_str().unwrap()).is_empty(), "a process of a trainer's run outlived it");
+}
+
+#[test]
 fn a_trials_resources_become_its_trainers_scaling_config() {
     let dir = tempfile::tempdir().unwrap();
     let (storage, logs) = (dir.path().join("runs"), dir.path().join("logs"));

@@ -37,6 +37,15 @@ impl Backend for Scripted {
         self.launched.lock().unwrap().push(Launched { spec, stop });
         Ok(handle)
     }
+
+    fn launch_inner(
+        &self,
+        spec: LaunchSpec,
+        _: &trainer::ProcessConfig,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<TrialHandle, LaunchError> {
+        self.launch(spec, events)
+    }
 }
 
 /// A scheduler that returns what the test queued, then `Continue`.
@@ -700,4 +709,64 @@ async fn a_booking_in_a_cluster_allocation_is_refused_and_changes_nothing() {
     let why = h.book(0, 2).try_recv().expect("answered at once").unwrap_err();
     assert!(why.contains("cluster allocation"), "{why}");
     assert_eq!(h.record(&h.trial_of(0)).resources.len(), 1);
+}
+
+impl Harness {
+    /// Run `run` asks for the trainer it booked to run, in `dir`; returns its updates.
+    fn run_trainer(&mut self, run: usize, dir: &std::path::Path) -> mpsc::UnboundedReceiver<trainer::inner::TrainerUpdate> {
+        let doc = serde_json::json!({ "name": "train", "dir": dir, "trainer": { "command": ["sh", "-c", "true"] } });
+        let prepared = futures_util::FutureExt::now_or_never(trainer::inner::prepare(serde_json::from_value(doc).unwrap()));
+        let (updates, rx) = mpsc::unbounded_channel();
+        let kind = EventKind::RunTrainer { run: Box::new(prepared.unwrap().unwrap()), updates };
+        let ev = Event { trial_id: self.trial_of(run), kind };
+        assert_eq!(self.runner.handle(LoopEvent::Trials(vec![ev])).unwrap(), Control::Go);
+        rx
+    }
+}
+
+#[tokio::test]
+async fn a_trials_trainer_runs_in_the_loop_and_its_bundles_stay_held_until_its_ranks_are_gone() {
+    use trainer::inner::TrainerUpdate;
+    let mut h = harness(Options { trials: 3, cpus: 2.0, max_concurrent: 2, ..Options::default() });
+    h.advance();
+    assert_eq!(h.launched(), 2);
+    let trial = h.trial_of(0);
+    let mut granted = h.book(0, 2);
+    h.exit(1, ExitOutcome::Completed);
+    h.advance();
+    assert_eq!(granted.try_recv().unwrap().unwrap().len(), 2);
+    let dir = h.runner.settings.exp_dir.join("trials").join(&trial).join("train/train");
+    let mut updates = h.run_trainer(0, &dir);
+    assert_eq!(h.launched(), 3, "the trainer's ranks launched");
+    {
+        let launched = h.backend.launched.lock().unwrap();
+        assert_eq!(launched[2].spec.trial_id, format!("{trial}.train.train"));
+        assert_eq!(launched[2].spec.workers.len(), 2, "on the bundles its trial booked");
+        assert_eq!(launched[2].spec.trial_dir, dir);
+    }
+    // A result: answered at once, streamed back once written, in the run's result.jsonl.
+    let mut answer = h.report(2, 1, 0.5, false);
+    assert_eq!(answer.try_recv().unwrap(), Directive::Continue);
+    let got = tokio::time::timeout(Duration::from_secs(10), updates.recv()).await.unwrap().unwrap();
+    assert!(matches!(got, TrainerUpdate::Result { training_iteration: 1, .. }), "{got:?}");
+    assert_eq!(std::fs::read_to_string(dir.join("result.jsonl")).unwrap().lines().count(), 1);
+    // The trial's process ends first: its trainer is stopped, and its bundles stay held while the ranks run.
+    h.exit(0, ExitOutcome::Completed);
+    h.advance();
+    assert_eq!(h.stop_level(2), StopLevel::Graceful);
+    assert_eq!(h.status(&trial), TrialStatus::Running);
+    assert_eq!(h.launched(), 3, "a trial started on bundles the trainer's ranks still use");
+    // A report now is told to stop.
+    assert_eq!(h.report(2, 2, 0.4, false).try_recv().unwrap(), Directive::Stop);
+    // Its ranks are gone: the trial ends, the bundles go back, the next trial starts.
+    h.exit(2, ExitOutcome::Stopped);
+    h.advance();
+    h.runner.commit_now().unwrap();
+    assert_eq!(h.status(&trial), TrialStatus::Terminated);
+    assert_eq!(h.launched(), 4);
+    let mut last = None;
+    while let Ok(Some(u)) = tokio::time::timeout(Duration::from_secs(10), updates.recv()).await {
+        last = Some(u);
+    }
+    assert!(matches!(&last, Some(TrainerUpdate::Ended { status, .. }) if status == "stopped"), "{last:?}");
 }
