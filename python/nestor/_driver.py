@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from . import _binary, _contract, _toml
 
