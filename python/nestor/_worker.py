@@ -245,6 +245,20 @@ def serve(blob: Dict[str, Any]) -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 req = json.loads(line)
+                run_blob = blob
+                if req.get("blob"):
+                    # A trainer inside a trial: another pickled function, loaded here
+                    # (its framework too, once) so that every rank forks ready.
+                    try:
+                        run_blob = load(req["blob"])
+                    except Exception:
+                        send({"id": req["id"], "error": f"cannot load {req['blob']}: {traceback.format_exc().rstrip()}"})
+                        continue
+                    if run_blob.get("backend") == "torch" and "nestor.torch" not in sys.modules:
+                        try:
+                            from . import torch as _torch  # noqa: F401,F811
+                        except ImportError:
+                            pass  # each rank says so
                 sys.stdout.flush()
                 sys.stderr.flush()
                 try:
@@ -255,7 +269,7 @@ def serve(blob: Dict[str, Any]) -> None:
                 if pid == 0:
                     code = 1
                     try:
-                        code = _child(blob, req, me, [out, wake_r, wake_w])
+                        code = _child(run_blob, req, me, [out, wake_r, wake_w])
                     except BaseException:
                         traceback.print_exc()
                     finally:

@@ -271,11 +271,16 @@ impl Backend for ProcessBackend {
     /// others are stopped at once (SIGTERM, then SIGKILL after at most a
     /// second) and the run fails with that rank's log tail.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
-        self.launch_with(&self.config, spec, events)
+        let blob = self.config.warm.then(String::new);
+        self.launch_with(&self.config, spec, events, blob)
     }
 
-    /// A trainer inside a trial: its ranks run `program` (cold, one process
-    /// each) and report to this backend's server, which serves its files too.
+    /// A trainer inside a trial: its ranks run `program` and report to this
+    /// backend's server, which serves its files too. A program that is the
+    /// sweep's warm worker command with another last argument (the Python
+    /// driver's: another pickled function) forks from the sweep's warm
+    /// process, which loads that function (each rank in its own working
+    /// directory, as forked ranks are); any other starts a process per rank.
     fn launch_inner(
         &self,
         spec: LaunchSpec,
@@ -284,12 +289,24 @@ impl Backend for ProcessBackend {
     ) -> Result<TrialHandle, LaunchError> {
         let cfg = ProcessConfig { report_bind: self.config.report_bind, encrypt: self.config.encrypt, warm: false, ..program.clone() };
         self.server.add_files(&cfg.files);
-        self.launch_with(&cfg, spec, events)
+        let (ours, theirs) = (&self.config.command, &cfg.command);
+        let forks =
+            self.config.warm && ours.len() == theirs.len() && ours.len() > 1 && ours[..ours.len() - 1] == theirs[..theirs.len() - 1];
+        let blob = forks.then(|| theirs.last().cloned().unwrap_or_default());
+        self.launch_with(&cfg, spec, events, blob)
     }
 }
 
 impl ProcessBackend {
-    fn launch_with(&self, cfg: &ProcessConfig, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
+    /// Launches `spec`'s ranks running `cfg`: forked from the warm process
+    /// when `warm_blob` is set (empty: the warm process's own function).
+    fn launch_with(
+        &self,
+        cfg: &ProcessConfig,
+        spec: LaunchSpec,
+        events: mpsc::UnboundedSender<Event>,
+        warm_blob: Option<String>,
+    ) -> Result<TrialHandle, LaunchError> {
         let program = cfg.command.first().cloned().unwrap_or_default();
         let logs = spec.trial_dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(|source| LaunchError::Io { path: logs.clone(), source })?;
@@ -318,8 +335,11 @@ impl ProcessBackend {
             rendezvous: rendezvous.clone(),
             oom_at_start: OomKills::now(),
         };
-        if cfg.warm {
-            let queue = self.warm.queue(|| warm_command(cfg)).map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
+        if let Some(blob) = warm_blob {
+            let zygote = &*self.config;
+            let queue =
+                self.warm.queue(|| warm_command(zygote)).map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
+            let blob = (!blob.is_empty()).then_some(blob);
             let registration = self.server.register(&spec, token, roots, events.clone());
             let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>));
             let cwd = cfg.working_dir.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_default();
@@ -328,7 +348,12 @@ impl ProcessBackend {
             supervise(spec.trial_id, events, groups, libc::SIGKILL, async move {
                 let (exits_tx, exits) = mpsc::unbounded_channel::<RankExit>();
                 for (rank, env) in envs.into_iter().enumerate() {
-                    let rank_spec = RankSpec { env: env.into_iter().collect(), cwd: cwd.clone(), log: monitor.log_paths[rank].clone() };
+                    let rank_spec = RankSpec {
+                        env: env.into_iter().collect(),
+                        cwd: cwd.clone(),
+                        log: monitor.log_paths[rank].clone(),
+                        blob: blob.clone(),
+                    };
                     match queue.fork(rank_spec).await {
                         Ok(forked) => {
                             monitor.add_group(forked.pid);

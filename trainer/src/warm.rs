@@ -33,6 +33,10 @@ pub(crate) struct RankSpec {
     pub cwd: PathBuf,
     /// Its stdout and stderr (appended).
     pub log: PathBuf,
+    /// What it runs, when not the warm process's own (a trainer inside a
+    /// trial: the worker command's last argument, another pickled function).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blob: Option<String>,
 }
 
 /// A forked rank: its pid (and process group) and its exit, to come.
@@ -260,7 +264,7 @@ mod tests {
     use super::*;
 
     fn spec() -> RankSpec {
-        RankSpec { env: BTreeMap::new(), cwd: std::env::temp_dir(), log: std::env::temp_dir().join("nestor-warm-test.log") }
+        RankSpec { env: BTreeMap::new(), cwd: std::env::temp_dir(), log: std::env::temp_dir().join("nestor-warm-test.log"), blob: None }
     }
 
     /// A warm process that dies at start (an import that fails): every
