@@ -33,6 +33,16 @@ def _map(msg, name, number, owner):
     _field(msg, name, number, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, f".nestor.v1.{owner}.{entry_name}")
 
 
+def _sender(fdp, name):
+    """A message that opens with its sender (version, trial, token, rank), as ``ReportRequest`` does."""
+    msg = fdp.message_type.add(name=name)
+    _field(msg, "version", 1, _F.TYPE_UINT32)
+    _field(msg, "trial_id", 2, _F.TYPE_STRING)
+    _field(msg, "token", 3, _F.TYPE_STRING)
+    _field(msg, "rank", 4, _F.TYPE_UINT32)
+    return msg
+
+
 def _file():
     fdp = descriptor_pb2.FileDescriptorProto(name="nestor/v1/nestor.proto", package="nestor.v1", syntax="proto3")
     req = fdp.message_type.add(name="ReportRequest")
@@ -60,14 +70,9 @@ def _file():
     _field(reply, "training_iteration", 2, _F.TYPE_UINT64)
     _field(reply, "acknowledged_iteration", 3, _F.TYPE_UINT64)
     # Messages that open with the sender, as ReportRequest does.
-    chunk = fdp.message_type.add(name="ShardChunk")
-    shard_request = fdp.message_type.add(name="ShardRequest")
-    meet = fdp.message_type.add(name="RendezvousRequest")
-    for msg in (chunk, shard_request, meet):
-        _field(msg, "version", 1, _F.TYPE_UINT32)
-        _field(msg, "trial_id", 2, _F.TYPE_STRING)
-        _field(msg, "token", 3, _F.TYPE_STRING)
-        _field(msg, "rank", 4, _F.TYPE_UINT32)
+    chunk = _sender(fdp, "ShardChunk")
+    shard_request = _sender(fdp, "ShardRequest")
+    meet = _sender(fdp, "RendezvousRequest")
     _field(chunk, "path", 5, _F.TYPE_STRING)
     _field(shard_request, "path", 5, _F.TYPE_STRING)
     _field(shard_request, "whole", 6, _F.TYPE_BOOL)
@@ -75,11 +80,7 @@ def _file():
     _field(meet, "address", 5, _F.TYPE_STRING)
     met = fdp.message_type.add(name="RendezvousReply")
     _field(met, "address", 1, _F.TYPE_STRING)
-    book = fdp.message_type.add(name="BookRequest")
-    _field(book, "version", 1, _F.TYPE_UINT32)
-    _field(book, "trial_id", 2, _F.TYPE_STRING)
-    _field(book, "token", 3, _F.TYPE_STRING)
-    _field(book, "rank", 4, _F.TYPE_UINT32)
+    book = _sender(fdp, "BookRequest")
     _field(book, "num_workers", 5, _F.TYPE_UINT32)
     _field(book, "use_gpu", 6, _F.TYPE_BOOL)
     _map(book, "resources_per_worker", 7, "BookRequest")
@@ -93,11 +94,7 @@ def _file():
     _map(granted, "custom", 5, "GrantedBundle")
     booked = fdp.message_type.add(name="BookReply")
     _field(booked, "workers", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".nestor.v1.GrantedBundle")
-    trainer = fdp.message_type.add(name="TrainerRequest")
-    _field(trainer, "version", 1, _F.TYPE_UINT32)
-    _field(trainer, "trial_id", 2, _F.TYPE_STRING)
-    _field(trainer, "token", 3, _F.TYPE_STRING)
-    _field(trainer, "rank", 4, _F.TYPE_UINT32)
+    trainer = _sender(fdp, "TrainerRequest")
     _field(trainer, "run", 5, _F.TYPE_STRING)
     update = fdp.message_type.add(name="TrainerUpdate")
     _field(update, "update", 1, _F.TYPE_STRING)
