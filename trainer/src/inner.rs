@@ -113,7 +113,7 @@ pub enum TrainerUpdate {
 /// key at fault.
 pub async fn prepare(run: TrainerRun) -> Result<PreparedRun, String> {
     let name = run.name.as_str();
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.chars().any(char::is_control) {
         return Err(format!("name {name:?} must be one path component"));
     }
     if !run.dir.is_absolute() {
@@ -153,7 +153,7 @@ async fn latest_committed(storage: &Storage) -> Result<Option<(String, u64)>, cr
     Ok(None)
 }
 
-/// 7 for `.../checkpoint_000007`.
+/// 7 for `.../checkpoint_000007` (a path or a URL).
 pub(crate) fn checkpoint_iteration(uri: &str) -> Option<u64> {
     uri.trim_end_matches('/').rsplit('/').next()?.strip_prefix("checkpoint_")?.parse().ok()
 }
@@ -197,6 +197,7 @@ mod tests {
             futures_util::FutureExt::now_or_never(prepare(r)).unwrap().unwrap_err()
         };
         assert!(bad(&|r| r.name = "a/b".into()).starts_with("name"));
+        assert!(bad(&|r| r.name = "a\nb".into()).starts_with("name"));
         assert!(bad(&|r| r.dir = "rel".into()).starts_with("dir"));
         assert!(bad(&|r| r.trainer.command = vec!["no-such-program-here".into()]).starts_with("trainer.command"));
         assert!(bad(&|r| r.trainer.collective_timeout_s = 0.0).starts_with("trainer.collective_timeout_s"));

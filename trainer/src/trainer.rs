@@ -412,7 +412,7 @@ pub fn driver_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// 7 for `.../checkpoint_000007`.
 fn checkpoint_iteration(path: &Path) -> Option<u64> {
-    path.file_name()?.to_str()?.strip_prefix("checkpoint_")?.parse().ok()
+    crate::inner::checkpoint_iteration(path.to_str()?)
 }
 
 #[cfg(test)]
