@@ -5,11 +5,7 @@ traceback and this rank's node as the last lines of its log.
 
 With ``NESTOR_ZYGOTE=1`` (``[trainer] warm = true``) the same command is the
 warm process: it loads the function once (importing what it imports), then
-forks each rank the driver asks for (JSON lines on stdin; pids and exits on
-stdout; trainer/src/warm.rs is the other side). No trial ever runs in the
-warm process itself: each rank is a fresh fork of a process that never ran
-one, so no module state, thread, process group or CUDA context of one trial
-reaches another.
+forks each rank the driver asks for (``nestor._zygote``, which says how).
 """
 
 import inspect
@@ -141,145 +137,35 @@ def _shutdown_torch() -> None:
         pass
 
 
-def _prctl_pdeathsig(sig: int) -> None:
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-
-
-def _child(blob: Dict[str, Any], req: Dict[str, Any], parent: int, keep: list) -> int:
-    """In a forked rank: its own process group, death with the warm process,
-    its log, directory and variables, fresh random seeds; then the function."""
-    import signal
-
-    os.setpgid(0, 0)
-    _prctl_pdeathsig(signal.SIGKILL)
-    if os.getppid() != parent:
-        return 1
-    signal.set_wakeup_fd(-1)
-    for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(s, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for fd in keep:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    os.close(null)
-    os.chdir(req["cwd"])
-    os.environ.update(req.get("env") or {})
-    # The random module reseeds itself after fork; the others would repeat
-    # the warm process's sequence in every rank.
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed(int.from_bytes(os.urandom(4), "little"))
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.seed()
-        threads = os.environ.get("OMP_NUM_THREADS")
-        if threads and threads.isdigit() and int(threads) > 0:
-            torch.set_num_threads(int(threads))  # OpenMP read the variable when torch loaded
-    return run(blob)
-
-
 def serve(blob: Dict[str, Any]) -> None:
-    """The warm process's loop: fork a rank per request, report each exit."""
-    import json
-    import selectors
-    import signal
-
+    """The warm process: what every rank needs loaded once, then a fork
+    per rank (``nestor._zygote``); a request that names another blob (a
+    trainer inside a trial) has it loaded here first, its framework too."""
     # What every rank needs, loaded once.
     import grpc  # noqa: F401
 
     from . import _proto  # noqa: F401
+    from ._zygote import serve as fork_ranks
 
-    if blob.get("backend") == "torch":
-        try:
-            from . import torch as _torch  # noqa: F401  (torch and its process group helpers)
-        except ImportError:
-            pass  # each rank says so
-
-    out = os.dup(1)
-    os.dup2(2, 1)  # stray prints go to stderr; the protocol has its own fd
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    sel = selectors.DefaultSelector()
-    sel.register(0, selectors.EVENT_READ)
-    sel.register(wake_r, selectors.EVENT_READ)
-    me = os.getpid()
-
-    def send(msg: Dict[str, Any]) -> None:
-        data = (json.dumps(msg) + "\n").encode()
-        while data:
-            data = data[os.write(out, data):]
-
-    def reap() -> None:
-        while True:
+    def framework(b: Dict[str, Any]) -> None:
+        if b.get("backend") == "torch" and "nestor.torch" not in sys.modules:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            send({"exited": pid, "status": status})
+                from . import torch as _torch  # noqa: F401  (torch and its process group helpers)
+            except ImportError:
+                pass  # each rank says so
 
-    buf = b""
-    while True:
-        for key, _ in sel.select():
-            if key.fd == wake_r:
-                os.read(wake_r, 4096)
-                reap()
-                continue
-            chunk = os.read(0, 65536)
-            if not chunk:
-                return  # the driver is gone; the ranks die with this process
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                req = json.loads(line)
-                run_blob = blob
-                if req.get("blob"):
-                    # A trainer inside a trial: another pickled function, loaded here
-                    # (its framework too, once) so that every rank forks ready.
-                    try:
-                        run_blob = load(req["blob"])
-                    except Exception:
-                        send({"id": req["id"], "error": f"cannot load {req['blob']}: {traceback.format_exc().rstrip()}"})
-                        continue
-                    if run_blob.get("backend") == "torch" and "nestor.torch" not in sys.modules:
-                        try:
-                            from . import torch as _torch  # noqa: F401,F811
-                        except ImportError:
-                            pass  # each rank says so
-                sys.stdout.flush()
-                sys.stderr.flush()
-                try:
-                    pid = os.fork()
-                except OSError as e:
-                    send({"id": req["id"], "error": f"fork failed: {e}"})
-                    continue
-                if pid == 0:
-                    code = 1
-                    try:
-                        code = _child(run_blob, req, me, [out, wake_r, wake_w])
-                    except BaseException:
-                        traceback.print_exc()
-                    finally:
-                        try:
-                            sys.stdout.flush()
-                            sys.stderr.flush()
-                        finally:
-                            os._exit(code)
-                send({"id": req["id"], "pid": pid})
-        reap()
+    def load_for(req: Dict[str, Any]) -> Dict[str, Any]:
+        if not req.get("blob"):
+            return blob
+        try:
+            other = load(req["blob"])
+        except Exception:
+            raise RuntimeError(f"cannot load {req['blob']}: {traceback.format_exc().rstrip()}") from None
+        framework(other)
+        return other
+
+    framework(blob)
+    fork_ranks(lambda _req, loaded: run(loaded), load_for)
 
 
 def main() -> None:

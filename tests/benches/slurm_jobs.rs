@@ -16,7 +16,9 @@
 //!   directory (its output relayed to the driver, the checkpoint shipped
 //!   through it), as in the first.
 //!
-//! `cargo bench -p nestor-tests --bench slurm_jobs [-- --reps N]`
+//! `cargo bench -p nestor-tests --bench slurm_jobs [-- --reps N] [--only overhead]`
+//!
+//! (`--only overhead` measures the first part alone.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -137,6 +139,9 @@ fn main() {
     }
     stats("2-rank trial as a step inside an allocation (trial started to its first stored result)", &step);
     stats("2-rank trial as a job of its own, poll_s = 1 (trial started to its first stored result)", &job);
+    if args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).is_some_and(|p| p == "overhead") {
+        return;
+    }
 
     // 2. A job put back in the queue: requeue to the next stored result.
     let mut requeue = Vec::new();

@@ -1,8 +1,9 @@
-"""A module the warm test's function imports: appends a line to $WARM_IMPORTS each time it is imported."""
+"""Imported by warm_script.py: says each time it is imported (WARM_IMPORTS),
+and holds state a trial changes (which no later trial may see)."""
 
 import os
 
-STATE = []
-
 with open(os.environ["WARM_IMPORTS"], "a") as f:
     f.write(f"{os.getpid()}\n")
+
+STATE = []

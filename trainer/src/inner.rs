@@ -123,7 +123,7 @@ pub async fn prepare(run: TrainerRun) -> Result<PreparedRun, String> {
     let mut program = run.trainer.process_config().map_err(|e| format!("trainer.{e}"))?;
     program.use_gpu = run.trainer.use_gpu;
     // One process per rank: a warm process is started from one command for the whole sweep.
-    program.warm = false;
+    program.warm = crate::Warm::Cold;
     let storage = match &run.storage {
         None => Storage::local(&run.dir),
         Some(s) => Storage::parse(s).map_err(|e| format!("storage: {e}"))?,
@@ -178,7 +178,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = prepare(run(dir.path())).await.unwrap();
         assert_eq!(p.latest, None);
-        assert!(!p.program.warm);
+        assert_eq!(p.program.warm, crate::Warm::Cold);
         for (i, committed) in [(1, true), (2, true), (3, false)] {
             let c = dir.path().join(crate::checkpoint_dir_name(i));
             std::fs::create_dir_all(c.join("rank-0")).unwrap();

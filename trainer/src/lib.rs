@@ -53,7 +53,7 @@ pub use backend::{
 pub use checkpoint::{check_source, checkpoint_dir_name, default_roots, persist_checkpoint, shard_for, CheckpointError};
 pub use cluster::{ClusterBackend, ClusterConfig};
 pub use collective::{CollectiveError, ReduceOp};
-pub use command::ProcessConfig;
+pub use command::{ProcessConfig, Warm};
 pub use context::{Context, ReportError};
 pub use function::{FunctionBackend, TrainFn, TrainResult};
 pub use process::{log_tail, ProcessBackend};

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, Event, ExitOutcome, LaunchError, LaunchSpec, StepProgress, StopLevel, TrialHandle};
-use crate::command::ProcessConfig;
+use crate::command::{ProcessConfig, PythonCommand, Warm};
 use crate::contract::{ChannelPlan, NodeView, PlanSettings, RunPlan, TrialPlan, WorldPlan};
 use crate::groups::{describe_exit_since, dies_with_driver, signal_group, wait_groups_gone, OomKills};
 use crate::service::ReportServer;
@@ -66,8 +66,13 @@ pub fn log_tail(path: &Path, n: usize) -> String {
 /// The warm process's command (the workers' command, their environment
 /// and working directory), dying with the driver; the pool adds the rest.
 fn warm_command(cfg: &ProcessConfig) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(&cfg.command[0]);
-    cmd.args(&cfg.command[1..]).envs(grpc_fork_support(cfg)).envs(&cfg.env);
+    let zygote = match cfg.warm {
+        Warm::Python => PythonCommand::parse(&cfg.command).map(|p| p.zygote()),
+        Warm::Cold | Warm::Command => None,
+    };
+    let command = zygote.as_deref().unwrap_or(&cfg.command);
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..]).envs(grpc_fork_support(cfg)).envs(&cfg.env);
     if let Some(dir) = &cfg.working_dir {
         cmd.current_dir(dir);
     }
@@ -271,7 +276,7 @@ impl Backend for ProcessBackend {
     /// others are stopped at once (SIGTERM, then SIGKILL after at most a
     /// second) and the run fails with that rank's log tail.
     fn launch(&self, spec: LaunchSpec, events: mpsc::UnboundedSender<Event>) -> Result<TrialHandle, LaunchError> {
-        let blob = self.config.warm.then(String::new);
+        let blob = (self.config.warm != Warm::Cold).then(String::new);
         self.launch_with(&self.config, spec, events, blob)
     }
 
@@ -287,11 +292,13 @@ impl Backend for ProcessBackend {
         program: &ProcessConfig,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<TrialHandle, LaunchError> {
-        let cfg = ProcessConfig { report_bind: self.config.report_bind, encrypt: self.config.encrypt, warm: false, ..program.clone() };
+        let cfg = ProcessConfig { report_bind: self.config.report_bind, encrypt: self.config.encrypt, warm: Warm::Cold, ..program.clone() };
         self.server.add_files(&cfg.files);
         let (ours, theirs) = (&self.config.command, &cfg.command);
-        let forks =
-            self.config.warm && ours.len() == theirs.len() && ours.len() > 1 && ours[..ours.len() - 1] == theirs[..theirs.len() - 1];
+        let forks = self.config.warm == Warm::Command
+            && ours.len() == theirs.len()
+            && ours.len() > 1
+            && ours[..ours.len() - 1] == theirs[..theirs.len() - 1];
         let blob = forks.then(|| theirs.last().cloned().unwrap_or_default());
         self.launch_with(&cfg, spec, events, blob)
     }

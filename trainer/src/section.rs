@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DistBackend, PlacementStrategy, ProcessConfig, Resources, ScalingConfig, ScalingError, TorchConfig};
+use crate::{DistBackend, PlacementStrategy, ProcessConfig, Resources, ScalingConfig, ScalingError, TorchConfig, Warm};
 
 /// `[trainer]` of an experiment file: a worker command per trial, how many
 /// workers it runs and what each needs, their collectives. Checked here
@@ -57,11 +57,14 @@ pub struct TrainerConfig {
     /// Where the report server listens (default: loopback, a free port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_bind: Option<std::net::SocketAddr>,
-    /// Start `command` once as a warm process (`NESTOR_ZYGOTE=1`) and fork
-    /// every rank from it, instead of starting `command` per rank (the
-    /// Python driver's function trainables; on this machine only).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub warm: bool,
+    /// Fork every rank from a warm process started once, instead of
+    /// starting `command` per rank (on this machine only; see [`Warm::of`]):
+    /// unset, a command that runs a Python script or module is warm (its
+    /// imports loaded once); `false`, every rank starts cold; `true`, a
+    /// command that is not Python speaks the warm protocol itself
+    /// (`NESTOR_ZYGOTE=1`: the Python driver's function trainables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<bool>,
     /// Files every rank needs that the driver sends (`GetFile`) to nodes
     /// that do not see them (the Python driver's pickled function).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -102,7 +105,7 @@ impl TrainerConfig {
             backend: None,
             collective_timeout_s: default_collective_timeout(),
             report_bind: None,
-            warm: false,
+            warm: None,
             files: Vec::new(),
             num_workers_from: None,
         }
@@ -178,7 +181,7 @@ impl TrainerConfig {
         c.working_dir = self.working_dir.clone();
         c.grace_period = Duration::from_secs_f64(self.grace_period_s);
         c.torch = self.torch();
-        c.warm = self.warm;
+        c.warm = Warm::of(&self.command, self.warm);
         c.files = self.files.clone();
         if let Some(bind) = self.report_bind {
             c.report_bind = bind;

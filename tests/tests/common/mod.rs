@@ -127,7 +127,10 @@ pub fn export(dir: &Path, exp: &str) -> Vec<serde_json::Value> {
     ok(nestor(dir, &["export", exp, "--format", "json"])).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
-/// Processes whose environment names `needle` (e.g. a temp dir), other than us.
+/// Processes whose environment names `needle` (e.g. a temp dir), or whose
+/// stdout or stderr is a file whose path does (a rank's log: a rank forked
+/// from a warm process has the warm process's environment in `/proc`, its
+/// own only in its memory), other than us.
 pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     let mut out = vec![];
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -138,11 +141,23 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
         let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
         let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
         let zombie = status.lines().any(|l| l.starts_with("State:") && l.contains('Z'));
-        if !zombie && String::from_utf8_lossy(&environ).contains(needle) {
+        let logs_there = [1, 2].iter().any(|fd| output_of(pid, *fd).is_some_and(|p| p.contains(needle)));
+        if !zombie && (String::from_utf8_lossy(&environ).contains(needle) || logs_there) {
             out.push(pid);
         }
     }
     out
+}
+
+/// Where a process's file descriptor `fd` points (a path, `pipe:[..]`, ...).
+fn output_of(pid: u32, fd: u32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok().map(|p| p.display().to_string())
+}
+
+/// A process's parent.
+fn parent_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok())
 }
 
 /// Runs nestor in `dir` with extra environment variables.
@@ -292,13 +307,21 @@ pub fn plan_of(env: &std::collections::BTreeMap<String, String>) -> serde_json::
     env.get("NESTOR_RUN").and_then(|p| serde_json::from_str(p).ok()).unwrap_or_default()
 }
 
-/// The pid of the worker process of `rank` whose run's plan names `trial_dir`.
+/// The pid of the worker process of `rank` whose run's plan names
+/// `trial_dir` (started with it), or whose stdout is its log there (forked
+/// from a warm process): the rank itself, not a process it started.
 pub fn rank_pid(trial_dir: &Path, rank: u32) -> Option<u32> {
     let dir = trial_dir.display().to_string();
-    processes_mentioning(&dir).into_iter().find(|&pid| {
-        let env = environ_of(pid);
-        plan_of(&env)["trial"]["dir"] == dir.as_str() && env.get("RANK") == Some(&rank.to_string())
-    })
+    let log = trial_dir.join(format!("logs/rank-{rank}.log")).display().to_string();
+    let found: Vec<u32> = processes_mentioning(&dir)
+        .into_iter()
+        .filter(|&pid| {
+            let env = environ_of(pid);
+            let started = plan_of(&env)["trial"]["dir"] == dir.as_str() && env.get("RANK") == Some(&rank.to_string());
+            started || output_of(pid, 1).is_some_and(|p| p == log)
+        })
+        .collect();
+    found.iter().copied().find(|pid| parent_of(*pid).is_none_or(|p| !found.contains(&p)))
 }
 
 /// Per trial: status, iterations of its effective history, its last loss.
