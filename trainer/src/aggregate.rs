@@ -55,6 +55,8 @@ pub(crate) struct Aggregator {
     state: Mutex<State>,
     /// How far the run's steps are durable in the driver's store.
     acks: Arc<Watermark>,
+    /// The node's per-trial GPU figures, added to each report.
+    gpu: Option<Arc<crate::gpu_usage::GpuUsage>>,
 }
 
 impl Aggregator {
@@ -71,7 +73,15 @@ impl Aggregator {
                 finished: vec![false; n],
                 steps: BTreeMap::new(),
             }),
+            gpu: None,
         }
+    }
+
+    /// Adds the node's GPU figures for the trial to each of its reports
+    /// (a metric of the run's own name wins).
+    pub(crate) fn with_gpu(mut self, gpu: Arc<crate::gpu_usage::GpuUsage>) -> Self {
+        self.gpu = Some(gpu);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -203,6 +213,12 @@ impl Aggregator {
             ranks.sort_unstable();
             let checkpoint = step.checkpoint.map(|uri| CheckpointRef { uri, ranks, world_size: self.world_size });
             let rank_metrics = step.all.into_iter().map(Option::unwrap_or_default).collect();
+            let mut metrics = metrics;
+            if let Some(gpu) = &self.gpu {
+                for (name, value) in gpu.take(&self.trial_id) {
+                    metrics.entry(name).or_insert(value);
+                }
+            }
             let report = Report { rank, training_iteration: iteration, metrics, extra, checkpoint, rank_metrics };
             let event = Event {
                 trial_id: self.trial_id.clone(),
@@ -256,6 +272,39 @@ mod tests {
         assert_eq!(acks.through(), 5);
         assert_eq!(agg.arrive(0, 5, metrics(0.0), None, None).unwrap_err(), ArriveError::Duplicate { rank: 0, iteration: 5 });
         assert!(matches!(agg.arrive(3, 6, metrics(0.0), None, None), Err(ArriveError::Rank { .. })));
+    }
+
+    /// The node's GPU figures for the trial ride on its reports; a metric
+    /// the run reports under the same name is the run's.
+    #[test]
+    fn a_report_carries_the_trials_gpu_figures_and_the_runs_own_metric_wins() {
+        use crate::gpu_usage::{DeviceRead, GpuUsage, Holding, ProcessRead};
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let gpu = Arc::new(GpuUsage::default());
+        let agg = Aggregator::new("t", 1, 0, tx).with_gpu(Arc::clone(&gpu));
+        gpu.start("t", Holding { gpus: [0].into(), groups: [7].into() });
+        let read = DeviceRead {
+            index: 0,
+            util_percent: 64.0,
+            memory_used: 5 << 30,
+            processes: vec![ProcessRead { pid: 7, memory_bytes: Some(3 << 30), sm_percent: None }],
+            per_process_util: false,
+        };
+        gpu.record(&[read], |pid| (pid == 7).then_some(7));
+        let mut own = metrics(1.0);
+        own.insert("gpu_util_peak_percent".into(), -1.0);
+        let _r = agg.arrive(0, 1, own, None, None).unwrap();
+        let EventKind::Report { report, .. } = rx.try_recv().unwrap().kind else { panic!("a report") };
+        assert_eq!(report.metrics["loss"], 1.0);
+        assert_eq!(report.metrics["gpu_util_percent"], 64.0);
+        assert_eq!(report.metrics["gpu_memory_peak_bytes"], (3u64 << 30) as f64, "its process's memory, not the device's");
+        assert_eq!(report.metrics["gpu_util_peak_percent"], -1.0, "the run's own metric of that name");
+        // A trial of no GPU reports no GPU figures.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let other = Aggregator::new("u", 1, 0, tx).with_gpu(gpu);
+        let _r = other.arrive(0, 1, metrics(2.0), None, None).unwrap();
+        let EventKind::Report { report, .. } = rx.try_recv().unwrap().kind else { panic!("a report") };
+        assert_eq!(report.metrics.keys().collect::<Vec<_>>(), ["loss"]);
     }
 
     #[test]

@@ -332,6 +332,10 @@ impl ProcessBackend {
         let envs: Vec<_> = (0..world_size).map(|rank| rank_env(cfg, &spec, rank, &common)).collect();
         let roots = spec.roots(cfg.working_dir.as_deref());
         let trial_id = spec.trial_id.clone();
+        // What the node's GPU sampler counts towards this trial: its bundles' GPUs, its ranks' groups.
+        let gpu = Arc::clone(self.server.gpu_usage());
+        let gpus: Vec<u32> = (0..world_size).flat_map(|r| spec.bundle(r).gpus).collect();
+        let trial = spec.trial_id.clone();
         let monitor = |groups, stop, registration| Monitor {
             groups,
             stop,
@@ -381,7 +385,10 @@ impl ProcessBackend {
                     }
                 }
                 drop(exits_tx);
-                monitor.run(exits).await
+                gpu.start(&trial, holding(&gpus, monitor.pgids()));
+                let outcome = monitor.run(exits).await;
+                gpu.end(&trial);
+                outcome
             });
             return Ok(handle);
         }
@@ -421,11 +428,21 @@ impl ProcessBackend {
             pgids.iter().copied().filter(|&g| g > 0).collect(),
             Some(Arc::clone(registration.aggregator()) as Arc<dyn StepProgress>),
         );
+        gpu.start(&spec.trial_id, holding(&gpus, pgids.clone()));
         let groups: Groups = Arc::new(std::sync::Mutex::new(pgids));
         let monitor = monitor(Arc::clone(&groups), stop, registration);
-        supervise(spec.trial_id, events, groups, libc::SIGKILL, monitor.run(exits));
+        supervise(spec.trial_id, events, groups, libc::SIGKILL, async move {
+            let outcome = monitor.run(exits).await;
+            gpu.end(&trial);
+            outcome
+        });
         Ok(handle)
     }
+}
+
+/// What a run holds, for the node's GPU figures.
+fn holding(gpus: &[u32], groups: Vec<i32>) -> crate::gpu_usage::Holding {
+    crate::gpu_usage::Holding { gpus: gpus.iter().copied().collect(), groups: groups.into_iter().filter(|&g| g > 0).collect() }
 }
 
 /// A run's ranks from their start to the run's end: one task that waits

@@ -179,6 +179,8 @@ pub struct ReportServer {
     shutdown: Option<oneshot::Sender<()>>,
     /// The certificate authority ranks trust (PEM), when the channel is TLS.
     ca_pem: Option<String>,
+    /// This node's per-trial GPU figures, added to every run's reports.
+    gpu: Arc<crate::gpu_usage::GpuUsage>,
 }
 
 impl std::fmt::Debug for ReportServer {
@@ -231,7 +233,13 @@ impl ReportServer {
                 tracing::error!(error = %e, "report server failed");
             }
         });
-        Ok(Self { addr, registry, shutdown: Some(tx), ca_pem: tls.map(|t| t.ca_pem().to_string()) })
+        Ok(Self {
+            addr,
+            registry,
+            shutdown: Some(tx),
+            ca_pem: tls.map(|t| t.ca_pem().to_string()),
+            gpu: Arc::new(crate::gpu_usage::GpuUsage::default()),
+        })
     }
 
     /// The certificate authority ranks must trust (the plan's `channel.tls_ca`), when
@@ -264,6 +272,12 @@ impl ReportServer {
         }
     }
 
+    /// The per-trial GPU figures of the runs on this node, which the
+    /// engine fills in (what each run holds) and every report carries.
+    pub fn gpu_usage(&self) -> &Arc<crate::gpu_usage::GpuUsage> {
+        &self.gpu
+    }
+
     /// The address workers report to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -283,7 +297,9 @@ impl ReportServer {
         roots: Vec<PathBuf>,
         events: mpsc::UnboundedSender<Event>,
     ) -> Registration {
-        let aggregator = Arc::new(Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events.clone()));
+        let aggregator = Arc::new(
+            Aggregator::new(&spec.trial_id, spec.world_size(), spec.start_iteration, events.clone()).with_gpu(Arc::clone(&self.gpu)),
+        );
         let intake = Arc::new(Intake::new(spec.storage.clone(), roots, aggregator));
         let shipping = Shipping::new(&spec.trial_dir, Restore::of(spec), spec.world_size());
         let entry = Entry {
