@@ -256,16 +256,19 @@ def run_target(kind, target, args):
     import threading
 
     code = 0
+    sys.argv = [target, *args]
     try:
         if kind == "script":
-            sys.argv = [target, *args]
             path = os.path.abspath(target)  # __file__ is absolute, as since Python 3.9
-            if os.path.isfile(path):
+            if not os.path.exists(path):
+                # What Python says, and its code, for a script it cannot open.
+                print(f"{sys.executable}: can't open file {path!r}: [Errno 2] No such file or directory", file=sys.stderr)
+                code = 2
+            elif os.path.isfile(path):
                 _run_file(path)
             else:
                 runpy.run_path(path, run_name="__main__")  # a directory or zip with a __main__.py
         else:
-            sys.argv = [target, *args]
             runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = _exit_code(e.code)

@@ -114,3 +114,21 @@ fn warm_false_starts_every_trial_cold_with_the_same_results() {
     assert!(parents.iter().all(|p| !imported.contains(&p.to_string())), "no trial's parent imported it: {parents:?} {imported:?}");
     check_failures(dir.path(), &trials);
 }
+
+#[test]
+fn a_script_that_is_not_there_fails_its_trial_as_python_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = "[experiment]\nname = \"missing\"\n\n[space]\nx = 1\n\n[trainer]\ncommand = [\"python\", \"missing.py\"]\n";
+    std::fs::write(dir.path().join("sweep.toml"), sweep).unwrap();
+    let path = format!("{}:{}", torch_venv().join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new(nestor_bin())
+        .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("exited with code 2"), "Python's code for a script it cannot open:\n{said}");
+    let log = read(&dir.path().join("runs/missing/trials/trial_00000/logs/rank-0.log"));
+    assert!(log.contains("can't open file") && log.contains("missing.py"), "{log}");
+}

@@ -216,6 +216,8 @@ pub struct GpuUsage {
     usage: std::sync::Mutex<Usage>,
     sampler: std::sync::OnceLock<()>,
     period: std::time::Duration,
+    /// Whether any read has counted: until then a report's `take` is a load, no lock.
+    counted: std::sync::atomic::AtomicBool,
 }
 
 impl Default for GpuUsage {
@@ -227,7 +229,12 @@ impl Default for GpuUsage {
 impl GpuUsage {
     /// Reads every `period` while runs hold GPUs.
     pub fn new(period: std::time::Duration) -> Self {
-        Self { usage: std::sync::Mutex::new(Usage::default()), sampler: std::sync::OnceLock::new(), period }
+        Self {
+            usage: std::sync::Mutex::new(Usage::default()),
+            sampler: std::sync::OnceLock::new(),
+            period,
+            counted: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     fn usage(&self) -> std::sync::MutexGuard<'_, Usage> {
@@ -252,7 +259,7 @@ impl GpuUsage {
                     continue;
                 }
                 let reads = reader.read(&held);
-                me.usage().record(&reads, process_group);
+                me.record(&reads, process_group);
             });
             if let Err(e) = spawned {
                 tracing::warn!("no per-trial GPU figures: cannot start the sampler thread: {e}");
@@ -267,12 +274,16 @@ impl GpuUsage {
 
     /// The metrics a result of `trial` carries now (see [`metrics`]).
     pub fn take(&self, trial: &str) -> Vec<(String, f64)> {
+        if !self.counted.load(std::sync::atomic::Ordering::Acquire) {
+            return Vec::new(); // every report of a sweep without GPUs comes here
+        }
         self.usage().take(trial)
     }
 
     /// Counts a read as the sampler does (for runs whose reads come from elsewhere, and tests).
     pub fn record(&self, reads: &[DeviceRead], group_of: impl Fn(u32) -> Option<i32>) {
         self.usage().record(reads, group_of);
+        self.counted.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
