@@ -100,6 +100,21 @@ impl Figures {
     }
 }
 
+/// Mean utilisation since the trial's last result, percent.
+pub const UTIL: &str = "gpu_util_percent";
+/// Mean memory held since the trial's last result, bytes.
+pub const MEMORY: &str = "gpu_memory_bytes";
+/// Mean utilisation over the trial's life so far, percent.
+pub const UTIL_MEAN: &str = "gpu_util_mean_percent";
+/// Peak utilisation over the trial's life so far, percent.
+pub const UTIL_PEAK: &str = "gpu_util_peak_percent";
+/// Mean memory held over the trial's life so far, bytes.
+pub const MEMORY_MEAN: &str = "gpu_memory_mean_bytes";
+/// Most memory held over the trial's life so far, bytes.
+pub const MEMORY_PEAK: &str = "gpu_memory_peak_bytes";
+/// Every metric the figures add to a result.
+pub const METRICS: [&str; 6] = [UTIL, MEMORY, UTIL_MEAN, UTIL_PEAK, MEMORY_MEAN, MEMORY_PEAK];
+
 /// The figures a result carries: since the trial's last result, and over
 /// its life so far. Nothing while no read has counted (no GPU, or none yet).
 pub fn metrics(since_last: &Figures, life: &Figures) -> Vec<(String, f64)> {
@@ -108,14 +123,29 @@ pub fn metrics(since_last: &Figures, life: &Figures) -> Vec<(String, f64)> {
     }
     let mut m = Vec::with_capacity(6);
     if since_last.reads > 0 {
-        m.push(("gpu_util_percent".to_string(), since_last.util_mean()));
-        m.push(("gpu_memory_bytes".to_string(), since_last.memory_mean().round()));
+        m.push((UTIL.to_string(), since_last.util_mean()));
+        m.push((MEMORY.to_string(), since_last.memory_mean().round()));
     }
-    m.push(("gpu_util_mean_percent".to_string(), life.util_mean()));
-    m.push(("gpu_util_peak_percent".to_string(), life.util_peak));
-    m.push(("gpu_memory_mean_bytes".to_string(), life.memory_mean().round()));
-    m.push(("gpu_memory_peak_bytes".to_string(), life.memory_peak as f64));
+    m.push((UTIL_MEAN.to_string(), life.util_mean()));
+    m.push((UTIL_PEAK.to_string(), life.util_peak));
+    m.push((MEMORY_MEAN.to_string(), life.memory_mean().round()));
+    m.push((MEMORY_PEAK.to_string(), life.memory_peak as f64));
     m
+}
+
+/// A trial's life figures for people, from its latest metrics:
+/// `utilisation mean 63% (peak 98%), memory mean 2.1 GiB (peak 3.4 GiB)`;
+/// `None` without them.
+pub fn summary(metrics: &BTreeMap<String, f64>) -> Option<String> {
+    let get = |k: &str| metrics.get(k).copied();
+    let gib = |b: f64| b / f64::from(1u32 << 30);
+    Some(format!(
+        "utilisation mean {:.0}% (peak {:.0}%), memory mean {:.1} GiB (peak {:.1} GiB)",
+        get(UTIL_MEAN)?,
+        get(UTIL_PEAK)?,
+        gib(get(MEMORY_MEAN)?),
+        gib(get(MEMORY_PEAK)?)
+    ))
 }
 
 /// One trial's share of a read of the node's GPUs: (utilisation percent,
@@ -448,6 +478,19 @@ mod tests {
         assert_eq!(get(&u.take("a"), "gpu_util_mean_percent"), Some(55.0));
         u.forget("a");
         assert!(u.take("a").is_empty());
+    }
+
+    #[test]
+    fn a_trials_figures_read_as_one_line_for_people() {
+        let mut u = Usage::default();
+        u.start("a", holding(&[0], &[100]));
+        for util in [50.0, 90.0] {
+            u.record(&[device(0, util, 0, &[(100, 3 << 30, None)], false)], groups);
+        }
+        let m: BTreeMap<String, f64> = u.take("a").into_iter().collect();
+        assert_eq!(summary(&m).unwrap(), "utilisation mean 70% (peak 90%), memory mean 3.0 GiB (peak 3.0 GiB)");
+        assert!(m.keys().all(|k| METRICS.contains(&k.as_str())), "{m:?}");
+        assert_eq!(summary(&BTreeMap::from([("loss".to_string(), 1.0)])), None);
     }
 
     #[test]

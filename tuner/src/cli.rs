@@ -880,6 +880,9 @@ fn status(dir: &Path) -> Result<(), Failure> {
         if let Some(nodes) = nodes_summary(&t.resources) {
             writeln!(out, "    nodes: {nodes}").map_err(out_err)?;
         }
+        if let Some(gpu) = t.metrics.as_ref().and_then(trainer::gpu_usage::summary) {
+            writeln!(out, "    GPU: {gpu}").map_err(out_err)?;
+        }
         if t.exploits > 0 {
             writeln!(out, "    exploits: {}", t.exploits).map_err(out_err)?;
         }
@@ -971,7 +974,7 @@ fn live_status(dir: &Path) -> Result<(), Failure> {
 }
 
 fn is_auto(k: &str) -> bool {
-    matches!(k, "training_iteration" | "time_this_iter_s" | "time_total_s" | "timestamp")
+    matches!(k, "training_iteration" | "time_this_iter_s" | "time_total_s" | "timestamp") || trainer::gpu_usage::METRICS.contains(&k)
 }
 
 fn best(dir: &Path, metric: Option<&str>, mode: Option<Mode>, scope: Scope, as_json: bool) -> Result<(), Failure> {
