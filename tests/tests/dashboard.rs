@@ -229,6 +229,7 @@ fn hostile_names_are_shown_as_text_and_strangers_are_refused() {
     let (base, token) = url.split_once("/?token=").map(|(b, t)| (b.to_string(), t.to_string())).unwrap();
     let dom = render(&url, 3000, &shots_dir().join("hostile.png"));
     assert!(dom.contains("data-id=\"trial_00000\""), "the table is drawn:\n{dom}");
+    assert!(!dom.contains("data-key=\"GPU\""), "no GPU column without GPU figures:\n{dom}");
     assert!(dom.contains("<input type=\"checkbox\" data-state=\"TERMINATED\" checked=\"\">"), "the state filters are drawn:\n{dom}");
     assert!(!dom.contains("[object "), "an element was written as text:\n{dom}");
     assert!(dom.contains("&lt;img src=x onerror=alert(1)&gt;"), "the key is shown as text:\n{dom}");
@@ -257,4 +258,41 @@ fn hostile_names_are_shown_as_text_and_strangers_are_refused() {
     assert!(page.contains("x-frame-options: deny") && page.contains("referrer-policy: no-referrer"), "{page}");
     server.kill().unwrap();
     let _ = server.wait();
+}
+
+/// Trials whose results carry GPU figures (as the driver's sampler adds
+/// them where a trial holds GPUs; here the worker reports them itself, as
+/// no GPU is at hand): the table has a GPU column with each trial's mean
+/// (peak) utilisation and mean memory, the trial's panel the whole line,
+/// and `nestor status` the same line, out of its metrics column.
+#[test]
+fn gpu_figures_have_a_column_of_their_own() {
+    chromium();
+    let dir = tempfile::tempdir().unwrap();
+    let gib = 1u64 << 30;
+    let space = format!(
+        "x = 0.5\nsteps = 2\n[space.extra_metrics]\ngpu_util_mean_percent = 63.0\ngpu_util_peak_percent = 98.0\ngpu_memory_mean_bytes = {}\ngpu_memory_peak_bytes = {}",
+        21 * gib / 10,
+        34 * gib / 10
+    );
+    write(dir.path(), &sweep("gpu", "", &space, ""));
+    ok(common::nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]));
+    let status = ok(common::nestor(dir.path(), &["status", "runs/gpu"]));
+    assert!(status.contains("GPU: utilisation mean 63% (peak 98%), memory mean 2.1 GiB (peak 3.4 GiB)"), "{status}");
+    // (The config names them too, under `extra_metrics.`.)
+    assert!(!status.contains(" gpu_util") && !status.contains(" gpu_memory"), "the figures stay out of the metrics column:\n{status}");
+
+    let mut server = spawn_nestor(dir.path(), &["dashboard", "runs/gpu", "--port", "0"], &[]);
+    let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
+    let url = out.next().unwrap().unwrap().strip_prefix("nestor dashboard: ").unwrap().to_string();
+    let dom = render(&url, 3000, &shots_dir().join("gpu.png"));
+    server.kill().unwrap();
+    let _ = server.wait();
+    assert!(dom.contains("<th data-key=\"GPU\">GPU</th>"), "a GPU column:\n{dom}");
+    assert!(
+        dom.contains(
+            "<span class=\"gpu\" title=\"utilisation mean 63% (peak 98%), memory mean 2.1 GiB (peak 3.4 GiB)\">63% (98%) · 2.1 GiB</span>"
+        ),
+        "the trial's figures in it:\n{dom}"
+    );
 }

@@ -670,6 +670,7 @@ async fn download_file(store: Arc<dyn ObjectStore>, from: &ObjPath, uri: &str, t
 /// configured from the environment as the provider's tools read it.
 #[cfg(feature = "cloud")]
 pub(crate) fn cloud_store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    crate::tls::install_crypto();
     let retry = object_store::RetryConfig {
         backoff: object_store::BackoffConfig { init_backoff: Duration::from_millis(50), max_backoff: Duration::from_secs(2), base: 2.0 },
         max_retries: 3,

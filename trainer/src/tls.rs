@@ -20,6 +20,18 @@ pub const CA_VAR: &str = "NESTOR_TLS_CA";
 /// How long a connection may take to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Makes ring rustls' process-wide crypto provider, once. The HTTP
+/// clients (the object stores', MLflow's) are built without one of their
+/// own, so that the build holds one TLS implementation; call this before
+/// making one.
+pub fn install_crypto() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Another part of the process may have installed one first: that one is used.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// A driver's TLS identity: the server's certificate and key, and the
 /// certificate of the authority (made for this driver alone) that signed it.
 pub struct ReportTls {

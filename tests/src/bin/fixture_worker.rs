@@ -60,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         && no_checkpoint_trial.as_deref() != Some(ctx.trial_id())
         && (!rank0_only || ctx.world_rank() == 0);
     let report_world_size: bool = ctx.param("report_world_size").unwrap_or(false);
+    let extra_metrics: std::collections::BTreeMap<String, f64> = ctx.param("extra_metrics").unwrap_or_default();
     let fail_at: Option<u64> = ctx.param("fail_at").ok();
     let nan_at: Option<u64> = ctx.param("nan_at").ok();
     let omit: bool = ctx.param("omit_metric").unwrap_or(false);
@@ -167,10 +168,12 @@ fn main() -> anyhow::Result<()> {
         } else {
             None
         };
-        let mut metrics = vec![(name, loss), ("step", step as f64), ("acc", acc)];
+        let mut metrics: Vec<(String, f64)> = vec![(name.into(), loss), ("step".into(), step as f64), ("acc".into(), acc)];
         if report_world_size {
-            metrics.push(("world_size", f64::from(ctx.world_size())));
+            metrics.push(("world_size".into(), f64::from(ctx.world_size())));
         }
+        // `extra_metrics = { name = value, ... }`: reported beside the others at every step.
+        metrics.extend(extra_metrics.iter().map(|(k, v)| (k.clone(), *v)));
         let reported = ctx.report(metrics, ckpt.as_deref());
         if !quiet {
             // Acknowledgements trail the decisions by a group commit.

@@ -222,16 +222,32 @@ function renderStates() {
   }
 }
 
+// A trial's GPU figures (the driver's sampler adds them to its results
+// where it holds GPUs), as `nestor status` words them; "" without them.
+const GPU_UTIL_MEAN = "gpu_util_mean_percent", GPU_UTIL_PEAK = "gpu_util_peak_percent";
+const GPU_MEM_MEAN = "gpu_memory_mean_bytes", GPU_MEM_PEAK = "gpu_memory_peak_bytes";
+function gpuText(m, long) {
+  if (!m || !(GPU_UTIL_MEAN in m)) return "";
+  const pct = (k) => (m[k] ?? NaN).toFixed(0) + "%";
+  const gib = (k) => ((m[k] ?? NaN) / 2 ** 30).toFixed(1) + " GiB";
+  return long
+    ? `utilisation mean ${pct(GPU_UTIL_MEAN)} (peak ${pct(GPU_UTIL_PEAK)}), memory mean ${gib(GPU_MEM_MEAN)} (peak ${gib(GPU_MEM_PEAK)})`
+    : `${pct(GPU_UTIL_MEAN)} (${pct(GPU_UTIL_PEAK)}) · ${gib(GPU_MEM_MEAN)}`;
+}
+
 function renderTable() {
   const sc = scores();
   const best = bestTrial(sc);
   const params = [...new Set(st.rows.flatMap((r) => Object.keys(flat(r.config))))];
-  const cols = ["id", "status", "iteration", st.metric, "restarts", ...params];
+  // A GPU column where any trial has GPU figures: mean (peak) utilisation, mean memory.
+  const gpu = st.rows.some((r) => r.metrics && GPU_UTIL_MEAN in r.metrics);
+  const cols = ["id", "status", "iteration", st.metric, ...(gpu ? ["GPU"] : []), "restarts", ...params];
   fill($("trials").tHead, h("tr", {}, cols.map((c) => h("th", { "data-key": c }, c + (st.sort.key === c ? (st.sort.dir > 0 ? " ▲" : " ▼") : "")))));
   for (const th of $("trials").tHead.querySelectorAll("th")) {
     th.onclick = () => { st.sort = { key: th.dataset.key, dir: st.sort.key === th.dataset.key ? -st.sort.dir : 1 }; renderTable(); };
   }
-  const value = (r, k) => (k === st.metric ? sc.get(r.id) : k in r && k !== "config" ? r[k] : flat(r.config)[k]);
+  const value = (r, k) =>
+    k === st.metric ? sc.get(r.id) : k === "GPU" ? r.metrics && r.metrics[GPU_UTIL_MEAN] : k in r && k !== "config" ? r[k] : flat(r.config)[k];
   const rows = visibleRows().sort((a, b) => {
     const x = value(a, st.sort.key), y = value(b, st.sort.key);
     if (x === y) return 0;
@@ -243,7 +259,9 @@ function renderTable() {
   fill($("trials").tBodies[0], rows.map((r) => {
     const cf = flat(r.config);
     const cls = [best && r.id === best[0] ? "best" : "", st.selected === r.id ? "selected" : ""].join(" ");
-    const cells = [r.id, h("span", { class: "s-" + r.status }, r.status), r.iteration, fmt(sc.get(r.id)), r.restarts, ...params.map((p) => fmt(cf[p]))];
+    const cells = [r.id, h("span", { class: "s-" + r.status }, r.status), r.iteration, fmt(sc.get(r.id)),
+      ...(gpu ? [h("span", { class: "gpu", title: gpuText(r.metrics, true) }, gpuText(r.metrics, false))] : []),
+      r.restarts, ...params.map((p) => fmt(cf[p]))];
     return h("tr", { class: cls, "data-id": r.id }, cells.map((c) => h("td", {}, c)));
   }));
   for (const tr of $("trials").tBodies[0].rows) tr.onclick = () => showTrial(tr.dataset.id);
@@ -271,6 +289,7 @@ async function showTrial(id) {
       item("trial", t.id), item("status", t.status, "s-" + t.status),
       item("iteration", `${t.iteration} (${d.points} results)`), item("restarts", `${t.restarts} (${t.failures} failures)`),
       item("exploits", t.exploits), item("nodes", t.nodes.join(", ") || "-"),
+      gpuText(t.metrics, true) ? item("GPU", gpuText(t.metrics, true)) : [],
       item("checkpoints", t.checkpoints.map((c) => c.split("/").pop()).join(", ") || "-")),
     h("h2", { class: "gap" }, "Config"), h("pre", {}, JSON.stringify(t.config, null, 2)),
   ];

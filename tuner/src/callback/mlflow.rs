@@ -123,6 +123,7 @@ impl MlflowLogger {
         };
         let exp_dir = exp_dir.into();
         let experiment_name = config.experiment_name.clone().unwrap_or_else(|| name.to_string());
+        trainer::tls::install_crypto();
         let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build().map_err(|e| e.to_string())?;
         let uri = uri.trim_end_matches('/').to_string();
         let state = std::fs::read(exp_dir.join(FILE))
