@@ -57,6 +57,18 @@ fn render(url: &str, budget_ms: u32, png: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The finished experiment at `exp` served by `nestor dashboard`, rendered
+/// (a screenshot named `shot` kept); its DOM.
+fn served(dir: &Path, exp: &str, shot: &str) -> String {
+    let mut server = spawn_nestor(dir, &["dashboard", exp, "--port", "0"], &[]);
+    let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
+    let url = out.next().unwrap().unwrap().strip_prefix("nestor dashboard: ").unwrap().to_string();
+    let dom = render(&url, 3000, &shots_dir().join(shot));
+    server.kill().unwrap();
+    let _ = server.wait();
+    dom
+}
+
 /// A page kept open in a real browser (chromedriver, W3C WebDriver over
 /// HTTP), in real time: what its scripts say, asked while it runs.
 struct OpenPage {
@@ -186,12 +198,7 @@ fn the_page_draws_a_running_sweep_live_and_a_finished_one() {
 
     assert!(run.wait().unwrap().success(), "{}", rest.join().unwrap());
     // Finished: served from the store by `nestor dashboard`.
-    let mut server = spawn_nestor(dir.path(), &["dashboard", "runs/dash", "--port", "0"], &[]);
-    let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
-    let url = out.next().unwrap().unwrap().strip_prefix("nestor dashboard: ").unwrap().to_string();
-    let dom = render(&url, 3000, &shots_dir().join("finished.png"));
-    server.kill().unwrap();
-    let _ = server.wait();
+    let dom = served(dir.path(), "runs/dash", "finished.png");
     assert_eq!(attr(&dom, "paint", "data-ms").map(|ms| ms.parse::<f64>().is_ok()), Some(true), "the page marks its first paint");
     assert!(dom.contains("class=\"done\""), "finished");
     for t in 0..6 {
@@ -282,12 +289,7 @@ fn gpu_figures_have_a_column_of_their_own() {
     // (The config names them too, under `extra_metrics.`.)
     assert!(!status.contains(" gpu_util") && !status.contains(" gpu_memory"), "the figures stay out of the metrics column:\n{status}");
 
-    let mut server = spawn_nestor(dir.path(), &["dashboard", "runs/gpu", "--port", "0"], &[]);
-    let mut out = BufReader::new(server.stdout.take().unwrap()).lines();
-    let url = out.next().unwrap().unwrap().strip_prefix("nestor dashboard: ").unwrap().to_string();
-    let dom = render(&url, 3000, &shots_dir().join("gpu.png"));
-    server.kill().unwrap();
-    let _ = server.wait();
+    let dom = served(dir.path(), "runs/gpu", "gpu.png");
     assert!(dom.contains("<th data-key=\"GPU\">GPU</th>"), "a GPU column:\n{dom}");
     assert!(
         dom.contains(
