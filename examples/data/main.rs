@@ -1,6 +1,6 @@
 //! A sweep fed through `[datasets]`: a linear model of red-wine quality,
 //! each trial a data-parallel run of 2 in-process Rust ranks that read
-//! their shares of Parquet files with `Context::dataset_shard` (Arrow
+//! their shares of Parquet files with `dataset_shard` (nestor-data) (Arrow
 //! record batches), reshuffled every epoch, and average their gradients
 //! with `all_reduce`. Every rank reads as many rows an epoch, so every rank
 //! takes as many steps and no collective waits on a rank that ran out.
@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
-use trainer::data::arrow_array::{cast::AsArray, types::Float64Type, ArrayRef, Float64Array, RecordBatch};
-use trainer::data::{DatasetSpec, Paths};
+use data::arrow_array::{cast::AsArray, types::Float64Type, ArrayRef, Float64Array, RecordBatch};
+use data::{DatasetShards as _, DatasetSpec, Paths};
 use trainer::{Context, ReduceOp, TrainResult};
 use tuner::{ExperimentFile, Mode, ScalingConfig, Scope, Trainable, Tuner};
 
@@ -44,6 +44,8 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    // The driver plans the data sets with nestor-data's readers.
+    data::install();
     let file_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("sweep.toml");
     // --trials and --epochs as the nestor command's `--set key=value`.
     let mut sets = Vec::new();

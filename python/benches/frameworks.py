@@ -5,7 +5,7 @@ driver: nestor's callbacks report locally), and against Ray Train 2.60 on
 the same function (``--ray``, with ``ray[train]`` importable).
 
     VENV=$(examples/torch_ddp/venv.sh)
-    cargo build --release -p nestor-tuner --bin nestor
+    cargo build --release -p nestor-cli
     NESTOR_BIN=target/release/nestor "$VENV/bin/python" python/benches/frameworks.py --framework huggingface [--reps 5] [--ray]
 
 The training function is the one of examples/python/tune_huggingface.py (a

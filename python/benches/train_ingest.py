@@ -1,7 +1,7 @@
 """Ray Train's input pipelines under nestor, against the floor and Ray.
 
     VENV=$(examples/torch_ddp/venv.sh)
-    cargo build --release -p nestor-tuner --bin nestor
+    cargo build --release -p nestor-cli
     B="NESTOR_BIN=target/release/nestor $VENV/bin/python python/benches/train_ingest.py"
     $B ddp [--reps 3] [--ray-python PY]      # a 2-rank DDP epoch, DataLoader(num_workers=4): nestor, torchrun, Ray Train
     $B preprocess [--rows 1000000] [--ray-python PY]   # a preprocessor's fit and transform: nestor.data, Ray Data

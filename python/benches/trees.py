@@ -7,7 +7,7 @@ against Ray Train's trainers (``--ray``, with ``ray[train]`` importable by
 ``--ray-python``).
 
     VENV=$(examples/torch_ddp/venv.sh)
-    cargo build --release -p nestor-tuner --bin nestor
+    cargo build --release -p nestor-cli
     NESTOR_BIN=target/release/nestor "$VENV/bin/python" python/benches/trees.py --framework xgboost [--reps 3] [--ray]
 
 The data: 200,000 rows of 20 features and a label, generated from a seed,

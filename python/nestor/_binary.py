@@ -38,5 +38,5 @@ def find() -> str:
         return found
     raise FileNotFoundError(
         "the nestor binary was not found: `pip install ./python` (from a nestor checkout) builds and installs it, "
-        "or set NESTOR_BIN to a `nestor` built with `cargo build --release -p nestor-tuner`"
+        "or set NESTOR_BIN to a `nestor` built with `cargo build --release -p nestor-cli`"
     )

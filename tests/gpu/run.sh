@@ -11,7 +11,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
-cargo build --release -p nestor-tuner --bin nestor
+cargo build --release -p nestor-cli
 venv="$(bash examples/torch_ddp/venv.sh)"
 if [[ " $* " != *" --cpu "* ]] && ! "$venv/bin/python" -c 'import deepspeed' >/dev/null 2>&1; then
     "$venv/bin/python" -m pip install --quiet deepspeed >&2 || echo "deepspeed does not install here: its check is skipped" >&2

@@ -177,7 +177,7 @@ fn every_python_block_of_the_docs_and_the_readme_is_python() {
     assert!(checked >= 3, "only {checked} python blocks");
 }
 
-/// Each third-party crate's features, as `cargo tree` resolves them for a
+/// Each crate's features (nestor's own too), as `cargo tree` resolves them for a
 /// build of `package` alone, with its dev-dependencies when `dev` (an
 /// example's build has them); a crate built twice, for the host and the
 /// target, has both sets.
@@ -195,29 +195,34 @@ fn features(package: &str, dev: bool, more: &[&str]) -> std::collections::BTreeM
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let line = line.trim_end_matches(" (*)");
         let Some((id, feats)) = line.split_once('|') else { continue };
-        if id.starts_with("nestor-") {
-            continue;
-        }
         map.entry(id.trim().to_string()).or_default().insert(feats.trim().to_string());
     }
     map
 }
 
-/// `pip install ./python` right after the quickstart compiles the binary
-/// and the data readers alone (Arrow's, which the quickstart leaves out):
-/// every crate both builds use has the same features in each (else it and
-/// all above it would be compiled again). workspace-hack/Cargo.toml is
-/// where a difference is made up.
+/// `pip install ./python` right after the quickstart compiles the binary,
+/// nestor-data and Arrow's readers alone (which the quickstart leaves out):
+/// every crate both builds use, nestor-trainer and nestor-tuner first, has
+/// the same features in each (else it and all above it would be compiled
+/// again). workspace-hack/Cargo.toml is where a third-party crate's
+/// difference is made up.
 #[test]
 fn the_wheels_build_reuses_the_quickstarts() {
     let quickstart = features("nestor-examples", true, &[]);
-    let wheel = features("nestor-tuner", false, &[]);
+    let wheel = features("nestor-cli", false, &[]);
     assert!(wheel.len() > 100, "cargo tree found too little: {wheel:?}");
-    let without_data = features("nestor-tuner", false, &["--no-default-features", "--features", "cloud,mlflow"]);
-    let data_only: Vec<&String> = wheel.keys().filter(|k| !without_data.contains_key(*k)).collect();
-    assert!(data_only.iter().any(|k| k.starts_with("parquet ")), "the data feature's crates: {data_only:?}");
-    let only_wheel: Vec<&String> = wheel.keys().filter(|k| !quickstart.contains_key(*k) && !data_only.contains(k)).collect();
-    assert!(only_wheel.is_empty(), "the wheel builds crates the quickstart does not, beside the data readers: {only_wheel:?}");
+    for lib in ["nestor-trainer", "nestor-tuner"] {
+        let key = |m: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>| {
+            m.keys().find(|k| k.starts_with(&format!("{lib} "))).cloned()
+        };
+        let (Some(q), Some(w)) = (key(&quickstart), key(&wheel)) else { panic!("{lib} is not in both builds") };
+        assert_eq!(quickstart[&q], wheel[&w], "{lib}'s features differ between the quickstart's build and the wheel's");
+    }
+    let data = features("nestor-data", false, &[]);
+    let only_wheel: Vec<&String> = wheel.keys().filter(|k| !quickstart.contains_key(*k)).collect();
+    assert!(only_wheel.iter().any(|k| k.starts_with("parquet ")), "the wheel's own crates: {only_wheel:?}");
+    let beside_data: Vec<&&String> = only_wheel.iter().filter(|k| !data.contains_key(**k) && !k.starts_with("nestor-cli ")).collect();
+    assert!(beside_data.is_empty(), "the wheel builds crates the quickstart does not, beside nestor-data's: {beside_data:?}");
     let differ: Vec<String> = wheel
         .iter()
         .filter(|(k, f)| quickstart.contains_key(*k) && quickstart.get(*k) != Some(f))

@@ -419,15 +419,12 @@ impl Context {
         })
     }
 
-    /// This rank's share of the data set `name` of the experiment's
-    /// `[datasets]` (Ray Train's `get_dataset_shard`): each
-    /// `iter_batches` reads the next epoch as Arrow record batches, every
-    /// rank as many rows, no row on two ranks. Epochs count from the
-    /// iterations already done, so a restarted run reads its checkpoint's
-    /// epoch in that epoch's order (one report an epoch). A rank whose node
-    /// does not see the plan file fetches it from the driver.
-    #[cfg(feature = "data")]
-    pub fn dataset_shard(&mut self, name: &str) -> Result<crate::data::DataShard, crate::data::DataError> {
+    /// The driver's plan of the data set `name` of the experiment's
+    /// `[datasets]`: its blocks and their rows. A rank whose node does not
+    /// see the plan file fetches it from the driver. Reading a rank's
+    /// share of it is nestor-data's `dataset_shard` (Ray Train's
+    /// `get_dataset_shard`), which starts from this plan.
+    pub fn dataset_plan(&mut self, name: &str) -> Result<crate::data::DataPlan, crate::data::DataError> {
         use crate::data::DataError;
         let Some(path) = self.datasets.clone() else {
             return Err(DataError::Unknown { name: name.to_string(), known: "none: the experiment has no [datasets]".into() });
@@ -440,16 +437,16 @@ impl Context {
             let _ = std::fs::remove_file(&fetched);
             plans?
         };
-        let Some(plan) = plans.datasets.get(name) else {
+        let mut plans = plans;
+        let Some(plan) = plans.datasets.remove(name) else {
             let known = plans.datasets.keys().cloned().collect::<Vec<_>>().join(", ");
             return Err(DataError::Unknown { name: name.to_string(), known });
         };
-        Ok(crate::data::DataShard::new(name, Arc::new(plan.clone()), self.rank, self.world_size, self.start_iteration))
+        Ok(plan)
     }
 
     /// Fetches `path` (one of the files the driver serves) into a temporary
     /// file of this node; the caller removes it.
-    #[cfg(feature = "data")]
     fn fetch_file(&mut self, path: &Path) -> Result<PathBuf, ReportError> {
         let Transport::Grpc { rt, client, token, .. } = &mut self.transport else {
             return Err(ReportError::Environment(format!("{} does not exist", path.display())));

@@ -69,6 +69,6 @@ pub use slurm::{
     JobState as SlurmJobState, JobWatch as SlurmJobWatch, Leftovers, NodeCheck, RelayTarget, SlurmAllocation, SlurmBackend, SlurmError,
     SlurmJobsBackend, SlurmJobsConfig, SlurmNode, StuckStep, SubmitShape, DEFAULT_STEP_START_TIMEOUT, SQUEUE_FORMAT,
 };
-pub use storage::{Storage, StorageError, COMMITTED_MARKER};
+pub use storage::{cloud_store, Storage, StorageError, COMMITTED_MARKER};
 pub use token::secrets_equal;
 pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};

@@ -667,9 +667,10 @@ async fn download_file(store: Arc<dyn ObjectStore>, from: &ObjPath, uri: &str, t
 }
 
 /// The object store at `base` (`s3://bucket`, `gs://...`, `az://...`),
-/// configured from the environment as the provider's tools read it.
+/// configured from the environment as the provider's tools read it: the
+/// client checkpoints use, and data sets' URLs too.
 #[cfg(feature = "cloud")]
-pub(crate) fn cloud_store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStore>, String> {
+pub fn cloud_store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStore>, String> {
     crate::tls::install_crypto();
     let retry = object_store::RetryConfig {
         backoff: object_store::BackoffConfig { init_backoff: Duration::from_millis(50), max_backoff: Duration::from_secs(2), base: 2.0 },
@@ -709,7 +710,7 @@ pub(crate) fn cloud_store(scheme: &str, base: &str) -> Result<Arc<dyn ObjectStor
 
 /// Built without the `cloud` feature: no object store.
 #[cfg(not(feature = "cloud"))]
-pub(crate) fn cloud_store(scheme: &str, _base: &str) -> Result<Arc<dyn ObjectStore>, String> {
+pub fn cloud_store(scheme: &str, _base: &str) -> Result<Arc<dyn ObjectStore>, String> {
     Err(format!(
         "`{scheme}://` needs the object stores, which this build of nestor leaves out: build it with the `cloud` feature (a default one)"
     ))

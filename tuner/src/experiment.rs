@@ -352,7 +352,7 @@ impl ExperimentFile {
             trainer::Storage::parse(url).map_err(|err| invalid("experiment.storage", err.to_string()))?;
         }
         for (name, spec) in &self.datasets {
-            if cfg!(not(feature = "data")) {
+            if !trainer::data::can_plan() {
                 return Err(invalid(&format!("datasets.{name}"), trainer::data::DataError::NotBuilt.to_string()));
             }
             spec.check().map_err(|m| invalid(&format!("datasets.{name}"), m))?;

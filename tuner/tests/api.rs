@@ -153,6 +153,22 @@ fn a_bad_point_is_refused_before_anything_is_written() {
 }
 
 #[test]
+fn data_sets_without_nestor_datas_planner_are_refused_by_name_before_anything_is_written() {
+    // This program leaves out nestor-data: nothing installs a planner.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = trainer::data::DatasetSpec::Path(trainer::data::Paths::One("train.parquet".into()));
+    let err = Tuner::new(quadratic(), space())
+        .tune_config(tune(2, 2))
+        .run_config(run(dir.path(), "data", Stop::new()))
+        .dataset("train", spec)
+        .fit()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("datasets.train") && err.contains("nestor-data") && err.contains("data::install()"), "{err}");
+    assert!(!dir.path().join("data").exists());
+}
+
+#[test]
 fn settings_made_in_rust_get_the_checks_a_file_gets() {
     let dir = tempfile::tempdir().unwrap();
     let refuse = |config: TuneConfig| {

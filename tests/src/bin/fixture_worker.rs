@@ -199,7 +199,8 @@ fn main() -> anyhow::Result<()> {
 
 /// The `dataset` mode: one epoch of the data set a step.
 fn read_dataset(mut ctx: Context, name: &str) -> anyhow::Result<()> {
-    use trainer::data::arrow_array::{cast::AsArray, types::Int64Type};
+    use data::arrow_array::{cast::AsArray, types::Int64Type};
+    use data::DatasetShards as _;
     let steps: u64 = ctx.param("steps").unwrap_or(3);
     let batch_size: usize = ctx.param("batch_size").unwrap_or(8);
     let checkpoint: bool = ctx.param("checkpoint").unwrap_or(false);

@@ -439,8 +439,8 @@ fn random_seed() -> u64 {
     (z ^ (z >> 31)) >> 11
 }
 
-/// Plans the experiment's `[datasets]`: a refusal names the data set and its file.
-#[cfg(feature = "data")]
+/// Plans the experiment's `[datasets]` (with the planner nestor-data
+/// installs): a refusal names the data set and its file.
 async fn plan_datasets(file: &ExperimentFile, origin: &str, seed: u64) -> Result<trainer::data::DataPlans, TuneError> {
     trainer::data::plan_all(&file.datasets, seed).await.map_err(|e| match e {
         trainer::data::DataError::Refused { name, message } => {
@@ -452,15 +452,6 @@ async fn plan_datasets(file: &ExperimentFile, origin: &str, seed: u64) -> Result
             message: other.to_string(),
         }),
     })
-}
-
-#[cfg(not(feature = "data"))]
-async fn plan_datasets(_: &ExperimentFile, origin: &str, _: u64) -> Result<trainer::data::DataPlans, TuneError> {
-    Err(TuneError::Experiment(crate::ExperimentError::Invalid {
-        file: origin.to_string(),
-        key: "datasets".into(),
-        message: trainer::data::DataError::NotBuilt.to_string(),
-    }))
 }
 
 /// The plan file of the experiment's data sets: written once when the

@@ -10,9 +10,9 @@ use futures_util::TryStreamExt;
 use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 
-use super::plan::Stores;
-use super::{Block, DataError, DataPlan, Format};
-use crate::split::{permutation, rows_per_rank, share, Piece};
+use crate::plan::Stores;
+use trainer::data::{Block, DataError, DataPlan, Format};
+use trainer::split::{permutation, rows_per_rank, share, Piece};
 
 /// How [`DataShard::iter_batches_with`] cuts an epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,7 +278,7 @@ fn stream_rows(
     const BATCH: usize = 8192;
     let (start, len) = (start as usize, (end - start) as usize);
     let batches: Vec<RecordBatch> = match block.format {
-        Format::Parquet if !super::plan::is_url(&block.path) => {
+        Format::Parquet if !crate::plan::is_url(&block.path) => {
             let file = std::fs::File::open(block.path.strip_prefix("file://").unwrap_or(&block.path)).map_err(|e| read_error(block, e))?;
             let (groups, selection) = parquet_selection(block, start, len);
             let mut builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
@@ -314,7 +314,7 @@ fn stream_rows(
         })?,
         Format::Csv | Format::Json => {
             let bytes = rt.block_on(stores.bytes(&block.path)).map_err(|e| read_error(block, e))?;
-            let (schema, _) = super::plan::infer(&bytes, block.format).map_err(|e| read_error(block, e))?;
+            let (schema, _) = crate::plan::infer(&bytes, block.format).map_err(|e| read_error(block, e))?;
             let schema = Arc::new(schema);
             let all: Result<Vec<RecordBatch>, _> = if block.format == Format::Csv {
                 let reader = arrow_csv::ReaderBuilder::new(Arc::clone(&schema))

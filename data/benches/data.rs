@@ -5,7 +5,7 @@
 //! client. Each case three times; the median and the range.
 //!
 //! ```text
-//! cargo bench -p nestor-trainer --bench data [-- --rows N]
+//! cargo bench -p nestor-data --bench data [-- --rows N]
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::type_complexity)]
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch};
-use trainer::data::{Block, DataPlan, DataShard, Format};
+use data::{Block, DataPlan, DataShard, Format};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -1,5 +1,6 @@
 //! Data sets a trial's ranks read, split between them (`[datasets]` in an
-//! experiment file; `Context::dataset_shard` in a Rust trainable).
+//! experiment file): the section's types, the plan file, and the seam the
+//! driver plans them through.
 //!
 //! The driver plans each data set once, before any trial runs
 //! ([`plan_all`]): it expands a file, directory or glob (local, or an
@@ -8,30 +9,23 @@
 //! refuses a missing or unreadable file, or one whose columns differ from
 //! the first's, by name. The plan (the blocks and their row counts) is
 //! written to the experiment directory as `datasets.json`, the file every
-//! rank reads (or fetches from the driver) and the Python client reads too.
-//! Each rank then computes its own share of every epoch with
-//! [`crate::split::share`], and reads it ([`DataShard`]).
+//! rank reads (or fetches from the driver: `Context::dataset_plan`) and the
+//! Python client reads too. Each rank then computes its own share of every
+//! epoch with [`crate::split::share`], and reads it.
 //!
-//! The section's types are always here; planning and reading need the
-//! `data` feature (Arrow's readers). Without it a `[datasets]` section is
-//! refused by name.
+//! Planning and reading need Arrow's readers, which live in the crate
+//! nestor-data: it installs its [`Planner`] here (`data::install()`, which
+//! the `nestor` binary calls), so that this crate and nestor-tuner build
+//! the same with it or without. A program without one refuses a
+//! `[datasets]` section by name.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
-
-#[cfg(feature = "data")]
-mod plan;
-#[cfg(feature = "data")]
-mod read;
-
-#[cfg(feature = "data")]
-pub use plan::{plan_all, read_plans};
-#[cfg(feature = "data")]
-pub use read::{BatchOptions, Batches, DataShard};
-#[cfg(feature = "data")]
-pub use {arrow_array, arrow_schema};
 
 /// The plan's file in the experiment directory.
 pub const PLAN_FILE: &str = "datasets.json";
@@ -275,7 +269,51 @@ pub enum DataError {
         /// What failed.
         message: String,
     },
-    /// This build has no Arrow readers.
-    #[error("data sets need the `data` feature of nestor (a default one), which this build leaves out")]
+    /// No planner is installed: the program leaves out nestor-data.
+    #[error("data sets need nestor-data's readers, which this program leaves out (the `nestor` binary has them; a Rust program adds the crate nestor-data and calls `data::install()` before it tunes)")]
     NotBuilt,
+}
+
+/// Reads a plan file (`datasets.json`).
+pub fn read_plans(path: &Path) -> Result<DataPlans, DataError> {
+    let bad = |message: String| DataError::Plan { path: path.to_path_buf(), message };
+    let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let plans: DataPlans = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    if plans.version != PLAN_VERSION {
+        return Err(bad(format!("written by another nestor version (plan version {}, expected {PLAN_VERSION})", plans.version)));
+    }
+    Ok(plans)
+}
+
+/// A planning in progress ([`Planner::plan`]).
+pub type Planning<'a> = Pin<Box<dyn Future<Output = Result<DataPlans, DataError>> + Send + 'a>>;
+
+/// What plans `[datasets]` for the driver: nestor-data's, on Arrow's
+/// readers, installed with [`install_planner`].
+pub trait Planner: Send + Sync {
+    /// Every data set of `specs` checked and planned; `seed` is the
+    /// experiment's (a data set's own wins).
+    fn plan<'a>(&'a self, specs: &'a BTreeMap<String, DatasetSpec>, seed: u64) -> Planning<'a>;
+}
+
+static PLANNER: OnceLock<Box<dyn Planner>> = OnceLock::new();
+
+/// Installs the process's planner; the first one installed stays (it
+/// returns whether this one was).
+pub fn install_planner(planner: Box<dyn Planner>) -> bool {
+    PLANNER.set(planner).is_ok()
+}
+
+/// Whether a planner is installed (a `[datasets]` section can be planned).
+pub fn can_plan() -> bool {
+    PLANNER.get().is_some()
+}
+
+/// Plans every data set of `[datasets]` with the installed planner;
+/// [`DataError::NotBuilt`] without one.
+pub async fn plan_all(specs: &BTreeMap<String, DatasetSpec>, seed: u64) -> Result<DataPlans, DataError> {
+    match PLANNER.get() {
+        Some(planner) => planner.plan(specs, seed).await,
+        None => Err(DataError::NotBuilt),
+    }
 }

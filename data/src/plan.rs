@@ -1,7 +1,6 @@
 //! The driver's side: data sets checked and planned once, before any trial.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::sync::Arc;
 
 use arrow_schema::Schema;
@@ -17,7 +16,7 @@ use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
-use super::{Block, DataError, DataPlan, DataPlans, DatasetSpec, Format, PLAN_VERSION};
+use trainer::data::{Block, DataError, DataPlan, DataPlans, DatasetSpec, Format, PLAN_VERSION};
 
 /// Whether `path` is an object-store URL (not a local path or `file://`).
 pub(crate) fn is_url(path: &str) -> bool {
@@ -40,7 +39,7 @@ impl Stores {
         let store = match self.0.get(&base) {
             Some(s) => Arc::clone(s),
             None => {
-                let s = crate::storage::cloud_store(scheme, &base)?;
+                let s = trainer::cloud_store(scheme, &base)?;
                 self.0.insert(base, Arc::clone(&s));
                 s
             }
@@ -124,17 +123,6 @@ pub async fn plan_all(specs: &BTreeMap<String, DatasetSpec>, seed: u64) -> Resul
         datasets.insert(name.clone(), DataPlan { blocks, shuffle: table.shuffle, seed: table.seed.unwrap_or(seed), split: table.split });
     }
     Ok(DataPlans { version: PLAN_VERSION, datasets })
-}
-
-/// Reads a plan file (`datasets.json`).
-pub fn read_plans(path: &Path) -> Result<DataPlans, DataError> {
-    let bad = |message: String| DataError::Plan { path: path.to_path_buf(), message };
-    let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let plans: DataPlans = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
-    if plans.version != PLAN_VERSION {
-        return Err(bad(format!("written by another nestor version (plan version {}, expected {PLAN_VERSION})", plans.version)));
-    }
-    Ok(plans)
 }
 
 fn has_glob(path: &str) -> bool {

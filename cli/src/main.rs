@@ -1,4 +1,4 @@
-//! The `nestor` binary: see `tuner::cli`.
+//! The `nestor` binary: `tuner::cli` with data sets (nestor-data's planner).
 
 // The driver allocates per result (metrics maps, store records); mimalloc
 // is markedly cheaper at that than the system allocator.
@@ -7,5 +7,6 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     tuner::return_freed_memory_at_once();
+    data::install();
     tuner::cli::main()
 }
