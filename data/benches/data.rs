@@ -2,7 +2,8 @@
 //! (Arrow record batches of 1,024 rows), against Arrow's own Parquet reader
 //! over the same file: 2,000,000 rows of 8 float columns and a label in row
 //! groups of 65,536, as `python/benches/data.py` writes for the Python
-//! client. Each case three times; the median and the range.
+//! client, and a tenth of the rows as one CSV file. Each case three times;
+//! the median and the range.
 //!
 //! ```text
 //! cargo bench -p nestor-data --bench data [-- --rows N]
@@ -38,6 +39,17 @@ fn main() {
         .collect();
     println!("{rows} rows, {} row groups, batches of 1,024", blocks.len());
     let plan = |shuffle: bool| Arc::new(DataPlan { blocks: blocks.clone(), shuffle, seed: 0, split: true });
+    // The same rows as CSV, a tenth of them (text is ten times the bytes): a
+    // CSV block is read and parsed whole (arrow-csv, its numbers through arrow-cast).
+    let csv_rows = rows / 10;
+    let csv_path = dir.join("bench.csv");
+    write_csv(&path, &csv_path, csv_rows);
+    let csv_plan = Arc::new(DataPlan {
+        blocks: vec![Block { path: csv_path.display().to_string(), format: Format::Csv, rows: csv_rows as u64, row_group: None }],
+        shuffle: false,
+        seed: 0,
+        split: true,
+    });
     let cases: Vec<(&str, Box<dyn Fn() -> usize>)> = vec![
         (
             "parquet's ParquetRecordBatchReader",
@@ -62,6 +74,10 @@ fn main() {
             "DataShard::iter_batches, a tenth (rank 0 of 10)",
             Box::new(|| DataShard::new("bench", plan(false), 0, 10, 0).iter_batches(1024).map(|b| b.unwrap().num_rows()).sum()),
         ),
+        (
+            "DataShard::iter_batches, CSV (a tenth of the rows)",
+            Box::new(|| DataShard::new("bench", Arc::clone(&csv_plan), 0, 1, 0).iter_batches(1024).map(|b| b.unwrap().num_rows()).sum()),
+        ),
     ];
     for (name, case) in &cases {
         let mut rates: Vec<f64> = (0..3)
@@ -75,6 +91,19 @@ fn main() {
         println!("{name:<48} {:>6.2} M rows/s ({:.2}-{:.2})", rates[1] / 1e6, rates[0] / 1e6, rates[2] / 1e6);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The first `rows` rows of the Parquet file at `from`, as CSV with a header.
+fn write_csv(from: &std::path::Path, to: &std::path::Path, rows: usize) {
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(from).unwrap())
+        .unwrap()
+        .with_limit(rows)
+        .build()
+        .unwrap();
+    let mut w = arrow_csv::Writer::new(std::fs::File::create(to).unwrap());
+    for batch in reader {
+        w.write(&batch.unwrap()).unwrap();
+    }
 }
 
 fn write(path: &std::path::Path, rows: usize) {

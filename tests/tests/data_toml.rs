@@ -1,6 +1,6 @@
 //! `[datasets]` in an experiment file: the `nestor` binary plans the data
 //! sets with Arrow's readers, and ranks read their shares, Rust ones with
-//! `Context::dataset_shard` (the fixture worker's `dataset` mode) and
+//! nestor-data's `dataset_shard` (the fixture worker's `dataset` mode) and
 //! Python ones with `nestor.get_dataset_shard`, the same rows in the same
 //! orders as a `TorchTrainer(datasets=...)` planned in Python.
 

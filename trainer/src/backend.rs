@@ -50,7 +50,7 @@ pub struct LaunchSpec {
     /// the temporary directory and the working directory.
     pub checkpoint_roots: Vec<PathBuf>,
     /// The experiment's data sets' plan (`datasets.json`), if it has any:
-    /// ranks read their shares with `Context::dataset_shard`.
+    /// ranks read their shares with nestor-data's `dataset_shard`.
     pub datasets: Option<PathBuf>,
 }
 

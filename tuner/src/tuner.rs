@@ -235,8 +235,10 @@ impl Tuner {
     }
 
     /// Adds a data set (the file's `[datasets]`): planned once before any
-    /// trial runs, each rank reads its share with
-    /// [`Context::dataset_shard`](trainer::Context::dataset_shard).
+    /// trial runs, by the planner the crate nestor-data installs
+    /// (`data::install()`, called first; without it `fit` refuses the data
+    /// set by name), and each rank reads its share with nestor-data's
+    /// `dataset_shard` (from [`Context::dataset_plan`](trainer::Context::dataset_plan)).
     pub fn dataset(mut self, name: impl Into<String>, spec: trainer::data::DatasetSpec) -> Self {
         self.file.datasets.insert(name.into(), spec);
         self
