@@ -225,7 +225,8 @@ fn the_page_draws_a_running_sweep_live_and_a_finished_one() {
 fn hostile_names_are_shown_as_text_and_strangers_are_refused() {
     chromium();
     let dir = tempfile::tempdir().unwrap();
-    let space = "x = 0.5\nsteps = 2\n\"<img src=x onerror=alert(1)>\" = \"<b id=injected>v</b>\"";
+    // Parameters named like nestor's own columns are columns of their own.
+    let space = "x = 0.5\nsteps = 2\nGPU = 3\nstatus = \"mine\"\n\"<img src=x onerror=alert(1)>\" = \"<b id=injected>v</b>\"";
     write(dir.path(), &sweep("xss", "", space, ""));
     ok(common::nestor(dir.path(), &["run", "sweep.toml", "--storage", "runs"]));
     let refused = common::nestor(dir.path(), &["dashboard", "runs/xss", "--port", "0", "--token", ""]);
@@ -236,7 +237,9 @@ fn hostile_names_are_shown_as_text_and_strangers_are_refused() {
     let (base, token) = url.split_once("/?token=").map(|(b, t)| (b.to_string(), t.to_string())).unwrap();
     let dom = render(&url, 3000, &shots_dir().join("hostile.png"));
     assert!(dom.contains("data-id=\"trial_00000\""), "the table is drawn:\n{dom}");
-    assert!(!dom.contains("data-key=\"GPU\""), "no GPU column without GPU figures:\n{dom}");
+    assert!(!dom.contains("data-key=\"c:gpu\""), "no GPU column without GPU figures:\n{dom}");
+    assert!(dom.contains("<th data-key=\"p:GPU\">GPU</th>") && dom.contains("<th data-key=\"p:status\">status</th>"), "parameters named like columns:\n{dom}");
+    assert!(dom.contains("<th data-key=\"c:id\">id ▲</th>"), "sorted by id at first:\n{dom}");
     assert!(dom.contains("<input type=\"checkbox\" data-state=\"TERMINATED\" checked=\"\">"), "the state filters are drawn:\n{dom}");
     assert!(!dom.contains("[object "), "an element was written as text:\n{dom}");
     assert!(dom.contains("&lt;img src=x onerror=alert(1)&gt;"), "the key is shown as text:\n{dom}");
@@ -290,7 +293,7 @@ fn gpu_figures_have_a_column_of_their_own() {
     assert!(!status.contains(" gpu_util") && !status.contains(" gpu_memory"), "the figures stay out of the metrics column:\n{status}");
 
     let dom = served(dir.path(), "runs/gpu", "gpu.png");
-    assert!(dom.contains("<th data-key=\"GPU\">GPU</th>"), "a GPU column:\n{dom}");
+    assert!(dom.contains("<th data-key=\"c:gpu\">GPU</th>"), "a GPU column:\n{dom}");
     assert!(
         dom.contains(
             "<span class=\"gpu\" title=\"utilisation mean 63% (peak 98%), memory mean 2.1 GiB (peak 3.4 GiB)\">63% (98%) · 2.1 GiB</span>"

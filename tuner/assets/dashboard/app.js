@@ -9,7 +9,7 @@ const COLORS = { RUNNING: "#2563eb", TERMINATED: "#9ca3af", PAUSED: "#d97706", E
 
 const st = {
   exp: 0, info: null, rows: [], curves: new Map(), after: 0, epoch: -1, version: -1, metric: null,
-  sort: { key: "id", dir: 1 }, states: new Set(STATES), selected: null, plot: null, painted: false, updates: 0,
+  sort: { key: "c:id", dir: 1 }, states: new Set(STATES), selected: null, plot: null, painted: false, updates: 0,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -241,15 +241,26 @@ function renderTable() {
   const params = [...new Set(st.rows.flatMap((r) => Object.keys(flat(r.config))))];
   // A GPU column where any trial has GPU figures: mean (peak) utilisation, mean memory.
   const gpu = st.rows.some((r) => r.metrics && GPU_UTIL_MEAN in r.metrics);
-  const cols = ["id", "status", "iteration", st.metric, ...(gpu ? ["GPU"] : []), "restarts", ...params];
-  fill($("trials").tHead, h("tr", {}, cols.map((c) => h("th", { "data-key": c }, c + (st.sort.key === c ? (st.sort.dir > 0 ? " ▲" : " ▼") : "")))));
+  // Each column's key is its kind and name ("c:" nestor's own, "p:" a config
+  // parameter's), so a parameter named "GPU" or "status" sorts as itself.
+  const col = (key, label, get) => ({ key, label, get });
+  const cols = [
+    col("c:id", "id", (r) => r.id),
+    col("c:status", "status", (r) => r.status),
+    col("c:iteration", "iteration", (r) => r.iteration),
+    col("c:metric", st.metric, (r) => sc.get(r.id)),
+    ...(gpu ? [col("c:gpu", "GPU", (r) => r.metrics && r.metrics[GPU_UTIL_MEAN])] : []),
+    col("c:restarts", "restarts", (r) => r.restarts),
+    ...params.map((p) => col("p:" + p, p, (r) => flat(r.config)[p])),
+  ];
+  fill($("trials").tHead, h("tr", {}, cols.map((c) => h("th", { "data-key": c.key }, c.label + (st.sort.key === c.key ? (st.sort.dir > 0 ? " ▲" : " ▼") : "")))));
   for (const th of $("trials").tHead.querySelectorAll("th")) {
     th.onclick = () => { st.sort = { key: th.dataset.key, dir: st.sort.key === th.dataset.key ? -st.sort.dir : 1 }; renderTable(); };
   }
-  const value = (r, k) =>
-    k === st.metric ? sc.get(r.id) : k === "GPU" ? r.metrics && r.metrics[GPU_UTIL_MEAN] : k in r && k !== "config" ? r[k] : flat(r.config)[k];
+  const sortBy = cols.find((c) => c.key === st.sort.key) || cols[0];
+  const value = (r) => sortBy.get(r);
   const rows = visibleRows().sort((a, b) => {
-    const x = value(a, st.sort.key), y = value(b, st.sort.key);
+    const x = value(a), y = value(b);
     if (x === y) return 0;
     if (x === undefined || x === null) return 1;
     if (y === undefined || y === null) return -1;
