@@ -238,7 +238,10 @@ fn hostile_names_are_shown_as_text_and_strangers_are_refused() {
     let dom = render(&url, 3000, &shots_dir().join("hostile.png"));
     assert!(dom.contains("data-id=\"trial_00000\""), "the table is drawn:\n{dom}");
     assert!(!dom.contains("data-key=\"c:gpu\""), "no GPU column without GPU figures:\n{dom}");
-    assert!(dom.contains("<th data-key=\"p:GPU\">GPU</th>") && dom.contains("<th data-key=\"p:status\">status</th>"), "parameters named like columns:\n{dom}");
+    assert!(
+        dom.contains("<th data-key=\"p:GPU\">GPU</th>") && dom.contains("<th data-key=\"p:status\">status</th>"),
+        "parameters named like columns:\n{dom}"
+    );
     assert!(dom.contains("<th data-key=\"c:id\">id ▲</th>"), "sorted by id at first:\n{dom}");
     assert!(dom.contains("<input type=\"checkbox\" data-state=\"TERMINATED\" checked=\"\">"), "the state filters are drawn:\n{dom}");
     assert!(!dom.contains("[object "), "an element was written as text:\n{dom}");
