@@ -429,7 +429,7 @@ impl Context {
         let Some(path) = self.datasets.clone() else {
             return Err(DataError::Unknown { name: name.to_string(), known: "none: the experiment has no [datasets]".into() });
         };
-        let plans = if path.exists() {
+        let mut plans = if path.exists() {
             crate::data::read_plans(&path)?
         } else {
             let fetched = self.fetch_file(&path).map_err(|e| DataError::Plan { path: path.clone(), message: e.to_string() })?;
@@ -437,7 +437,6 @@ impl Context {
             let _ = std::fs::remove_file(&fetched);
             plans?
         };
-        let mut plans = plans;
         let Some(plan) = plans.datasets.remove(name) else {
             let known = plans.datasets.keys().cloned().collect::<Vec<_>>().join(", ");
             return Err(DataError::Unknown { name: name.to_string(), known });
