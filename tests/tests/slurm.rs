@@ -595,23 +595,37 @@ fn rank_line(exp: &std::path::Path, trial: &str, r: u32, world: u32) -> (String,
 /// ranks' GPUs: each rank gets its own, steps running side by side never
 /// share one, and none waits for another's. A CPU-only trial's step asks for
 /// none, so CPU trials run side by side too, seeing no GPU.
+///
+/// Each node's GPU sampler (`nestor gpu-sample`, started beside the node's
+/// first rank) sends the run's share of the node's GPUs, and the trial's
+/// results carry both nodes' as one. This cluster's GPUs are files, so the
+/// samplers read their compute processes from files the ranks write
+/// (`NESTOR_GPU_READS`), each naming its own pid: counting a node's own
+/// step's processes, and no other's, is the sampler's.
 #[test]
 fn in_an_allocation_with_gpus_each_step_gets_its_ranks_gpus_from_slurm() {
     let cluster = SlurmCluster::start_with(2, 4, 4000, Options { gpus: 2, ..Options::default() });
     let alloc = cluster.run("salloc", &["--no-shell", "-N2", "--exclusive", "--gres=gpu:2", "--mem=0"]);
     let job = granted(&alloc);
     let dir = tempfile::tempdir().unwrap();
+    let reads = dir.path().join("gpu-reads");
+    std::fs::create_dir(&reads).unwrap();
     let run = |name: &str, gpu: u32| {
         let trainer = format!(
             "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nuse_gpu = {}\nresources_per_worker = {{ CPU = 1, GPU = {gpu} }}",
             gpu > 0
         );
-        let space = "x = { grid = [0.1, 0.2, 0.3, 0.4] }\nsteps = 4\nsleep_ms = 500\ndump_env = true";
-        common::write(dir.path(), &common::sweep(name, "num_samples = 1\nmax_concurrent_trials = 4", space, &trainer));
+        let mut space = "x = { grid = [0.1, 0.2, 0.3, 0.4] }\nsteps = 4\nsleep_ms = 500\ndump_env = true".to_string();
+        if gpu > 0 {
+            space.push_str(&format!("\ngpu_reads = {:?}", reads.display().to_string()));
+        }
+        common::write(dir.path(), &common::sweep(name, "num_samples = 1\nmax_concurrent_trials = 4", &space, &trainer));
         let out = cluster
             .cmd(common::nestor_bin().to_str().unwrap())
             .args(["run", "sweep.toml", "--storage", "runs", "--plain"])
             .env("SLURM_JOB_ID", &job)
+            .env("NESTOR_GPU_READS", &reads)
+            .env("NESTOR_GPU_PERIOD_MS", "150")
             .current_dir(dir.path())
             .output()
             .unwrap();
@@ -620,6 +634,21 @@ fn in_an_allocation_with_gpus_each_step_gets_its_ranks_gpus_from_slurm() {
         let exp = dir.path().join("runs").join(name);
         let store = tuner::store::Store::open_existing(&exp.join("store")).unwrap();
         let trials = store.trials().unwrap();
+        for t in &trials {
+            let m = &t.last_result.as_ref().unwrap().metrics;
+            if gpu == 0 {
+                assert!(!m.keys().any(|k| k.starts_with("gpu_")), "{}: GPU figures without a GPU: {m:?}", t.id);
+                continue;
+            }
+            // Rank 0 (node 1): 1 GiB at 20%, rank 1 (node 2): 2 GiB at 60%, every read.
+            let expected = [("gpu_util_mean_percent", 40.0), ("gpu_util_peak_percent", 40.0)];
+            for (k, v) in expected
+                .into_iter()
+                .chain([("gpu_memory_mean_bytes", 3.0), ("gpu_memory_peak_bytes", 3.0)].map(|(k, g)| (k, g * f64::from(1u32 << 30))))
+            {
+                assert!(m.get(k).is_some_and(|got| (got - v).abs() <= 1e-9 * v), "{}'s {k}, not {v}: {m:?}", t.id);
+            }
+        }
         let ranks: Vec<(String, Vec<(serde_json::Value, String)>)> =
             trials.iter().map(|t| (t.id.clone(), rank_dumps(&exp, &t.id, 2))).collect();
         // The first wave starts into free resources side by side: none of its steps waits for another.

@@ -660,3 +660,46 @@ fn outputs(dir: &Path) -> String {
         })
         .unwrap_or_default()
 }
+
+/// A trial whose ranks hold GPUs, as a job of its own across two nodes:
+/// each node's GPU sampler (started beside the node's first rank) sends the
+/// run's share of the GPUs Slurm gave the job there, and the trial's
+/// results carry both nodes' as one. This cluster's GPUs are files, so the
+/// samplers read their compute processes from files the ranks write
+/// (`NESTOR_GPU_READS`), each naming its own pid.
+#[test]
+fn a_jobs_gpu_figures_come_from_a_sampler_on_each_of_its_nodes() {
+    let cluster = cluster(2, 2, Options { gpus: 1, ..Options::default() });
+    let dir = tempfile::tempdir().unwrap();
+    let reads = dir.path().join("gpu-reads");
+    std::fs::create_dir(&reads).unwrap();
+    let text = sweep(
+        "gpus",
+        "num_samples = 1",
+        &format!("x = 0.5\nsteps = 6\nsleep_ms = 400\ndump_env = true\ngpu_reads = {:?}", reads.display().to_string()),
+        &format!(
+            "num_workers = 2\nuse_gpu = true\nplacement_strategy = \"STRICT_SPREAD\"\nresources_per_worker = {{ CPU = 1, GPU = 1 }}\n{}",
+            jobs_section("")
+        ),
+    );
+    write(dir.path(), &text);
+    let out = run_cmd(&cluster, dir.path()).env("NESTOR_GPU_READS", &reads).env("NESTOR_GPU_PERIOD_MS", "150").output().unwrap();
+    let stdout = ok(out);
+    assert!(stdout.contains("1 TERMINATED"), "{stdout}");
+    let exp = dir.path().join("runs/gpus");
+    let t = &trials(&exp)[0];
+    let m = &t.last_result.as_ref().unwrap().metrics;
+    // Rank 0: 1 GiB at 20%, rank 1: 2 GiB at 60%, on a node each.
+    let gib = f64::from(1u32 << 30);
+    for (k, v) in [
+        ("gpu_util_mean_percent", 40.0),
+        ("gpu_util_peak_percent", 40.0),
+        ("gpu_memory_mean_bytes", 3.0 * gib),
+        ("gpu_memory_peak_bytes", 3.0 * gib),
+    ] {
+        assert!(m.get(k).is_some_and(|got| (got - v).abs() <= 1e-9 * v), "{k}, not {v}: {m:?}");
+    }
+    // The figures read as one line for people.
+    let status = ok(cluster.cmd(nestor_bin()).args(["status"]).arg(&exp).output().unwrap());
+    assert!(status.contains("utilisation mean 40% (peak 40%), memory mean 3.0 GiB (peak 3.0 GiB)"), "{status}");
+}

@@ -183,12 +183,58 @@ pub fn share(
     Some((util / mine.len() as f64, memory))
 }
 
+/// The figures of one source of reads: the driver's own node, or one node of a
+/// run on a cluster (whose sampler sends its share, [`Usage::record_node`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Source {
+    /// How many GPUs its reads cover (the weight of its utilisation).
+    gpus: u32,
+    since_last: Figures,
+    life: Figures,
+}
+
+impl Source {
+    fn add(&mut self, gpus: u32, util: f64, memory: u64) {
+        self.gpus = gpus.max(1);
+        self.since_last.add(util, memory);
+        self.life.add(util, memory);
+    }
+}
+
+/// The source key of the driver's own node's reads.
+const HERE: u32 = u32::MAX;
+
+/// One trial's figures from several nodes as one: utilisation the mean over
+/// their GPUs (each node's weighted by its GPUs), memory their sum. Means
+/// are exact; the peaks are the nodes' peaks so combined, which is the
+/// trial's own peak when its nodes peak together (as data-parallel ranks
+/// do) and above it otherwise. One node: its figures as they are.
+fn combine(parts: &[(u32, Figures)]) -> Figures {
+    let parts: Vec<&(u32, Figures)> = parts.iter().filter(|(_, f)| f.reads > 0).collect();
+    match parts.as_slice() {
+        [] => Figures::default(),
+        [(_, only)] => *only,
+        many => {
+            let reads = many.iter().map(|(_, f)| f.reads).max().unwrap_or(1);
+            let weight: f64 = many.iter().map(|(g, _)| f64::from(*g)).sum();
+            let weighted = |v: &dyn Fn(&Figures) -> f64| many.iter().map(|(g, f)| f64::from(*g) * v(f)).sum::<f64>() / weight;
+            Figures {
+                reads,
+                util_sum: weighted(&Figures::util_mean) * reads as f64,
+                util_peak: weighted(&|f| f.util_peak),
+                mem_sum: many.iter().map(|(_, f)| f.memory_mean()).sum::<f64>() * reads as f64,
+                memory_peak: many.iter().map(|(_, f)| f.memory_peak).sum(),
+            }
+        }
+    }
+}
+
 /// The node's trials' figures, read by read.
 #[derive(Debug, Default)]
 pub struct Usage {
     holdings: BTreeMap<String, Holding>,
-    since_last: HashMap<String, Figures>,
-    life: HashMap<String, Figures>,
+    /// Per trial, per source (a node's rank, or [`HERE`]).
+    figures: HashMap<String, BTreeMap<u32, Source>>,
 }
 
 impl Usage {
@@ -212,15 +258,23 @@ impl Usage {
         }
         for (trial, holding) in &self.holdings {
             let Some((util, memory)) = share(reads, holding, |g| count.get(&g).copied().unwrap_or(0), &group_of) else { continue };
-            self.since_last.entry(trial.clone()).or_default().add(util, memory);
-            self.life.entry(trial.clone()).or_default().add(util, memory);
+            let gpus = u32::try_from(holding.gpus.len()).unwrap_or(u32::MAX);
+            self.figures.entry(trial.clone()).or_default().entry(HERE).or_default().add(gpus, util, memory);
         }
+    }
+
+    /// Counts the share of `trial` that node `node` of its run read on its
+    /// `gpus` GPUs (utilisation their mean, memory their sum).
+    pub fn record_node(&mut self, trial: &str, node: u32, gpus: u32, util: f64, memory: u64) {
+        self.figures.entry(trial.to_string()).or_default().entry(node).or_default().add(gpus, util, memory);
     }
 
     /// The metrics a result of `trial` carries now; the stretch since its last result starts again.
     pub fn take(&mut self, trial: &str) -> Vec<(String, f64)> {
-        let since = self.since_last.remove(trial).unwrap_or_default();
-        metrics(&since, &self.life.get(trial).copied().unwrap_or_default())
+        let Some(sources) = self.figures.get_mut(trial) else { return Vec::new() };
+        let since: Vec<(u32, Figures)> = sources.values_mut().map(|s| (s.gpus, std::mem::take(&mut s.since_last))).collect();
+        let life: Vec<(u32, Figures)> = sources.values().map(|s| (s.gpus, s.life)).collect();
+        metrics(&combine(&since), &combine(&life))
     }
 
     /// The GPUs some run holds.
@@ -232,8 +286,7 @@ impl Usage {
     /// Forgets a trial that will not report again.
     pub fn forget(&mut self, trial: &str) {
         self.holdings.remove(trial);
-        self.since_last.remove(trial);
-        self.life.remove(trial);
+        self.figures.remove(trial);
     }
 }
 
@@ -313,6 +366,13 @@ impl GpuUsage {
     /// Counts a read as the sampler does (for runs whose reads come from elsewhere, and tests).
     pub fn record(&self, reads: &[DeviceRead], group_of: impl Fn(u32) -> Option<i32>) {
         self.usage().record(reads, group_of);
+        self.counted.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Counts what the sampler of node `node` of a run of `trial` sent
+    /// ([`Usage::record_node`]).
+    pub fn record_node(&self, trial: &str, node: u32, gpus: u32, util: f64, memory: u64) {
+        self.usage().record_node(trial, node, gpus, util, memory);
         self.counted.store(true, std::sync::atomic::Ordering::Release);
     }
 }
@@ -476,6 +536,35 @@ mod tests {
         u.end("a");
         u.record(&[device(0, 0.0, 0, &[], false)], groups);
         assert_eq!(get(&u.take("a"), "gpu_util_mean_percent"), Some(55.0));
+        u.forget("a");
+        assert!(u.take("a").is_empty());
+    }
+
+    #[test]
+    fn a_run_across_nodes_gets_its_nodes_utilisation_weighted_by_gpus_and_their_memory_summed() {
+        let mut u = Usage::default();
+        let get = |m: &[(String, f64)], k: &str| m.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        // Node 0: 2 GPUs at 30% then 50% (mean 40), 4 GiB; node 1: 1 GPU at 70%, 2 GiB, read once.
+        u.record_node("a", 0, 2, 30.0, 4 << 30);
+        u.record_node("a", 0, 2, 50.0, 4 << 30);
+        u.record_node("a", 1, 1, 70.0, 2 << 30);
+        let m = u.take("a");
+        assert_eq!(get(&m, UTIL), Some(50.0), "(2 x 40 + 1 x 70) / 3");
+        assert_eq!(get(&m, MEMORY), Some((6u64 << 30) as f64));
+        assert_eq!(get(&m, UTIL_PEAK), Some(170.0 / 3.0), "(2 x 50 + 1 x 70) / 3");
+        assert_eq!(get(&m, MEMORY_PEAK), Some((6u64 << 30) as f64));
+        // The next stretch: node 1 alone read; its figures are the stretch's, the life's keep both nodes.
+        u.record_node("a", 1, 1, 10.0, 1 << 30);
+        let m = u.take("a");
+        assert_eq!((get(&m, UTIL), get(&m, MEMORY)), (Some(10.0), Some((1u64 << 30) as f64)));
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() <= 1e-9 * b.abs().max(1.0));
+        assert!(close(get(&m, UTIL_MEAN), 40.0), "(2 x 40 + 1 x (70 + 10) / 2) / 3: {m:?}");
+        assert!(close(get(&m, MEMORY_MEAN), (4u64 << 30) as f64 + 1.5 * f64::from(1u32 << 30)), "{m:?}");
+        // One node alone is its own figures, as the driver's node's reads are.
+        u.record_node("b", 3, 4, 25.0, 1 << 30);
+        u.record_node("b", 3, 4, 75.0, 3 << 30);
+        let m = u.take("b");
+        assert_eq!((get(&m, UTIL), get(&m, UTIL_PEAK), get(&m, MEMORY_PEAK)), (Some(50.0), Some(75.0), Some((3u64 << 30) as f64)));
         u.forget("a");
         assert!(u.take("a").is_empty());
     }

@@ -21,6 +21,7 @@ mod context;
 pub mod contract;
 pub mod data;
 mod function;
+pub mod gpu_sampler;
 pub mod gpu_usage;
 mod groups;
 pub mod inner;

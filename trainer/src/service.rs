@@ -16,8 +16,8 @@ use crate::intake::{Intake, IntakeError, Shard};
 use crate::proto::report_request::Checkpoint as Out;
 use crate::proto::reporter_server::{Reporter, ReporterServer};
 use crate::proto::{
-    self, BookReply, BookRequest, GrantedBundle, OutputChunk, OutputReceipt, RendezvousReply, RendezvousRequest, ReportReply,
-    ReportRequest, ShardChunk, ShardReceipt, ShardRequest, TrainerRequest, TrainerUpdate,
+    self, BookReply, BookRequest, GpuFiguresReply, GpuFiguresRequest, GrantedBundle, OutputChunk, OutputReceipt, RendezvousReply,
+    RendezvousRequest, ReportReply, ReportRequest, ShardChunk, ShardReceipt, ShardRequest, TrainerRequest, TrainerUpdate,
 };
 use crate::shards::{read_chunks, ChunkWriter, Restore, RestoreError, ShardError, Shipping};
 use crate::tls::ReportTls;
@@ -207,7 +207,9 @@ impl ReportServer {
         let listener = tokio::net::TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         let registry = Arc::new(Registry::default());
-        let service = ReporterServer::new(Service { registry: Arc::clone(&registry) }).max_decoding_message_size(MAX_REPORT_BYTES);
+        let gpu = Arc::new(crate::gpu_usage::GpuUsage::default());
+        let service = ReporterServer::new(Service { registry: Arc::clone(&registry), gpu: Arc::clone(&gpu) })
+            .max_decoding_message_size(MAX_REPORT_BYTES);
         let mut builder = tonic::transport::Server::builder()
             // Shipped checkpoint shards stream megabytes: windows wider than HTTP/2's 64 KiB default.
             .initial_stream_window_size(Some(4 << 20))
@@ -233,13 +235,7 @@ impl ReportServer {
                 tracing::error!(error = %e, "report server failed");
             }
         });
-        Ok(Self {
-            addr,
-            registry,
-            shutdown: Some(tx),
-            ca_pem: tls.map(|t| t.ca_pem().to_string()),
-            gpu: Arc::new(crate::gpu_usage::GpuUsage::default()),
-        })
+        Ok(Self { addr, registry, shutdown: Some(tx), ca_pem: tls.map(|t| t.ca_pem().to_string()), gpu })
     }
 
     /// The certificate authority ranks must trust (the plan's `channel.tls_ca`), when
@@ -327,6 +323,8 @@ impl Drop for ReportServer {
 
 struct Service {
     registry: Arc<Registry>,
+    /// The per-trial GPU figures, which the samplers of a cluster's nodes add to.
+    gpu: Arc<crate::gpu_usage::GpuUsage>,
 }
 
 /// The registered trial a message names, once its version and token check
@@ -571,6 +569,22 @@ impl Reporter for Service {
         Ok(Response::new(RendezvousReply { address }))
     }
 
+    async fn gpu_figures(&self, request: Request<GpuFiguresRequest>) -> Result<Response<GpuFiguresReply>, Status> {
+        let peer = peer(&request);
+        let r = request.into_inner();
+        authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
+        if !r.note.is_empty() {
+            tracing::warn!(trial = %r.trial_id, node = r.node, "{}", r.note);
+        } else if !r.util_percent.is_finite() || !(0.0..=100.0).contains(&r.util_percent) {
+            return Err(Status::invalid_argument(format!("util_percent {} is not a percentage", r.util_percent)));
+        } else if r.gpus == 0 {
+            return Err(Status::invalid_argument("gpus is 0: figures cover at least one GPU"));
+        } else {
+            self.gpu.record_node(&r.trial_id, r.node, r.gpus, r.util_percent, r.memory_bytes);
+        }
+        Ok(Response::new(GpuFiguresReply {}))
+    }
+
     async fn book(&self, request: Request<BookRequest>) -> Result<Response<BookReply>, Status> {
         let peer = peer(&request);
         let r = request.into_inner();
@@ -801,6 +815,55 @@ mod tests {
         let granted = waiting.await.unwrap().unwrap().into_inner();
         assert_eq!(granted.workers.len(), 2);
         assert_eq!(granted.workers[1].cpus, 0.5);
+    }
+
+    /// A node's GPU sampler's figures are checked as a report is (the run's
+    /// token, the sender's rank, a percentage) and ride on the trial's next
+    /// result; a note is taken, and counts nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_nodes_gpu_figures_are_checked_and_ride_on_the_trials_next_result() {
+        let (_server, mut rx, mut c, _dir, _reg) = setup().await;
+        let figures = |token: &str, rank: u32, util: f64, gpus: u32| GpuFiguresRequest {
+            version: 1,
+            trial_id: "t1".into(),
+            token: token.into(),
+            rank,
+            node: 1,
+            gpus,
+            util_percent: util,
+            memory_bytes: 3 << 30,
+            note: String::new(),
+        };
+        for (bad, code) in [
+            (figures("wrong", 0, 50.0, 1), tonic::Code::Unauthenticated),
+            (figures("secret", 9, 50.0, 1), tonic::Code::InvalidArgument),
+            (figures("secret", 0, 150.0, 1), tonic::Code::InvalidArgument),
+            (figures("secret", 0, f64::NAN, 1), tonic::Code::InvalidArgument),
+            (figures("secret", 0, 50.0, 0), tonic::Code::InvalidArgument),
+        ] {
+            assert_eq!(c.gpu_figures(bad).await.unwrap_err().code(), code);
+        }
+        let note = GpuFiguresRequest { note: "no NVML here".into(), ..figures("secret", 0, 0.0, 0) };
+        c.gpu_figures(note).await.unwrap();
+        // One report, answered; what reached the driver with it.
+        let step = |c: &ReporterClient<tonic::transport::Channel>| {
+            let mut c = c.clone();
+            tokio::spawn(async move { c.report(request("secret", 0)).await })
+        };
+        let sent = step(&c);
+        let ev = rx.recv().await.unwrap();
+        let crate::EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
+        drop(reply.send(Directive::Continue));
+        sent.await.unwrap().unwrap();
+        assert!(!report.metrics.keys().any(|k| k.starts_with("gpu_")), "nothing counted yet: {:?}", report.metrics);
+        c.gpu_figures(figures("secret", 0, 50.0, 2)).await.unwrap();
+        let sent = step(&c);
+        let ev = rx.recv().await.unwrap();
+        let crate::EventKind::Report { report, reply } = ev.kind else { panic!("expected a report") };
+        drop(reply.send(Directive::Continue));
+        sent.await.unwrap().unwrap();
+        assert_eq!(report.metrics.get("gpu_util_percent"), Some(&50.0), "{:?}", report.metrics);
+        assert_eq!(report.metrics.get("gpu_memory_bytes"), Some(&f64::from(3u32 << 30)));
     }
 
     /// Rank 0 posts where its store listens; the others, asking before or

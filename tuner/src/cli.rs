@@ -265,6 +265,22 @@ enum Command {
     /// `NESTOR_TOKEN`). Never blocks the writer: output the driver cannot
     /// take in time is dropped, and said.
     RelayOutput,
+    /// Read a node's GPUs of a trial's run and send the run's share to the
+    /// driver once a period (what the Slurm prologue starts beside a node's
+    /// first rank when the run holds GPUs there; the run is named by its
+    /// plan, `NESTOR_RUN`, and `NESTOR_TOKEN`, the sender by `RANK` and
+    /// `NODE_RANK`). Ends with the rank that started it.
+    GpuSample {
+        /// The node's GPUs of the run: NVML indices, `0,1` or `0-3`.
+        #[arg(long)]
+        gpus: String,
+        /// Other runs share these GPUs (fractional GPUs).
+        #[arg(long)]
+        shared: bool,
+        /// How often to read, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+    },
     /// Copy a committed checkpoint (a directory or an object store URL, as
     /// `nestor best` prints it) into a local directory: one `rank-<r>/` per
     /// rank that saved a shard.
@@ -513,6 +529,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::PutShard { dir, store, iteration, rank } => put_shard(&dir, &store, iteration, rank),
         Command::GetShard { uri, dest, rank } => get_shard(&uri, &dest, rank),
         Command::RelayOutput => relay_output(),
+        Command::GpuSample { gpus, shared, period_ms } => gpu_sample(&gpus, shared, period_ms),
         Command::Sample { file, n, sets } => sample(&file, n, &sets),
     }
 }
@@ -1188,6 +1205,19 @@ fn relay_output() -> Result<(), Failure> {
     let target = trainer::RelayTarget::from_env().map_err(|e| fail(2, e))?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(1, e.to_string()))?;
     rt.block_on(trainer::relay_output(target, tokio::io::stdin())).map(|_| ()).map_err(|e| fail(1, e))
+}
+
+fn gpu_sample(gpus: &str, shared: bool, period_ms: u64) -> Result<(), Failure> {
+    let fail = |code: u8, message: String| Failure { code, message };
+    let gpus = trainer::gpu_sampler::parse_gpus(gpus).map_err(|e| fail(2, e))?;
+    if period_ms == 0 {
+        return Err(fail(2, "--period-ms 0: give a period of at least 1 ms".into()));
+    }
+    // NESTOR_GPU_PERIOD_MS (the driver's environment, which the ranks inherit) sets the period on every node.
+    let period_ms =
+        std::env::var("NESTOR_GPU_PERIOD_MS").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&ms| ms > 0).unwrap_or(period_ms);
+    let args = trainer::gpu_sampler::SamplerArgs { gpus, shared, period: std::time::Duration::from_millis(period_ms) };
+    trainer::gpu_sampler::run(&args).map_err(|e| fail(1, e))
 }
 
 fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {

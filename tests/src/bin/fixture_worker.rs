@@ -32,6 +32,11 @@
 //!   rank's torchrun and nestor variables, its pid, its leaked child's pid, its
 //!   checkpoint and when it started.
 //!
+//! - `gpu_reads` (string): a directory where this rank writes itself as a
+//!   compute process on its first GPU (`<trial>-<rank>.json`: `index`,
+//!   `pid`, `memory_bytes` (rank + 1) GiB, `sm_percent` 20 + 40 x rank),
+//!   for a node's GPU sampler told to read there (`NESTOR_GPU_READS`);
+//!
 //! - `dataset` (string): read that data set of `[datasets]` instead, one epoch a
 //!   step (`steps` epochs, batches of `batch_size`, default 8), printing
 //!   `RANK {"rank", "epoch", "ids", "count"}` with the `id` column's values in
@@ -101,6 +106,15 @@ fn main() -> anyhow::Result<()> {
         });
         let path = ctx.trial_dir().join(format!("rank-{rank}.json"));
         std::fs::write(&path, dump.to_string())?;
+    }
+    if let Ok(dir) = ctx.param::<String>("gpu_reads") {
+        let cvd = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
+        let index: u32 = cvd.split(',').next().and_then(|i| i.parse().ok()).unwrap_or_else(|| panic!("rank {rank}: no GPU ({cvd:?})"));
+        let me = serde_json::json!({
+            "index": index, "pid": std::process::id(),
+            "memory_bytes": (u64::from(rank) + 1) << 30, "sm_percent": 20.0 + 40.0 * f64::from(rank),
+        });
+        std::fs::write(PathBuf::from(dir).join(format!("{}-{rank}.json", ctx.trial_id())), me.to_string())?;
     }
     let mut start = 0u64;
     let mut acc = 0.0f64;

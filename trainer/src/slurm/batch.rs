@@ -74,8 +74,12 @@ done
 OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 MASTER_ADDR=${NESTOR_MASTER_ADDR:-${SLURM_LAUNCH_NODE_IPADDR:-$(hostname)}}
 export RANK WORLD_SIZE LOCAL_RANK NODE_RANK GROUP_RANK LOCAL_WORLD_SIZE OMP_NUM_THREADS MASTER_ADDR
-if [ -z "$NESTOR_GPUS_FROM_SLURM" ]; then unset CUDA_VISIBLE_DEVICES; fi
-unset NESTOR_GPUS_FROM_SLURM NESTOR_MASTER_ADDR
+if [ -z "$NESTOR_GPUS_FROM_SLURM" ]; then unset CUDA_VISIBLE_DEVICES
+elif [ -n "$NESTOR_GPU_SAMPLER" ] && [ "$LOCAL_RANK" = 0 ]; then
+  gs=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-$CUDA_VISIBLE_DEVICES}}
+  if [ -n "$gs" ]; then "$NESTOR_GPU_SAMPLER" gpu-sample --gpus "$gs" </dev/null >/dev/null 2>&1 & fi
+fi
+unset NESTOR_GPUS_FROM_SLURM NESTOR_MASTER_ADDR NESTOR_GPU_SAMPLER
 g=; if [ -n "$CUDA_VISIBLE_DEVICES" ]; then g=", GPUs $CUDA_VISIBLE_DEVICES"; fi
 echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK$g)" >&2
 exec "$@""#;
@@ -296,6 +300,10 @@ impl Backend for SlurmJobsBackend {
         let gpus = bundles.iter().any(|b| !b.gpus.is_empty());
         if gpus {
             env.push(("NESTOR_GPUS_FROM_SLURM".into(), "1".into()));
+            // A GPU sampler beside each node's first rank, where the nodes can run this binary.
+            if let Some(binary) = crate::process::nestor_binary() {
+                env.push(("NESTOR_GPU_SAMPLER".into(), binary));
+            }
         }
         let spread = Spread::of(bundles.len(), self.strategy);
         let args = job_args(&self.jobs, &name, &bundles, spread);

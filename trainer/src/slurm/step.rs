@@ -44,7 +44,12 @@ LOCAL_RANK=$(pick "$NESTOR_RANKS_LOCAL"); NODE_RANK=$(pick "$NESTOR_RANKS_NODE")
 LOCAL_WORLD_SIZE=$(pick "$NESTOR_RANKS_LWS"); OMP_NUM_THREADS=$(pick "$NESTOR_RANKS_OMP")
 if [ -z "$NESTOR_GPUS_FROM_SLURM" ]; then CUDA_VISIBLE_DEVICES=$(pick "$NESTOR_RANKS_CUDA"); fi
 export RANK WORLD_SIZE LOCAL_RANK NODE_RANK GROUP_RANK LOCAL_WORLD_SIZE OMP_NUM_THREADS CUDA_VISIBLE_DEVICES
+if [ -n "$NESTOR_GPU_SAMPLER" ] && [ "$LOCAL_RANK" = 0 ]; then
+  if [ -n "$NESTOR_GPUS_FROM_SLURM" ]; then gs=${SLURM_STEP_GPUS:-$CUDA_VISIBLE_DEVICES}; else gs=$(printf '%s' "$NESTOR_NODES_GPUS" | cut -d';' -f"$((NODE_RANK + 1))"); fi
+  if [ -n "$gs" ]; then "$NESTOR_GPU_SAMPLER" gpu-sample --gpus "$gs" ${NESTOR_GPU_SHARED:+--shared} </dev/null >/dev/null 2>&1 & fi
+fi
 unset NESTOR_RANKS_LOCAL NESTOR_RANKS_NODE NESTOR_RANKS_LWS NESTOR_RANKS_OMP NESTOR_RANKS_CUDA NESTOR_GPUS_FROM_SLURM
+unset NESTOR_GPU_SAMPLER NESTOR_NODES_GPUS NESTOR_GPU_SHARED
 g=; if [ -n "$CUDA_VISIBLE_DEVICES" ]; then g=", GPUs $CUDA_VISIBLE_DEVICES"; fi
 echo "nestor: rank $r of $WORLD_SIZE on $SLURMD_NODENAME (node rank $NODE_RANK, local rank $LOCAL_RANK$g)" >&2
 exec "$@""#;
@@ -251,6 +256,27 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// What the prologue needs to start a GPU sampler beside each node's
+    /// first rank (`nestor gpu-sample`, the binary at `binary`): nothing
+    /// when the run holds no GPU or the sampler's binary is not known.
+    fn sampler_env(&self, bundles: &[crate::WorkerBundle], binary: Option<String>) -> Vec<(&'static str, String)> {
+        let Some(binary) = binary.filter(|_| bundles.iter().any(|b| !b.gpus.is_empty())) else { return Vec::new() };
+        let per_node: Vec<String> = (0..self.nodes.len())
+            .map(|n| {
+                let gpus: std::collections::BTreeSet<u32> =
+                    (0..bundles.len()).filter(|&r| self.node_rank[r] == n).flat_map(|r| bundles[r].gpus.iter().copied()).collect();
+                gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            })
+            .collect();
+        let mut env = vec![("NESTOR_GPU_SAMPLER", binary), ("NESTOR_NODES_GPUS", per_node.join(";"))];
+        if bundles.iter().any(|b| !b.gpus.is_empty() && b.gpu_share > 0.0 && b.gpu_share < 1.0) {
+            env.push(("NESTOR_GPU_SHARED", "1".into()));
+        }
+        env
+    }
+}
+
 /// Reads `stream` line by line into `tx` until it ends.
 fn forward_lines(stream: impl tokio::io::AsyncRead + Send + Unpin + 'static, tx: mpsc::UnboundedSender<String>) {
     tokio::spawn(async move {
@@ -299,6 +325,7 @@ impl Backend for SlurmBackend {
         cmd.envs(&cfg.env)
             .envs(common_env(cfg, &plan, &token, &master, master_port))
             .envs(layout.rank_tables(&bundles))
+            .envs(layout.sampler_env(&bundles, crate::process::nestor_binary()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
