@@ -37,6 +37,21 @@ TENSORFLOW_VERSION=2.21.0
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
+# CPython before 3.11.8 can hang a child forked while another thread holds
+# the runtime's thread-list lock (gh-112275): a DataLoader's workers, forked
+# from a rank whose gRPC threads are busy, can meet it. Unless PYTHON says
+# otherwise, a default python3 without the fix gives way to a 3.12 or 3.13
+# found on PATH or under pyenv.
+fixed='import sys; v = sys.version_info[:3]; sys.exit(0 if v >= (3, 11, 8) else 1)'
+if [ -z "${PYTHON:-}" ] && ! "$python" -c "$fixed" >/dev/null 2>&1; then
+    pyenv_root="$(pyenv root 2>/dev/null || true)"
+    for p in python3.12 python3.13 ${pyenv_root:+"$pyenv_root"/versions/3.12*/bin/python3.12 "$pyenv_root"/versions/3.13*/bin/python3.13}; do
+        if "$p" -c "$fixed" >/dev/null 2>&1 && "$p" -c 'import venv, ensurepip, ssl' >/dev/null 2>&1; then
+            python="$p"
+            break
+        fi
+    done
+fi
 # A fresh Debian or Ubuntu machine may lack Python or its venv module: root installs them.
 if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv; } >&2
