@@ -41,8 +41,10 @@ def param_sum(model: torch.nn.Module) -> float:
         return float(sum(p.double().sum() for p in model.parameters()))
 
 
-def main() -> None:
-    config = {"lr": 0.01, "hidden": 32, "batch_size": 64, "epochs": 5, "seed": 0, **nestor.get_config()}
+def main(config=None) -> None:
+    """Trains; `config` is the trial's (a TorchTrainer's `train_loop_config`
+    when a Python driver calls this), else the run's from nestor."""
+    config = {"lr": 0.01, "hidden": 32, "batch_size": 64, "epochs": 5, "seed": 0, **(nestor.get_config() if config is None else config)}
     ctx = nestor.get_context()
     torch.manual_seed(config["seed"])
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, config["hidden"]), torch.nn.Tanh(), torch.nn.Linear(config["hidden"], 1))
