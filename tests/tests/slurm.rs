@@ -981,3 +981,48 @@ fn a_step_that_cannot_start_within_its_bound_is_a_placement_failure_not_an_endle
     assert_eq!(t.infrastructure_failures, 2, "placed again once, then failed");
     assert!(took < std::time::Duration::from_secs(60), "the sweep took {took:?}");
 }
+
+/// On nodes without GRES, GPUs declared in `[resources]` are the pool's:
+/// ranks sharing them (`GPU = 0.5`) get the pool's indices, and each step's
+/// GPU samplers count their own ranks' processes on a GPU that another
+/// trial's ranks use at the same time, not that trial's. (The GPUs' compute
+/// processes come from files the ranks write, `NESTOR_GPU_READS`.)
+#[test]
+fn trials_sharing_a_declared_gpu_each_get_their_own_ranks_figures() {
+    let cluster = SlurmCluster::start(2, 4, 2000);
+    let dir = tempfile::tempdir().unwrap();
+    let reads = dir.path().join("gpu-reads");
+    std::fs::create_dir(&reads).unwrap();
+    let space =
+        format!("x = {{ grid = [0.1, 0.2] }}\nsteps = 6\nsleep_ms = 400\ndump_env = true\ngpu_reads = {:?}", reads.display().to_string());
+    let trainer = "num_workers = 2\nplacement_strategy = \"STRICT_SPREAD\"\nuse_gpu = true\nresources_per_worker = { CPU = 1, GPU = 0.5 }\n\n[resources]\nCPU = 4\nGPU = 1";
+    common::write(dir.path(), &common::sweep("shared", "num_samples = 1\nmax_concurrent_trials = 2", &space, trainer));
+    let out = salloc_run(&cluster, dir.path()).env("NESTOR_GPU_READS", &reads).env("NESTOR_GPU_PERIOD_MS", "150").output().unwrap();
+    let stdout = common::ok(out);
+    assert!(stdout.contains("2 trials (2 TERMINATED)"), "{stdout}");
+    let exp = dir.path().join("runs/shared");
+    let store = tuner::store::Store::open_existing(&exp.join("store")).unwrap();
+    let trials = store.trials().unwrap();
+    let dumps: Vec<_> = trials.iter().map(|t| rank_dumps(&exp, &t.id, 2)).collect();
+    // Side by side, on GPU 0 of each node both.
+    let started = |d: &Vec<(serde_json::Value, String)>| d[0].0["started_at"].as_f64().unwrap();
+    assert!((started(&dumps[0]) - started(&dumps[1])).abs() < 1.5, "the two trials did not share the GPUs at once");
+    for d in &dumps {
+        for (dump, node) in d {
+            assert_eq!(dump["CUDA_VISIBLE_DEVICES"].as_str(), Some("0"), "on {node}: {dump}");
+        }
+    }
+    let gib = f64::from(1u32 << 30);
+    for t in &trials {
+        let m = &t.last_result.as_ref().unwrap().metrics;
+        // Its rank 0: 1 GiB at 20%, its rank 1: 2 GiB at 60%; the other trial's on the same GPUs not counted.
+        for (k, v) in [
+            ("gpu_util_mean_percent", 40.0),
+            ("gpu_util_peak_percent", 40.0),
+            ("gpu_memory_mean_bytes", 3.0 * gib),
+            ("gpu_memory_peak_bytes", 3.0 * gib),
+        ] {
+            assert!(m.get(k).is_some_and(|got| (got - v).abs() <= 1e-9 * v), "{}'s {k}, not {v}: {m:?}", t.id);
+        }
+    }
+}
