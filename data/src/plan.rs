@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use arrow_schema::Schema;
+use arrow_schema::{DataType, Field, Schema};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::TryStreamExt;
@@ -239,14 +239,20 @@ async fn blocks(stores: &mut Stores, files: &[String], format: Format) -> Result
                             c.compression()
                         ));
                     }
-                    blocks.push(Block { path: path.clone(), format, rows: rg.num_rows().max(0) as u64, row_group: Some(i) });
+                    blocks.push(Block {
+                        path: path.clone(),
+                        format,
+                        rows: rg.num_rows().max(0) as u64,
+                        row_group: Some(i),
+                        columns: Vec::new(),
+                    });
                 }
                 builder.schema().as_ref().clone()
             }
             Format::Csv | Format::Json => {
                 let bytes = stores.bytes(path).await.map_err(cannot)?;
                 let (schema, rows) = infer(&bytes, format).map_err(cannot)?;
-                blocks.push(Block { path: path.clone(), format, rows: rows as u64, row_group: None });
+                blocks.push(Block { path: path.clone(), format, rows: rows as u64, row_group: None, columns: columns_of(&schema) });
                 schema
             }
         };
@@ -269,6 +275,29 @@ pub(crate) fn infer(bytes: &[u8], format: Format) -> Result<(Schema, usize), Str
     }
 }
 
+/// `schema`'s columns as a plan keeps them, when every type reads back as
+/// itself (else none: the ranks infer them).
+fn columns_of(schema: &Schema) -> Vec<(String, String)> {
+    let columns: Vec<(String, String)> = schema.fields().iter().map(|f| (f.name().clone(), f.data_type().to_string())).collect();
+    let exact = schema.fields().iter().zip(&columns).all(|(f, (_, t))| t.parse::<DataType>().is_ok_and(|d| &d == f.data_type()));
+    if exact {
+        columns
+    } else {
+        Vec::new()
+    }
+}
+
+/// The schema a plan's `columns` name; `None` when it names none or a type
+/// does not parse (the reader then infers them).
+pub(crate) fn schema_of(columns: &[(String, String)]) -> Option<Schema> {
+    if columns.is_empty() {
+        return None;
+    }
+    let fields: Option<Vec<Field>> =
+        columns.iter().map(|(name, t)| t.parse::<DataType>().ok().map(|d| Field::new(name, d, true))).collect();
+    fields.map(Schema::new)
+}
+
 fn same_columns(a: &Schema, b: &Schema) -> bool {
     a.fields().len() == b.fields().len()
         && a.fields().iter().zip(b.fields()).all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
@@ -276,4 +305,36 @@ fn same_columns(a: &Schema, b: &Schema) -> bool {
 
 fn columns(s: &Schema) -> String {
     s.fields().iter().map(|f| format!("{}: {}", f.name(), f.data_type())).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn a_csv_files_columns_found_once_read_back_as_found() {
+        let text = b"id,score,ok,name,day\n1,0.5,true,a,2024-01-02\n2,1.5,false,b,2024-01-03\n";
+        let (schema, rows) = infer(text, Format::Csv).unwrap();
+        assert_eq!(rows, 2);
+        let columns = columns_of(&schema);
+        assert_eq!(columns.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["id", "score", "ok", "name", "day"]);
+        let back = schema_of(&columns).expect("every inferred type reads back");
+        assert!(same_columns(&back, &schema), "{back:?} != {schema:?}");
+        let json = b"{\"a\": 1, \"b\": [1, 2], \"c\": {\"d\": \"x\"}}\n";
+        let (schema, _) = infer(json, Format::Json).unwrap();
+        // Types that do not read back exactly are left to the ranks to find.
+        match schema_of(&columns_of(&schema)) {
+            Some(back) => assert!(same_columns(&back, &schema)),
+            None => assert!(columns_of(&schema).is_empty()),
+        }
+    }
+
+    #[test]
+    fn a_plan_without_columns_or_with_a_type_this_build_cannot_read_leaves_them_to_the_rank() {
+        assert!(schema_of(&[]).is_none());
+        assert!(schema_of(&[("a".into(), "Int64".into()), ("b".into(), "NoSuchType".into())]).is_none());
+        let s = schema_of(&[("a".into(), "Int64".into()), ("b".into(), "Utf8".into())]).unwrap();
+        assert_eq!(s.field(1).data_type(), &DataType::Utf8);
+    }
 }

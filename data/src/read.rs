@@ -314,7 +314,11 @@ fn stream_rows(
         })?,
         Format::Csv | Format::Json => {
             let bytes = rt.block_on(stores.bytes(&block.path)).map_err(|e| read_error(block, e))?;
-            let (schema, _) = crate::plan::infer(&bytes, block.format).map_err(|e| read_error(block, e))?;
+            // The columns the driver found; found again here only for a plan without them.
+            let schema = match crate::plan::schema_of(&block.columns) {
+                Some(known) => known,
+                None => crate::plan::infer(&bytes, block.format).map_err(|e| read_error(block, e))?.0,
+            };
             let schema = Arc::new(schema);
             let all: Result<Vec<RecordBatch>, _> = if block.format == Format::Csv {
                 let reader = arrow_csv::ReaderBuilder::new(Arc::clone(&schema))

@@ -203,6 +203,11 @@ pub struct Block {
     /// The row group (Parquet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub row_group: Option<usize>,
+    /// A CSV or JSON file's columns as the driver found them (name, and
+    /// Arrow's type as Arrow writes it), so that a rank parses the file
+    /// without a first pass to find them again; empty: the rank finds them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<(String, String)>,
 }
 
 /// A data set as planned by the driver: what every rank needs to read its share.
