@@ -37,7 +37,7 @@ def first_reports(text):
 
 
 def with_nestor(storage, i):
-    sets = [f"experiment.num_samples=1", f"experiment.name=bench-{i}", "space.epochs=1", "stop.training_iteration=1"]
+    sets = ["experiment.num_samples=1", f"experiment.name=bench-{i}", "space.epochs=1", "stop.training_iteration=1"]
     for k, v in CONFIG.items():
         if k != "epochs":
             sets.append(f"space.{k}={v}")

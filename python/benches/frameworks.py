@@ -40,10 +40,8 @@ def hf_loop(config):
     import transformers
 
     if config["side"] == "ray":
-        from ray import train
         from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
     else:
-        from nestor import train
         from nestor.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
 
     vocab, length = 64, 16
