@@ -572,9 +572,15 @@ impl Reporter for Service {
     async fn gpu_figures(&self, request: Request<GpuFiguresRequest>) -> Result<Response<GpuFiguresReply>, Status> {
         let peer = peer(&request);
         let r = request.into_inner();
-        authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
+        let entry = authenticate(&self.registry, r.version, &r.trial_id, &r.token, r.rank, &peer)?;
+        // A run has no more nodes than ranks: a node number past them would be a figure of no node.
+        if r.node >= entry.shipping.world {
+            return Err(Status::invalid_argument(format!("node {} out of range (world size {})", r.node, entry.shipping.world)));
+        }
         if !r.note.is_empty() {
-            tracing::warn!(trial = %r.trial_id, node = r.node, "{}", r.note);
+            // One line in the driver's log, whatever the sender wrote: escaped and cut short.
+            let note: String = r.note.chars().take(500).flat_map(char::escape_debug).collect();
+            tracing::warn!(trial = %r.trial_id, node = r.node, "{note}");
         } else if !r.util_percent.is_finite() || !(0.0..=100.0).contains(&r.util_percent) {
             return Err(Status::invalid_argument(format!("util_percent {} is not a percentage", r.util_percent)));
         } else if r.gpus == 0 {
@@ -828,7 +834,7 @@ mod tests {
             trial_id: "t1".into(),
             token: token.into(),
             rank,
-            node: 1,
+            node: 0,
             gpus,
             util_percent: util,
             memory_bytes: 3 << 30,
@@ -840,10 +846,11 @@ mod tests {
             (figures("secret", 0, 150.0, 1), tonic::Code::InvalidArgument),
             (figures("secret", 0, f64::NAN, 1), tonic::Code::InvalidArgument),
             (figures("secret", 0, 50.0, 0), tonic::Code::InvalidArgument),
+            (GpuFiguresRequest { node: 7, ..figures("secret", 0, 50.0, 1) }, tonic::Code::InvalidArgument),
         ] {
             assert_eq!(c.gpu_figures(bad).await.unwrap_err().code(), code);
         }
-        let note = GpuFiguresRequest { note: "no NVML here".into(), ..figures("secret", 0, 0.0, 0) };
+        let note = GpuFiguresRequest { note: "no NVML here\nerror: forged line".repeat(100), ..figures("secret", 0, 0.0, 0) };
         c.gpu_figures(note).await.unwrap();
         // One report, answered; what reached the driver with it.
         let step = |c: &ReporterClient<tonic::transport::Channel>| {
