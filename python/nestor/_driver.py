@@ -11,10 +11,8 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import _binary, _contract, _toml
-
-#: The blob's format; ``nestor._worker`` refuses others.
-BLOB_VERSION = 1
+from . import _binary, _contract, _toml, _worker
+from ._worker import BLOB_VERSION
 
 
 class TuneError(RuntimeError):
@@ -158,11 +156,14 @@ def _trial_variable(name: str) -> bool:
     return (name.startswith("NESTOR_") and name not in _KEPT) or name in _TORCHRUN
 
 
-def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
+def run_binary(args: List[str], hooks: Optional[Any] = None, warm: Optional[str] = None) -> None:
     """Runs ``nestor ARGS`` with the terminal's stdout, relaying its stderr;
     Ctrl-C here reaches it once per press (once: a graceful stop; twice:
     kill), as with ``nestor run``. ``hooks`` (a ``_hooks.HookServer``) serves
-    the sweep's Python code meanwhile. Raises on its failure codes."""
+    the sweep's Python code meanwhile. ``warm`` is the pickled function the
+    sweep's warm process serves: this process, which imported what it
+    imports, is forked as that process where it may be
+    (``_worker.offer``). Raises on its failure codes."""
     env = None
     if _contract.inside():
         # A run started inside a trial (Train V2's Tune pattern): its workers
@@ -175,8 +176,21 @@ def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
     # fork and exec, which a process with gRPC's threads (a trial's) may not.
     # Its own session: Ctrl-C here reaches it once per press, forwarded.
     env = {**(env if env is not None else os.environ), "NESTOR_PARENT_PID": str(os.getpid())}
-    proc = subprocess.Popen([_binary.find(), *args], stderr=subprocess.PIPE, start_new_session=True, env=env,
-                            pass_fds=hooks.child_fds() if hooks is not None else ())
+    offered = None
+    if warm is not None and os.environ.get("NESTOR_WARM", "1") != "0":
+        # Forked before this process starts a thread (the relay's, the hooks').
+        offered = _worker.offer(warm, close=hooks.all_fds() if hooks is not None else ())
+    try:
+        if offered is not None:
+            env = {**env, **offered.env()}
+        fds = [*(hooks.child_fds() if hooks is not None else ()), *(offered.fds if offered is not None else ())]
+        proc = subprocess.Popen([_binary.find(), *args], stderr=subprocess.PIPE, start_new_session=True, env=env, pass_fds=fds)
+    except BaseException:
+        if offered is not None:
+            offered.reap(timeout=0)
+        raise
+    if offered is not None:
+        offered.handed()
     if hooks is not None:
         hooks.start()
     last: List[str] = []
@@ -204,6 +218,8 @@ def run_binary(args: List[str], hooks: Optional[Any] = None) -> None:
         for s, h in old.items():
             signal.signal(s, h)
         t.join(timeout=5)
+        if offered is not None:
+            offered.reap()
         if hooks is not None:
             hooks.finish()
     message = last[-1] if last else f"nestor {args[0]} exited with code {code}"

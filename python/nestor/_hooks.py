@@ -297,6 +297,10 @@ class HookServer:
         """The ends the binary keeps (``pass_fds``)."""
         return [self._ev_w, self._rq_w, self._rs_r]
 
+    def all_fds(self) -> List[int]:
+        """Both ends of its pipes (what a process forked from this one must close)."""
+        return [self._ev_r, self._ev_w, self._rq_r, self._rq_w, self._rs_r, self._rs_w]
+
     def env(self) -> Dict[str, str]:
         return {"NESTOR_HOOKS": f"{self._ev_w},{self._rq_w},{self._rs_r}"}
 

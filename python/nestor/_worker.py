@@ -11,20 +11,22 @@ forks each rank the driver asks for (``nestor._zygote``, which says how).
 import inspect
 import os
 import pickle
+import signal
 import socket
 import sys
 import traceback
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import _contract
+
+#: The blob's format (the driver's pickled function); others are refused.
+BLOB_VERSION = 1
 
 
 def load(path: str) -> Dict[str, Any]:
     """The driver's blob: the function and how to call it."""
     with open(path, "rb") as f:
         blob = pickle.load(f)
-    from ._driver import BLOB_VERSION
-
     if not isinstance(blob, dict) or blob.get("version") != BLOB_VERSION:
         raise RuntimeError(f"{path} was written by another nestor version (expected blob version {BLOB_VERSION})")
     return blob
@@ -166,6 +168,190 @@ def serve(blob: Dict[str, Any]) -> None:
 
     framework(blob)
     fork_ranks(lambda _req, loaded: run(loaded), load_for)
+
+
+class Offered:
+    """A warm process this driver forked for the binary (``NESTOR_WARM_FDS``)."""
+
+    def __init__(self, pid: int, fds: List[int], blob: str):
+        self.pid, self.fds, self.blob = pid, fds, blob
+
+    def env(self) -> Dict[str, str]:
+        return {"NESTOR_WARM_FDS": ",".join(str(fd) for fd in [*self.fds, self.pid]), "NESTOR_WARM_FOR": self.blob}
+
+    def handed(self) -> None:
+        """After the binary started: this process's copies of its ends closed
+        (so the warm process hears the binary's end as its requests' end)."""
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+    def reap(self, timeout: float = 5.0) -> None:
+        """After the binary ended: the warm process ends with its requests'
+        pipe; waited for (killed with its ranks past ``timeout``)."""
+        import time
+
+        self.handed()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid:
+                return
+            if time.monotonic() > deadline:
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                os.waitpid(self.pid, 0)
+                return
+            time.sleep(0.01)
+
+
+def unforkable() -> Optional[str]:
+    """Why this process may not be forked as a warm process, or None: it
+    must run nothing a fork would copy half-way (a thread of its own, a
+    thread pool that has worked: OpenMP's, gRPC's), hold no CUDA context,
+    and be a driver (not a trial's rank)."""
+    import threading
+
+    if os.environ.get("NESTOR_WARM_FORK", "1") == "0":
+        return "NESTOR_WARM_FORK=0"
+    if not os.path.isdir("/proc/self/task"):
+        return "no /proc to count this process's threads"
+    if _contract.inside():
+        return "a run inside a trial"
+    if threading.active_count() > 1:
+        return "a Python thread runs"
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return "CUDA is initialised"
+    except Exception:
+        return "torch.cuda cannot say whether CUDA is initialised"
+    threads = len(os.listdir("/proc/self/task"))
+    expected = 1 + _openblas_threads()
+    if threads != expected:
+        # A pool that has worked (OpenMP's after a torch operation: its
+        # threads would not exist in a fork, whose first parallel region
+        # would wait for them for ever), gRPC's, a library's.
+        return f"{threads} threads run ({expected} expected of what was imported)"
+    return None
+
+
+def _openblas_threads() -> int:
+    """The threads OpenBLAS started when it loaded (its server threads:
+    one fewer than its thread count), summed over the copies this process
+    loaded (numpy's, scipy's). They are safe to fork: OpenBLAS stops and
+    restarts them around a fork."""
+    import ctypes
+
+    paths = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if "openblas" in os.path.basename(path).lower() and path.startswith("/"):
+                    paths.add(path)
+    except OSError:
+        return 0
+    extra = 0
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("openblas_get_num_threads", "openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                     "scipy_openblas_get_num_threads64_"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_int
+                extra += max(0, int(fn()) - 1)
+                break
+    return extra
+
+
+def offer(blob_path: str, close: Sequence[int] = ()) -> Optional[Offered]:
+    """Forks this driver as the sweep's warm process, when it is safe to
+    (``unforkable``): the training function's modules are imported here
+    already, so the ranks start without importing them again. The child
+    serves ``blob_path`` as ``python -m nestor._worker`` would, on three
+    pipes the binary inherits; ``close`` are descriptors of this process
+    that must not stay open in it (pipes whose end another process waits for)."""
+    why = unforkable()
+    if why is not None:
+        if os.environ.get("NESTOR_DEBUG_WARM"):
+            print(f"nestor: the warm process is started by the binary: {why}", file=sys.stderr)
+        return None
+    import warnings
+
+    req_r, req_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    err_r, err_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # OpenBLAS's threads, counted above
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            os.dup2(req_r, 0)
+            os.dup2(ans_w, 1)
+            os.dup2(err_w, 2)
+            for fd in (req_r, req_w, ans_r, ans_w, err_r, err_w, *close):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGHUP):
+                signal.signal(s, signal.SIG_DFL)
+            _forget_driver()
+            serve(load(blob_path))
+            code = 0
+        except BaseException:
+            try:
+                traceback.print_exc()
+            except BaseException:
+                pass
+        finally:
+            try:
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(req_r)
+    os.close(ans_w)
+    os.close(err_w)
+    return Offered(pid, [req_w, ans_r, err_r], blob_path)
+
+
+def _forget_driver() -> None:
+    """In the forked warm process: nestor's per-process state back to a
+    fresh process's (the driver may have run the function locally, or
+    declared a cluster), so each rank finds its own."""
+    import nestor
+
+    nestor._context = None
+    nestor._fetched = None
+    nestor._resume_from = None
+    nestor._channel = None
+    nestor._datasets = {}
+    nestor._metadata = {}
+    nestor._stopped = False
+    for name, attr, value in (("nestor._client", "_preempted_at", None), ("nestor._client", "_upload_failed", False),
+                              ("nestor.train", "_whole", None)):
+        module = sys.modules.get(name)
+        if module is not None:
+            setattr(module, attr, value)
+    settings = sys.modules.get("nestor._settings")
+    if settings is not None:
+        settings.shutdown()
 
 
 def main() -> None:

@@ -118,8 +118,39 @@ fn warm_workers_import_once_and_keep_nothing_between_trials() {
     assert_eq!(line(&out, "PIDS"), "8", "each trial is a process of its own");
     assert_eq!(line(&out, "PPIDS"), "1", "every trial was forked from the same warm process");
     let imported = std::fs::read_to_string(&imports).unwrap();
-    // The driver imports the helper too (it runs the script), the warm process once; no trial does.
-    assert_eq!(imported.lines().count(), 2, "{imported}");
+    // The driver imports the helper (it runs the script); the warm process is its fork and no trial imports it again.
+    assert_eq!(imported.lines().count(), 1, "{imported}");
+}
+
+/// The driver, which imported what the function imports, is forked as the
+/// sweep's warm process (its ranks are its grandchildren), yet each rank
+/// starts as a fresh process's would; with a thread of its own it is not
+/// forked and the binary starts the warm process. Either way the sweep's
+/// callbacks see every result and nothing of the sweep outlives fit().
+#[test]
+fn the_driver_is_forked_as_the_warm_process_only_where_that_is_safe() {
+    for (mode, forked) in [("fork", "4"), ("thread", "0")] {
+        let dir = tempfile::tempdir().unwrap();
+        let imports = dir.path().join("imports.txt");
+        let out = passed(python(
+            dir.path(),
+            "tests/py/driver_warm_fork.py",
+            &[dir.path().to_str().unwrap(), mode],
+            &[("WARM_IMPORTS", imports.display().to_string())],
+        ));
+        assert_eq!(line(&out, "RESULTS"), "4", "{mode}:\n{out}");
+        assert_eq!(line(&out, "FORKED"), forked, "{mode}: ranks forked from the driver's fork:\n{out}");
+        assert_eq!(line(&out, "CALLBACK"), "4", "{mode}: the callbacks saw every result:\n{out}");
+        assert_eq!(line(&out, "CHILDREN"), "0", "{mode}: a process of the sweep outlived fit():\n{out}");
+        // Only the driver ran its atexit handler (a rank or the warm process running it would leave its own file).
+        let ran: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("atexit-").map(str::to_string))
+            .collect();
+        assert_eq!(ran, vec![line(&out, "DRIVER").to_string()], "{mode}:\n{out}");
+        let imported = std::fs::read_to_string(&imports).unwrap();
+        assert_eq!(imported.lines().count(), if mode == "fork" { 1 } else { 2 }, "{mode}: {imported}");
+    }
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use common::python::{repo, torch_venv, trials};
+use common::python::{line, passed, repo, torch_python_cmd, torch_venv, trials};
 use common::*;
 
 const SWEEP: &str = r#"
@@ -131,4 +131,28 @@ fn a_script_that_is_not_there_fails_its_trial_as_python_would() {
     assert!(said.contains("exited with code 2"), "Python's code for a script it cannot open:\n{said}");
     let log = read(&dir.path().join("runs/missing/trials/trial_00000/logs/rank-0.log"));
     assert!(log.contains("can't open file") && log.contains("missing.py"), "{log}");
+}
+
+/// The Python driver is forked as the warm process only while that is
+/// safe: after a torch operation of its own (OpenMP's threads up, which a
+/// fork would wait for in its first parallel region) the binary starts the
+/// warm process, and the ranks' parallel operations finish either way.
+#[test]
+fn a_driver_whose_openmp_threads_are_up_is_not_forked_and_its_ranks_finish() {
+    for (mode, forked) in [("clean", "1"), ("omp", "0")] {
+        let dir = tempfile::tempdir().unwrap();
+        let cmd = torch_python_cmd(dir.path(), "tests/py/driver_warm_omp.py", &[dir.path().to_str().unwrap(), mode], &[]);
+        // A rank that waited for ever would hold the test: the sweep is short, so it gets a bound.
+        let out = Command::new("timeout")
+            .arg("240")
+            .arg(cmd.get_program())
+            .args(cmd.get_args())
+            .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let out = passed(out);
+        assert_eq!(line(&out, "FORKED"), forked, "{mode}:\n{out}");
+        assert_eq!(line(&out, "THREADS"), "2", "{mode}:\n{out}");
+    }
 }

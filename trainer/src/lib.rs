@@ -73,3 +73,4 @@ pub use slurm::{
 pub use storage::{cloud_store, Storage, StorageError, COMMITTED_MARKER};
 pub use token::secrets_equal;
 pub use trainer::{driver_runtime, hang_message, Step, TrainError, TrainLoop, TrainOutput, Trainer, TrainerParts};
+pub use warm::take_inherited_fd;

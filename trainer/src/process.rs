@@ -31,6 +31,8 @@ impl ProcessBackend {
     /// Starts the report server (on loopback unless configured otherwise).
     /// Must be called inside a tokio runtime.
     pub async fn start(config: ProcessConfig) -> std::io::Result<Self> {
+        // Before any child starts: the front end's warm process, when it offered one.
+        crate::warm::adopt_offered_warm_process();
         // A channel that can leave the machine is encrypted whatever the config says.
         let server = if config.encrypt || !config.report_bind.ip().is_loopback() {
             ReportServer::start_encrypted(config.report_bind).await?

@@ -11,15 +11,25 @@
 //! `{"exited": p, "status": s}` (a raw wait status) tells of a rank's end.
 //! Each rank runs in a process group of its own (its pid), dies with the
 //! warm process (`PR_SET_PDEATHSIG`), which dies with the driver.
+//!
+//! A front end that already holds what the ranks need loaded (the Python
+//! driver, which imported the training function's modules) may fork the
+//! warm process itself and offer it: `NESTOR_WARM_FDS=<requests>,<answers>,<stderr>,<pid>`
+//! names the pipes' ends this process inherited, `NESTOR_WARM_FOR` the
+//! worker command's last argument it serves. The first pool whose command
+//! ends with that argument attaches to it in place of starting one; the
+//! process ends when its requests' pipe closes (this process gone), and a
+//! pool whose offered process died starts its own as usual.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::groups::describe_exit;
@@ -91,10 +101,114 @@ impl WarmPool {
         if let Some(q) = current.as_ref().filter(|q| !q.requests.is_closed()) {
             return Ok(q.clone());
         }
-        let q = start(command())?;
+        let command = command();
+        let q = match take_offer(&command) {
+            Some(offer) => attach(offer, &command)?,
+            None => start(command)?,
+        };
         *current = Some(q.clone());
         Ok(q)
     }
+}
+
+/// A warm process the front end forked and handed over (`NESTOR_WARM_FDS`).
+struct Offer {
+    requests: OwnedFd,
+    answers: OwnedFd,
+    stderr: OwnedFd,
+    pid: i32,
+    serves: String,
+}
+
+static OFFER: OnceLock<Mutex<Option<Offer>>> = OnceLock::new();
+
+/// Takes the offered warm process's pipes from the environment, once per
+/// process, closed on exec (no other child inherits them: the process
+/// must hear its requests' end when this one ends). Call it before this
+/// process starts any child; later calls do nothing. A malformed offer is
+/// logged and left alone: the pools start their own.
+pub fn adopt_offered_warm_process() {
+    OFFER.get_or_init(|| {
+        let Ok(spec) = std::env::var("NESTOR_WARM_FDS") else { return Mutex::new(None) };
+        let serves = std::env::var("NESTOR_WARM_FOR").unwrap_or_default();
+        let offer = parse_offer(&spec).and_then(|[requests, answers, stderr, pid]| {
+            // Only from the process that started this one: the variables may
+            // have reached a process further down (a sweep inside a trial),
+            // where the numbers name other files, not to be touched.
+            if parent_of(pid) != Some(std::os::unix::process::parent_id() as i32) {
+                return Err(String::new());
+            }
+            Ok(Offer {
+                requests: take_inherited_fd(requests, "NESTOR_WARM_FDS")?,
+                answers: take_inherited_fd(answers, "NESTOR_WARM_FDS")?,
+                stderr: take_inherited_fd(stderr, "NESTOR_WARM_FDS")?,
+                pid,
+                serves,
+            })
+        });
+        match offer {
+            Ok(o) => Mutex::new(Some(o)),
+            Err(e) => {
+                if !e.is_empty() {
+                    tracing::warn!("{e}; the warm worker process is started here instead");
+                }
+                Mutex::new(None)
+            }
+        }
+    });
+}
+
+/// A process's parent, from `/proc/<pid>/stat` (its fourth field, after the name in parentheses).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn parse_offer(spec: &str) -> Result<[i32; 4], String> {
+    let n: Vec<i32> =
+        spec.split(',').map(|s| s.trim().parse::<i32>()).collect::<Result<_, _>>().map_err(|e| format!("NESTOR_WARM_FDS={spec}: {e}"))?;
+    <[i32; 4]>::try_from(n).map_err(|_| format!("NESTOR_WARM_FDS={spec}: give three file descriptors and a pid"))
+}
+
+/// Owns the open file descriptor `fd` this process inherited (named by the
+/// variable `var`), closed on exec so that the processes it starts do not
+/// inherit it.
+pub fn take_inherited_fd(fd: i32, var: &str) -> Result<OwnedFd, String> {
+    // SAFETY: fcntl on any integer is defined; it fails with EBADF for a descriptor that is not open.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if fd < 3 || flags < 0 {
+        return Err(format!("{var}: file descriptor {fd} is not open in this process"));
+    }
+    // SAFETY: as above; setting FD_CLOEXEC on an open descriptor.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
+    // SAFETY: the descriptor is open, and the caller takes it once (from a variable read once).
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The offered process, when it serves `command` (the same last argument: the pickled function).
+fn take_offer(command: &tokio::process::Command) -> Option<Offer> {
+    let mut slot = OFFER.get()?.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let last = command.as_std().get_args().last()?.to_str()?;
+    if slot.as_ref().is_some_and(|o| o.serves == last) {
+        slot.take()
+    } else {
+        None
+    }
+}
+
+fn attach(offer: Offer, command: &tokio::process::Command) -> Result<WarmQueue, std::io::Error> {
+    use tokio::net::unix::pipe;
+    let stdin = pipe::Sender::from_owned_fd(offer.requests)?;
+    let stdout = pipe::Receiver::from_owned_fd(offer.answers)?;
+    let stderr = pipe::Receiver::from_owned_fd(offer.stderr)?;
+    // What the started process would have had over this one's environment, each rank gets.
+    let base: BTreeMap<String, String> =
+        command.as_std().get_envs().filter_map(|(k, v)| Some((k.to_str()?.to_string(), v?.to_str()?.to_string()))).collect();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let ended = Arc::new(OnceLock::new());
+    tracing::debug!("attached to the warm worker process {} the front end forked", offer.pid);
+    tokio::spawn(serve(Exit::Offered(offer.pid), stdin, stdout, stderr, rx, Arc::clone(&ended)));
+    Ok(WarmQueue { requests: tx, ended, base: Arc::new(base) })
 }
 
 /// Where a run asks the warm process for its ranks.
@@ -103,11 +217,19 @@ pub(crate) struct WarmQueue {
     requests: mpsc::UnboundedSender<Request>,
     /// How the process ended, once it has: what a request that comes too late hears.
     ended: Arc<OnceLock<String>>,
+    /// Variables every rank gets under its own (an offered process's: what
+    /// the pool's command would have set in a process it started).
+    base: Arc<BTreeMap<String, String>>,
 }
 
 impl WarmQueue {
     /// Forks one rank.
-    pub(crate) async fn fork(&self, spec: RankSpec) -> Result<Forked, String> {
+    pub(crate) async fn fork(&self, mut spec: RankSpec) -> Result<Forked, String> {
+        if !self.base.is_empty() {
+            let own = std::mem::take(&mut spec.env);
+            spec.env = self.base.as_ref().clone();
+            spec.env.extend(own);
+        }
         let gone = || self.ended.get().cloned().unwrap_or_else(|| "the warm worker process is gone".to_string());
         let (reply, answer) = oneshot::channel();
         self.requests.send(Request { spec, reply }).map_err(|_| gone())?;
@@ -126,8 +248,17 @@ fn start(mut cmd: tokio::process::Command) -> Result<WarmQueue, std::io::Error> 
     // The task owns the process: it ends when the process does (every
     // waiter then hears why) or when the backend is dropped (the process is
     // killed with it).
-    tokio::spawn(serve(child, stdin, stdout, stderr, rx, Arc::clone(&ended)));
-    Ok(WarmQueue { requests: tx, ended })
+    tokio::spawn(serve(Exit::Child(child), stdin, stdout, stderr, rx, Arc::clone(&ended)));
+    Ok(WarmQueue { requests: tx, ended, base: Arc::default() })
+}
+
+/// How the serving task learns the warm process's end.
+enum Exit {
+    /// This process's child, killed with the task, waited for.
+    Child(tokio::process::Child),
+    /// The front end's (`NESTOR_WARM_FDS`): not ours to wait for; it ends
+    /// when its requests' pipe closes.
+    Offered(i32),
 }
 
 /// What the task keeps: forks asked for, ranks running, exits that came first.
@@ -187,10 +318,10 @@ impl Book {
 }
 
 async fn serve(
-    mut child: tokio::process::Child,
-    mut stdin: tokio::process::ChildStdin,
-    stdout: tokio::process::ChildStdout,
-    stderr: tokio::process::ChildStderr,
+    exit: Exit,
+    mut stdin: impl AsyncWrite + Unpin,
+    stdout: impl AsyncRead + Unpin,
+    stderr: impl AsyncRead + Unpin,
     mut requests: mpsc::UnboundedReceiver<Request>,
     ended: Arc<OnceLock<String>>,
 ) {
@@ -242,7 +373,10 @@ async fn serve(
             tail.pop_front();
         }
     }
-    let status = child.wait().await.map(describe_exit).unwrap_or_else(|e| format!("could not be waited for: {e}"));
+    let status = match exit {
+        Exit::Child(mut child) => child.wait().await.map(describe_exit).unwrap_or_else(|e| format!("could not be waited for: {e}")),
+        Exit::Offered(pid) => format!("(pid {pid}, forked by the front end) ended"),
+    };
     let shown: Vec<String> = tail.into_iter().collect();
     let why = format!(
         "the warm worker process {status}{}{}",

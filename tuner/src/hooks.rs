@@ -204,16 +204,7 @@ impl Requests {
 
 /// Owns the open file descriptor `fd`, closed on exec (the trials' processes do not inherit it).
 fn take_fd(fd: i32) -> Result<File, String> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: fcntl on any integer is defined; it fails with EBADF for a descriptor that is not open.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-    if fd < 3 || flags < 0 {
-        return Err(format!("NESTOR_HOOKS: file descriptor {fd} is not open in this process"));
-    }
-    // SAFETY: as above; setting FD_CLOEXEC on an open descriptor.
-    unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
-    // SAFETY: the descriptor is open, and this process takes it once (Channel::from_env runs once).
-    Ok(unsafe { File::from_raw_fd(fd) })
+    trainer::take_inherited_fd(fd, "NESTOR_HOOKS").map(File::from)
 }
 
 /// The event stream, written to the driver as JSON lines.

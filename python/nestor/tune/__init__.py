@@ -390,7 +390,7 @@ class Tuner:
                     "trainer.files": [blob], **{f"trainer.env.{k}": v for k, v in _driver.worker_env().items()}}
             sets = [a for k, v in here.items() for a in ("--set", f"{k}={json.dumps(v)}")]
             try:
-                _driver.run_binary(["resume", exp_dir, *self._errored, *sets], hooks=_serve(exp_dir, hooks))
+                _driver.run_binary(["resume", exp_dir, *self._errored, *sets], hooks=_serve(exp_dir, hooks), warm=blob)
             except _driver.FailFast:
                 pass  # the restored sweep stopped at its first failure: its grid, as Ray's fail_fast=True
         else:
@@ -409,7 +409,7 @@ class Tuner:
             if any(v for v in hooks.values()):
                 _driver.write_hooks(exp_dir, hooks)
             try:
-                _driver.run_binary(["run", sweep], hooks=_serve(exp_dir, hooks))
+                _driver.run_binary(["run", sweep], hooks=_serve(exp_dir, hooks), warm=blob)
             except _driver.FailFast:
                 # Ray's fail_fast=True stops the other trials and returns the grid (the error in
                 # its results); fail_fast="raise" raises the failure.
