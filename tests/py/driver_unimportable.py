@@ -1,7 +1,9 @@
 """A training function from a module the workers cannot import (it lives
 in a directory only the driver had on sys.path, removed after the sweep
 started would be too late: it is removed before the warm process loads the
-function). Every trial errors, naming the import that failed.
+function). Every trial errors, naming the import that failed, where the
+binary starts the warm process (NESTOR_WARM_FORK=0); the driver forked as
+the warm process has the module loaded already, and its trials run.
 Usage: driver_unimportable.py STORAGE"""
 
 import os
@@ -31,4 +33,5 @@ _driver.write_blob = write_then_remove
 grid = tune.Tuner(only_here.trainable, param_space={"a": tune.grid_search([1, 2])},
                   run_config=tune.RunConfig(name="unimportable", storage_path=sys.argv[1])).fit()
 print("ERRORS", grid.num_errors)
-print(grid.errors[0])
+if grid.errors:
+    print(grid.errors[0])

@@ -289,13 +289,19 @@ fn the_ray_train_and_tune_pattern_runs_with_its_imports_changed() {
 }
 
 #[test]
-fn a_function_the_workers_cannot_import_fails_its_trials_naming_the_import() {
+fn a_function_the_workers_cannot_import_fails_its_trials_naming_the_import_unless_the_driver_is_forked() {
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("runs");
-    let out = passed(python(dir.path(), "tests/py/driver_unimportable.py", &[storage.to_str().unwrap()], &[]));
+    let out =
+        passed(python(dir.path(), "tests/py/driver_unimportable.py", &[storage.to_str().unwrap()], &[("NESTOR_WARM_FORK", "0".into())]));
     assert_eq!(line(&out, "ERRORS"), "2", "{out}");
     assert!(out.contains("ModuleNotFoundError: No module named 'only_here'"), "{out}");
     assert!(out.contains("warm worker process"), "{out}");
+    assert!(processes_mentioning(dir.path().to_str().unwrap()).is_empty(), "a process of the sweep outlived it");
+    // Forked from the driver, the warm process has the module already.
+    let storage = dir.path().join("forked");
+    let out = passed(python(dir.path(), "tests/py/driver_unimportable.py", &[storage.to_str().unwrap()], &[]));
+    assert_eq!(line(&out, "ERRORS"), "0", "{out}");
     assert!(processes_mentioning(dir.path().to_str().unwrap()).is_empty(), "a process of the sweep outlived it");
 }
 
