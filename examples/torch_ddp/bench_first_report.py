@@ -12,7 +12,9 @@ it), so the same work is timed on every side. A third run starts the ranks
 by hand with nestor's file rendezvous (a run plan, `NESTOR_RUN`, naming it), to tell
 what nestor's rendezvous saves from what its driver costs. A fourth runs the
 same training function as a `TorchTrainer` from the Python driver
-(`python -c ...`: the interpreter, the driver's imports, then the fit).
+(`python -c ...`: the interpreter, the driver's imports, then the fit);
+`NESTOR_WARM_FORK=0` in the bench's environment times that side with the
+warm process started by the binary rather than forked from the driver.
 """
 
 import argparse
