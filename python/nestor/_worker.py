@@ -313,6 +313,9 @@ def offer(blob_path: str, close: Sequence[int] = ()) -> Optional[Offered]:
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGHUP):
                 signal.signal(s, signal.SIG_DFL)
             _forget_driver()
+            from ._zygote import python_path
+
+            python_path()  # the PYTHONPATH the driver set for its workers, as an interpreter started now would have it
             serve(load(blob_path))
             code = 0
         except BaseException:

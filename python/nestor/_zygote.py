@@ -67,6 +67,7 @@ def enter(req, parent, keep):
     os.close(null)
     os.chdir(req["cwd"])
     os.environ.update(req.get("env") or {})
+    python_path()
     # The random module reseeds itself after fork; the others would repeat
     # the warm process's sequence in every rank.
     np = sys.modules.get("numpy")
@@ -79,6 +80,20 @@ def enter(req, parent, keep):
         if threads and threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))  # OpenMP read the variable when torch loaded
     return True
+
+
+def python_path():
+    """Puts on ``sys.path`` what a fresh interpreter would have taken from
+    ``PYTHONPATH`` and this process lacks, right after its first entry as
+    Python does: a rank's own variable, or one its driver set after it
+    started (this process may be a fork of that driver)."""
+    have = {os.path.abspath(p) for p in sys.path if p}
+    missing = []
+    for p in (os.environ.get("PYTHONPATH") or "").split(os.pathsep):
+        if p and os.path.abspath(p) not in have:
+            have.add(os.path.abspath(p))
+            missing.append(os.path.abspath(p))
+    sys.path[1:1] = missing
 
 
 def serve(run, load=None):

@@ -4,7 +4,8 @@ driver, which ran the function locally first, is not theirs; no atexit
 handler of the driver runs in them), the sweep's Python callbacks still see
 every result, and no process of the sweep outlives fit(). MODE ``thread``
 starts a thread first: a process with a thread of its own is not forked, and
-the binary starts the warm process. Usage: driver_warm_fork.py STORAGE fork|thread"""
+the binary starts the warm process. A module on the PYTHONPATH the driver
+set after it started imports in every rank either way. Usage: driver_warm_fork.py STORAGE fork|thread"""
 
 import atexit
 import os
@@ -20,12 +21,22 @@ atexit.register(lambda: open(os.path.join(STORAGE, f"atexit-{os.getpid()}"), "w"
 
 
 def parent_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    """A process's parent; None for one that is gone (listed a moment ago)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 def trainable(config):
-    tune.report({"i": config["i"], "grandparent": parent_of(os.getppid()), "pid": os.getpid(), "state": len(warm_helper.STATE)})
+    late = 0
+    if config["i"] >= 0:  # in a rank: the driver never imports it, its fork has it only through sys.path
+        import late_module
+
+        late = late_module.VALUE
+    tune.report({"i": config["i"], "grandparent": parent_of(os.getppid()), "pid": os.getpid(), "state": len(warm_helper.STATE),
+                 "late": late})
 
 
 class Count(tune.Callback):
@@ -36,6 +47,11 @@ class Count(tune.Callback):
         self.n += 1
 
 
+late = os.path.join(STORAGE, "late")
+os.makedirs(late)
+with open(os.path.join(late, "late_module.py"), "w") as f:
+    f.write("VALUE = 7\n")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (late, os.environ.get("PYTHONPATH")) if p)
 trainable({"i": -1})  # locally, before the sweep: nestor's context of this process is a local one
 if MODE == "thread":
     threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
@@ -50,5 +66,6 @@ assert grid.num_errors == 0, grid.errors
 print("DRIVER", os.getpid())
 print("RESULTS", len(rows))
 print("CALLBACK", count.n)
+print("LATE", sum(r["late"] == 7 for r in rows))
 print("FORKED", sum(r["grandparent"] == os.getpid() for r in rows))
 print("CHILDREN", sum(1 for p in os.listdir("/proc") if p.isdigit() and parent_of(p) == os.getpid()))

@@ -139,6 +139,7 @@ fn the_driver_is_forked_as_the_warm_process_only_where_that_is_safe() {
             &[("WARM_IMPORTS", imports.display().to_string())],
         ));
         assert_eq!(line(&out, "RESULTS"), "4", "{mode}:\n{out}");
+        assert_eq!(line(&out, "LATE"), "4", "{mode}: a module on the PYTHONPATH the driver set did not import:\n{out}");
         assert_eq!(line(&out, "FORKED"), forked, "{mode}: ranks forked from the driver's fork:\n{out}");
         assert_eq!(line(&out, "CALLBACK"), "4", "{mode}: the callbacks saw every result:\n{out}");
         assert_eq!(line(&out, "CHILDREN"), "0", "{mode}: a process of the sweep outlived fit():\n{out}");
