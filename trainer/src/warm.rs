@@ -102,8 +102,11 @@ impl WarmPool {
             return Ok(q.clone());
         }
         let command = command();
-        let q = match take_offer(&command) {
-            Some(offer) => attach(offer, &command)?,
+        let attached = take_offer(&command).and_then(|offer| {
+            attach(offer, &command).map_err(|e| tracing::warn!("the offered warm worker process cannot be used ({e}); starting one")).ok()
+        });
+        let q = match attached {
+            Some(q) => q,
             None => start(command)?,
         };
         *current = Some(q.clone());
@@ -129,33 +132,30 @@ static OFFER: OnceLock<Mutex<Option<Offer>>> = OnceLock::new();
 /// logged and left alone: the pools start their own.
 pub fn adopt_offered_warm_process() {
     OFFER.get_or_init(|| {
-        let Ok(spec) = std::env::var("NESTOR_WARM_FDS") else { return Mutex::new(None) };
-        let serves = std::env::var("NESTOR_WARM_FOR").unwrap_or_default();
-        let offer = parse_offer(&spec).and_then(|[requests, answers, stderr, pid]| {
-            // Only from the process that started this one: the variables may
-            // have reached a process further down (a sweep inside a trial),
-            // where the numbers name other files, not to be touched.
-            if parent_of(pid) != Some(std::os::unix::process::parent_id() as i32) {
-                return Err(String::new());
-            }
-            Ok(Offer {
-                requests: take_inherited_fd(requests, "NESTOR_WARM_FDS")?,
-                answers: take_inherited_fd(answers, "NESTOR_WARM_FDS")?,
-                stderr: take_inherited_fd(stderr, "NESTOR_WARM_FDS")?,
-                pid,
-                serves,
-            })
-        });
-        match offer {
-            Ok(o) => Mutex::new(Some(o)),
-            Err(e) => {
-                if !e.is_empty() {
-                    tracing::warn!("{e}; the warm worker process is started here instead");
-                }
-                Mutex::new(None)
-            }
-        }
+        Mutex::new(offered().unwrap_or_else(|e| {
+            tracing::warn!("{e}; the warm worker process is started here instead");
+            None
+        }))
     });
+}
+
+/// The offer the environment names: none without one, or when it is not
+/// from the process that started this one (the variables may have reached
+/// a process further down, a sweep inside a trial, where the numbers name
+/// other files, not to be touched).
+fn offered() -> Result<Option<Offer>, String> {
+    let Ok(spec) = std::env::var("NESTOR_WARM_FDS") else { return Ok(None) };
+    let [requests, answers, stderr, pid] = parse_offer(&spec)?;
+    if parent_of(pid) != Some(std::os::unix::process::parent_id() as i32) {
+        return Ok(None);
+    }
+    Ok(Some(Offer {
+        requests: take_inherited_fd(requests, "NESTOR_WARM_FDS")?,
+        answers: take_inherited_fd(answers, "NESTOR_WARM_FDS")?,
+        stderr: take_inherited_fd(stderr, "NESTOR_WARM_FDS")?,
+        pid,
+        serves: std::env::var("NESTOR_WARM_FOR").unwrap_or_default(),
+    }))
 }
 
 /// A process's parent, from `/proc/<pid>/stat` (its fourth field, after the name in parentheses).
