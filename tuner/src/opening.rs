@@ -30,6 +30,8 @@ pub(crate) struct Opened {
     pub next_index: u64,
     /// Trials already TERMINATED and ERROR.
     pub finished: (u64, u64),
+    /// What the opening wrote is not yet durable: the loop's first group commit makes it so.
+    pub unflushed: bool,
 }
 
 /// What a restored sweep does with its trials in ERROR.
@@ -44,10 +46,12 @@ pub enum Errored {
     Restart,
 }
 
-/// A new experiment in `exp_dir`: refused when it has a store already.
-/// The resolved file is written beside the store (and beside the
-/// checkpoints, when they go to an object store), with the searcher's
-/// first state.
+/// A new experiment in `exp_dir`: refused when it has a store already,
+/// unless that store never began (see [`never_began`]). The resolved file
+/// is written beside the store (and beside the checkpoints, when they go
+/// to an object store), with the searcher's first state. On this machine's
+/// disk that is made durable by the loop's first group commit, off the
+/// loop, while the first trials start: nothing is acknowledged before it.
 pub(crate) async fn create(
     exp_dir: &Path,
     storage: &Storage,
@@ -58,7 +62,11 @@ pub(crate) async fn create(
 ) -> Result<Opened, TuneError> {
     let store_dir = exp_dir.join("store");
     if store_dir.exists() {
-        return Err(TuneError::Exists(exp_dir.to_path_buf()));
+        if !never_began(&store_dir) {
+            return Err(TuneError::Exists(exp_dir.to_path_buf()));
+        }
+        tracing::info!("{} holds a store a sweep stopped before its first commit: it is made anew", exp_dir.display());
+        std::fs::remove_dir_all(&store_dir).map_err(|source| TuneError::Io { path: store_dir.clone(), source })?;
     }
     std::fs::create_dir_all(exp_dir).map_err(|source| TuneError::Io { path: exp_dir.to_path_buf(), source })?;
     make_private(exp_dir, file.experiment.group_readable)?;
@@ -68,14 +76,30 @@ pub(crate) async fn create(
     let store = Store::open(&store_dir)?;
     store.put_experiment(&text)?;
     store.put_searcher(&searcher.save())?;
-    store.flush()?;
     if !storage.is_local() {
+        // Mirrored from a durable start.
+        store.flush()?;
         // Beside the checkpoints, for tools that only see the bucket; and the store, mirrored from now on.
         storage.put_bytes("experiment.toml", text.into_bytes()).await.map_err(TuneError::Storage)?;
         store.mirror_to(&storage.join("store")).await?;
     }
     let scheduler = Journaled::new(scheduler, &store, journal);
-    Ok(Opened { store, scheduler, pending: VecDeque::new(), paused: Vec::new(), next_index: 0, finished: (0, 0) })
+    let unflushed = storage.is_local();
+    Ok(Opened { store, scheduler, pending: VecDeque::new(), paused: Vec::new(), next_index: 0, finished: (0, 0), unflushed })
+}
+
+/// Whether the store at `store_dir` is one a sweep left before its first
+/// group commit made it durable: it opens (no live driver holds it) and
+/// holds no experiment (or it has not even sled's files). The experiment is its first write, so such a store
+/// holds nothing that was ever acknowledged, and a new sweep may take its
+/// place. A store that does not open is never taken for one.
+pub(crate) fn never_began(store_dir: &Path) -> bool {
+    match Store::open_existing(store_dir) {
+        Ok(store) => matches!(store.experiment(), Ok(None)),
+        // Not even sled's files: stopped as it was being made.
+        Err(crate::store::StoreError::Missing(_)) => true,
+        Err(_) => false,
+    }
 }
 
 /// Makes the experiment's directory its owner's alone (0700), or its
@@ -175,7 +199,7 @@ pub(crate) async fn resume(
     // Checkpoints a crash left uncommitted (half uploaded, or beyond
     // num_to_keep but not yet deleted) go before any trial runs again.
     collect_garbage(&store, storage).await?;
-    Ok(Opened { store, scheduler, pending, paused, next_index, finished })
+    Ok(Opened { store, scheduler, pending, paused, next_index, finished, unflushed: false })
 }
 
 /// A trial in ERROR made PENDING again: from its latest committed

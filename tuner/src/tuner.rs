@@ -317,9 +317,20 @@ impl Tuner {
                 message: "a resumed sweep takes overrides of trainer. keys only (what differs on this machine)".into(),
             }));
         }
-        let store = Store::open_existing(&dir.join("store"))?;
-        let text = store.experiment()?.ok_or_else(|| TuneError::Corrupt(dir.clone(), "the store holds no experiment".into()))?;
-        drop(store);
+        let stored = match Store::open_existing(&dir.join("store")) {
+            Ok(store) => store.experiment()?,
+            // A store directory sled had not yet written to.
+            Err(crate::store::StoreError::Missing(_)) if dir.join("store").is_dir() => None,
+            Err(e) => return Err(e.into()),
+        };
+        let text = match stored {
+            Some(text) => text,
+            // Stopped before its first commit, nothing of it recorded: it begins
+            // anew, as the file it was written with says (its seed included).
+            None => std::fs::read_to_string(dir.join("experiment.toml")).map_err(|e| {
+                TuneError::Corrupt(dir.clone(), format!("the store holds no experiment, and its experiment.toml cannot be read: {e}"))
+            })?,
+        };
         let file = ExperimentFile::from_toml(&text, &origin, sets)?;
         let mut t = Tuner::from_file(file, origin, trainable);
         t.restore_dir = Some(dir);

@@ -76,3 +76,57 @@ fn interrupt_then_restore_continues_from_the_checkpoint() {
     // A function experiment cannot be restored without its function.
     assert!(matches!(Tuner::restore(&exp, None).unwrap().fit(), Err(TuneError::NoTrainer)));
 }
+
+/// A driver killed before the sweep's first group commit leaves its
+/// experiment.toml and a store holding nothing (sled's unflushed buffers
+/// die with the process; at most its files exist): nothing of that sweep
+/// was ever acknowledged. A new run takes the directory, and a restore
+/// begins the sweep anew from its file, seed included; a store that holds
+/// an experiment is still refused to a new run.
+#[test]
+fn a_sweep_stopped_before_its_first_commit_begins_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let make = |runs: Arc<AtomicUsize>| {
+        Trainable::function(move |ctx| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let x: f64 = ctx.param("x")?;
+            ctx.report([("loss", x)], None)?;
+            Ok(())
+        })
+    };
+    let space = || Space::builder().param("x", Domain::uniform(0.0, 1.0)).build().unwrap();
+    let tune = TuneConfig { metric: Some("loss".into()), mode: Some(Mode::Min), num_samples: 3, seed: Some(7), ..Default::default() };
+    let run = || RunConfig { name: "early".into(), storage: dir.path().into(), progress: ProgressMode::Quiet, ..Default::default() };
+    let tuner = |runs: &Arc<AtomicUsize>| Tuner::new(make(Arc::clone(runs)), space()).tune_config(tune.clone()).run_config(run());
+    let first = tuner(&runs).fit().unwrap();
+    let exp = tuner(&runs).experiment_dir();
+    let configs = |g: &tuner::ResultGrid| g.iter().map(|t| t.config["x"].as_f64().unwrap()).collect::<Vec<_>>();
+    let planned = configs(&first);
+    assert_eq!(first.len(), 3);
+
+    // What a kill before the first commit leaves: sled's files, no experiment in them.
+    let empty_store = || {
+        std::fs::remove_dir_all(exp.join("store")).unwrap();
+        drop(tuner::store::Store::open(&exp.join("store")).unwrap());
+    };
+    empty_store();
+    let again = Tuner::restore(&exp, Some(make(Arc::clone(&runs)))).unwrap().progress(ProgressMode::Quiet).fit().unwrap();
+    assert_eq!(again.len(), 3, "the restore ran the whole sweep anew");
+    assert!(again.iter().all(|t| t.status.as_str() == "TERMINATED"));
+    assert_eq!(configs(&again), planned, "from the file it was written with: the same seed, the same configs");
+    assert_eq!(runs.load(Ordering::SeqCst), 6);
+
+    // Not even sled's files: a new run takes the directory.
+    std::fs::remove_dir_all(exp.join("store")).unwrap();
+    std::fs::create_dir(exp.join("store")).unwrap();
+    let anew = tuner(&runs).fit().unwrap();
+    assert_eq!(anew.len(), 3);
+    assert_eq!(runs.load(Ordering::SeqCst), 9);
+
+    // A store that holds an experiment is another matter: refused, left as it was.
+    let refused = tuner(&runs).fit().unwrap_err();
+    assert!(matches!(refused, TuneError::Exists(_)), "{refused}");
+    assert_eq!(tuner::ResultGrid::load(&exp).unwrap().len(), 3);
+    assert_eq!(runs.load(Ordering::SeqCst), 9);
+}

@@ -54,13 +54,19 @@ pub(crate) struct Commits {
     inflight: Option<(u64, Batch)>,
     next_batch: u64,
     done_tx: mpsc::UnboundedSender<FlushDone>,
+    /// The store holds writes of the sweep's opening that no flush has
+    /// made durable yet: the first flush starts at the loop's first turn,
+    /// whether or not anything is stored by then.
+    opening: bool,
 }
 
 impl Commits {
     /// Commits over `store`; background flushes report on the receiver.
-    pub(crate) fn new(store: Store, durability: Durability) -> (Self, mpsc::UnboundedReceiver<FlushDone>) {
+    /// `unflushed`: the store holds the sweep's opening, not yet durable.
+    pub(crate) fn new(store: Store, durability: Durability, unflushed: bool) -> (Self, mpsc::UnboundedReceiver<FlushDone>) {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let c = Self { store, durability, reports: Vec::new(), ended: Vec::new(), inflight: None, next_batch: 0, done_tx };
+        let opening = unflushed && durability == Durability::EveryBatch;
+        let c = Self { store, durability, reports: Vec::new(), ended: Vec::new(), inflight: None, next_batch: 0, done_tx, opening };
         (c, done_rx)
     }
 
@@ -96,7 +102,7 @@ impl Commits {
 
     /// Nothing stored waits to be acted on.
     pub(crate) fn is_idle(&self) -> bool {
-        self.inflight.is_none() && self.reports.is_empty() && self.ended.is_empty()
+        self.inflight.is_none() && self.reports.is_empty() && self.ended.is_empty() && !self.opening
     }
 
     /// Starts flushing what is stored so far on a blocking thread (it comes
@@ -106,9 +112,10 @@ impl Commits {
     pub(crate) fn start(&mut self, force: bool) -> Option<Flushed> {
         let at_end = self.durability == Durability::AtEnd;
         let ends_only = (force || at_end) && !self.ended.is_empty();
-        if self.inflight.is_some() || (self.reports.is_empty() && !ends_only) {
+        if self.inflight.is_some() || (self.reports.is_empty() && !ends_only && !self.opening) {
             return None;
         }
+        self.opening = false;
         let batch = Batch { reports: std::mem::take(&mut self.reports), ended: std::mem::take(&mut self.ended) };
         if at_end {
             return Some((batch, Ok(())));
@@ -144,8 +151,9 @@ impl Commits {
         if !self.reports.is_empty() || !self.ended.is_empty() {
             batches.push(Batch { reports: std::mem::take(&mut self.reports), ended: std::mem::take(&mut self.ended) });
         }
-        if !batches.is_empty() && self.durability == Durability::EveryBatch {
+        if (!batches.is_empty() || self.opening) && self.durability == Durability::EveryBatch {
             self.store.flush_local()?;
+            self.opening = false;
         }
         Ok(batches)
     }

@@ -156,6 +156,8 @@ pub(crate) struct Parts {
     /// Index of the next trial to create.
     pub next_index: u64,
     pub reporter: Reporter,
+    /// The store holds writes of the sweep's opening not yet durable.
+    pub unflushed: bool,
 }
 
 /// A running trial.
@@ -320,7 +322,7 @@ pub(crate) struct Runner {
 impl Runner {
     pub(crate) fn new(p: Parts) -> (Self, Inputs) {
         let (events_tx, events) = mpsc::unbounded_channel();
-        let (commits, flushed) = Commits::new(p.store.clone(), p.settings.durability);
+        let (commits, flushed) = Commits::new(p.store.clone(), p.settings.durability, p.unflushed);
         let trials = Trials { pending: p.pending, paused: p.paused.into(), next_index: p.next_index, ..Default::default() };
         let checkpoints = Checkpoints::new(p.storage, p.settings.checkpoint.clone());
         let runner = Self {

@@ -91,6 +91,8 @@ struct Options {
     failure: FailureConfig,
     /// Named nodes of `cpus` CPUs each (an allocation's), instead of one machine.
     nodes: Vec<&'static str>,
+    /// The store holds the sweep's opening, not yet durable (a new sweep's).
+    unflushed: bool,
 }
 
 impl Default for Options {
@@ -103,6 +105,7 @@ impl Default for Options {
             stopper: Box::new(MetricThresholds::default()),
             failure: FailureConfig::default(),
             nodes: Vec::new(),
+            unflushed: false,
         }
     }
 }
@@ -166,6 +169,7 @@ fn harness(o: Options) -> Harness {
         paused: Vec::new(),
         next_index: 0,
         reporter,
+        unflushed: o.unflushed,
     });
     Harness { runner, inputs, backend, store, _dir: dir }
 }
@@ -283,6 +287,28 @@ async fn a_trial_is_answered_at_once_acknowledged_once_durable_and_ends_terminat
     h.flushed().await;
     assert_eq!(h.runner.reporter.finished(), (1, 0));
     assert_eq!(second.through(), 2, "the second result rode on the flush of the trial's end");
+}
+
+/// A new sweep's opening (its experiment, the searcher's first state) is
+/// made durable by a flush off the loop that starts with the first trials,
+/// not before them; the first result waits for it like any other.
+#[tokio::test]
+async fn a_new_sweeps_opening_is_flushed_off_the_loop_as_its_first_trials_start() {
+    let mut h = harness(Options { unflushed: true, ..Default::default() });
+    assert!(!h.advance());
+    assert_eq!(h.launched(), 1, "the trial starts at once");
+    assert!(h.runner.commits.in_flight(), "with the opening's flush under way, nothing else stored yet");
+    let (mut rx, acks) = h.report_watched(0, 1, 0.5, false);
+    assert_eq!(answer(&mut rx), Directive::Continue);
+    h.flushed().await;
+    assert_eq!(acks.through(), 0, "the opening's flush began before the result: it does not cover it");
+    assert!(!h.advance());
+    h.flushed().await;
+    assert_eq!(acks.through(), 1, "the next flush does");
+    // Without an opening to flush, nothing starts a flush before something is stored.
+    let mut h = harness(Options::default());
+    assert!(!h.advance());
+    assert!(!h.runner.commits.in_flight());
 }
 
 #[tokio::test]

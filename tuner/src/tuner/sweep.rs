@@ -128,7 +128,8 @@ impl Tuner {
     /// TOML); an object store and the nodes answer, the data sets are
     /// planned.
     async fn check(&mut self, served: &Served) -> Result<Checked, TuneError> {
-        let resuming = self.restore_dir.is_some();
+        // A sweep stopped before its first commit recorded nothing to resume: it begins anew in its directory.
+        let resuming = self.restore_dir.as_ref().is_some_and(|d| !crate::opening::never_began(&d.join("store")));
         if self.file.experiment.seed.is_none() {
             self.file.experiment.seed = Some(random_seed());
         }
@@ -270,7 +271,7 @@ impl Tuner {
             notes,
             echo_ranks,
         } = started;
-        let Opened { store, scheduler, pending, paused, next_index, finished } = opened;
+        let Opened { store, scheduler, pending, paused, next_index, finished, unflushed } = opened;
         let Served { hooks, channel } = served;
         let mut stoppers: Vec<Box<dyn Stopper>> = vec![Box::new(MetricThresholds(file.stop.clone()))];
         stoppers.extend(self.custom_stop.take());
@@ -348,6 +349,7 @@ impl Tuner {
             paused,
             next_index,
             reporter,
+            unflushed,
         })
     }
 }
