@@ -13,6 +13,10 @@ impl Scheduler for Fifo {
     fn on_trial_result(&mut self, _trial: &TrialView<'_>, _result: &TrialResult) -> Decision {
         Decision::Continue
     }
+
+    fn decides_on_results(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
@@ -27,6 +31,7 @@ mod tests {
         let r =
             TrialResult { extra: None, trial_id: "a".into(), seq: 0, training_iteration: 1, metrics: Default::default(), checkpoint: None };
         assert_eq!(Fifo.on_trial_result(&v("a"), &r), Decision::Continue);
+        assert!(!Fifo.decides_on_results(), "nothing but Continue: reports need no answer");
         // New trials first; then the paused ones, oldest first.
         assert_eq!(Fifo.choose_trial_to_run(&[v("a"), v("b")], true), None);
         assert_eq!(Fifo.choose_trial_to_run(&[v("a"), v("b")], false).as_deref(), Some("a"));

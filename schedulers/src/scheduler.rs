@@ -267,6 +267,14 @@ pub trait Scheduler: Send {
         false
     }
 
+    /// Whether [`Scheduler::on_trial_result`] may ever decide anything but
+    /// [`Decision::Continue`]. When neither it nor a stopper can, a trial's
+    /// ranks go on from each report without waiting for the loop's answer.
+    /// By default it may.
+    fn decides_on_results(&self) -> bool {
+        true
+    }
+
     /// State to persist for resume; must carry a `version` field.
     fn save(&self) -> Value {
         serde_json::json!({ "version": 1 })

@@ -14,6 +14,14 @@ pub trait Stopper: Send {
     fn should_stop_all(&mut self) -> bool {
         false
     }
+
+    /// Whether [`Stopper::should_stop_trial`] may ever end a trial. When
+    /// neither it nor the scheduler can decide anything on a result, a
+    /// trial's ranks go on from each report without waiting for the loop
+    /// (a stop reaches them as a stop request). By default it may.
+    fn stops_trials(&self) -> bool {
+        true
+    }
 }
 
 /// Ray Tune's dict form: stop a trial once any named metric is `>=` its
@@ -30,6 +38,9 @@ impl Stopper for MetricThresholds {
             Some(v) => v >= t,
             None => k == "done" && f64::from(u8::from(result.done())) >= t,
         })
+    }
+    fn stops_trials(&self) -> bool {
+        !self.0.is_empty()
     }
 }
 
@@ -53,6 +64,9 @@ impl Stopper for CombinedStopper {
     }
     fn should_stop_all(&mut self) -> bool {
         self.0.iter_mut().fold(false, |acc, s| s.should_stop_all() | acc)
+    }
+    fn stops_trials(&self) -> bool {
+        self.0.iter().any(|s| s.stops_trials())
     }
 }
 
@@ -104,5 +118,10 @@ mod tests {
         assert!(c.should_stop_trial("t", &result(1, 0.05)));
         assert!(!c.should_stop_trial("t", &result(1, 0.5)));
         assert!(c.should_stop_trial("t", &result(1, 0.99)));
+        // Whether any may stop a trial: thresholds only when there are some.
+        assert!(c.stops_trials());
+        assert!(!MetricThresholds::default().stops_trials());
+        assert!(!CombinedStopper(vec![Box::new(MetricThresholds::default())]).stops_trials());
+        assert!(!CombinedStopper::default().stops_trials());
     }
 }

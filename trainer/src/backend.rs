@@ -52,6 +52,14 @@ pub struct LaunchSpec {
     /// The experiment's data sets' plan (`datasets.json`), if it has any:
     /// ranks read their shares with nestor-data's `dataset_shard`.
     pub datasets: Option<PathBuf>,
+    /// Whether a report waits for the loop's decision on it. False when
+    /// the loop can decide nothing on a result but to go on (no scheduler
+    /// that decides on results, no stopper): in-process ranks then go on
+    /// from a report once it is taken, and a stop reaches them as a stop
+    /// request (their next report returns `Stopped`). Only where the
+    /// backend says so ([`Backend::goes_on_unanswered`]); elsewhere ranks
+    /// wait either way.
+    pub await_decisions: bool,
 }
 
 impl LaunchSpec {
@@ -70,6 +78,7 @@ impl LaunchSpec {
             workers: vec![WorkerBundle::cpus(1.0)],
             checkpoint_roots: Vec::new(),
             datasets: None,
+            await_decisions: true,
         }
     }
 
@@ -373,6 +382,16 @@ pub trait Backend: Send + Sync {
     /// downloads nothing before a restore. Default: no (the driver makes a
     /// local copy and names it in [`LaunchSpec::checkpoint`]).
     fn restores_from_store(&self) -> bool {
+        false
+    }
+
+    /// Whether this backend's ranks go on from a report without waiting
+    /// for the decision on it when [`LaunchSpec::await_decisions`] says
+    /// none is needed; a stop then reaches them through
+    /// [`TrialHandle::stop`] at [`StopLevel::Graceful`], which must not
+    /// cut short a rank that is merely working. Default: no (ranks always
+    /// wait, and a graceful stop signals processes).
+    fn goes_on_unanswered(&self) -> bool {
         false
     }
 

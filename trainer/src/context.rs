@@ -173,6 +173,8 @@ pub(crate) struct Group {
     /// Set when a rank has failed: the others stop at their next report.
     pub(crate) failed: AtomicBool,
     pub(crate) stop: watch::Receiver<StopLevel>,
+    /// Reports wait for the loop's decision ([`crate::LaunchSpec::await_decisions`]).
+    pub(crate) await_decisions: bool,
 }
 
 enum Transport {
@@ -599,6 +601,11 @@ impl Context {
     /// until all ranks have reported this step, the result is stored and the
     /// scheduler has decided; it is durable with the driver's next group
     /// commit ([`Context::acknowledged_iteration`], [`Context::sync`]).
+    /// Where nothing can be decided on a result but to go on (a FIFO
+    /// scheduler and no stopper), an in-process rank does not wait for the
+    /// decision: it goes on once its report is taken (its checkpoint
+    /// copied), and a stop (Ctrl-C, the time budget, a result without the
+    /// metric) is returned by its next report.
     /// Returns [`ReportError::Stopped`] when the trial must stop: end
     /// training with `?`.
     pub fn report<I, K>(&mut self, metrics: I, checkpoint: Option<&Path>) -> Result<(), ReportError>
@@ -619,7 +626,9 @@ impl Context {
                     IntakeError::Checkpoint(e) => ReportError::Checkpoint(e),
                 })?;
                 self.last_iteration = Some(iteration);
-                let directive = rx.blocking_recv().unwrap_or(Directive::Stop);
+                // Where the loop can only answer Continue, the answer is not waited for:
+                // a stop comes as a stop request, read below.
+                let directive = if group.await_decisions { rx.blocking_recv().unwrap_or(Directive::Stop) } else { Directive::Continue };
                 if *group.stop.borrow() > StopLevel::Run {
                     Directive::Stop
                 } else {

@@ -101,6 +101,7 @@ impl Backend for FunctionBackend {
             collective: Collective::new(world_size, stop.clone()),
             failed: AtomicBool::new(false),
             stop: stop.clone(),
+            await_decisions: spec.await_decisions,
         });
         let exit = Arc::new(GroupExit { remaining: AtomicUsize::new(world_size as usize), failure: Mutex::new(None) });
         for rank in 0..world_size {
@@ -155,6 +156,11 @@ impl Backend for FunctionBackend {
             self.pool.run(job).map_err(|source| LaunchError::Spawn { program: "trial thread".into(), source })?;
         }
         Ok(handle)
+    }
+
+    /// A rank's next report reads a graceful stop as `Stopped`.
+    fn goes_on_unanswered(&self) -> bool {
+        true
     }
 }
 

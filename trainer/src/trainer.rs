@@ -286,6 +286,7 @@ impl Trainer {
                 checkpoint_uri: None,
                 checkpoint_roots: Vec::new(),
                 datasets: None,
+                await_decisions: true,
             };
             let (tx, mut events) = mpsc::unbounded_channel();
             let handle = backend.launch(spec, tx)?;

@@ -154,6 +154,7 @@ impl Runner {
             storage: run.storage.clone(),
             checkpoint_roots: self.settings.checkpoint.allowed_dirs.clone(),
             datasets: None,
+            await_decisions: true,
         }
     }
 

@@ -313,6 +313,10 @@ pub(crate) struct Runner {
     reporter: Reporter,
     keep: Option<keep::Keep>,
     phase: Phase,
+    /// Whether reports wait for the loop's answer: unless nothing but
+    /// Continue can be decided on a result (no scheduler that decides on
+    /// results, no stopper) and the backend's ranks can go on without it.
+    await_decisions: bool,
     events_tx: mpsc::UnboundedSender<Event>,
     /// Tests: the next restore task panics.
     #[cfg(test)]
@@ -325,6 +329,8 @@ impl Runner {
         let (commits, flushed) = Commits::new(p.store.clone(), p.settings.durability, p.unflushed);
         let trials = Trials { pending: p.pending, paused: p.paused.into(), next_index: p.next_index, ..Default::default() };
         let checkpoints = Checkpoints::new(p.storage, p.settings.checkpoint.clone());
+        let decided = p.scheduler.scheduler().decides_on_results() || p.stopper.stops_trials();
+        let await_decisions = decided || !p.backend.goes_on_unanswered();
         let runner = Self {
             settings: p.settings,
             store: p.store,
@@ -342,6 +348,7 @@ impl Runner {
             reporter: p.reporter,
             keep: p.keep,
             phase: Phase::default(),
+            await_decisions,
             events_tx,
             #[cfg(test)]
             restore_panics: false,
@@ -822,6 +829,7 @@ impl Runner {
             checkpoint_uri,
             checkpoint_roots: self.settings.checkpoint.allowed_dirs.clone(),
             datasets: self.settings.datasets.clone(),
+            await_decisions: self.await_decisions,
         };
         match self.backend.launch(spec, self.events_tx.clone()) {
             Ok(handle) => {
@@ -856,7 +864,14 @@ impl Runner {
                 if self.trials.running.contains_key(&ev.trial_id) {
                     // Stored, decided on and answered now; acknowledged once durable.
                     let result = self.store_report(&ev.trial_id, report)?;
-                    let ack = reply.send(self.decide(&result)?);
+                    let directive = self.decide(&result)?;
+                    if directive == Directive::Stop && !self.await_decisions {
+                        // Its ranks did not wait for this answer: they read it as a stop request.
+                        if let Some(r) = self.trials.running.get(&ev.trial_id) {
+                            r.handle.stop(StopLevel::Graceful);
+                        }
+                    }
+                    let ack = reply.send(directive);
                     self.commits.push_report(Stored { result, ack });
                 } else {
                     // Not stored: never acknowledged.
