@@ -96,7 +96,7 @@ impl Backend for FunctionBackend {
         let aggregator = Arc::new(Aggregator::new(&spec.trial_id, world_size, spec.start_iteration, events.clone()));
         let (handle, stop) = TrialHandle::new(Vec::new(), Some(Arc::clone(&aggregator) as Arc<dyn StepProgress>));
         let group = Arc::new(Group {
-            intake: Intake::new(spec.storage.clone(), spec.roots(None), aggregator),
+            intake: Intake::in_process(&spec, aggregator),
             runtime: tokio::runtime::Handle::try_current().ok(),
             collective: Collective::new(world_size, stop.clone()),
             failed: AtomicBool::new(false),

@@ -49,13 +49,46 @@ pub(crate) enum Shard<'a> {
 #[derive(Debug)]
 pub(crate) struct Intake {
     storage: Storage,
-    roots: Vec<PathBuf>,
+    roots: Roots,
     aggregator: Arc<Aggregator>,
+}
+
+/// Where workers may checkpoint from: given, or worked out from the run's
+/// launch when its first checkpoint comes (most runs of a short trial
+/// never checkpoint, and the working directory is a system call).
+#[derive(Debug)]
+enum Roots {
+    Given(Vec<PathBuf>),
+    OfLaunch { trial_dir: PathBuf, extra: Vec<PathBuf>, made: std::sync::OnceLock<Vec<PathBuf>> },
+}
+
+impl Roots {
+    fn get(&self) -> &[PathBuf] {
+        match self {
+            Roots::Given(roots) => roots,
+            Roots::OfLaunch { trial_dir, extra, made } => made.get_or_init(|| {
+                let mut roots = crate::checkpoint::default_roots(trial_dir, None);
+                roots.extend(extra.iter().cloned());
+                roots
+            }),
+        }
+    }
 }
 
 impl Intake {
     pub(crate) fn new(storage: Storage, roots: Vec<PathBuf>, aggregator: Arc<Aggregator>) -> Self {
-        Self { storage, roots, aggregator }
+        Self { storage, roots: Roots::Given(roots), aggregator }
+    }
+
+    /// The intake of an in-process run of `spec`: its ranks checkpoint from
+    /// what [`crate::LaunchSpec::roots`] names, with the driver's working directory.
+    pub(crate) fn in_process(spec: &crate::LaunchSpec, aggregator: Arc<Aggregator>) -> Self {
+        let roots = Roots::OfLaunch {
+            trial_dir: spec.trial_dir.clone(),
+            extra: spec.checkpoint_roots.clone(),
+            made: std::sync::OnceLock::new(),
+        };
+        Self { storage: spec.storage.clone(), roots, aggregator }
     }
 
     /// The trial's step aggregator.
@@ -89,7 +122,7 @@ impl Intake {
         }
         let checkpoint = match checkpoint {
             Some(Shard::Dir(dir)) => {
-                let src = check_source(dir, &self.roots)?;
+                let src = check_source(dir, self.roots.get())?;
                 Some(self.storage.upload_shard(&src, iteration, rank).await?)
             }
             Some(Shard::Staged(dir)) => Some(self.storage.adopt_shard(dir, iteration, rank).await?),

@@ -25,6 +25,8 @@ pub(crate) enum FileWrite {
     AppendBytes { path: PathBuf, bytes: Vec<u8> },
     /// One result line for `result.jsonl` and `progress.csv`.
     Result { trial_dir: std::sync::Arc<Path>, result: std::sync::Arc<TrialResult> },
+    /// Results to append to a file as lines of JSON, written out here, off the loop.
+    ResultLines { path: PathBuf, results: Vec<std::sync::Arc<TrialResult>> },
 }
 
 /// Writer threads: file creation is latency-bound (a disk of the cloud,
@@ -73,7 +75,7 @@ impl FileWriter {
                 FileWrite::Params { trial_dir, .. } => shard_of(trial_dir, shards.len()),
                 FileWrite::Result { trial_dir, .. } => shard_of(trial_dir, shards.len()),
                 FileWrite::AppendBytes { path, .. } => shard_of(path.parent().unwrap_or(path), shards.len()),
-                FileWrite::Snapshot { .. } | FileWrite::Remove { .. } | FileWrite::Append { .. } => 0,
+                FileWrite::Snapshot { .. } | FileWrite::Remove { .. } | FileWrite::Append { .. } | FileWrite::ResultLines { .. } => 0,
             };
             shards[shard].push(f);
         }
@@ -149,6 +151,15 @@ fn write_file(f: &FileWrite, open: &mut HashMap<PathBuf, ResultFiles>) -> std::i
         }
         FileWrite::Append { path, text } => {
             use std::io::Write;
+            std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(text.as_bytes())
+        }
+        FileWrite::ResultLines { path, results } => {
+            use std::io::Write;
+            let mut text = String::new();
+            for r in results {
+                text.push_str(&result_line(r).to_json());
+                text.push('\n');
+            }
             std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(text.as_bytes())
         }
         FileWrite::AppendBytes { path, bytes } => {

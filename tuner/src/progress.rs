@@ -116,6 +116,9 @@ impl Progress {
             TrialStatus::Error => self.errored += 1,
             _ => {}
         }
+        if self.style == Style::Quiet {
+            return;
+        }
         let mut line = self.line(r);
         if let Some(e) = &r.error {
             line.push_str(&format!("\n    error: {}", headline(e)));

@@ -19,8 +19,9 @@ pub(crate) struct TrialFiles {
     exp_dir: PathBuf,
     /// Each trial's own files; else the experiment's `results.jsonl`.
     per_trial: bool,
-    /// `results.jsonl` lines not yet queued (without per-trial files).
-    results: String,
+    /// Results not yet queued for `results.jsonl` (without per-trial
+    /// files): their lines are made by the writer thread.
+    results: Vec<Arc<search::TrialResult>>,
     writer: FileWriter,
     queued: Vec<FileWrite>,
     last_status: String,
@@ -35,7 +36,7 @@ impl TrialFiles {
         Self {
             exp_dir,
             per_trial,
-            results: String::new(),
+            results: Vec::new(),
             writer: FileWriter::spawn(),
             queued: Vec::new(),
             last_status: String::new(),
@@ -50,8 +51,8 @@ impl TrialFiles {
     /// Hands what is queued to the writer threads.
     pub(crate) fn flush(&mut self) {
         if !self.results.is_empty() {
-            let text = std::mem::take(&mut self.results);
-            self.queued.push(FileWrite::Append { path: self.exp_dir.join(RESULTS), text });
+            let results = std::mem::take(&mut self.results);
+            self.queued.push(FileWrite::ResultLines { path: self.exp_dir.join(RESULTS), results });
         }
         self.writer.write(std::mem::take(&mut self.queued));
     }
@@ -83,10 +84,7 @@ impl Callback for TrialFiles {
             Event::Exploited(e) if self.per_trial => {
                 self.queued.push(FileWrite::Params { trial_dir: self.trial_dir(&e.trial_id), config: e.new_config.clone() });
             }
-            Event::Result(result) if !self.per_trial => {
-                self.results.push_str(&crate::files::result_line(result).to_json());
-                self.results.push('\n');
-            }
+            Event::Result(result) if !self.per_trial => self.results.push(Arc::clone(result)),
             Event::Result(result) => {
                 let trial_dir: Arc<Path> = Arc::from(self.trial_dir(&result.trial_id));
                 self.queued.push(FileWrite::Result { trial_dir, result: Arc::clone(result) });
