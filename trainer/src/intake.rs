@@ -83,11 +83,8 @@ impl Intake {
     /// The intake of an in-process run of `spec`: its ranks checkpoint from
     /// what [`crate::LaunchSpec::roots`] names, with the driver's working directory.
     pub(crate) fn in_process(spec: &crate::LaunchSpec, aggregator: Arc<Aggregator>) -> Self {
-        let roots = Roots::OfLaunch {
-            trial_dir: spec.trial_dir.clone(),
-            extra: spec.checkpoint_roots.clone(),
-            made: std::sync::OnceLock::new(),
-        };
+        let roots =
+            Roots::OfLaunch { trial_dir: spec.trial_dir.clone(), extra: spec.checkpoint_roots.clone(), made: std::sync::OnceLock::new() };
         Self { storage: spec.storage.clone(), roots, aggregator }
     }
 
