@@ -90,14 +90,17 @@ pub(crate) async fn create(
 
 /// Whether the store at `store_dir` is one a sweep left before its first
 /// group commit made it durable: it opens (no live driver holds it) and
-/// holds no experiment (or it has not even sled's files). The experiment is its first write, so such a store
+/// holds nothing at all (or it has not even sled's files). Such a store
 /// holds nothing that was ever acknowledged, and a new sweep may take its
-/// place. A store that does not open is never taken for one.
+/// place. A store that does not open, or holds anything, is never taken
+/// for one.
 pub(crate) fn never_began(store_dir: &Path) -> bool {
     match Store::open_existing(store_dir) {
-        Ok(store) => matches!(store.experiment(), Ok(None)),
-        // Not even sled's files: stopped as it was being made.
-        Err(crate::store::StoreError::Missing(_)) => true,
+        // The experiment is written first: a store without it that holds
+        // anything else is not one a crash left, and is not taken.
+        Ok(store) => matches!(store.holds_nothing(), Ok(true)),
+        // Its directory, but not even sled's files: stopped as it was being made.
+        Err(crate::store::StoreError::Missing(_)) => store_dir.is_dir(),
         Err(_) => false,
     }
 }

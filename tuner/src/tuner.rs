@@ -317,19 +317,18 @@ impl Tuner {
                 message: "a resumed sweep takes overrides of trainer. keys only (what differs on this machine)".into(),
             }));
         }
-        let stored = match Store::open_existing(&dir.join("store")) {
-            Ok(store) => store.experiment()?,
-            // A store directory sled had not yet written to.
-            Err(crate::store::StoreError::Missing(_)) if dir.join("store").is_dir() => None,
-            Err(e) => return Err(e.into()),
-        };
-        let text = match stored {
-            Some(text) => text,
+        let store_dir = dir.join("store");
+        let text = if crate::opening::never_began(&store_dir) {
             // Stopped before its first commit, nothing of it recorded: it begins
             // anew, as the file it was written with says (its seed included).
-            None => std::fs::read_to_string(dir.join("experiment.toml")).map_err(|e| {
-                TuneError::Corrupt(dir.clone(), format!("the store holds no experiment, and its experiment.toml cannot be read: {e}"))
-            })?,
+            std::fs::read_to_string(dir.join("experiment.toml")).map_err(|e| {
+                TuneError::Corrupt(dir.clone(), format!("its store holds nothing, and its experiment.toml cannot be read: {e}"))
+            })?
+        } else {
+            let store = Store::open_existing(&store_dir)?;
+            let text = store.experiment()?.ok_or_else(|| TuneError::Corrupt(dir.clone(), "the store holds no experiment".into()))?;
+            drop(store);
+            text
         };
         let file = ExperimentFile::from_toml(&text, &origin, sets)?;
         let mut t = Tuner::from_file(file, origin, trainable);

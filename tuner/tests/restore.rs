@@ -129,4 +129,17 @@ fn a_sweep_stopped_before_its_first_commit_begins_anew() {
     assert!(matches!(refused, TuneError::Exists(_)), "{refused}");
     assert_eq!(tuner::ResultGrid::load(&exp).unwrap().len(), 3);
     assert_eq!(runs.load(Ordering::SeqCst), 9);
+
+    // So is one without an experiment that holds anything else: no crash leaves that.
+    std::fs::remove_dir_all(exp.join("store")).unwrap();
+    let odd = tuner::store::Store::open(&exp.join("store")).unwrap();
+    odd.put_trial(&tuner::store::TrialRecord::new("trial_00000".into(), 0, serde_json::json!({"x": 0.5}), 0.0)).unwrap();
+    odd.flush().unwrap();
+    drop(odd);
+    let refused = tuner(&runs).fit().unwrap_err();
+    assert!(matches!(refused, TuneError::Exists(_)), "{refused}");
+    let refused = Tuner::restore(&exp, Some(make(Arc::clone(&runs)))).map(|_| ()).unwrap_err();
+    assert!(refused.to_string().contains("holds no experiment"), "{refused}");
+    assert!(tuner::store::Store::open_existing(&exp.join("store")).unwrap().trial("trial_00000").unwrap().is_some(), "left as it was");
+    assert_eq!(runs.load(Ordering::SeqCst), 9);
 }

@@ -376,6 +376,14 @@ impl Store {
         })
     }
 
+    /// Whether nothing was ever made durable here: no key in any tree and
+    /// no journal segment (what a driver killed before its first flush
+    /// leaves).
+    pub(crate) fn holds_nothing(&self) -> Result<bool, StoreError> {
+        let trees = [&self.meta, &self.trials, &self.results, &self.checkpoints, &self.exploits];
+        Ok(trees.iter().all(|t| t.is_empty()) && self.latest_journal()?.is_none())
+    }
+
     /// Opens an existing store; an error when there is none.
     pub fn open_existing(path: &Path) -> Result<Self, StoreError> {
         if !path.join("conf").exists() && !path.join("db").exists() {
