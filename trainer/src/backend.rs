@@ -85,9 +85,7 @@ impl LaunchSpec {
     /// The directories rank workers may checkpoint from (`working_dir`: the
     /// workers' working directory, the driver's when `None`).
     pub(crate) fn roots(&self, working_dir: Option<&std::path::Path>) -> Vec<PathBuf> {
-        let mut roots = crate::checkpoint::default_roots(&self.trial_dir, working_dir);
-        roots.extend(self.checkpoint_roots.iter().cloned());
-        roots
+        crate::checkpoint::roots(&self.trial_dir, working_dir, &self.checkpoint_roots)
     }
 
     /// The number of workers (ranks).

@@ -107,6 +107,13 @@ pub fn default_roots(trial_dir: &Path, working_dir: Option<&Path>) -> Vec<PathBu
     roots
 }
 
+/// [`default_roots`] and `extra`: every directory a run's workers may checkpoint from.
+pub(crate) fn roots(trial_dir: &Path, working_dir: Option<&Path>, extra: &[PathBuf]) -> Vec<PathBuf> {
+    let mut roots = default_roots(trial_dir, working_dir);
+    roots.extend(extra.iter().cloned());
+    roots
+}
+
 /// Copies `src` to `<trial_dir>/checkpoint_NNNNNN/rank-<rank>/`, synced to
 /// disk, and returns the `checkpoint_NNNNNN` directory. The copy is written
 /// under a temporary name and renamed into place, so a crash never leaves a

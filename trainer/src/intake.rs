@@ -66,11 +66,7 @@ impl Roots {
     fn get(&self) -> &[PathBuf] {
         match self {
             Roots::Given(roots) => roots,
-            Roots::OfLaunch { trial_dir, extra, made } => made.get_or_init(|| {
-                let mut roots = crate::checkpoint::default_roots(trial_dir, None);
-                roots.extend(extra.iter().cloned());
-                roots
-            }),
+            Roots::OfLaunch { trial_dir, extra, made } => made.get_or_init(|| crate::checkpoint::roots(trial_dir, None, extra)),
         }
     }
 }

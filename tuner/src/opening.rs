@@ -95,13 +95,20 @@ pub(crate) async fn create(
 /// place. A store that does not open, or holds anything, is never taken
 /// for one.
 pub(crate) fn never_began(store_dir: &Path) -> bool {
+    matches!(open_begun(store_dir), Ok(None))
+}
+
+/// The store at `store_dir`, open, unless it is one a sweep left before
+/// its first commit ([`never_began`]): `None` then.
+pub(crate) fn open_begun(store_dir: &Path) -> Result<Option<Store>, crate::store::StoreError> {
     match Store::open_existing(store_dir) {
         // The experiment is written first: a store without it that holds
         // anything else is not one a crash left, and is not taken.
-        Ok(store) => matches!(store.holds_nothing(), Ok(true)),
+        Ok(store) if store.holds_nothing()? => Ok(None),
+        Ok(store) => Ok(Some(store)),
         // Its directory, but not even sled's files: stopped as it was being made.
-        Err(crate::store::StoreError::Missing(_)) => store_dir.is_dir(),
-        Err(_) => false,
+        Err(crate::store::StoreError::Missing(_)) if store_dir.is_dir() => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

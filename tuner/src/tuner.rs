@@ -49,6 +49,9 @@ pub struct Tuner {
     custom_stop: Option<Box<dyn Stopper>>,
     progress: ProgressMode,
     restore_dir: Option<PathBuf>,
+    /// The store in `restore_dir` holds nothing (its sweep was stopped before
+    /// its first commit): the sweep begins anew there instead of resuming.
+    restore_anew: bool,
     errored: Errored,
     origin: String,
     custom_searcher: Option<Box<dyn Searcher>>,
@@ -116,6 +119,7 @@ impl Tuner {
             custom_stop: None,
             progress: ProgressMode::Auto,
             restore_dir: None,
+            restore_anew: false,
             errored: Errored::Keep,
             origin: "experiment".into(),
             custom_searcher: None,
@@ -140,6 +144,7 @@ impl Tuner {
             custom_stop: None,
             progress: ProgressMode::Auto,
             restore_dir: None,
+            restore_anew: false,
             errored: Errored::Keep,
             origin: origin.into(),
             custom_searcher: None,
@@ -318,21 +323,20 @@ impl Tuner {
             }));
         }
         let store_dir = dir.join("store");
-        let text = if crate::opening::never_began(&store_dir) {
+        let begun = crate::opening::open_begun(&store_dir)?;
+        let anew = begun.is_none();
+        let text = match begun {
+            Some(store) => store.experiment()?.ok_or_else(|| TuneError::Corrupt(dir.clone(), "the store holds no experiment".into()))?,
             // Stopped before its first commit, nothing of it recorded: it begins
             // anew, as the file it was written with says (its seed included).
-            std::fs::read_to_string(dir.join("experiment.toml")).map_err(|e| {
+            None => std::fs::read_to_string(dir.join("experiment.toml")).map_err(|e| {
                 TuneError::Corrupt(dir.clone(), format!("its store holds nothing, and its experiment.toml cannot be read: {e}"))
-            })?
-        } else {
-            let store = Store::open_existing(&store_dir)?;
-            let text = store.experiment()?.ok_or_else(|| TuneError::Corrupt(dir.clone(), "the store holds no experiment".into()))?;
-            drop(store);
-            text
+            })?,
         };
         let file = ExperimentFile::from_toml(&text, &origin, sets)?;
         let mut t = Tuner::from_file(file, origin, trainable);
         t.restore_dir = Some(dir);
+        t.restore_anew = anew;
         Ok(t)
     }
 

@@ -129,7 +129,7 @@ impl Tuner {
     /// planned.
     async fn check(&mut self, served: &Served) -> Result<Checked, TuneError> {
         // A sweep stopped before its first commit recorded nothing to resume: it begins anew in its directory.
-        let resuming = self.restore_dir.as_ref().is_some_and(|d| !crate::opening::never_began(&d.join("store")));
+        let resuming = self.restore_dir.is_some() && !self.restore_anew;
         if self.file.experiment.seed.is_none() {
             self.file.experiment.seed = Some(random_seed());
         }
